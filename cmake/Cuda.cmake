@@ -1,0 +1,15 @@
+# Decides whether the CUDA backend is built. Host code of the CUDA backend is plain C++ that
+# includes the CUDA runtime headers; only src/kernels needs nvcc.
+set(ASYNCTP_CUDA_ENABLED OFF)
+if(NOT ASYNCTP_WITH_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    find_package(CUDAToolkit 12.4)
+  endif()
+  if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
+    set(ASYNCTP_CUDA_ENABLED ON)
+  elseif(ASYNCTP_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "ASYNCTP_WITH_CUDA=ON but no usable nvcc / CUDA toolkit was found")
+  endif()
+endif()

@@ -1,0 +1,35 @@
+// Deadline: the one way the library bounds a wait. Every blocking call takes one (or a timeout
+// that becomes one) and fails with a TimeoutError naming what it waited for once it passes.
+#pragma once
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+namespace asynctp {
+
+using Clock = std::chrono::steady_clock;
+using Millis = std::chrono::milliseconds;
+
+class Deadline {
+ public:
+  explicit Deadline(Millis timeout) : timeout_(timeout), end_(Clock::now() + timeout) {}
+  bool expired() const { return Clock::now() >= end_; }
+  // Milliseconds left, clamped to [0, INT_MAX] for poll().
+  int remaining_ms() const {
+    const auto left = std::chrono::duration_cast<Millis>(end_ - Clock::now()).count();
+    return left <= 0 ? 0 : (left > 0x7FFFFFFF ? 0x7FFFFFFF : static_cast<int>(left));
+  }
+  Millis timeout() const { return timeout_; }
+  // "2.5 s": the budget, for error messages.
+  std::string describe() const;
+
+ private:
+  Millis timeout_;
+  Clock::time_point end_;
+};
+
+// Default timeout for every wait: ASYNCTP_TIMEOUT seconds if set (fractions allowed), else 300 s.
+Millis default_timeout();
+
+}  // namespace asynctp

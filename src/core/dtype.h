@@ -1,0 +1,147 @@
+// Element types and their conversions to and from f32.
+//
+// Every narrowing conversion rounds to nearest, ties to even, as PyTorch's casts do:
+//   bf16: NaN becomes the canonical quiet NaN 0x7FC0; overflow rounds to inf.
+//   f16:  NaN becomes 0x7E00 (sign kept); values >= 65520 become inf; subnormals are exact.
+//   f8 e4m3fn (no inf, one NaN pattern per sign, max finite 448): like torch's float8_e4m3fn
+//         cast, |x| > 464 (and inf) becomes NaN. Saturate::kFinite clamps to +-448 instead, the
+//         behaviour float8 training recipes want (NaN stays NaN).
+//   f8 e5m2 (IEEE-like, max finite 57344): like torch's float8_e5m2 cast, |x| >= 61440 becomes
+//         inf. Saturate::kFinite clamps to +-57344 (inf included).
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "core/error.h"
+
+namespace asynctp {
+
+enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kF8E5M2 };
+
+inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3,
+                                       DType::kF8E5M2};
+
+constexpr size_t element_size(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 4;
+    case DType::kBF16:
+    case DType::kF16: return 2;
+    case DType::kF8E4M3:
+    case DType::kF8E5M2: return 1;
+  }
+  return 0;
+}
+
+constexpr bool is_float8(DType dtype) {
+  return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;
+}
+
+// Short name used in messages and on the command line: f32, bf16, f16, f8e4m3, f8e5m2.
+std::string_view dtype_name(DType dtype);
+// PyTorch's name: float32, bfloat16, float16, float8_e4m3fn, float8_e5m2.
+std::string_view torch_dtype_name(DType dtype);
+// Accepts both spellings (and "float", "half"); throws naming the text otherwise.
+DType parse_dtype(std::string_view text);
+
+enum class Saturate : uint8_t { kNone, kFinite };
+
+// Storage types: a bit pattern with a name. Arithmetic always happens in f32.
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Float16 {
+  uint16_t bits;
+};
+struct Float8E4M3 {
+  uint8_t bits;
+};
+struct Float8E5M2 {
+  uint8_t bits;
+};
+
+inline float bits_to_float(uint32_t bits) { return std::bit_cast<float>(bits); }
+inline uint32_t float_to_bits(float value) { return std::bit_cast<uint32_t>(value); }
+
+uint16_t float_to_bf16_bits(float value);
+float bf16_bits_to_float(uint16_t bits);
+uint16_t float_to_f16_bits(float value);
+float f16_bits_to_float(uint16_t bits);
+uint8_t float_to_f8e4m3_bits(float value, Saturate saturate = Saturate::kNone);
+float f8e4m3_bits_to_float(uint8_t bits);
+uint8_t float_to_f8e5m2_bits(float value, Saturate saturate = Saturate::kNone);
+float f8e5m2_bits_to_float(uint8_t bits);
+
+inline constexpr float kF8E4M3Max = 448.0f;
+inline constexpr float kF8E5M2Max = 57344.0f;
+
+// to_float / from_float over the storage types, for templated CPU loops.
+inline float to_float(float v) { return v; }
+inline float to_float(BFloat16 v) { return bf16_bits_to_float(v.bits); }
+inline float to_float(Float16 v) { return f16_bits_to_float(v.bits); }
+inline float to_float(Float8E4M3 v) { return f8e4m3_bits_to_float(v.bits); }
+inline float to_float(Float8E5M2 v) { return f8e5m2_bits_to_float(v.bits); }
+
+template <typename T>
+T from_float(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return BFloat16{float_to_bf16_bits(v)};
+  } else if constexpr (std::is_same_v<T, Float16>) {
+    return Float16{float_to_f16_bits(v)};
+  } else if constexpr (std::is_same_v<T, Float8E4M3>) {
+    return Float8E4M3{float_to_f8e4m3_bits(v)};
+  } else {
+    static_assert(std::is_same_v<T, Float8E5M2>);
+    return Float8E5M2{float_to_f8e5m2_bits(v)};
+  }
+}
+
+template <DType D>
+struct StorageOf;
+template <>
+struct StorageOf<DType::kF32> {
+  using type = float;
+};
+template <>
+struct StorageOf<DType::kBF16> {
+  using type = BFloat16;
+};
+template <>
+struct StorageOf<DType::kF16> {
+  using type = Float16;
+};
+template <>
+struct StorageOf<DType::kF8E4M3> {
+  using type = Float8E4M3;
+};
+template <>
+struct StorageOf<DType::kF8E5M2> {
+  using type = Float8E5M2;
+};
+
+// Calls fn(T{}) with T the storage type of dtype (a value of T, used only for its type).
+template <typename Fn>
+decltype(auto) dispatch_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32: return fn(float{});
+    case DType::kBF16: return fn(BFloat16{});
+    case DType::kF16: return fn(Float16{});
+    case DType::kF8E4M3: return fn(Float8E4M3{});
+    case DType::kF8E5M2: return fn(Float8E5M2{});
+  }
+  ASYNCTP_FAIL("unknown dtype {}", static_cast<int>(dtype));
+}
+
+}  // namespace asynctp
+
+template <>
+struct fmt::formatter<asynctp::DType> : fmt::formatter<std::string_view> {
+  auto format(asynctp::DType d, format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(asynctp::dtype_name(d), ctx);
+  }
+};

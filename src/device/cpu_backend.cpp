@@ -1,0 +1,246 @@
+#include "device/cpu_backend.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "device/cpu_loops.h"
+
+namespace asynctp {
+
+namespace {
+
+class CpuStream final : public Stream {
+ public:
+  void synchronize() override {}
+  void* native_handle() const override { return nullptr; }
+};
+
+// Work is done when it is enqueued, so an event is the host time at which it was recorded.
+class CpuEvent final : public Event {
+ public:
+  void record(Stream&) override {
+    time_ = std::chrono::steady_clock::now();
+    recorded_ = true;
+  }
+  void block(Stream&) override {}
+  void synchronize() override {}
+  float elapsed_ms(const Event& start) const override {
+    const auto& s = dynamic_cast<const CpuEvent&>(start);
+    ASYNCTP_CHECK(recorded_ && s.recorded_, "elapsed_ms on an event that was never recorded");
+    return std::chrono::duration<float, std::milli>(time_ - s.time_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point time_{};
+  bool recorded_ = false;
+};
+
+void check_host(const Tensor& t, const char* what) {
+  ASYNCTP_CHECK(t.device().is_cpu(), "the cpu backend cannot touch {} on {}", what,
+                t.device().to_string());
+}
+
+// Loads n elements of a strided row as f32.
+void load_row(DType dtype, const void* base, int64_t offset, int64_t stride, int64_t n, float* out) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(base) + offset;
+    for (int64_t j = 0; j < n; ++j) out[j] = to_float(p[j * stride]);
+  });
+}
+
+void store_row(DType dtype, void* base, int64_t offset, int64_t stride, int64_t n, const float* in) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = static_cast<T*>(base) + offset;
+    for (int64_t j = 0; j < n; ++j) p[j * stride] = from_float<T>(in[j]);
+  });
+}
+
+// Views a 2-D or 3-D GEMM operand as 3-D (batch 1 for 2-D; batch stride 0 when shared).
+Tensor as_batched(const Tensor& t) { return t.dim() == 3 ? t : t.unsqueeze(0); }
+
+class CpuBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+  Device device() const override { return Device::cpu(); }
+  Buffer allocate(size_t bytes) override { return Buffer::host(bytes); }
+  Stream& compute_stream() override { return stream_; }
+  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(); }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
+  void synchronize() override {}
+
+  void copy(const Tensor& dst, const Tensor& src, Stream&) override {
+    check_host(dst, "copy destination");
+    check_host(src, "copy source");
+    ASYNCTP_CHECK(dst.shape() == src.shape(), "copy: destination {} and source {} differ in shape",
+                  dst.describe(), src.describe());
+    if (dst.numel() == 0) return;
+    if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+      std::memmove(dst.data(), src.data(), dst.nbytes());
+      return;
+    }
+    const Tensor d = dst.dim() == 0 ? dst.unsqueeze(0) : dst;
+    const Tensor s = src.dim() == 0 ? src.unsqueeze(0) : src;
+    const int64_t n = d.size(-1);
+    const int64_t ds = d.stride(-1);
+    const int64_t ss = s.stride(-1);
+    const size_t esize = d.element_size();
+    std::vector<float> row(d.dtype() == s.dtype() ? 0 : n);
+    cpu::for_each_row<2>(d.shape(), {&d.strides(), &s.strides()}, [&](const auto& off) {
+      if (d.dtype() == s.dtype()) {
+        char* dp = static_cast<char*>(d.data()) + off[0] * esize;
+        const char* sp = static_cast<const char*>(s.data()) + off[1] * esize;
+        if (ds == 1 && ss == 1) {
+          std::memmove(dp, sp, n * esize);
+        } else {
+          for (int64_t j = 0; j < n; ++j) std::memcpy(dp + j * ds * esize, sp + j * ss * esize, esize);
+        }
+      } else {
+        load_row(s.dtype(), s.data(), off[1], ss, n, row.data());
+        store_row(d.dtype(), d.data(), off[0], ds, n, row.data());
+      }
+    });
+  }
+
+  void fill(const Tensor& dst, float value, Stream&) override {
+    check_host(dst, "fill destination");
+    if (dst.numel() == 0) return;
+    const Tensor d = dst.dim() == 0 ? dst.unsqueeze(0) : dst;
+    std::vector<float> row(d.size(-1), value);
+    cpu::for_each_row<1>(d.shape(), {&d.strides()}, [&](const auto& off) {
+      store_row(d.dtype(), d.data(), off[0], d.stride(-1), d.size(-1), row.data());
+    });
+  }
+
+  void gemm(const GemmArgs& args, Stream&) override {
+    validate_gemm(args);
+    for (const Tensor* t : {&args.a, &args.b, &args.d}) check_host(*t, "a GEMM operand");
+    const Tensor a = as_batched(args.a);
+    const Tensor b = as_batched(args.b);
+    const Tensor d = as_batched(args.d);
+    const int64_t batch = d.size(0), m = d.size(1), n = d.size(2), k = a.size(2);
+    const bool scaled = args.a_scale.defined();
+    Tensor sa, sb;
+    if (scaled) {
+      sa = args.a_scale.numel() == 1 ? Tensor() : as_batched(args.a_scale);
+      sb = args.b_scale.numel() == 1 ? Tensor() : args.b_scale;
+    }
+    const float sa_all = scaled && !sa.defined() ? load_scalar(args.a_scale) : 1.0f;
+    const float sb_all = scaled && !sb.defined() ? load_scalar(args.b_scale) : 1.0f;
+    std::vector<float> b_panel(static_cast<size_t>(k * n));
+    std::vector<float> a_row(k), acc(n), sb_row(n, sb_all);
+    if (sb.defined()) load_row(sb.dtype(), sb.data(), 0, sb.stride(1), n, sb_row.data());
+    for (int64_t bi = 0; bi < batch; ++bi) {
+      const int64_t b_index = b.size(0) == 1 ? 0 : bi;
+      if (bi == 0 || b.size(0) != 1) {
+        for (int64_t kk = 0; kk < k; ++kk) {
+          load_row(b.dtype(), b.data(), b_index * b.stride(0) + kk * b.stride(1), b.stride(2), n,
+                   &b_panel[kk * n]);
+        }
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        load_row(a.dtype(), a.data(), bi * a.stride(0) + i * a.stride(1), a.stride(2), k, a_row.data());
+        const int64_t d_off = bi * d.stride(0) + i * d.stride(1);
+        if (args.accumulate) {
+          load_row(d.dtype(), d.data(), d_off, d.stride(2), n, acc.data());
+        } else {
+          std::fill(acc.begin(), acc.end(), 0.0f);
+        }
+        // acc[j] accumulates a[i, kk] * b[kk, j] in increasing kk: the order every path uses.
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const float av = a_row[kk];
+          const float* brow = &b_panel[kk * n];
+          for (int64_t j = 0; j < n; ++j) acc[j] += av * brow[j];
+        }
+        if (scaled) {
+          float sa_i = sa_all;
+          if (sa.defined()) load_row(sa.dtype(), sa.data(), bi * sa.stride(0) + i * sa.stride(1), 1, 1, &sa_i);
+          for (int64_t j = 0; j < n; ++j) acc[j] = acc[j] * sa_i * sb_row[j];
+        }
+        store_row(d.dtype(), d.data(), d_off, d.stride(2), n, acc.data());
+      }
+    }
+  }
+
+  void reduce(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op, Stream&) override {
+    check_host(out, "reduce output");
+    ASYNCTP_CHECK(!inputs.empty(), "reduce needs at least one input");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_host(inputs[i], "a reduce input");
+      ASYNCTP_CHECK(inputs[i].shape() == out.shape(), "reduce input {} is {} but the output is {}",
+                    i, inputs[i].describe(), out.describe());
+    }
+    if (out.numel() == 0) return;
+    const Tensor o = out.dim() == 0 ? out.unsqueeze(0) : out;
+    std::vector<Tensor> ins;
+    for (const auto& t : inputs) ins.push_back(t.dim() == 0 ? t.unsqueeze(0) : t);
+    const int64_t n = o.size(-1);
+    std::vector<float> acc(n), row(n);
+    const float count = static_cast<float>(ins.size());
+    // Row offsets of every input follow from the row index; walk the output's rows and derive.
+    const int rows_rank = o.dim() - 1;
+    std::array<int64_t, kMaxDims> index{};
+    const int64_t rows = o.numel() / n;
+    for (int64_t r = 0; r < rows; ++r) {
+      auto offset_of = [&](const Tensor& t) {
+        int64_t off = 0;
+        for (int dd = 0; dd < rows_rank; ++dd) off += index[dd] * t.stride(dd);
+        return off;
+      };
+      load_row(ins[0].dtype(), ins[0].data(), offset_of(ins[0]), ins[0].stride(-1), n, acc.data());
+      for (size_t i = 1; i < ins.size(); ++i) {
+        load_row(ins[i].dtype(), ins[i].data(), offset_of(ins[i]), ins[i].stride(-1), n, row.data());
+        for (int64_t j = 0; j < n; ++j) acc[j] += row[j];
+      }
+      if (op == ReduceOp::kAvg) {
+        for (int64_t j = 0; j < n; ++j) acc[j] /= count;
+      }
+      store_row(o.dtype(), o.data(), offset_of(o), o.stride(-1), n, acc.data());
+      for (int dd = rows_rank - 1; dd >= 0; --dd) {
+        if (++index[dd] < o.size(dd)) break;
+        index[dd] = 0;
+      }
+    }
+  }
+
+  void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream&) override {
+    check_host(out, "unary output");
+    check_host(in, "unary input");
+    ASYNCTP_CHECK(out.shape() == in.shape(), "unary: output {} and input {} differ in shape",
+                  out.describe(), in.describe());
+    if (out.numel() == 0) return;
+    const Tensor o = out.dim() == 0 ? out.unsqueeze(0) : out;
+    const Tensor x = in.dim() == 0 ? in.unsqueeze(0) : in;
+    const int64_t n = o.size(-1);
+    std::vector<float> row(n);
+    cpu::for_each_row<2>(o.shape(), {&o.strides(), &x.strides()}, [&](const auto& off) {
+      load_row(x.dtype(), x.data(), off[1], x.stride(-1), n, row.data());
+      for (float& v : row) {
+        switch (op) {
+          case UnaryOp::kSilu: v = v / (1.0f + std::exp(-v)); break;
+          case UnaryOp::kRelu: v = v > 0.0f ? v : (std::isnan(v) ? v : 0.0f); break;
+          case UnaryOp::kGelu: v = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f)); break;
+        }
+      }
+      store_row(o.dtype(), o.data(), off[0], o.stride(-1), n, row.data());
+    });
+  }
+
+ private:
+  static float load_scalar(const Tensor& t) {
+    float v = 0;
+    load_row(t.dtype(), t.data(), 0, 1, 1, &v);
+    return v;
+  }
+
+  CpuStream stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace asynctp

@@ -1,0 +1,267 @@
+// all_gather_matmul and all_gather_scaled_matmul.
+//
+// Fused schedule on rank r of ws (row gather, g < last dim), two streams:
+//
+//   compute: copy A_shard -> symm[r] | barrier | GEMM chunk r | wait(r+1) GEMM chunk r+1 | ...
+//   copy:                                       | pull r+1 | pull r+2 | ... | pull r-1 | barrier
+//
+// Every rank publishes its shard in its own symmetric buffer; after the barrier the copy stream
+// pulls the peers' shards into the gathered A, starting at r+1 so that at each step every peer
+// is read by exactly one rank, while the compute stream multiplies each chunk as soon as it has
+// landed (own chunk first: it needs no communication). The closing barrier on the copy stream
+// tells every rank that nobody reads its buffer any more, so the next op may overwrite it.
+//
+// Contraction-dim gather (g = last): chunk p is A[:, p*k:(p+1)*k] and its product with
+// B[p*k:(p+1)*k, :] is a partial sum. The pulls keep the r+1.. order, but the partial sums are
+// accumulated in f32 in rank order 0..ws-1, so every rank computes the same bits (and, on the CPU
+// backend, exactly the unfused GEMM's): replicas of the output never drift apart.
+#include "ops/collectives.h"
+#include "ops/fused_matmul.h"
+#include "ops/matmul_common.h"
+
+namespace asynctp {
+
+using detail::align_up;
+using detail::gemm_view;
+
+namespace {
+
+constexpr int kBarrierChannel = 0;  // see NOTE [signal pads and channels]
+
+struct AgMmCall {
+  const char* op;
+  Tensor a_shard;
+  Tensor a_scale;  // undefined unless scaled
+  std::span<const Tensor> bs;
+  std::span<const Tensor> b_scales;
+  std::span<const Tensor> outs;
+  Tensor a_out;
+  int g = 0;
+  bool scaled = false;
+
+  bool rowwise() const { return scaled && detail::is_rowwise_scale(a_scale, a_shard); }
+  bool k_gather() const { return g == a_shard.dim() - 1; }
+  Tensor b_scale(size_t i) const { return scaled ? b_scales[i] : Tensor(); }
+};
+
+void validate(Context& ctx, AgMmCall& c, int gather_dim) {
+  const char* op = c.op;
+  detail::check_on_device(ctx, c.a_shard, op, "A_shard");
+  ASYNCTP_CHECK(c.a_shard.dim() >= 2, "{}: A_shard must have rank >= 2, got {}", op,
+                c.a_shard.describe());
+  ASYNCTP_CHECK(gather_dim >= -c.a_shard.dim() && gather_dim < c.a_shard.dim(),
+                "{}: gather_dim {} is out of range for A_shard of rank {}", op, gather_dim,
+                c.a_shard.dim());
+  c.g = c.a_shard.wrap_dim(gather_dim);
+  detail::check_gemm_dtype(c.a_shard, op, "A_shard", c.scaled);
+  ASYNCTP_CHECK(!c.bs.empty(), "{}: Bs must hold at least one matrix", op);
+  ASYNCTP_CHECK(c.outs.size() == c.bs.size(), "{}: got {} Bs but {} outs", op, c.bs.size(),
+                c.outs.size());
+  const Dims gathered = all_gather_shape(c.a_shard, c.g, ctx.world_size());
+  const int64_t k = gathered.back();
+  if (c.scaled) {
+    ASYNCTP_CHECK(!c.k_gather(), "{}: gathering on the contraction dim (gather_dim {}) is not "
+                  "supported for scaled matmul: each shard would carry its own scale", op, gather_dim);
+    ASYNCTP_CHECK(c.b_scales.size() == c.bs.size(), "{}: got {} Bs but {} B_scales", op,
+                  c.bs.size(), c.b_scales.size());
+    detail::check_on_device(ctx, c.a_scale, op, "A_scale");
+    detail::check_a_scale(c.a_scale, c.a_shard, op, "A_scale");
+  }
+  for (size_t i = 0; i < c.bs.size(); ++i) {
+    const Tensor& b = c.bs[i];
+    const std::string name = fmt::format("Bs[{}]", i);
+    detail::check_on_device(ctx, b, op, name);
+    ASYNCTP_CHECK(b.dim() == 2, "{}: {} must be 2-D [K, N], got {}", op, name, b.describe());
+    ASYNCTP_CHECK(b.size(0) == k, "{}: {} has {} rows but the gathered A's contraction dim is {} "
+                  "(A_shard {}, gather_dim {})", op, name, b.size(0), k, c.a_shard.describe(), c.g);
+    detail::check_gemm_dtype(b, op, name, c.scaled);
+    if (!c.scaled) {
+      ASYNCTP_CHECK(b.dtype() == c.a_shard.dtype(), "{}: {} is {} but A_shard is {}", op, name,
+                    b.dtype(), c.a_shard.dtype());
+    } else {
+      detail::check_on_device(ctx, c.b_scales[i], op, fmt::format("B_scales[{}]", i));
+      detail::check_b_scale(c.b_scales[i], b.size(1), op, fmt::format("B_scales[{}]", i));
+    }
+    const Tensor& out = c.outs[i];
+    const std::string out_name = fmt::format("outs[{}]", i);
+    detail::check_on_device(ctx, out, op, out_name);
+    detail::check_out_dtype(out, op, out_name);
+    Dims expected = gathered;
+    expected[expected.size() - 1] = b.size(1);
+    ASYNCTP_CHECK(out.shape() == expected, "{}: {} must have shape {}, got {}", op, out_name,
+                  expected, out.describe());
+    ASYNCTP_CHECK(out.is_contiguous(), "{}: {} must be contiguous, got {}", op, out_name,
+                  out.describe());
+  }
+  if (c.a_out.defined()) {
+    detail::check_on_device(ctx, c.a_out, op, "A_out");
+    ASYNCTP_CHECK(c.a_out.shape() == gathered && c.a_out.dtype() == c.a_shard.dtype() &&
+                      c.a_out.is_contiguous(),
+                  "{}: A_out must be a contiguous {}{}, got {}", op, c.a_shard.dtype(), gathered,
+                  c.a_out.describe());
+  }
+}
+
+// A row-wise scale's view matching a GEMM operand view of `split`.
+Tensor scale_view(const Tensor& scale, bool rowwise, int split) {
+  return rowwise ? gemm_view(scale, split, "A_scale") : scale;
+}
+
+void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale, Tensor b_scale) {
+  GemmArgs args;
+  args.a = std::move(a);
+  args.b = std::move(b);
+  args.d = std::move(d);
+  args.accumulate = accumulate;
+  args.a_scale = std::move(a_scale);
+  args.b_scale = std::move(b_scale);
+  ctx.backend().gemm(args, ctx.stream());
+}
+
+void run_fallback(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& scale) {
+  all_gather(ctx, a, c.a_shard, c.g);
+  if (c.rowwise()) all_gather(ctx, scale, c.a_scale, c.g);
+  for (size_t i = 0; i < c.bs.size(); ++i) {
+    gemm(ctx, gemm_view(a, 0, "A"), c.bs[i], gemm_view(c.outs[i], 0, "out"), false,
+         c.rowwise() ? scale_view(scale, true, 0) : c.a_scale, c.b_scale(i));
+  }
+}
+
+void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& scale, size_t symm_bytes) {
+  Backend& be = ctx.backend();
+  Stream& compute = ctx.stream();
+  Stream& copy = ctx.copy_stream();
+  const int ws = ctx.world_size();
+  const int rank = ctx.rank();
+  const int64_t s = c.a_shard.size(c.g);
+  const size_t scale_offset = align_up(c.a_shard.nbytes(), 256);
+  SymmetricMemory& sm = ctx.workspace().get(symm_bytes);
+  auto peer_shard = [&](int p) { return sm.buffer(p, c.a_shard.shape(), c.a_shard.dtype()); };
+  auto peer_scale = [&](int p) { return sm.buffer(p, c.a_scale.shape(), DType::kF32, scale_offset); };
+  auto slice = [&](const Tensor& t, int p) { return t.narrow(c.g, p * s, s); };
+
+  // 1. Publish this rank's shard; after the barrier every shard is readable.
+  be.copy(peer_shard(rank), c.a_shard, compute);
+  if (c.rowwise()) be.copy(peer_scale(rank), c.a_scale, compute);
+  sm.barrier(kBarrierChannel, compute);
+  Event& published = ctx.event(0);
+  published.record(compute);
+  published.block(copy);
+
+  // 2. Pull the peers' shards on the copy stream, r+1 first; event 1+p marks chunk p landed.
+  for (int i = 1; i < ws; ++i) {
+    const int p = (rank + i) % ws;
+    be.copy(slice(a, p), peer_shard(p), copy);
+    if (c.rowwise()) be.copy(slice(scale, p), peer_scale(p), copy);
+    ctx.event(1 + p).record(copy);
+  }
+  sm.barrier(kBarrierChannel, copy);  // nobody reads any buffer of this op any more
+  Event& pulled = ctx.event(ws + 1);
+  pulled.record(copy);
+
+  // 3. The own chunk is multiplied straight from A_shard unless it has to go into A anyway.
+  const bool own_direct = !c.a_out.defined() && c.a_shard.is_contiguous() &&
+                          (!c.rowwise() || c.a_scale.is_contiguous());
+  if (!own_direct) {
+    be.copy(slice(a, rank), c.a_shard, compute);
+    if (c.rowwise()) be.copy(slice(scale, rank), c.a_scale, compute);
+  }
+  auto chunk_a = [&](int p) { return p == rank && own_direct ? c.a_shard : slice(a, p); };
+  auto chunk_scale = [&](int p) {
+    if (!c.rowwise()) return c.a_scale;
+    return p == rank && own_direct ? c.a_scale : slice(scale, p);
+  };
+
+  if (!c.k_gather()) {
+    // 4a. Multiply each chunk as it lands, in pull order.
+    for (int i = 0; i < ws; ++i) {
+      const int p = (rank + i) % ws;
+      if (p != rank) ctx.event(1 + p).block(compute);
+      for (size_t j = 0; j < c.bs.size(); ++j) {
+        gemm(ctx, gemm_view(chunk_a(p), c.g, "A chunk"), c.bs[j],
+             gemm_view(slice(c.outs[j], p), c.g, "out chunk"), false,
+             scale_view(chunk_scale(p), c.rowwise(), c.g), c.b_scale(j));
+      }
+    }
+  } else {
+    // 4b. Partial sums over K slices, accumulated in f32 in rank order (see the file comment).
+    std::vector<Tensor> acc(c.bs.size());
+    int64_t acc_elems = 0;
+    for (size_t j = 0; j < c.bs.size(); ++j) {
+      if (c.outs[j].dtype() != DType::kF32) acc_elems += c.outs[j].numel();
+    }
+    const Tensor acc_buf = acc_elems > 0 ? ctx.scratch(Scratch::kAccumulator, {acc_elems}, DType::kF32) : Tensor();
+    int64_t offset = 0;
+    for (size_t j = 0; j < c.bs.size(); ++j) {
+      if (c.outs[j].dtype() == DType::kF32) {
+        acc[j] = c.outs[j];
+      } else {
+        acc[j] = acc_buf.narrow(0, offset, c.outs[j].numel()).view(c.outs[j].shape());
+        offset += c.outs[j].numel();
+      }
+    }
+    for (int p = 0; p < ws; ++p) {
+      if (p != rank) ctx.event(1 + p).block(compute);
+      for (size_t j = 0; j < c.bs.size(); ++j) {
+        gemm(ctx, gemm_view(chunk_a(p), 0, "A chunk"), c.bs[j].narrow(0, p * s, s),
+             gemm_view(acc[j], 0, "accumulator"), /*accumulate=*/p > 0, Tensor(), Tensor());
+      }
+    }
+    for (size_t j = 0; j < c.bs.size(); ++j) {
+      if (acc[j].data() != c.outs[j].data()) be.copy(c.outs[j], acc[j], compute);
+    }
+  }
+  pulled.block(compute);
+}
+
+void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
+  validate(ctx, c, options.gather_dim);
+  const Dims gathered = all_gather_shape(c.a_shard, c.g, ctx.world_size());
+  const Tensor a = c.a_out.defined() ? c.a_out : ctx.scratch(Scratch::kGatheredA, gathered, c.a_shard.dtype());
+  Tensor scale;
+  if (c.rowwise()) {
+    Dims scale_shape = gathered;
+    scale_shape[scale_shape.size() - 1] = 1;
+    scale = ctx.scratch(Scratch::kGatheredScale, scale_shape, DType::kF32);
+  }
+  const size_t symm_bytes =
+      c.rowwise() ? align_up(c.a_shard.nbytes(), 256) + c.a_scale.nbytes() : c.a_shard.nbytes();
+  const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op);
+  ctx.usage().record(c.op, decision.path, decision.reason);
+  if (decision.path == Path::kFused) {
+    run_fused(ctx, c, a, scale, symm_bytes);
+  } else {
+    run_fallback(ctx, c, a, scale);
+  }
+}
+
+}  // namespace
+
+Dims all_gather_shape(const Tensor& a_shard, int gather_dim, int world_size) {
+  Dims shape = a_shard.shape();
+  shape[a_shard.wrap_dim(gather_dim)] *= world_size;
+  return shape;
+}
+
+Dims all_gather_matmul_out_shape(const Tensor& a_shard, const Tensor& b, int gather_dim,
+                                 int world_size) {
+  Dims shape = all_gather_shape(a_shard, gather_dim, world_size);
+  shape[shape.size() - 1] = b.size(-1);
+  return shape;
+}
+
+void all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
+                       std::span<const Tensor> outs, const Tensor& a_out,
+                       const AllGatherMatmulOptions& options) {
+  run(ctx, AgMmCall{"all_gather_matmul", a_shard, Tensor(), bs, {}, outs, a_out, 0, false}, options);
+}
+
+void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor& a_scale,
+                              std::span<const Tensor> bs, std::span<const Tensor> b_scales,
+                              std::span<const Tensor> outs, const Tensor& a_out,
+                              const AllGatherMatmulOptions& options) {
+  run(ctx, AgMmCall{"all_gather_scaled_matmul", a_shard, a_scale, bs, b_scales, outs, a_out, 0, true},
+      options);
+}
+
+}  // namespace asynctp

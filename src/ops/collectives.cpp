@@ -1,0 +1,90 @@
+#include "ops/collectives.h"
+
+namespace asynctp {
+
+namespace {
+
+void check_device(Context& ctx, const Tensor& t, const char* op, const char* name) {
+  ASYNCTP_CHECK(t.defined(), "{}: {} is undefined", op, name);
+  ASYNCTP_CHECK(t.device() == ctx.backend().device(), "{}: {} is on {} but the context runs on {}", op,
+                name, t.device().to_string(), ctx.backend().device().to_string());
+}
+
+// A contiguous version of t: t itself, or a copy in the given scratch.
+Tensor contiguous(Context& ctx, const Tensor& t, Scratch purpose) {
+  if (t.is_contiguous()) return t;
+  Tensor copy = ctx.scratch(purpose, t.shape(), t.dtype());
+  ctx.backend().copy(copy, t, ctx.stream());
+  return copy;
+}
+
+}  // namespace
+
+void all_gather(Context& ctx, const Tensor& out, const Tensor& in, int dim) {
+  check_device(ctx, in, "all_gather", "input");
+  check_device(ctx, out, "all_gather", "output");
+  ASYNCTP_CHECK(in.dim() >= 1, "all_gather: input must have rank >= 1, got {}", in.describe());
+  dim = in.wrap_dim(dim);
+  const int ws = ctx.world_size();
+  Dims expected = in.shape();
+  expected[dim] *= ws;
+  ASYNCTP_CHECK(out.shape() == expected && out.dtype() == in.dtype(),
+                "all_gather: output must be {}{} for input {} gathered on dim {} over {} ranks, got {}",
+                in.dtype(), expected, in.describe(), dim, ws, out.describe());
+  const Tensor src = contiguous(ctx, in, Scratch::kCollectiveIn);
+  if (dim == 0 && out.is_contiguous()) {
+    ctx.communicator().all_gather(out, src, ctx.stream());
+    return;
+  }
+  // Gather on dim 0 into [ws * n0, ...], then move each rank's slice into place.
+  Dims staged_shape = in.shape();
+  staged_shape[0] *= ws;
+  const Tensor staged = ctx.scratch(Scratch::kCollectiveOut, staged_shape, in.dtype());
+  ctx.communicator().all_gather(staged, src, ctx.stream());
+  const int64_t s = in.size(dim);
+  for (int r = 0; r < ws; ++r) {
+    ctx.backend().copy(out.narrow(dim, r * s, s), staged.narrow(0, r * in.size(0), in.size(0)),
+                       ctx.stream());
+  }
+}
+
+void reduce_scatter(Context& ctx, const Tensor& out, const Tensor& in, ReduceOp op, int dim) {
+  check_device(ctx, in, "reduce_scatter", "input");
+  check_device(ctx, out, "reduce_scatter", "output");
+  ASYNCTP_CHECK(in.dim() >= 1, "reduce_scatter: input must have rank >= 1, got {}", in.describe());
+  dim = in.wrap_dim(dim);
+  const int ws = ctx.world_size();
+  ASYNCTP_CHECK(in.size(dim) % ws == 0,
+                "reduce_scatter: dim {} of the input (size {}) is not divisible by the world size {}",
+                dim, in.size(dim), ws);
+  Dims chunk = in.shape();
+  chunk[dim] /= ws;
+  ASYNCTP_CHECK(out.shape() == chunk && out.dtype() == in.dtype(),
+                "reduce_scatter: output must be {}{} for input {} scattered on dim {}, got {}",
+                in.dtype(), chunk, in.describe(), dim, out.describe());
+  Tensor src;
+  if (dim == 0) {
+    src = contiguous(ctx, in, Scratch::kCollectiveIn);
+  } else {
+    // Rearrange so that rank r's slice is the r-th block of dim 0: [ws * chunk0, ...].
+    Dims staged_shape = chunk;
+    staged_shape[0] *= ws;
+    src = ctx.scratch(Scratch::kCollectiveIn, staged_shape, in.dtype());
+    const int64_t s = chunk[dim];
+    for (int r = 0; r < ws; ++r) {
+      ctx.backend().copy(src.narrow(0, r * chunk[0], chunk[0]), in.narrow(dim, r * s, s), ctx.stream());
+    }
+  }
+  const Tensor dst = out.is_contiguous() ? out : ctx.scratch(Scratch::kCollectiveOut, chunk, out.dtype());
+  ctx.communicator().reduce_scatter(dst, src, op, ctx.stream());
+  if (dst.data() != out.data()) ctx.backend().copy(out, dst, ctx.stream());
+}
+
+void all_reduce(Context& ctx, const Tensor& inout, ReduceOp op) {
+  check_device(ctx, inout, "all_reduce", "tensor");
+  const Tensor t = contiguous(ctx, inout, Scratch::kCollectiveIn);
+  ctx.communicator().all_reduce(t, op, ctx.stream());
+  if (t.data() != inout.data()) ctx.backend().copy(inout, t, ctx.stream());
+}
+
+}  // namespace asynctp

@@ -1,0 +1,71 @@
+#include "ops/context.h"
+
+#include <cstdlib>
+
+#include "symm/symm_communicator.h"
+#ifdef ASYNCTP_WITH_CUDA
+#include "device/cuda/nccl_communicator.h"
+#endif
+
+namespace asynctp {
+
+size_t ContextOptions::default_max_workspace_bytes() {
+  if (const char* env = std::getenv("ASYNCTP_MAX_WORKSPACE_MB"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const double mb = std::strtod(env, &end);
+    ASYNCTP_CHECK(end != env && *end == '\0' && mb >= 0,
+                  "ASYNCTP_MAX_WORKSPACE_MB must be a non-negative number, got '{}'", env);
+    return static_cast<size_t>(mb * 1024.0 * 1024.0);
+  }
+  return size_t{2048} << 20;
+}
+
+PathChoice ContextOptions::default_path_choice() {
+  const char* env = std::getenv("ASYNCTP_PATH");
+  return (env == nullptr || *env == '\0') ? PathChoice::kAuto : parse_path_choice(env);
+}
+
+std::unique_ptr<Context> Context::create(std::shared_ptr<Group> group, ContextOptions options) {
+  ASYNCTP_CHECK(group != nullptr, "Context::create needs a group");
+  return std::unique_ptr<Context>(new Context(std::move(group), std::move(options)));
+}
+
+Context::Context(std::shared_ptr<Group> group, ContextOptions options)
+    : group_(std::move(group)), options_(std::move(options)) {
+  backend_ = make_backend(options_.backend, group_->local_rank());
+  copy_stream_ = backend_->create_stream();
+  symm_allocator_ = make_symm_allocator(*backend_, *group_);
+  workspace_ = std::make_unique<SymmWorkspace>(*symm_allocator_, *backend_, options_.max_workspace_bytes);
+#ifdef ASYNCTP_WITH_CUDA
+  if (backend_->device().is_cuda()) communicator_ = make_nccl_communicator(*backend_, *group_);
+#endif
+  if (!communicator_) {
+    communicator_ = symm_allocator_->unavailable_reason().empty()
+                        ? make_symm_communicator(*backend_, *workspace_, rank(), world_size())
+                        : make_store_communicator(*backend_, *group_);
+  }
+}
+
+Context::~Context() {
+  try {
+    backend_->synchronize();
+  } catch (...) {
+  }
+}
+
+Event& Context::event(size_t index) {
+  while (events_.size() <= index) events_.push_back(backend_->create_event());
+  return *events_[index];
+}
+
+Tensor Context::scratch(Scratch purpose, Dims shape, DType dtype) {
+  Buffer& buf = scratch_[static_cast<size_t>(purpose)];
+  const size_t bytes = static_cast<size_t>(shape.product()) * element_size(dtype);
+  if (buf.size() < bytes) {
+    if (!buf.empty()) backend_->synchronize();  // in-flight work may still use the old one
+    buf = backend_->allocate(bytes);
+  }
+  return buf.view(shape, dtype);
+}
+
+}  // namespace asynctp

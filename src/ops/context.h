@@ -1,0 +1,89 @@
+// Context: everything a fused op needs on one rank of one group: the group, the execution
+// backend and its streams, the symmetric workspace, the communicator for ordinary collectives,
+// local scratch, and the usage counters. One per process and group; not thread-safe (like a
+// CUDA stream, it is driven by one host thread).
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device/backend.h"
+#include "device/communicator.h"
+#include "ops/usage.h"
+#include "runtime/group.h"
+#include "symm/workspace.h"
+
+namespace asynctp {
+
+struct ContextOptions {
+  // "cpu" or "cuda".
+  std::string backend = "cpu";
+  // Largest symmetric workspace per rank; an op needing more takes the fallback.
+  // ASYNCTP_MAX_WORKSPACE_MB overrides the default of 2048 MiB.
+  size_t max_workspace_bytes = default_max_workspace_bytes();
+  // Default path for every op (an op's own options may override it). ASYNCTP_PATH sets it.
+  PathChoice path = default_path_choice();
+
+  static size_t default_max_workspace_bytes();
+  static PathChoice default_path_choice();
+};
+
+// Local (non-symmetric) scratch buffers, one per purpose, so that buffers in use at the same
+// time never alias.
+enum class Scratch : uint8_t {
+  kGatheredA,      // all_gather_matmul: the gathered A when the caller does not want it back
+  kGatheredScale,  // all_gather_scaled_matmul: gathered row-wise scales
+  kAccumulator,    // f32 partial sums (contraction-dim gather)
+  kContiguousA,    // a contiguous copy of an A whose strides do not allow chunk views
+  kStaging,        // matmul_reduce_scatter: chunks computed for peers, before they are pushed
+  kPartial,        // matmul_reduce_scatter fallback: the full local product
+  kCollectiveIn,   // collectives on another dim than 0: input rearranged to dim 0
+  kCollectiveOut,  // collectives on another dim than 0: output before it is rearranged back
+  kCount
+};
+
+class Context {
+ public:
+  static std::unique_ptr<Context> create(std::shared_ptr<Group> group, ContextOptions options = {});
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  Group& group() { return *group_; }
+  int rank() const { return group_->rank(); }
+  int world_size() const { return group_->world_size(); }
+  const ContextOptions& options() const { return options_; }
+
+  Backend& backend() { return *backend_; }
+  // The stream ops run on (the caller's) and the stream that moves data beside it.
+  Stream& stream() { return backend_->compute_stream(); }
+  Stream& copy_stream() { return *copy_stream_; }
+  // Pool of events for ordering between the two streams inside one op.
+  Event& event(size_t index);
+
+  SymmWorkspace& workspace() { return *workspace_; }
+  Communicator& communicator() { return *communicator_; }
+  Usage& usage() { return usage_; }
+
+  // A contiguous view of `shape` in the scratch buffer for `purpose`, grown on demand. Valid
+  // until the next call for the same purpose.
+  Tensor scratch(Scratch purpose, Dims shape, DType dtype);
+
+ private:
+  Context(std::shared_ptr<Group> group, ContextOptions options);
+
+  std::shared_ptr<Group> group_;
+  ContextOptions options_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Stream> copy_stream_;
+  std::vector<std::unique_ptr<Event>> events_;
+  std::unique_ptr<SymmAllocator> symm_allocator_;
+  std::unique_ptr<SymmWorkspace> workspace_;
+  std::unique_ptr<Communicator> communicator_;
+  std::array<Buffer, static_cast<size_t>(Scratch::kCount)> scratch_;
+  Usage usage_;
+};
+
+}  // namespace asynctp

@@ -1,0 +1,70 @@
+// The fused operators: all-gather + matmul and matmul + reduce-scatter, overlapping the
+// communication with the GEMMs through symmetric memory, and their float8 (scaled) forms.
+// Outputs are written into tensors the caller allocates (so that the ops can be captured in a
+// CUDA graph); the *_shape helpers give their shapes.
+//
+// Shape algebra (ws = world size, g = gather/scatter dim):
+//   all_gather_matmul:     A_shard [.., s@g, .., k]  -AG(g)->  A [.., ws*s@g, .., K]
+//                          out_i = A @ B_i : A's shape with the last dim N_i
+//                          (g = last: A_shard's last dim is K/ws, and each shard's product is a
+//                          partial sum over its slice of K)
+//   matmul_reduce_scatter: P = A [.., K] @ B [K, N] : A's shape with the last dim N
+//                          out = RS(g)(P) : P's shape with dim g divided by ws
+//                          (g = last: each rank's chunk of P comes from a column block of B)
+#pragma once
+
+#include <optional>
+#include <span>
+
+#include "ops/context.h"
+
+namespace asynctp {
+
+struct AllGatherMatmulOptions {
+  int gather_dim = 0;
+  std::optional<PathChoice> path;  // unset: the context's default
+};
+
+struct MatmulReduceScatterOptions {
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int scatter_dim = 0;
+  std::optional<PathChoice> path;
+};
+
+// The gathered shape of A_shard.
+Dims all_gather_shape(const Tensor& a_shard, int gather_dim, int world_size);
+// The shape of out_i for B_i.
+Dims all_gather_matmul_out_shape(const Tensor& a_shard, const Tensor& b, int gather_dim, int world_size);
+// The shape of matmul_reduce_scatter's output.
+Dims matmul_reduce_scatter_out_shape(const Tensor& a, const Tensor& b, int scatter_dim, int world_size);
+
+// outs[i] = all_gather(A_shard, gather_dim) @ Bs[i], for one or several Bs sharing the gathered
+// A (Q/K/V, gate/up). A_shard: f32/bf16/f16, rank >= 2, any strides. Bs[i]: [K, N_i], A's
+// dtype. outs[i]: contiguous, f32/bf16/f16. a_out: where to return the gathered A (contiguous,
+// A's dtype), or undefined to not return it.
+void all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
+                       std::span<const Tensor> outs, const Tensor& a_out = {},
+                       const AllGatherMatmulOptions& options = {});
+
+// float8 form: A_shard and Bs in f8e4m3/f8e5m2. a_scale (f32): one element (tensor-wise; the
+// same on every rank) or A_shard's shape with the last dim 1 (row-wise; gathered with A).
+// b_scales[i] (f32): one element or [1, N_i]. Gathering on the contraction dim is not supported
+// here, since each shard would carry its own scale.
+void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor& a_scale,
+                              std::span<const Tensor> bs, std::span<const Tensor> b_scales,
+                              std::span<const Tensor> outs, const Tensor& a_out = {},
+                              const AllGatherMatmulOptions& options = {});
+
+// out = reduce_scatter(A @ B, reduce_op, scatter_dim). Partial products are added in f32 in rank
+// order and rounded once, so every run (and every path on the CPU backend) gives the same bits.
+// A: rank >= 2, any strides; B: [K, N]; out: any strides, f32/bf16/f16.
+void matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& out,
+                           const MatmulReduceScatterOptions& options = {});
+
+// float8 form: a_scale one element or A's shape with the last dim 1; b_scale one element or
+// [1, N]. The output dtype is out's.
+void scaled_matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& a_scale,
+                                  const Tensor& b, const Tensor& b_scale, const Tensor& out,
+                                  const MatmulReduceScatterOptions& options = {});
+
+}  // namespace asynctp

@@ -1,0 +1,85 @@
+#include "ops/matmul_common.h"
+
+namespace asynctp::detail {
+
+std::optional<Tensor> as_gemm_3d(const Tensor& t, int split) {
+  const int r = t.dim();
+  int64_t batch = 1, m = 1;
+  for (int d = 0; d < split; ++d) batch *= t.size(d);
+  for (int d = split; d < r - 1; ++d) m *= t.size(d);
+  const Dims shape{batch, m, t.size(-1)};
+  Dims strides;
+  if (!compute_view_strides(t.shape(), t.strides(), shape, &strides)) return std::nullopt;
+  return Tensor(t.data(), t.dtype(), shape, strides, t.device());
+}
+
+Tensor gemm_view(const Tensor& t, int split, const char* what) {
+  auto v = as_gemm_3d(t, split);
+  ASYNCTP_CHECK(v.has_value(), "{} {} cannot be viewed as a batch of matrices", what, t.describe());
+  return *v;
+}
+
+PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
+                         const char* op) {
+  const PathChoice choice = requested.value_or(ctx.options().path);
+  if (choice == PathChoice::kFallback) return {Path::kFallback, "the caller asked for the fallback"};
+  std::string why;
+  if (!ctx.workspace().unavailable_reason().empty()) {
+    why = ctx.workspace().unavailable_reason();
+  } else if (!ctx.workspace().fits(symm_bytes)) {
+    why = fmt::format("it needs {} bytes of symmetric workspace per rank and the limit is {} "
+                      "(ASYNCTP_MAX_WORKSPACE_MB)", symm_bytes, ctx.workspace().max_bytes());
+  }
+  if (why.empty()) return {Path::kFused, ""};
+  ASYNCTP_CHECK(choice != PathChoice::kFused, "{}: the fused path was requested but {}", op, why);
+  return {Path::kFallback, why};
+}
+
+void check_on_device(Context& ctx, const Tensor& t, const char* op, const std::string& name) {
+  ASYNCTP_CHECK(t.defined(), "{}: {} is undefined", op, name);
+  ASYNCTP_CHECK(t.device() == ctx.backend().device(), "{}: {} is on {} but the context runs on {}",
+                op, name, t.device().to_string(), ctx.backend().device().to_string());
+}
+
+void check_gemm_dtype(const Tensor& t, const char* op, const std::string& name, bool scaled) {
+  if (scaled) {
+    ASYNCTP_CHECK(is_float8(t.dtype()), "{}: {} must be float8 (f8e4m3 or f8e5m2), got {}", op, name,
+                  t.dtype());
+  } else {
+    ASYNCTP_CHECK(!is_float8(t.dtype()), "{}: {} is {}; float8 operands need the scaled form of "
+                  "this op, with scales", op, name, t.dtype());
+  }
+}
+
+void check_out_dtype(const Tensor& t, const char* op, const std::string& name) {
+  ASYNCTP_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16 || t.dtype() == DType::kF16,
+                "{}: {} must be f32, bf16 or f16, got {}", op, name, t.dtype());
+}
+
+bool is_rowwise_scale(const Tensor& scale, const Tensor& like) {
+  if (!scale.defined() || scale.dim() != like.dim()) return false;
+  Dims expected = like.shape();
+  expected[expected.size() - 1] = 1;
+  return scale.shape() == expected;
+}
+
+void check_a_scale(const Tensor& scale, const Tensor& like, const char* op, const std::string& name) {
+  ASYNCTP_CHECK(scale.defined(), "{}: {} is undefined", op, name);
+  ASYNCTP_CHECK(scale.dtype() == DType::kF32, "{}: {} must be f32, got {}", op, name, scale.dtype());
+  if (scale.numel() == 1 || is_rowwise_scale(scale, like)) return;
+  Dims expected = like.shape();
+  expected[expected.size() - 1] = 1;
+  ASYNCTP_FAIL("{}: {} must hold one element (tensor-wise) or have shape {} (row-wise), got {}", op,
+               name, expected, scale.describe());
+}
+
+void check_b_scale(const Tensor& scale, int64_t n, const char* op, const std::string& name) {
+  ASYNCTP_CHECK(scale.defined(), "{}: {} is undefined", op, name);
+  ASYNCTP_CHECK(scale.dtype() == DType::kF32, "{}: {} must be f32, got {}", op, name, scale.dtype());
+  if (scale.numel() == 1) return;
+  ASYNCTP_CHECK(scale.shape() == Dims({1, n}),
+                "{}: {} must hold one element (tensor-wise) or have shape [1, {}] (column-wise), got {}",
+                op, name, n, scale.describe());
+}
+
+}  // namespace asynctp::detail

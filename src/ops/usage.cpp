@@ -1,0 +1,50 @@
+#include "ops/usage.h"
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace asynctp {
+
+std::string_view path_name(Path path) { return path == Path::kFused ? "fused" : "fallback"; }
+
+PathChoice parse_path_choice(std::string_view text) {
+  if (text == "auto") return PathChoice::kAuto;
+  if (text == "fused") return PathChoice::kFused;
+  if (text == "fallback" || text == "unfused") return PathChoice::kFallback;
+  ASYNCTP_FAIL("path must be auto, fused or fallback, got '{}'", text);
+}
+
+std::string_view path_choice_name(PathChoice choice) {
+  switch (choice) {
+    case PathChoice::kAuto: return "auto";
+    case PathChoice::kFused: return "fused";
+    case PathChoice::kFallback: return "fallback";
+  }
+  return "?";
+}
+
+void Usage::record(std::string_view op, Path path, std::string_view reason) {
+  ++counts_[{std::string(op), path}];
+  last_[std::string(op)] = PathRecord{path, std::string(reason)};
+  if (path == Path::kFallback && warned_.emplace(std::string(op), std::string(reason)).second) {
+    ASYNCTP_LOG_WARN("{} takes the unfused fallback: {}", op, reason);
+  }
+}
+
+int64_t Usage::count(std::string_view op, Path path) const {
+  auto it = counts_.find({std::string(op), path});
+  return it == counts_.end() ? 0 : it->second;
+}
+
+std::optional<PathRecord> Usage::last(std::string_view op) const {
+  auto it = last_.find(op);
+  if (it == last_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Usage::reset() {
+  counts_.clear();
+  last_.clear();
+}
+
+}  // namespace asynctp

@@ -1,0 +1,44 @@
+// Usage counters: every fused-op call records which path ran and why, so tests can assert the
+// path and users can see when (and why) they silently lost the overlap. The first fallback of
+// each (op, reason) is also logged as a warning.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace asynctp {
+
+enum class Path : uint8_t { kFused, kFallback };
+std::string_view path_name(Path path);
+
+// How the caller wants an op to run: kAuto takes the fused path whenever it can.
+enum class PathChoice : uint8_t { kAuto, kFused, kFallback };
+PathChoice parse_path_choice(std::string_view text);
+std::string_view path_choice_name(PathChoice choice);
+
+struct PathRecord {
+  Path path = Path::kFused;
+  std::string reason;  // why the fallback ran; empty for the fused path
+};
+
+class Usage {
+ public:
+  void record(std::string_view op, Path path, std::string_view reason);
+  int64_t count(std::string_view op, Path path) const;
+  std::optional<PathRecord> last(std::string_view op) const;
+  // Every (op, path) with its count: "all_gather_matmul fused 3".
+  std::map<std::pair<std::string, Path>, int64_t> counts() const { return counts_; }
+  void reset();
+
+ private:
+  std::map<std::pair<std::string, Path>, int64_t> counts_;
+  std::map<std::string, PathRecord, std::less<>> last_;
+  std::set<std::pair<std::string, std::string>> warned_;
+};
+
+}  // namespace asynctp

@@ -1,0 +1,82 @@
+// Symmetric memory: one allocation of the same size on every rank of a group, every peer's copy
+// mapped into this process, each with a signal pad for point-to-point synchronization.
+//
+// NOTE [signal pads and channels]
+// Each rank's allocation is laid out as [signal pad | data]. The pad is a kNumChannels x
+// world_size array of u32 flags; flag [channel][src] of rank dst belongs to the pair (src, dst)
+// on that channel.
+//   put_signal(dst, ch):  on rank dst's pad, waits for flag [ch][me] to be 0, then sets it to 1
+//                         (release: everything this rank wrote before is visible to dst).
+//   wait_signal(src, ch): on my pad, waits for flag [ch][src] to be 1, then resets it to 0
+//                         (acquire: everything src wrote before its put_signal is visible).
+//   barrier(ch):          put_signal to every peer, then wait_signal from every peer.
+// A flag goes 0 -> 1 -> 0 once per handshake, so a channel can be reused by the next op without
+// any reset; ops that need two independent handshakes in flight use two channels. Every wait is
+// bounded by the group's timeout and fails with a TimeoutError that names this rank, the peer
+// and the channel.
+//
+// On the CPU backend these calls act immediately (streams are eager); on CUDA they are enqueued
+// on the given stream.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "device/backend.h"
+
+namespace asynctp {
+
+class Group;
+
+inline constexpr int kNumChannels = 8;
+
+class SymmetricMemory {
+ public:
+  virtual ~SymmetricMemory() = default;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  size_t size() const { return size_; }
+
+  // Base of `peer`'s data region, mapped in this process.
+  virtual void* buffer_ptr(int peer) = 0;
+  // Base of `peer`'s signal pad (kNumChannels * world_size u32 flags).
+  virtual uint32_t* signal_pad_ptr(int peer) = 0;
+
+  virtual void barrier(int channel, Stream& stream) = 0;
+  virtual void put_signal(int peer, int channel, Stream& stream) = 0;
+  virtual void wait_signal(int peer, int channel, Stream& stream) = 0;
+
+  // A contiguous view of `shape` in `peer`'s data region at `byte_offset`; throws if it does not
+  // fit.
+  Tensor buffer(int peer, Dims shape, DType dtype, size_t byte_offset = 0);
+
+ protected:
+  SymmetricMemory(int rank, int world_size, size_t size, Device device)
+      : rank_(rank), world_size_(world_size), size_(size), device_(device) {}
+  void check_peer(int peer, const char* what) const;
+  void check_channel(int channel, const char* what) const;
+
+  int rank_;
+  int world_size_;
+  size_t size_;
+  Device device_;
+};
+
+// Makes symmetric allocations for one group (a collective call: every rank of the group must
+// allocate the same sizes in the same order).
+class SymmAllocator {
+ public:
+  virtual ~SymmAllocator() = default;
+  // Empty when symmetric memory works in this group, else why not (e.g. it spans nodes).
+  virtual const std::string& unavailable_reason() const = 0;
+  virtual std::unique_ptr<SymmetricMemory> allocate(size_t bytes) = 0;
+};
+
+// The allocator for a backend: POSIX shared memory for "cpu", CUDA VMM for "cuda".
+std::unique_ptr<SymmAllocator> make_symm_allocator(Backend& backend, Group& group);
+
+}  // namespace asynctp

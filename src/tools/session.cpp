@@ -1,0 +1,147 @@
+#include "tools/session.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+#ifdef ASYNCTP_WITH_CUDA
+#include "device/cuda/cuda_backend.h"
+#endif
+
+namespace asynctp::tools {
+
+std::string resolve_backend(const std::string& backend) {
+  if (backend != "auto") return backend;
+#ifdef ASYNCTP_WITH_CUDA
+  if (cuda_device_count() > 0) return "cuda";
+#endif
+  return "cpu";
+}
+
+Session Session::join(const std::string& backend) {
+  Session s;
+  s.group = Group::from_env();
+  ContextOptions options;
+  options.backend = resolve_backend(backend);
+  s.ctx = Context::create(s.group, options);
+  return s;
+}
+
+OwnedTensor alloc(Context& ctx, Dims shape, DType dtype) {
+  Buffer buffer = ctx.backend().allocate(static_cast<size_t>(shape.product()) * element_size(dtype));
+  Tensor view = buffer.view(shape, dtype);
+  return {std::move(buffer), view};
+}
+
+namespace {
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+void fill_random(Context& ctx, const Tensor& t, uint64_t seed, float scale) {
+  OwnedTensor host = empty_host(t.shape(), DType::kF32);
+  float* p = host->data_as<float>();
+  uint64_t state = seed * 0x2545F4914F6CDD1Dull + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double u = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
+    p[i] = static_cast<float>((2.0 * u - 1.0) * scale);
+  }
+  ctx.backend().copy(t, host.tensor, ctx.stream());
+  ctx.stream().synchronize();
+}
+
+std::vector<float> to_host_f32(Context& ctx, const Tensor& t) {
+  OwnedTensor host = empty_host(t.shape(), DType::kF32);
+  ctx.backend().copy(host.tensor, t, ctx.stream());
+  ctx.backend().synchronize();
+  return std::vector<float>(host->data_as<float>(), host->data_as<float>() + t.numel());
+}
+
+double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  ASYNCTP_CHECK(a.size() == b.size(), "relative_error of {} and {} values", a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return INFINITY;
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  if (den == 0) return num == 0 ? 0.0 : INFINITY;
+  return std::sqrt(num / den);
+}
+
+double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int iters) {
+  ASYNCTP_CHECK(iters > 0 && warmup >= 0, "iters must be positive and warmup non-negative");
+  auto start = ctx.backend().create_event();
+  auto stop = ctx.backend().create_event();
+  for (int i = 0; i < warmup; ++i) fn();
+  ctx.backend().synchronize();
+  ctx.group().barrier("bench");
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    start->record(ctx.stream());
+    fn();
+    stop->record(ctx.stream());
+    stop->synchronize();
+    times.push_back(stop->elapsed_ms(*start));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+double max_over_ranks(Group& group, double value) {
+  const std::string key = group.next_key("tools/max");
+  group.store().set(fmt::format("{}/{}", key, group.rank()), fmt::format("{:.17g}", value));
+  double result = value;
+  for (int r = 0; r < group.world_size(); ++r) {
+    result = std::max(result, std::stod(group.store().get(fmt::format("{}/{}", key, r))));
+  }
+  return result;
+}
+
+std::vector<int64_t> parse_shape(const std::string& text) {
+  std::vector<int64_t> dims;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t x = text.find('x', start);
+    const std::string part = text.substr(start, x == std::string::npos ? std::string::npos : x - start);
+    int64_t v = 0;
+    auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    ASYNCTP_CHECK(ec == std::errc() && ptr == part.data() + part.size() && v > 0,
+                  "shape '{}' must be MxKxN with positive integers", text);
+    dims.push_back(v);
+    if (x == std::string::npos) break;
+    start = x + 1;
+  }
+  ASYNCTP_CHECK(dims.size() == 3, "shape '{}' must be MxKxN (three sizes), got {}", text, dims.size());
+  return dims;
+}
+
+}  // namespace asynctp::tools
+
+namespace asynctp::tools {
+
+double measure_peer_bandwidth(Context& ctx, size_t bytes_per_peer, int iters) {
+  const int ws = ctx.world_size();
+  if (ws == 1) return 0.0;
+  const int64_t n = static_cast<int64_t>(bytes_per_peer / 4);
+  SymmetricMemory& sm = ctx.workspace().get(static_cast<size_t>(n) * 4);
+  OwnedTensor dst = alloc(ctx, {ws, n}, DType::kF32);
+  fill_random(ctx, sm.buffer(ctx.rank(), {n}, DType::kF32), 7 + ctx.rank());
+  sm.barrier(0, ctx.stream());
+  const double ms = median_ms(ctx, [&] {
+    for (int i = 1; i < ws; ++i) {
+      const int peer = (ctx.rank() + i) % ws;
+      ctx.backend().copy(dst->select(0, peer), sm.buffer(peer, {n}, DType::kF32), ctx.stream());
+    }
+  }, 1, iters);
+  sm.barrier(0, ctx.stream());
+  const double slowest = max_over_ranks(ctx.group(), ms);
+  return static_cast<double>(n) * 4 * (ws - 1) / (slowest * 1e-3) / 1e9;
+}
+
+}  // namespace asynctp::tools

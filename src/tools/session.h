@@ -1,0 +1,53 @@
+// What bench and demo share: joining the job, device tensors filled with seeded random values,
+// timing with events, comparing results, and agreeing on numbers across ranks.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/context.h"
+
+namespace asynctp::tools {
+
+struct Session {
+  std::shared_ptr<Group> group;
+  std::unique_ptr<Context> ctx;
+
+  // Joins the job described by the environment (a single rank when run outside a launcher).
+  // backend "auto" picks cuda when this build has it and a GPU is present, else cpu.
+  static Session join(const std::string& backend);
+  int rank() const { return group->rank(); }
+  int world_size() const { return group->world_size(); }
+};
+
+// "auto" -> "cuda" or "cpu".
+std::string resolve_backend(const std::string& backend);
+
+// A device tensor of the context's backend.
+OwnedTensor alloc(Context& ctx, Dims shape, DType dtype);
+// Fills t with values uniform in [-scale, scale), determined by (seed, t's shape) alone.
+void fill_random(Context& ctx, const Tensor& t, uint64_t seed, float scale = 1.0f);
+// A host copy of t as f32 values (waits for the backend).
+std::vector<float> to_host_f32(Context& ctx, const Tensor& t);
+// ||a - b|| / ||b|| over f32 values (0 when both are zero; inf if a holds NaN).
+double relative_error(const std::vector<float>& a, const std::vector<float>& b);
+
+// Median milliseconds of `fn` over `iters` runs after `warmup`, timed with backend events around
+// each run; all ranks start each run together (host barrier through the store).
+double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int iters);
+
+// The largest of every rank's value (each rank passes its own); the same result on every rank.
+double max_over_ranks(Group& group, double value);
+
+// "MxKxN" -> {M, K, N}; throws naming the text.
+std::vector<int64_t> parse_shape(const std::string& text);
+
+}  // namespace asynctp::tools
+
+namespace asynctp::tools {
+// Peer ingress bandwidth in GB/s: every rank pulls `bytes_per_peer` from each peer's symmetric
+// buffer at once (rank r starting at r+1, as the fused ops do); the slowest rank's rate.
+double measure_peer_bandwidth(Context& ctx, size_t bytes_per_peer, int iters);
+}  // namespace asynctp::tools
