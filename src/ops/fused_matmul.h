@@ -61,6 +61,12 @@ void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor&
 void matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& out,
                            const MatmulReduceScatterOptions& options = {});
 
+// out = reduce_scatter(sum_i as[i] @ bs[i]): several products of the same output shape (the
+// backward of Q/K/V or gate/up projections) accumulated in f32 before one scatter. The as[i]
+// share every dim but the last (K_i); bs[i] is [K_i, N].
+void matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as, std::span<const Tensor> bs,
+                           const Tensor& out, const MatmulReduceScatterOptions& options = {});
+
 // float8 form: a_scale one element or A's shape with the last dim 1; b_scale one element or
 // [1, N]. The output dtype is out's.
 void scaled_matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& a_scale,

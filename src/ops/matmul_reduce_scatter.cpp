@@ -30,46 +30,66 @@ constexpr int kPushChannel = 1;  // "your chunk has landed in your buffer"
 
 struct MmRsCall {
   const char* op;
-  Tensor a;
-  Tensor a_scale;  // undefined unless scaled
-  Tensor b;
+  std::vector<Tensor> as;  // one or more products sum_i as[i] @ bs[i]
+  std::vector<Tensor> bs;
+  Tensor a_scale;  // undefined unless scaled (scaled calls have exactly one pair)
   Tensor b_scale;
   Tensor out;
   int g = 0;
   bool scaled = false;
 
-  bool rowwise() const { return scaled && detail::is_rowwise_scale(a_scale, a); }
+  const Tensor& a() const { return as[0]; }
+  int64_t n() const { return bs[0].size(1); }
+  bool rowwise() const { return scaled && detail::is_rowwise_scale(a_scale, a()); }
   bool colwise() const { return scaled && b_scale.numel() != 1; }
-  bool last_dim() const { return g == a.dim() - 1; }
+  bool last_dim() const { return g == a().dim() - 1; }
 };
 
-Dims product_shape(const Tensor& a, const Tensor& b) {
+Dims product_shape(const Tensor& a, int64_t n) {
   Dims shape = a.shape();
-  shape[shape.size() - 1] = b.size(-1);
+  shape[shape.size() - 1] = n;
   return shape;
 }
 
 void validate(Context& ctx, MmRsCall& c, int scatter_dim) {
   const char* op = c.op;
-  detail::check_on_device(ctx, c.a, op, "A");
-  detail::check_on_device(ctx, c.b, op, "B");
-  detail::check_on_device(ctx, c.out, op, "out");
-  ASYNCTP_CHECK(c.a.dim() >= 2, "{}: A must have rank >= 2, got {}", op, c.a.describe());
-  ASYNCTP_CHECK(c.b.dim() == 2, "{}: B must be 2-D [K, N], got {}", op, c.b.describe());
-  ASYNCTP_CHECK(c.b.size(0) == c.a.size(-1), "{}: B has {} rows but A's contraction dim (last) is {}",
-                op, c.b.size(0), c.a.size(-1));
-  detail::check_gemm_dtype(c.a, op, "A", c.scaled);
-  detail::check_gemm_dtype(c.b, op, "B", c.scaled);
-  if (!c.scaled) {
-    ASYNCTP_CHECK(c.a.dtype() == c.b.dtype(), "{}: A is {} but B is {}", op, c.a.dtype(), c.b.dtype());
-  } else {
+  ASYNCTP_CHECK(!c.as.empty(), "{}: needs at least one product", op);
+  ASYNCTP_CHECK(c.as.size() == c.bs.size(), "{}: got {} As but {} Bs", op, c.as.size(), c.bs.size());
+  const bool several = c.as.size() > 1;
+  for (size_t i = 0; i < c.as.size(); ++i) {
+    const Tensor& a = c.as[i];
+    const Tensor& b = c.bs[i];
+    const std::string a_name = several ? fmt::format("As[{}]", i) : "A";
+    const std::string b_name = several ? fmt::format("Bs[{}]", i) : "B";
+    detail::check_on_device(ctx, a, op, a_name);
+    detail::check_on_device(ctx, b, op, b_name);
+    ASYNCTP_CHECK(a.dim() >= 2, "{}: {} must have rank >= 2, got {}", op, a_name, a.describe());
+    ASYNCTP_CHECK(b.dim() == 2, "{}: {} must be 2-D [K, N], got {}", op, b_name, b.describe());
+    ASYNCTP_CHECK(b.size(0) == a.size(-1), "{}: {} has {} rows but {}'s contraction dim (last) is {}",
+                  op, b_name, b.size(0), a_name, a.size(-1));
+    detail::check_gemm_dtype(a, op, a_name, c.scaled);
+    detail::check_gemm_dtype(b, op, b_name, c.scaled);
+    if (!c.scaled) {
+      ASYNCTP_CHECK(a.dtype() == b.dtype(), "{}: {} is {} but {} is {}", op, a_name, a.dtype(), b_name,
+                    b.dtype());
+    }
+    if (i > 0) {
+      ASYNCTP_CHECK(product_shape(a, b.size(1)) == product_shape(c.a(), c.n()),
+                    "{}: the product {} @ {} ({}) differs in shape from As[0] @ Bs[0] ({})", op, a_name,
+                    b_name, product_shape(a, b.size(1)), product_shape(c.a(), c.n()));
+      ASYNCTP_CHECK(a.dtype() == c.a().dtype(), "{}: {} is {} but As[0] is {}", op, a_name, a.dtype(),
+                    c.a().dtype());
+    }
+  }
+  if (c.scaled) {
     detail::check_on_device(ctx, c.a_scale, op, "A_scale");
     detail::check_on_device(ctx, c.b_scale, op, "B_scale");
-    detail::check_a_scale(c.a_scale, c.a, op, "A_scale");
-    detail::check_b_scale(c.b_scale, c.b.size(1), op, "B_scale");
+    detail::check_a_scale(c.a_scale, c.a(), op, "A_scale");
+    detail::check_b_scale(c.b_scale, c.n(), op, "B_scale");
   }
+  detail::check_on_device(ctx, c.out, op, "out");
   detail::check_out_dtype(c.out, op, "out");
-  const Dims product = product_shape(c.a, c.b);
+  const Dims product = product_shape(c.a(), c.n());
   ASYNCTP_CHECK(scatter_dim >= -product.size() && scatter_dim < product.size(),
                 "{}: scatter_dim {} is out of range for the product {} of rank {}", op, scatter_dim,
                 product, product.size());
@@ -84,33 +104,93 @@ void validate(Context& ctx, MmRsCall& c, int scatter_dim) {
                 "{} over {} ranks), got {}", op, chunk, product, c.g, ws, c.out.describe());
 }
 
-void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, Tensor a_scale, Tensor b_scale) {
+void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale, Tensor b_scale) {
   GemmArgs args;
   args.a = std::move(a);
   args.b = std::move(b);
   args.d = std::move(d);
+  args.accumulate = accumulate;
   args.a_scale = std::move(a_scale);
   args.b_scale = std::move(b_scale);
   ctx.backend().gemm(args, ctx.stream());
 }
 
-// A contiguous version of t (t itself or a copy in scratch): chunk views need A's dims to nest.
-Tensor contiguous(Context& ctx, const Tensor& t, Scratch purpose) {
-  if (t.is_contiguous()) return t;
-  Tensor copy = ctx.scratch(purpose, t.shape(), t.dtype());
-  ctx.backend().copy(copy, t, ctx.stream());
-  return copy;
+// Contiguous versions of the As (chunk views need A's dims to nest): each A itself, or a copy in
+// one shared scratch buffer.
+std::vector<Tensor> contiguous_as(Context& ctx, const std::vector<Tensor>& as) {
+  int64_t copy_elems = 0;
+  for (const Tensor& a : as) {
+    if (!a.is_contiguous()) copy_elems += a.numel();
+  }
+  if (copy_elems == 0) return as;
+  const Tensor buf = ctx.scratch(Scratch::kContiguousA, {copy_elems}, as[0].dtype());
+  std::vector<Tensor> out;
+  int64_t offset = 0;
+  for (const Tensor& a : as) {
+    if (a.is_contiguous()) {
+      out.push_back(a);
+      continue;
+    }
+    out.push_back(buf.narrow(0, offset, a.numel()).view(a.shape()));
+    offset += a.numel();
+    ctx.backend().copy(out.back(), a, ctx.stream());
+  }
+  return out;
 }
 
-void run_fallback(Context& ctx, const MmRsCall& c, const Tensor& a, const Tensor& a_scale,
+// Computes sum_i as[i] @ bs[i] restricted to the part of the product at `select` into `dst`
+// (contiguous, of that part's shape). One product goes straight into dst; several are added in
+// an f32 accumulator in pair order and rounded once.
+class ProductWriter {
+ public:
+  ProductWriter(Context& ctx, const MmRsCall& c, std::vector<Tensor> as, Tensor a_scale)
+      : ctx_(ctx), c_(c), as_(std::move(as)), a_scale_(std::move(a_scale)) {}
+
+  // Part of the product: all of it (d < 0), or chunk d of the scatter.
+  void write(int d, const Tensor& dst) {
+    const int ws = ctx_.world_size();
+    const bool whole = d < 0;
+    const int split = whole || c_.last_dim() ? 0 : c_.g;
+    const int64_t rows = c_.last_dim() ? 0 : c_.a().size(c_.g) / ws;
+    const int64_t cols = c_.n() / ws;
+    auto a_part = [&](const Tensor& a) {
+      return whole || c_.last_dim() ? a : a.narrow(c_.g, d * rows, rows);
+    };
+    auto b_part = [&](const Tensor& b) {
+      return !whole && c_.last_dim() ? b.narrow(1, d * cols, cols) : b;
+    };
+    Tensor sa = a_scale_;
+    if (c_.rowwise()) sa = gemm_view(a_part(a_scale_), split, "A_scale");
+    Tensor sb = c_.b_scale;
+    if (c_.colwise() && !whole && c_.last_dim()) sb = c_.b_scale.narrow(1, d * cols, cols);
+    if (as_.size() == 1) {
+      gemm(ctx_, gemm_view(a_part(as_[0]), split, "A chunk"), b_part(c_.bs[0]),
+           gemm_view(dst, split, "chunk"), false, sa, sb);
+      return;
+    }
+    const Tensor acc = ctx_.scratch(Scratch::kAccumulator, dst.shape(), DType::kF32);
+    for (size_t i = 0; i < as_.size(); ++i) {
+      gemm(ctx_, gemm_view(a_part(as_[i]), split, "A chunk"), b_part(c_.bs[i]),
+           gemm_view(acc, split, "accumulator"), /*accumulate=*/i > 0, Tensor(), Tensor());
+    }
+    ctx_.backend().copy(dst, acc, ctx_.stream());
+  }
+
+ private:
+  Context& ctx_;
+  const MmRsCall& c_;
+  std::vector<Tensor> as_;
+  Tensor a_scale_;
+};
+
+void run_fallback(Context& ctx, const MmRsCall& c, ProductWriter& writer,
                   const MatmulReduceScatterOptions& options) {
-  const Tensor product = ctx.scratch(Scratch::kPartial, product_shape(c.a, c.b), c.out.dtype());
-  gemm(ctx, gemm_view(a, 0, "A"), c.b, gemm_view(product, 0, "product"),
-       c.rowwise() ? gemm_view(a_scale, 0, "A_scale") : a_scale, c.b_scale);
+  const Tensor product = ctx.scratch(Scratch::kPartial, product_shape(c.a(), c.n()), c.out.dtype());
+  writer.write(-1, product);
   reduce_scatter(ctx, c.out, product, options.reduce_op, c.g);
 }
 
-void run_fused(Context& ctx, const MmRsCall& c, const Tensor& a, const Tensor& a_scale,
+void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
                const MatmulReduceScatterOptions& options) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
@@ -122,20 +202,6 @@ void run_fused(Context& ctx, const MmRsCall& c, const Tensor& a, const Tensor& a
   SymmetricMemory& sm = ctx.workspace().get(ws * chunk_bytes);
   auto slot = [&](int owner, int src) { return sm.buffer(owner, chunk, c.out.dtype(), src * chunk_bytes); };
 
-  // Operands of chunk d: rows (dim g) of A, or columns of B when scattering on the last dim.
-  const int split = c.last_dim() ? 0 : c.g;
-  const int64_t rows = c.last_dim() ? 0 : chunk[c.g];
-  const int64_t cols = c.b.size(1) / (c.last_dim() ? ws : 1);
-  auto gemm_chunk = [&](int d, const Tensor& dst) {
-    const Tensor a_d = c.last_dim() ? a : a.narrow(c.g, d * rows, rows);
-    const Tensor b_d = c.last_dim() ? c.b.narrow(1, d * cols, cols) : c.b;
-    Tensor sa = a_scale;
-    if (c.rowwise()) sa = gemm_view(c.last_dim() ? a_scale : a_scale.narrow(c.g, d * rows, rows), split, "A_scale");
-    Tensor sb = c.b_scale;
-    if (c.colwise() && c.last_dim()) sb = c.b_scale.narrow(1, d * cols, cols);
-    gemm(ctx, gemm_view(a_d, split, "A chunk"), b_d, gemm_view(dst, split, "chunk"), sa, sb);
-  };
-
   sm.barrier(kBarrierChannel, compute);
   Dims staging_shape = chunk;
   staging_shape.insert(0, std::max(ws - 1, 1));
@@ -143,14 +209,14 @@ void run_fused(Context& ctx, const MmRsCall& c, const Tensor& a, const Tensor& a
   for (int i = 1; i < ws; ++i) {
     const int dst = (rank + i) % ws;
     const Tensor part = staging.select(0, i - 1);
-    gemm_chunk(dst, part);
+    writer.write(dst, part);
     Event& done = ctx.event(i);
     done.record(compute);
     done.block(copy);
     be.copy(slot(dst, rank), part, copy);
     sm.put_signal(dst, kPushChannel, copy);
   }
-  gemm_chunk(rank, slot(rank, rank));
+  writer.write(rank, slot(rank, rank));
   // Rank r-1 computes our chunk first, r-2 second, ...: wait in that order.
   for (int i = 1; i < ws; ++i) sm.wait_signal((rank - i + ws) % ws, kPushChannel, compute);
   std::vector<Tensor> parts;
@@ -163,22 +229,27 @@ void run_fused(Context& ctx, const MmRsCall& c, const Tensor& a, const Tensor& a
 
 void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
   validate(ctx, c, options.scatter_dim);
-  const Tensor a = contiguous(ctx, c.a, Scratch::kContiguousA);
-  const Tensor a_scale = c.rowwise() ? contiguous(ctx, c.a_scale, Scratch::kGatheredScale) : c.a_scale;
+  std::vector<Tensor> as = contiguous_as(ctx, c.as);
+  Tensor a_scale = c.a_scale;
+  if (c.rowwise() && !a_scale.is_contiguous()) {
+    a_scale = ctx.scratch(Scratch::kGatheredScale, c.a_scale.shape(), DType::kF32);
+    ctx.backend().copy(a_scale, c.a_scale, ctx.stream());
+  }
+  ProductWriter writer(ctx, c, std::move(as), a_scale);
   const size_t symm_bytes = static_cast<size_t>(c.out.numel()) * ctx.world_size() * c.out.element_size();
   const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op);
   ctx.usage().record(c.op, decision.path, decision.reason);
   if (decision.path == Path::kFused) {
-    run_fused(ctx, c, a, a_scale, options);
+    run_fused(ctx, c, writer, options);
   } else {
-    run_fallback(ctx, c, a, a_scale, options);
+    run_fallback(ctx, c, writer, options);
   }
 }
 
 }  // namespace
 
 Dims matmul_reduce_scatter_out_shape(const Tensor& a, const Tensor& b, int scatter_dim, int world_size) {
-  Dims shape = product_shape(a, b);
+  Dims shape = product_shape(a, b.size(-1));
   const int g = scatter_dim < 0 ? scatter_dim + shape.size() : scatter_dim;
   ASYNCTP_CHECK(g >= 0 && g < shape.size(), "scatter_dim {} out of range for {}", scatter_dim, shape);
   ASYNCTP_CHECK(world_size > 0 && shape[g] % world_size == 0,
@@ -189,13 +260,21 @@ Dims matmul_reduce_scatter_out_shape(const Tensor& a, const Tensor& b, int scatt
 
 void matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& out,
                            const MatmulReduceScatterOptions& options) {
-  run(ctx, MmRsCall{"matmul_reduce_scatter", a, Tensor(), b, Tensor(), out, 0, false}, options);
+  run(ctx, MmRsCall{"matmul_reduce_scatter", {a}, {b}, Tensor(), Tensor(), out, 0, false}, options);
+}
+
+void matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as, std::span<const Tensor> bs,
+                           const Tensor& out, const MatmulReduceScatterOptions& options) {
+  run(ctx,
+      MmRsCall{"matmul_reduce_scatter", {as.begin(), as.end()}, {bs.begin(), bs.end()}, Tensor(),
+               Tensor(), out, 0, false},
+      options);
 }
 
 void scaled_matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& a_scale,
                                   const Tensor& b, const Tensor& b_scale, const Tensor& out,
                                   const MatmulReduceScatterOptions& options) {
-  run(ctx, MmRsCall{"scaled_matmul_reduce_scatter", a, a_scale, b, b_scale, out, 0, true}, options);
+  run(ctx, MmRsCall{"scaled_matmul_reduce_scatter", {a}, {b}, a_scale, b_scale, out, 0, true}, options);
 }
 
 }  // namespace asynctp
