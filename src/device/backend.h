@@ -74,7 +74,11 @@ class Backend {
   // The stream ops run on by default (the caller's stream).
   virtual Stream& compute_stream() = 0;
   virtual std::unique_ptr<Stream> create_stream() = 0;
-  virtual std::unique_ptr<Event> create_event() = 0;
+  // timing: the event can be used with elapsed_ms (slightly more expensive on CUDA).
+  virtual std::unique_ptr<Event> create_event(bool timing = false) = 0;
+  // Whether work on the compute stream is being captured into a CUDA graph right now: nothing
+  // may then allocate, synchronize or talk to the store.
+  virtual bool capturing() = 0;
 
   // dst <- src, same shape, any strides, converting the dtype when they differ. Either side may
   // be host memory or memory mapped into this process from a peer.

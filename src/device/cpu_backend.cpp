@@ -69,7 +69,8 @@ class CpuBackend final : public Backend {
   Buffer allocate(size_t bytes) override { return Buffer::host(bytes); }
   Stream& compute_stream() override { return stream_; }
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(); }
-  std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(); }
+  std::unique_ptr<Event> create_event(bool) override { return std::make_unique<CpuEvent>(); }
+  bool capturing() override { return false; }
   void synchronize() override {}
 
   void copy(const Tensor& dst, const Tensor& src, Stream&) override {

@@ -62,6 +62,10 @@ Tensor Context::scratch(Scratch purpose, Dims shape, DType dtype) {
   Buffer& buf = scratch_[static_cast<size_t>(purpose)];
   const size_t bytes = static_cast<size_t>(shape.product()) * element_size(dtype);
   if (buf.size() < bytes) {
+    ASYNCTP_CHECK(!backend_->capturing(),
+                  "scratch buffer {} must grow to {} bytes during CUDA-graph capture, where nothing "
+                  "may allocate; run the op once before capturing it",
+                  static_cast<int>(purpose), bytes);
     if (!buf.empty()) backend_->synchronize();  // in-flight work may still use the old one
     buf = backend_->allocate(bytes);
   }

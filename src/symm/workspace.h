@@ -20,23 +20,15 @@ class SymmWorkspace {
   bool fits(size_t bytes) const { return bytes <= max_bytes_; }
 
   // Collective: a symmetric buffer of at least `bytes`. Reallocates (after waiting for all work
-  // in flight on this backend) when the current one is too small. Throws if growing is forbidden
-  // (see set_frozen) or `bytes` is over the limit.
+  // in flight on this backend) when the current one is too small. Throws if `bytes` is over the
+  // limit, or if it would have to grow while the backend is capturing a CUDA graph.
   SymmetricMemory& get(size_t bytes);
-
-  // While frozen (e.g. during CUDA-graph capture) get() may not allocate.
-  void set_frozen(bool frozen, std::string why) {
-    frozen_ = frozen;
-    frozen_why_ = std::move(why);
-  }
 
  private:
   SymmAllocator& allocator_;
   Backend& backend_;
   size_t max_bytes_;
   std::unique_ptr<SymmetricMemory> memory_;
-  bool frozen_ = false;
-  std::string frozen_why_;
 };
 
 }  // namespace asynctp

@@ -76,8 +76,8 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b) 
 
 double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int iters) {
   ASYNCTP_CHECK(iters > 0 && warmup >= 0, "iters must be positive and warmup non-negative");
-  auto start = ctx.backend().create_event();
-  auto stop = ctx.backend().create_event();
+  auto start = ctx.backend().create_event(/*timing=*/true);
+  auto stop = ctx.backend().create_event(/*timing=*/true);
   for (int i = 0; i < warmup; ++i) fn();
   ctx.backend().synchronize();
   ctx.group().barrier("bench");
