@@ -1,0 +1,366 @@
+// The CPU backend's other kernels: strided copies with dtype conversion, fill, the fixed-order
+// reduction, the unary ops, events; the backend factory; the communicators' shared checks.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "device/backend.h"
+#include "device/communicator.h"
+#include "device/cpu_backend.h"
+#include "support/tensor_testing.h"
+
+namespace asynctp {
+namespace {
+
+using testing::bits_at;
+using testing::error_of;
+using testing::fill_seeded;
+using testing::get;
+using ::testing::HasSubstr;
+using testing::same_bits;
+using testing::seed_of;
+using testing::Values;
+
+class CpuBackendTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> backend_ = make_cpu_backend();
+  Stream& stream() { return backend_->compute_stream(); }
+};
+
+TEST_F(CpuBackendTest, IdentifiesItself) {
+  EXPECT_EQ(backend_->name(), "cpu");
+  EXPECT_TRUE(backend_->device().is_cpu());
+  EXPECT_EQ(stream().native_handle(), nullptr);
+  Buffer buf = backend_->allocate(100);
+  ASSERT_FALSE(buf.empty());
+  EXPECT_EQ(buf.size(), 100u);
+  EXPECT_TRUE(buf.device().is_cpu());
+  std::memset(buf.data(), 0xAB, buf.size());  // writable (ASan checks the bounds)
+}
+
+TEST(BackendFactoryTest, MakesCpuAndNamesUnknownBackends) {
+  EXPECT_EQ(make_backend("cpu", 0)->name(), "cpu");
+  EXPECT_THAT(available_backends(), ::testing::Contains("cpu"));
+  EXPECT_THAT(error_of([] { make_backend("tpu", 0); }), HasSubstr("unknown backend 'tpu'"));
+  const auto available = available_backends();
+  if (std::find(available.begin(), available.end(), "cuda") == available.end()) {
+    EXPECT_THAT(error_of([] { make_backend("cuda", 0); }), HasSubstr("no CUDA backend"));
+  }
+}
+
+TEST(ReduceOpTest, NamesRoundTrip) {
+  EXPECT_EQ(reduce_op_name(ReduceOp::kSum), "sum");
+  EXPECT_EQ(reduce_op_name(ReduceOp::kAvg), "avg");
+  EXPECT_EQ(parse_reduce_op("sum"), ReduceOp::kSum);
+  EXPECT_EQ(parse_reduce_op("avg"), ReduceOp::kAvg);
+  EXPECT_EQ(parse_reduce_op("mean"), ReduceOp::kAvg);
+  EXPECT_THAT(error_of([] { parse_reduce_op("max"); }), HasSubstr("got 'max'"));
+}
+
+// --- copy ------------------------------------------------------------------------------------
+
+TEST_F(CpuBackendTest, CopyContiguousSameDtypeIsExact) {
+  OwnedTensor src = empty_host({3, 5}, DType::kBF16);
+  OwnedTensor dst = empty_host({3, 5}, DType::kBF16);
+  fill_seeded(src, seed_of({1}), Values::kRandom);
+  backend_->copy(dst, src, stream());
+  EXPECT_TRUE(same_bits(dst, src));
+}
+
+TEST_F(CpuBackendTest, CopyStridedSameDtype) {
+  // Transposed source into a padded destination; the padding must stay untouched.
+  OwnedTensor src = testing::empty_transposed({4, 6}, DType::kF16);
+  OwnedTensor dst = testing::empty_padded({4, 6}, DType::kF16, 2);
+  fill_seeded(src, seed_of({2}), Values::kRandom);
+  std::memset(dst.buffer.data(), 0x5A, dst.buffer.size());
+  backend_->copy(dst, src, stream());
+  EXPECT_TRUE(same_bits(dst, src));
+  const auto* raw = static_cast<const uint16_t*>(dst.buffer.data());
+  for (int64_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(raw[r * 8 + 6], 0x5A5A);
+    EXPECT_EQ(raw[r * 8 + 7], 0x5A5A);
+  }
+}
+
+TEST_F(CpuBackendTest, CopyPermuted3d) {
+  OwnedTensor storage = empty_host({2, 3, 4}, DType::kF32);
+  fill_seeded(storage, seed_of({3}), Values::kRandom);
+  const Tensor src = storage->permute({2, 0, 1});  // [4, 2, 3], no unit inner stride
+  OwnedTensor dst = empty_host({4, 2, 3}, DType::kF32);
+  backend_->copy(dst, src, stream());
+  for (int64_t i = 0; i < 4; ++i) {
+    for (int64_t j = 0; j < 2; ++j) {
+      for (int64_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(get(dst, (i * 2 + j) * 3 + k), get(storage, (j * 3 + k) * 4 + i));
+      }
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, CopyConvertsEveryDtypePair) {
+  for (DType from : kAllDTypes) {
+    for (DType to : kAllDTypes) {
+      SCOPED_TRACE(fmt::format("{} -> {}", from, to));
+      OwnedTensor src = testing::empty_transposed({3, 4}, from);
+      OwnedTensor dst = testing::empty_padded({3, 4}, to, 1);
+      fill_seeded(src, seed_of({4, static_cast<uint64_t>(from)}), Values::kRandom);
+      backend_->copy(dst, src, stream());
+      for (int64_t i = 0; i < 12; ++i) {
+        // Through f32, rounded as the casts in core/dtype.h round.
+        OwnedTensor one = empty_host({1}, to);
+        testing::set(one, 0, get(src, i));
+        ASSERT_EQ(bits_at(dst, i), bits_at(one, 0)) << "element " << i << " = " << get(src, i);
+      }
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, CopyScalarsAndEmpty) {
+  float a = 1.5f, b = 0.0f;
+  backend_->copy(Tensor(&b, DType::kF32, {}), Tensor(&a, DType::kF32, {}), stream());
+  EXPECT_EQ(b, 1.5f);
+  uint16_t h = 0;
+  backend_->copy(Tensor(&h, DType::kBF16, {}), Tensor(&a, DType::kF32, {}), stream());
+  EXPECT_EQ(h, float_to_bf16_bits(1.5f));
+  EXPECT_NO_THROW(backend_->copy(Tensor(nullptr, DType::kF32, {0, 3}),
+                                 Tensor(nullptr, DType::kBF16, {0, 3}), stream()));
+}
+
+TEST_F(CpuBackendTest, CopyChecksShapesAndDevices) {
+  OwnedTensor a = empty_host({2, 3}, DType::kF32);
+  OwnedTensor b = empty_host({3, 2}, DType::kF32);
+  EXPECT_THAT(error_of([&] { backend_->copy(a, b, stream()); }),
+              HasSubstr("destination f32[2, 3] strides [3, 1] on cpu and source f32[3, 2]"));
+  const Tensor on_gpu(a->data(), DType::kF32, {2, 3}, Device::cuda(0));
+  EXPECT_THAT(error_of([&] { backend_->copy(on_gpu, a, stream()); }),
+              HasSubstr("cannot touch copy destination on cuda:0"));
+  EXPECT_THAT(error_of([&] { backend_->copy(a, on_gpu, stream()); }),
+              HasSubstr("cannot touch copy source on cuda:0"));
+}
+
+// --- fill ------------------------------------------------------------------------------------
+
+TEST_F(CpuBackendTest, FillStridedLeavesTheRestAlone) {
+  for (DType dtype : kAllDTypes) {
+    SCOPED_TRACE(fmt::format("{}", dtype));
+    OwnedTensor storage = empty_host({4, 5}, dtype);
+    testing::fill_value(storage, -1.0f);
+    const Tensor inner = storage->narrow(0, 1, 2).narrow(1, 1, 3);  // [2, 3] of [4, 5]
+    backend_->fill(inner, 2.5f, stream());
+    for (int64_t r = 0; r < 4; ++r) {
+      for (int64_t c = 0; c < 5; ++c) {
+        const bool in = r >= 1 && r < 3 && c >= 1 && c < 4;
+        EXPECT_EQ(get(storage, r * 5 + c), in ? 2.5f : -1.0f) << "at [" << r << ", " << c << "]";
+      }
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, FillRoundsIntoTheDtype) {
+  OwnedTensor t = empty_host({3}, DType::kBF16);
+  backend_->fill(t, 1.0f / 3.0f, stream());
+  for (int64_t i = 0; i < 3; ++i)
+    EXPECT_EQ(bits_at(t, i), float_to_bf16_bits(1.0f / 3.0f));
+  float scalar = 0;
+  backend_->fill(Tensor(&scalar, DType::kF32, {}), 7.0f, stream());
+  EXPECT_EQ(scalar, 7.0f);
+}
+
+// --- reduce ----------------------------------------------------------------------------------
+
+// f32 sum of the inputs in the order given (then / n for avg), the reference the backend's
+// reduction must match bit for bit.
+std::vector<float> reduce_in_order(const std::vector<Tensor>& inputs, ReduceOp op) {
+  std::vector<float> acc = testing::to_vector(inputs[0]);
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    const auto row = testing::to_vector(inputs[i]);
+    for (size_t j = 0; j < acc.size(); ++j)
+      acc[j] += row[j];
+  }
+  if (op == ReduceOp::kAvg) {
+    for (float& v : acc)
+      v /= static_cast<float>(inputs.size());
+  }
+  return acc;
+}
+
+TEST_F(CpuBackendTest, ReduceAddsInTheGivenOrderAndRoundsOnce) {
+  std::vector<OwnedTensor> owned;
+  std::vector<Tensor> inputs;
+  for (int i = 0; i < 5; ++i) {
+    // Mixed layouts and dtypes: every input is read as f32.
+    owned.push_back(i % 2 == 0
+                        ? testing::empty_transposed({3, 7}, DType::kF32)
+                        : testing::empty_padded({3, 7}, i == 3 ? DType::kBF16 : DType::kF32, 2));
+    fill_seeded(owned.back(), seed_of({5, static_cast<uint64_t>(i)}), Values::kRandom);
+    inputs.push_back(owned.back());
+  }
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    for (DType out_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(fmt::format("{} into {}", reduce_op_name(op), out_dtype));
+      OwnedTensor out = testing::empty_padded({3, 7}, out_dtype, 1);
+      backend_->reduce(out, inputs, op, stream());
+      const auto expected = reduce_in_order(inputs, op);
+      for (int64_t j = 0; j < 21; ++j) {
+        OwnedTensor one = empty_host({1}, out_dtype);
+        testing::set(one, 0, expected[j]);
+        ASSERT_EQ(bits_at(out, j), bits_at(one, 0)) << "element " << j;
+      }
+      // The same inputs in the same order: the same bits again.
+      OwnedTensor again = empty_host({3, 7}, out_dtype);
+      backend_->reduce(again, inputs, op, stream());
+      EXPECT_TRUE(same_bits(again, out));
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, ReduceOrderIsTheOneGiven) {
+  // Values chosen so that the f32 sum depends on the order: (big + small) - big != small.
+  float big = 1e8f, small = 1.0f, minus_big = -1e8f;
+  const Tensor tb(&big, DType::kF32, {1}), ts(&small, DType::kF32, {1}),
+      tm(&minus_big, DType::kF32, {1});
+  float out = -1;
+  const Tensor to(&out, DType::kF32, {1});
+  const Tensor order1[] = {tb, ts, tm};
+  backend_->reduce(to, order1, ReduceOp::kSum, stream());
+  EXPECT_EQ(out, 0.0f);  // 1e8 + 1 rounds back to 1e8
+  const Tensor order2[] = {tb, tm, ts};
+  backend_->reduce(to, order2, ReduceOp::kSum, stream());
+  EXPECT_EQ(out, 1.0f);
+  backend_->reduce(to, order2, ReduceOp::kAvg, stream());
+  EXPECT_EQ(out, 1.0f / 3.0f);
+}
+
+TEST_F(CpuBackendTest, ReduceThreeDimensionalStrided) {
+  OwnedTensor storage = empty_host({2, 3, 4, 5}, DType::kF32);
+  fill_seeded(storage, seed_of({6}), Values::kSmallInts);
+  std::vector<Tensor> inputs;
+  for (int i = 0; i < 2; ++i)
+    inputs.push_back(storage->select(0, i).permute({2, 0, 1}));  // [5,3,4]
+  OwnedTensor out = empty_host({5, 3, 4}, DType::kF32);
+  backend_->reduce(out, inputs, ReduceOp::kSum, stream());
+  const auto expected = reduce_in_order(inputs, ReduceOp::kSum);
+  for (int64_t j = 0; j < out->numel(); ++j)
+    ASSERT_EQ(get(out, j), expected[j]) << "element " << j;
+}
+
+TEST_F(CpuBackendTest, ReduceChecksItsInputs) {
+  OwnedTensor out = empty_host({2, 3}, DType::kF32);
+  OwnedTensor good = empty_host({2, 3}, DType::kF32);
+  OwnedTensor bad = empty_host({3, 2}, DType::kF32);
+  EXPECT_THAT(error_of([&] { backend_->reduce(out, {}, ReduceOp::kSum, stream()); }),
+              HasSubstr("at least one input"));
+  const Tensor inputs[] = {good, bad};
+  EXPECT_THAT(error_of([&] { backend_->reduce(out, inputs, ReduceOp::kSum, stream()); }),
+              HasSubstr("reduce input 1 is f32[3, 2]"));
+}
+
+// --- unary -----------------------------------------------------------------------------------
+
+double reference_unary(UnaryOp op, double x) {
+  switch (op) {
+    case UnaryOp::kSilu:
+      return x / (1.0 + std::exp(-x));
+    case UnaryOp::kRelu:
+      return x > 0 ? x : 0.0;
+    case UnaryOp::kGelu:
+      return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+  }
+  return 0;
+}
+
+TEST_F(CpuBackendTest, UnaryOpsMatchReference) {
+  OwnedTensor in = testing::empty_transposed({6, 8}, DType::kF32);
+  for (int64_t i = 0; i < 48; ++i)
+    testing::set(in, i, -6.0f + 0.25f * static_cast<float>(i));
+  for (UnaryOp op : {UnaryOp::kSilu, UnaryOp::kRelu, UnaryOp::kGelu}) {
+    SCOPED_TRACE(static_cast<int>(op));
+    OwnedTensor out = testing::empty_padded({6, 8}, DType::kF32, 3);
+    backend_->unary(op, out, in, stream());
+    for (int64_t i = 0; i < 48; ++i) {
+      const double x = get(in, i);
+      EXPECT_NEAR(get(out, i), reference_unary(op, x), 2e-6 * (1.0 + std::fabs(x))) << "x = " << x;
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, UnaryEdgeCasesAndDtypes) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  float xs[] = {nan, -0.0f, -3.0f, 2.0f};
+  float ys[4];
+  backend_->unary(UnaryOp::kRelu, Tensor(ys, DType::kF32, {4}), Tensor(xs, DType::kF32, {4}),
+                  stream());
+  EXPECT_TRUE(std::isnan(ys[0]));
+  EXPECT_EQ(ys[2], 0.0f);
+  EXPECT_EQ(ys[3], 2.0f);
+  // bf16 in, f16 out: computed in f32 and rounded once.
+  OwnedTensor in = empty_host({5}, DType::kBF16);
+  OwnedTensor out = empty_host({5}, DType::kF16);
+  fill_seeded(in, seed_of({7}), Values::kRandom);
+  backend_->unary(UnaryOp::kSilu, out, in, stream());
+  for (int64_t i = 0; i < 5; ++i) {
+    const float x = get(in, i);
+    EXPECT_EQ(bits_at(out, i), float_to_f16_bits(x / (1.0f + std::exp(-x))));
+  }
+  EXPECT_THAT(error_of([&] {
+                backend_->unary(UnaryOp::kGelu, Tensor(ys, DType::kF32, {2, 2}),
+                                Tensor(xs, DType::kF32, {4}), stream());
+              }),
+              HasSubstr("output f32[2, 2] strides [2, 1] on cpu and input f32[4]"));
+}
+
+// --- streams and events ----------------------------------------------------------------------
+
+TEST_F(CpuBackendTest, EventsMeasureNonNegativeTime) {
+  auto start = backend_->create_event();
+  auto end = backend_->create_event();
+  auto side = backend_->create_stream();
+  start->record(stream());
+  OwnedTensor a = empty_host({64, 64}, DType::kF32);
+  OwnedTensor d = empty_host({64, 64}, DType::kF32);
+  fill_seeded(a, seed_of({8}), Values::kRandom);
+  backend_->gemm({a, a, d}, stream());
+  end->record(stream());
+  end->block(*side);
+  side->synchronize();
+  end->synchronize();
+  backend_->synchronize();
+  EXPECT_GE(end->elapsed_ms(*start), 0.0f);
+  EXPECT_GE(start->elapsed_ms(*start), 0.0f);
+  auto never = backend_->create_event();
+  EXPECT_THAT(error_of([&] { never->elapsed_ms(*start); }), HasSubstr("never recorded"));
+  EXPECT_THAT(error_of([&] { end->elapsed_ms(*never); }), HasSubstr("never recorded"));
+}
+
+// --- communicator checks ---------------------------------------------------------------------
+
+TEST(CommunicatorValidationTest, AllGather) {
+  OwnedTensor in = empty_host({2, 3}, DType::kF32);
+  OwnedTensor out = empty_host({6, 3}, DType::kF32);
+  EXPECT_NO_THROW(validate_all_gather(out, in, 3));
+  EXPECT_THAT(error_of([&] { validate_all_gather(out, in, 2); }),
+              HasSubstr("output must be [4, 3] for input f32[2, 3]"));
+  OwnedTensor bf = empty_host({6, 3}, DType::kBF16);
+  EXPECT_THAT(error_of([&] { validate_all_gather(bf, in, 3); }),
+              HasSubstr("input is f32 but output is bf16"));
+  EXPECT_THAT(error_of([&] { validate_all_gather(out, in->t(), 3); }), HasSubstr("contiguous"));
+  EXPECT_THAT(error_of([&] { validate_all_gather(out, Tensor(), 3); }), HasSubstr("must be given"));
+}
+
+TEST(CommunicatorValidationTest, ReduceScatter) {
+  OwnedTensor in = empty_host({6, 3}, DType::kF32);
+  OwnedTensor out = empty_host({2, 3}, DType::kF32);
+  EXPECT_NO_THROW(validate_reduce_scatter(out, in, 3));
+  EXPECT_THAT(error_of([&] { validate_reduce_scatter(out, in, 4); }),
+              HasSubstr("input dim 0 (6) is not divisible by the world size 4"));
+  EXPECT_THAT(error_of([&] { validate_reduce_scatter(out, in, 2); }),
+              HasSubstr("output must be [3, 3] for input f32[6, 3]"));
+  OwnedTensor flat = empty_host({6}, DType::kF32);
+  EXPECT_THAT(error_of([&] { validate_reduce_scatter(out, flat, 3); }),
+              HasSubstr("must have the same rank"));
+}
+
+}  // namespace
+}  // namespace asynctp
