@@ -158,16 +158,24 @@ class CpuSymmAllocator final : public SymmAllocator {
     }
     try {
       group_.store().set(fmt::format("{}/{}", key, rank), fmt::format("{} {}", name, bytes));
+      // Every peer's size is checked before any segment is opened: a rank that finds a mismatch
+      // unlinks its segment at once, and a peer still about to open it would otherwise fail with
+      // a bare ENOENT instead of the mismatch.
+      std::vector<std::string> peer_names(ws);
       for (int peer = 0; peer < ws; ++peer) {
         if (peer == rank) continue;
         const std::string info = group_.store().get(fmt::format("{}/{}", key, peer));
         const auto space = info.rfind(' ');
-        const std::string peer_name = info.substr(0, space);
+        peer_names[peer] = info.substr(0, space);
         const size_t peer_bytes = std::stoull(info.substr(space + 1));
         ASYNCTP_CHECK(peer_bytes == bytes,
                       "symmetric allocation {}: rank {} asked for {} bytes but rank {} for {}; every "
                       "rank must allocate the same sizes in the same order",
                       key, rank, bytes, peer, peer_bytes);
+      }
+      for (int peer = 0; peer < ws; ++peer) {
+        if (peer == rank) continue;
+        const std::string& peer_name = peer_names[peer];
         const int fd = ::shm_open(peer_name.c_str(), O_RDWR | O_CLOEXEC, 0600);
         ASYNCTP_SYSCHECK(fd, "rank {}: opening peer {}'s shared memory '{}'", rank, peer, peer_name);
         void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
