@@ -1,13 +1,17 @@
 // Element types and their conversions to and from f32.
 //
-// Every narrowing conversion rounds to nearest, ties to even, as PyTorch's casts do:
-//   bf16: NaN becomes the canonical quiet NaN 0x7FC0; overflow rounds to inf.
+// Every narrowing conversion rounds to nearest, ties to even, and gives the same bits as
+// PyTorch's tensor.to(dtype) (torch 2.15) for every value but NaN, whose payload torch does not
+// keep consistently (tests/core/dtype_golden_test.cpp checks this against tables from torch):
+//   bf16: NaN becomes the canonical quiet NaN 0x7FC0 (c10::BFloat16's); overflow rounds to inf.
 //   f16:  NaN becomes 0x7E00 (sign kept); values >= 65520 become inf; subnormals are exact.
 //   f8 e4m3fn (no inf, one NaN pattern per sign, max finite 448): like torch's float8_e4m3fn
-//         cast, |x| > 464 (and inf) becomes NaN. Saturate::kFinite clamps to +-448 instead, the
-//         behaviour float8 training recipes want (NaN stays NaN).
+//         cast (since PyTorch PR 178817), |x| > 464 and inf saturate to +-448; NaN stays NaN.
+//         Saturate::kFinite therefore changes nothing for e4m3fn.
 //   f8 e5m2 (IEEE-like, max finite 57344): like torch's float8_e5m2 cast, |x| >= 61440 becomes
-//         inf. Saturate::kFinite clamps to +-57344 (inf included).
+//         inf. Saturate::kFinite clamps to +-57344 (inf included), the behaviour float8 training
+//         recipes want (NaN stays NaN).
+// Decoding is exact; a NaN decodes to a quiet f32 NaN of the same sign.
 #pragma once
 
 #include <bit>

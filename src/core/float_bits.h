@@ -82,19 +82,22 @@ ASYNCTP_HD float f16_to_float(uint16_t h) {
     const float mag = static_cast<float>(m) * f32_from(0x33800000u);
     return f32_from(sign | f32_bits(mag));
   }
-  if (e == 31) return f32_from(sign | 0x7F800000u | (m << 13));
+  // inf, or NaN with its payload kept and the quiet bit set, as F16C, CUDA and torch convert:
+  // a signalling f16 NaN must not come out as a signalling f32 NaN.
+  if (e == 31) return f32_from(sign | 0x7F800000u | (m << 13) | (m != 0 ? 0x400000u : 0u));
   return f32_from(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-// saturate: clamp to the largest finite value instead of NaN (e4m3) / inf (e5m2).
-ASYNCTP_HD uint8_t float_to_f8e4m3(float value, bool saturate) {
+// e4m3fn has no inf: overflow and inf saturate to +-448 whatever `saturate` says, as torch's
+// cast does (since PyTorch PR 178817); only NaN gives NaN.
+ASYNCTP_HD uint8_t float_to_f8e4m3(float value, bool /*saturate*/) {
   const uint32_t u = f32_bits(value);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7FFFFFFFu;
   if (a > 0x7F800000u) return sign | 0x7Fu;  // NaN
-  if (a == 0x7F800000u) return sign | (saturate ? 0x7Eu : 0x7Fu);
+  if (a == 0x7F800000u) return sign | 0x7Eu;
   const uint32_t mag = round_magnitude(a, 3, 7);
-  if (mag > 0x7Eu) return sign | (saturate ? 0x7Eu : 0x7Fu);
+  if (mag > 0x7Eu) return sign | 0x7Eu;
   return sign | static_cast<uint8_t>(mag);
 }
 
@@ -110,6 +113,7 @@ ASYNCTP_HD float f8e4m3_to_float(uint8_t b) {
   return f32_from(sign | ((e + 120u) << 23) | (m << 20));
 }
 
+// saturate: clamp to the largest finite value instead of inf.
 ASYNCTP_HD uint8_t float_to_f8e5m2(float value, bool saturate) {
   const uint32_t u = f32_bits(value);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
