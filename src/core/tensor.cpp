@@ -42,6 +42,7 @@ int Tensor::wrap_dim(int d) const {
 }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // as in torch: no element is out of place
   int64_t expected = 1;
   for (int i = dim() - 1; i >= 0; --i) {
     if (shape_[i] == 1) continue;
@@ -207,11 +208,13 @@ std::vector<Tensor> Tensor::chunk(int chunks, int d) const {
   ASYNCTP_CHECK(chunks > 0, "chunk count must be positive, got {}", chunks);
   d = wrap_dim(d);
   const int64_t size = shape_[d];
+  // An empty dim gives `chunks` empty chunks, as torch's chunk() does (through split_with_sizes),
+  // so that a caller indexing chunk r of every rank finds one.
+  if (size == 0) return std::vector<Tensor>(chunks, *this);
   const int64_t step = (size + chunks - 1) / chunks;
   std::vector<Tensor> out;
-  for (int64_t start = 0; start < size || (size == 0 && out.empty()); start += std::max<int64_t>(step, 1)) {
+  for (int64_t start = 0; start < size; start += step) {
     out.push_back(narrow(d, start, std::min(step, size - start)));
-    if (size == 0) break;
   }
   return out;
 }
