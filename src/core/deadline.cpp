@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/error.h"
 
 namespace asynctp {
@@ -16,7 +19,10 @@ Millis default_timeout() {
     const double seconds = std::strtod(env, &end);
     ASYNCTP_CHECK(end != env && *end == '\0' && seconds > 0,
                   "ASYNCTP_TIMEOUT must be a positive number of seconds, got '{}'", env);
-    return Millis(static_cast<int64_t>(seconds * 1000.0));
+    // "inf" (or anything huge) means no practical limit: cap it so that a Deadline's end time
+    // cannot overflow the clock. A tiny positive value still gets 1 ms, not an expired deadline.
+    constexpr double kMaxSeconds = 1e7;  // about 116 days
+    return Millis(std::max<int64_t>(1, std::llround(std::min(seconds, kMaxSeconds) * 1000.0)));
   }
   return Millis(300'000);
 }

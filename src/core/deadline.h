@@ -29,7 +29,8 @@ class Deadline {
   Clock::time_point end_;
 };
 
-// Default timeout for every wait: ASYNCTP_TIMEOUT seconds if set (fractions allowed), else 300 s.
+// Default timeout for every wait: ASYNCTP_TIMEOUT seconds if set (fractions allowed; "inf" and
+// anything above 1e7 s mean 1e7 s), else 300 s.
 Millis default_timeout();
 
 }  // namespace asynctp
