@@ -6,7 +6,7 @@ function(asynctp_add_layer)
   add_library(asynctp_${L_NAME} STATIC ${_srcs} ${L_EXTRA_SOURCES})
   target_include_directories(asynctp_${L_NAME} PUBLIC ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/include)
   target_link_libraries(asynctp_${L_NAME} PUBLIC ${L_DEPS})
-  target_compile_options(asynctp_${L_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  target_compile_options(asynctp_${L_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
 endfunction()
 
 # asynctp_add_test(NAME <name> LABEL <cpu|gpu> SOURCES ... DEPS ...): one gtest binary, every
@@ -18,7 +18,7 @@ function(asynctp_add_test)
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} asynctp_test_support GTest::gtest_main)
-  target_compile_options(${T_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  target_compile_options(${T_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
   gtest_discover_tests(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
                        DISCOVERY_TIMEOUT 60)
 endfunction()

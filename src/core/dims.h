@@ -10,10 +10,10 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/scalar_types.h"
 
 namespace asynctp {
 
-inline constexpr int kMaxDims = 8;
 
 class Dims {
  public:

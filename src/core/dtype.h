@@ -21,28 +21,12 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/scalar_types.h"
 
 namespace asynctp {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kF8E5M2 };
-
 inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3,
                                        DType::kF8E5M2};
-
-constexpr size_t element_size(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kBF16:
-    case DType::kF16: return 2;
-    case DType::kF8E4M3:
-    case DType::kF8E5M2: return 1;
-  }
-  return 0;
-}
-
-constexpr bool is_float8(DType dtype) {
-  return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;
-}
 
 // Short name used in messages and on the command line: f32, bf16, f16, f8e4m3, f8e5m2.
 std::string_view dtype_name(DType dtype);

@@ -1,0 +1,342 @@
+#include "device/cuda/cublaslt_gemm.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include "core/log.h"
+#include "device/cuda/cuda_check.h"
+#include "device/cuda/ktensor.h"
+
+namespace asynctp::cuda {
+
+namespace {
+
+cudaDataType_t data_type(DType d) {
+  switch (d) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kF8E4M3: return CUDA_R_8F_E4M3;
+    case DType::kF8E5M2: return CUDA_R_8F_E5M2;
+  }
+  return CUDA_R_32F;
+}
+
+bool env_flag(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return std::strcmp(v, "0") != 0 && std::strcmp(v, "false") != 0;
+}
+
+// One matrix operand in cuBLASLt's column-major terms.
+struct Operand {
+  bool transposed = false;
+  int64_t rows = 0, cols = 0, ld = 0, batch_stride = 0;
+};
+
+// Our row-major B [k, n] (strides sk, sn) as cuBLASLt's A (op(A) is [n, k]).
+Operand as_lt_a(const Tensor& b3) {
+  const int64_t k = b3.size(1), n = b3.size(2), sk = b3.stride(1), sn = b3.stride(2);
+  Operand o;
+  o.batch_stride = b3.size(0) == 1 ? 0 : b3.stride(0);
+  if (sn == 1 || n == 1) {  // row-major: column-major [n x k], ld = sk
+    o = {false, n, k, std::max<int64_t>(sk, n), o.batch_stride};
+  } else {  // column-major [k x n], ld = sn: transposed
+    o = {true, k, n, std::max<int64_t>(sn, k), o.batch_stride};
+  }
+  return o;
+}
+
+// Our row-major A [m, k] (strides sm, sk) as cuBLASLt's B (op(B) is [k, m]).
+Operand as_lt_b(const Tensor& a3) {
+  const int64_t m = a3.size(1), k = a3.size(2), sm = a3.stride(1), sk = a3.stride(2);
+  const int64_t bs = a3.stride(0);
+  if (sk == 1 || k == 1) return {false, k, m, std::max<int64_t>(sm, k), bs};
+  return {true, m, k, std::max<int64_t>(sk, m), bs};
+}
+
+Tensor batched(const Tensor& t) { return t.dim() == 3 ? t : t.unsqueeze(0); }
+
+struct Key {
+  int64_t v[24];
+  bool operator==(const Key& o) const { return std::memcmp(v, o.v, sizeof(v)) == 0; }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = 1469598103934665603ull;
+    for (int64_t x : k.v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
+    return h;
+  }
+};
+
+enum class ScaleMode : int { kNone = 0, kScalar = 1, kVector = 2 };
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+  ~Plan() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
+};
+
+cublasLtMatrixLayout_t make_layout(DType dtype, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
+                                   int64_t batch_stride) {
+  cublasLtMatrixLayout_t layout;
+  ASYNCTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, data_type(dtype), rows, cols, ld));
+  if (batch > 1) {
+    int32_t count = static_cast<int32_t>(batch);
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                          sizeof(count)));
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                          &batch_stride, sizeof(batch_stride)));
+  }
+  return layout;
+}
+
+int alignment_of(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  for (int a : {256, 128, 64, 32, 16, 8, 4, 2}) {
+    if (v % a == 0) return a;
+  }
+  return 1;
+}
+
+}  // namespace
+
+struct LtGemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = size_t{64} << 20;
+  bool autotune = env_flag("ASYNCTP_GEMM_AUTOTUNE", true);
+  bool allow_tf32 = env_flag("ASYNCTP_ALLOW_TF32", false);
+  std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
+  // Grow-only device scratch: float8 operands staged into cuBLASLt's layout, and the unscaled
+  // f32 product of a row-/column-wise scaled GEMM.
+  enum Slot { kStagedA, kStagedB, kProduct, kSlots };
+  void* scratch[kSlots] = {};
+  size_t scratch_bytes[kSlots] = {};
+  float* one = nullptr;  // a device 1.0f: the scale of an unscaled float8 product
+
+  Impl() {
+    ASYNCTP_CUBLAS_CHECK(cublasLtCreate(&handle));
+    ASYNCTP_CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
+    ASYNCTP_CUDA_CHECK(cudaMalloc(&one, sizeof(float)));
+    const float value = 1.0f;
+    ASYNCTP_CUDA_CHECK(cudaMemcpy(one, &value, sizeof(float), cudaMemcpyHostToDevice));
+  }
+  ~Impl() {
+    plans.clear();
+    cudaFree(workspace);
+    for (void* p : scratch) cudaFree(p);
+    cudaFree(one);
+    cublasLtDestroy(handle);
+  }
+
+  void* scratch_for(Slot slot, size_t bytes, cudaStream_t stream, bool capturing) {
+    if (bytes <= scratch_bytes[slot]) return scratch[slot];
+    ASYNCTP_CHECK(!capturing, "the float8 GEMM needs {} bytes of staging during CUDA-graph capture; run "
+                  "the op once before capturing it", bytes);
+    ASYNCTP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaFree(scratch[slot]);
+    scratch[slot] = nullptr;
+    ASYNCTP_CUDA_CHECK(cudaMalloc(&scratch[slot], bytes));
+    scratch_bytes[slot] = bytes;
+    return scratch[slot];
+  }
+
+  // Picks (and caches) the algorithm for this problem; times the candidates once.
+  Plan& plan(const Key& key, DType a_dt, DType b_dt, DType d_dt, const Operand& la, const Operand& lb,
+             int64_t m_rows, int64_t n_cols, int64_t ldd, int64_t batch, int64_t d_batch_stride,
+             ScaleMode scale_a, ScaleMode scale_b, const GemmArgs& args, cudaStream_t stream, bool capturing,
+             const void* lt_a, const void* lt_b, void* d_ptr, bool* found) {
+    auto it = plans.find(key);
+    if (it != plans.end()) {
+      *found = true;
+      return *it->second;
+    }
+    auto p = std::make_unique<Plan>();
+    const bool f32_in = a_dt == DType::kF32;
+    const cublasComputeType_t compute = f32_in && allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
+    const cublasOperation_t ta = la.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t tb = lb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (scale_a == ScaleMode::kVector || scale_b == ScaleMode::kVector) {
+      const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+      ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+    }
+    p->a = make_layout(b_dt, la.rows, la.cols, la.ld, batch, la.batch_stride);
+    p->b = make_layout(a_dt, lb.rows, lb.cols, lb.ld, batch, lb.batch_stride);
+    p->d = make_layout(d_dt, n_cols, m_rows, ldd, batch, d_batch_stride);
+
+    cublasLtMatmulPreference_t pref;
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                              &workspace_bytes, sizeof(workspace_bytes)));
+    for (auto [attr, ptr] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, lt_a},
+                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, lt_b},
+                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<const void*>(d_ptr)},
+                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<const void*>(d_ptr)}}) {
+      const uint32_t align = static_cast<uint32_t>(alignment_of(ptr));
+      ASYNCTP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+    }
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t results[kCandidates];
+    int returned = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->d, p->d, pref,
+                                                             kCandidates, results, &returned);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || returned == 0) {
+      *found = false;
+      static Plan none;
+      return none;
+    }
+    int best = 0;
+    if (autotune && !capturing && returned > 1) best = tune(*p, results, returned, lt_a, lt_b, args, stream);
+    p->algo = results[best].algo;
+    p->workspace = results[best].workspaceSize;
+    *found = true;
+    auto& ref = *p;
+    plans.emplace(key, std::move(p));
+    return ref;
+  }
+
+  // Times each candidate (1 warm-up, 3 timed runs, best of the medians) into a scratch output.
+  int tune(Plan& p, const cublasLtMatmulHeuristicResult_t* results, int count, const void* lt_a, const void* lt_b,
+           const GemmArgs& args, cudaStream_t stream) {
+    const size_t d_bytes = args.d.extent_bytes() + 256;
+    void* d_tmp = nullptr;
+    if (cudaMalloc(&d_tmp, d_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    cudaEvent_t start, stop;
+    ASYNCTP_CUDA_CHECK(cudaEventCreate(&start));
+    ASYNCTP_CUDA_CHECK(cudaEventCreate(&stop));
+    const float alpha = 1.0f, beta = 0.0f;
+    int best = 0;
+    float best_ms = 1e30f;
+    for (int c = 0; c < count; ++c) {
+      float times[3];
+      bool ok = true;
+      for (int r = -1; r < 3 && ok; ++r) {
+        ASYNCTP_CUDA_CHECK(cudaEventRecord(start, stream));
+        ok = cublasLtMatmul(handle, p.desc, &alpha, lt_a, p.a, lt_b, p.b, &beta, d_tmp, p.d, d_tmp, p.d,
+                            &results[c].algo, workspace, workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
+        ASYNCTP_CUDA_CHECK(cudaEventRecord(stop, stream));
+        ASYNCTP_CUDA_CHECK(cudaEventSynchronize(stop));
+        if (r >= 0) ASYNCTP_CUDA_CHECK(cudaEventElapsedTime(&times[r], start, stop));
+      }
+      if (!ok) continue;
+      std::sort(times, times + 3);
+      if (times[1] < best_ms) {
+        best_ms = times[1];
+        best = c;
+      }
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaFree(d_tmp);
+    return best;
+  }
+};
+
+LtGemm::LtGemm() : impl_(std::make_unique<Impl>()) {}
+LtGemm::~LtGemm() = default;
+
+void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
+  Tensor a = batched(args.a), b = batched(args.b), d = batched(args.d);
+  const int64_t batch = d.size(0), m = d.size(1), n = d.size(2), k = a.size(2);
+  if (m == 0 || n == 0) return;
+  ASYNCTP_CHECK(d.stride(2) == 1 || n == 1, "the cuda GEMM needs a row-major output, got {}", args.d.describe());
+  const bool f8 = is_float8(a.dtype());
+  const bool rowwise = f8 && args.a_scale.numel() != 1;
+  const bool colwise = f8 && args.b_scale.numel() != 1;
+
+  if (f8) {
+    // cuBLASLt's float8 kernels take our A row-major and our B column-major: stage otherwise.
+    if (!(a.stride(2) == 1 || k == 1)) {
+      void* p = impl_->scratch_for(Impl::kStagedA, static_cast<size_t>(a.numel()), stream, capturing);
+      const Tensor staged(p, a.dtype(), {batch, m, k}, a.device());
+      ASYNCTP_CUDA_CHECK(kernels::copy(to_kernel(staged), to_kernel(a), stream));
+      a = staged;
+    }
+    if (!(b.stride(1) == 1 || k == 1)) {
+      const int64_t bb = b.size(0);
+      void* p = impl_->scratch_for(Impl::kStagedB, static_cast<size_t>(b.numel()), stream, capturing);
+      const Tensor staged(p, b.dtype(), {bb, k, n}, {k * n, 1, k}, b.device());
+      ASYNCTP_CUDA_CHECK(kernels::copy(to_kernel(staged), to_kernel(b), stream));
+      b = staged;
+    }
+    if (rowwise || colwise) {
+      // Row-/column-wise scales: the unscaled product in f32, then one epilogue applies both
+      // scales in the CPU backend's order ((acc * a_scale[row]) * b_scale[col]).
+      ASYNCTP_CHECK(!rowwise || args.a_scale.stride(-2) == 1 || m == 1,
+                    "row-wise a_scale must be contiguous along the rows, got {}", args.a_scale.describe());
+      ASYNCTP_CHECK(!colwise || args.b_scale.stride(1) == 1 || n == 1,
+                    "column-wise b_scale must be contiguous, got {}", args.b_scale.describe());
+      float* acc = static_cast<float*>(
+          impl_->scratch_for(Impl::kProduct, static_cast<size_t>(m * n) * 4, stream, capturing));
+      const Tensor sa = batched(args.a_scale.numel() == 1 ? args.a_scale.view({1, 1, 1}) : args.a_scale);
+      for (int64_t bi = 0; bi < batch; ++bi) {
+        GemmArgs unscaled;
+        unscaled.a = a.narrow(0, bi, 1);
+        unscaled.b = b.size(0) == 1 ? b : b.narrow(0, bi, 1);
+        unscaled.d = Tensor(acc, DType::kF32, {1, m, n}, d.device());
+        unscaled.a_scale = Tensor(impl_->one, DType::kF32, {}, d.device());
+        unscaled.b_scale = unscaled.a_scale;
+        run(unscaled, stream, capturing);
+        const float* row = static_cast<const float*>(sa.data()) + (rowwise ? bi * sa.stride(0) : 0);
+        void* d_i = static_cast<char*>(d.data()) + bi * d.stride(0) * d.element_size();
+        ASYNCTP_CUDA_CHECK(kernels::scale_epilogue(d_i, d.dtype(), d.stride(1), acc, m, n, row, !rowwise,
+                                                   static_cast<const float*>(args.b_scale.data()), !colwise,
+                                                   stream));
+      }
+      return;
+    }
+  }
+
+  const Operand la = as_lt_a(b);
+  const Operand lb = as_lt_b(a);
+  if (f8) {
+    ASYNCTP_CHECK(la.transposed && !lb.transposed, "internal: float8 operands not in TN layout");
+  }
+  const int64_t ldd = std::max<int64_t>(d.stride(1), n);
+  const int64_t d_batch_stride = batch > 1 ? d.stride(0) : 0;
+  const ScaleMode sa = f8 ? ScaleMode::kScalar : ScaleMode::kNone;
+  Key key{};
+  const int64_t fields[] = {static_cast<int64_t>(a.dtype()), static_cast<int64_t>(b.dtype()),
+                            static_cast<int64_t>(d.dtype()), la.transposed, lb.transposed, la.rows, la.cols,
+                            la.ld, la.batch_stride, lb.rows, lb.cols, lb.ld, lb.batch_stride, m, n, ldd, batch,
+                            d_batch_stride, args.accumulate, static_cast<int64_t>(sa),
+                            alignment_of(a.data()), alignment_of(b.data()), alignment_of(d.data()), 0};
+  std::copy(std::begin(fields), std::end(fields), key.v);
+  bool found = false;
+  Plan& p = impl_->plan(key, a.dtype(), b.dtype(), d.dtype(), la, lb, m, n, ldd, batch, d_batch_stride, sa, sa,
+                        args, stream, capturing, b.data(), a.data(), d.data(), &found);
+  ASYNCTP_CHECK(found, "cuBLASLt has no algorithm for {} @ {} -> {} (m={}, n={}, k={}, batch={})",
+                args.a.describe(), args.b.describe(), args.d.describe(), m, n, k, batch);
+  if (f8) {
+    const void* a_scale_lt = args.b_scale.data();  // cuBLASLt's A is our B
+    const void* b_scale_lt = args.a_scale.data();
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale_lt,
+                                                        sizeof(a_scale_lt)));
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale_lt,
+                                                        sizeof(b_scale_lt)));
+  }
+  const float alpha = 1.0f, beta = args.accumulate ? 1.0f : 0.0f;
+  ASYNCTP_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.desc, &alpha, b.data(), p.a, a.data(), p.b, &beta, d.data(),
+                                      p.d, d.data(), p.d, &p.algo, impl_->workspace, impl_->workspace_bytes, stream));
+}
+
+}  // namespace asynctp::cuda

@@ -1,0 +1,32 @@
+// GEMMs through cuBLASLt. The row-major problem D[m,n] = A[m,k] B[k,n] is handed to cuBLASLt as
+// the column-major D^T = B^T A^T (cuBLASLt's "A" is our B and its "B" our A), so no operand is
+// ever copied for its layout, except float8 operands whose layout cuBLASLt cannot take (it wants
+// our A row-major and our B column-major; others are staged). For each distinct problem
+// (dtypes, layouts, sizes, strides, scale modes) the heuristic's candidates are timed once on
+// first use and the fastest is cached; under CUDA-graph capture an uncached problem takes the
+// heuristic's first choice without timing.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "device/backend.h"
+
+namespace asynctp::cuda {
+
+class LtGemm {
+ public:
+  LtGemm();
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  void run(const GemmArgs& args, cudaStream_t stream, bool capturing);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace asynctp::cuda

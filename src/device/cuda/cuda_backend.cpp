@@ -1,0 +1,253 @@
+#include "device/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "core/log.h"
+#include "device/cuda/cublaslt_gemm.h"
+#include "device/cuda/cuda_check.h"
+#include "device/cuda/ktensor.h"
+
+namespace asynctp {
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return count;
+}
+
+namespace {
+
+// Shape and strides of a same-shape pair with size-1 dims dropped and dims merged wherever both
+// tensors are contiguous across them. Innermost last.
+struct CopyPlan {
+  std::vector<int64_t> sizes, dst_strides, src_strides;
+};
+
+CopyPlan coalesce(const Tensor& dst, const Tensor& src) {
+  CopyPlan p;
+  for (int d = 0; d < dst.dim(); ++d) {
+    if (dst.size(d) == 1) continue;
+    if (!p.sizes.empty() && p.dst_strides.back() == dst.stride(d) * dst.size(d) &&
+        p.src_strides.back() == src.stride(d) * src.size(d)) {
+      p.sizes.back() *= dst.size(d);
+      p.dst_strides.back() = dst.stride(d);
+      p.src_strides.back() = src.stride(d);
+      continue;
+    }
+    p.sizes.push_back(dst.size(d));
+    p.dst_strides.push_back(dst.stride(d));
+    p.src_strides.push_back(src.stride(d));
+  }
+  return p;
+}
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(cudaStream_t stream, CudaBackendInternals* owner, bool owned)
+      : stream_(stream), owner_(owner), owned_(owned) {}
+  ~CudaStream() override {
+    if (owned_) cudaStreamDestroy(stream_);
+  }
+  void synchronize() override {
+    ASYNCTP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    owner_->check_device_errors();
+  }
+  void* native_handle() const override { return stream_; }
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_;
+  CudaBackendInternals* owner_;
+  bool owned_;
+};
+
+cudaStream_t raw(Stream& s) { return static_cast<cudaStream_t>(s.native_handle()); }
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(bool timing, CudaBackendInternals* owner) : owner_(owner) {
+    ASYNCTP_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  }
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  void record(Stream& stream) override { ASYNCTP_CUDA_CHECK(cudaEventRecord(event_, raw(stream))); }
+  void block(Stream& stream) override { ASYNCTP_CUDA_CHECK(cudaStreamWaitEvent(raw(stream), event_, 0)); }
+  void synchronize() override {
+    ASYNCTP_CUDA_CHECK(cudaEventSynchronize(event_));
+    owner_->check_device_errors();
+  }
+  float elapsed_ms(const Event& start) const override {
+    float ms = 0;
+    ASYNCTP_CUDA_CHECK(cudaEventElapsedTime(&ms, dynamic_cast<const CudaEvent&>(start).event_, event_));
+    return ms;
+  }
+
+ private:
+  cudaEvent_t event_{};
+  CudaBackendInternals* owner_;
+};
+
+class CudaBackend final : public Backend, public CudaBackendInternals {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    ASYNCTP_CUDA_CHECK(cudaSetDevice(device));
+    ASYNCTP_CUDA_CHECK(cudaFree(nullptr));  // create the primary context now
+    cudaStream_t s;
+    ASYNCTP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    stream_ = std::make_unique<CudaStream>(s, this, true);
+    ASYNCTP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_slot_host_), sizeof(kernels::DeviceErrorSlot),
+                                     cudaHostAllocMapped));
+    *error_slot_host_ = kernels::DeviceErrorSlot{};
+    ASYNCTP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_slot_device_), error_slot_host_, 0));
+    gemm_ = std::make_unique<cuda::LtGemm>();
+  }
+
+  ~CudaBackend() override {
+    cudaDeviceSynchronize();
+    gemm_.reset();
+    stream_.reset();
+    cudaFreeHost(error_slot_host_);
+  }
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return Device::cuda(device_); }
+
+  Buffer allocate(size_t bytes) override {
+    void* p = nullptr;
+    if (bytes > 0) {
+      const cudaError_t err = cudaMalloc(&p, bytes);
+      ASYNCTP_CHECK(err == cudaSuccess, "cuda:{}: cannot allocate {} bytes: {}", device_, bytes,
+                    cudaGetErrorString(err));
+    }
+    return Buffer(p, bytes, device(), [](void* ptr) { cudaFree(ptr); });
+  }
+
+  Stream& compute_stream() override { return *stream_; }
+  std::unique_ptr<Stream> create_stream() override {
+    cudaStream_t s;
+    ASYNCTP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return std::make_unique<CudaStream>(s, this, true);
+  }
+  std::unique_ptr<Event> create_event(bool timing) override {
+    return std::make_unique<CudaEvent>(timing, this);
+  }
+  bool capturing() override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    ASYNCTP_CUDA_CHECK(cudaStreamIsCapturing(stream_->get(), &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
+
+  void copy(const Tensor& dst, const Tensor& src, Stream& stream) override {
+    ASYNCTP_CHECK(dst.shape() == src.shape(), "copy: destination {} and source {} differ in shape",
+                  dst.describe(), src.describe());
+    if (dst.numel() == 0) return;
+    const cudaStream_t s = raw(stream);
+    const bool host_side = dst.device().is_cpu() || src.device().is_cpu();
+    if (dst.dtype() == src.dtype()) {
+      const size_t esize = dst.element_size();
+      const CopyPlan p = coalesce(dst, src);
+      const size_t dims = p.sizes.size();
+      if (dims == 0 || (dims == 1 && p.dst_strides[0] == 1 && p.src_strides[0] == 1)) {
+        ASYNCTP_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.nbytes(), cudaMemcpyDefault, s));
+        return;
+      }
+      // Pitched copies on the copy engine: [outer..., rows, width] with unit inner strides.
+      if (p.dst_strides.back() == 1 && p.src_strides.back() == 1 && dims <= 3) {
+        const size_t width = p.sizes[dims - 1] * esize;
+        const size_t rows = dims >= 2 ? p.sizes[dims - 2] : 1;
+        const size_t dpitch = dims >= 2 ? p.dst_strides[dims - 2] * esize : width;
+        const size_t spitch = dims >= 2 ? p.src_strides[dims - 2] * esize : width;
+        const int64_t outer = dims == 3 ? p.sizes[0] : 1;
+        if (outer <= 64) {
+          for (int64_t o = 0; o < outer; ++o) {
+            char* d = static_cast<char*>(dst.data()) + (dims == 3 ? o * p.dst_strides[0] * esize : 0);
+            const char* sp = static_cast<const char*>(src.data()) + (dims == 3 ? o * p.src_strides[0] * esize : 0);
+            ASYNCTP_CUDA_CHECK(cudaMemcpy2DAsync(d, dpitch, sp, spitch, width, rows, cudaMemcpyDefault, s));
+          }
+          return;
+        }
+      }
+    }
+    ASYNCTP_CHECK(!host_side, "copy between {} and {} needs a kernel, which cannot touch host memory: "
+                  "make the host side contiguous and of the same dtype", dst.describe(), src.describe());
+    ASYNCTP_CUDA_CHECK(kernels::copy(cuda::to_kernel(dst), cuda::to_kernel(src), s));
+  }
+
+  void fill(const Tensor& dst, float value, Stream& stream) override {
+    ASYNCTP_CUDA_CHECK(kernels::fill(cuda::to_kernel(dst), value, raw(stream)));
+  }
+
+  void gemm(const GemmArgs& args, Stream& stream) override {
+    validate_gemm(args);
+    gemm_->run(args, raw(stream), capturing());
+  }
+
+  void reduce(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op, Stream& stream) override {
+    ASYNCTP_CHECK(!inputs.empty() && inputs.size() <= kernels::kMaxReduceInputs,
+                  "reduce takes 1 to {} inputs, got {}", kernels::kMaxReduceInputs, inputs.size());
+    std::vector<const void*> ptrs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      ASYNCTP_CHECK(inputs[i].shape() == out.shape(), "reduce input {} is {} but the output is {}", i,
+                    inputs[i].describe(), out.describe());
+      ASYNCTP_CHECK(inputs[i].strides() == inputs[0].strides() && inputs[i].dtype() == inputs[0].dtype(),
+                    "reduce inputs must share strides and dtype: input {} is {}, input 0 is {}", i,
+                    inputs[i].describe(), inputs[0].describe());
+      ptrs.push_back(inputs[i].data());
+    }
+    ASYNCTP_CUDA_CHECK(kernels::reduce(cuda::to_kernel(out), ptrs.data(), static_cast<int>(ptrs.size()), cuda::to_kernel(inputs[0]),
+                                       op == ReduceOp::kAvg, raw(stream)));
+  }
+
+  void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream& stream) override {
+    ASYNCTP_CHECK(out.shape() == in.shape(), "unary: output {} and input {} differ in shape",
+                  out.describe(), in.describe());
+    ASYNCTP_CUDA_CHECK(kernels::unary(static_cast<int>(op), cuda::to_kernel(out), cuda::to_kernel(in), raw(stream)));
+  }
+
+  void synchronize() override {
+    ASYNCTP_CUDA_CHECK(cudaDeviceSynchronize());
+    check_device_errors();
+  }
+
+  int device_index() const override { return device_; }
+  kernels::DeviceErrorSlot* device_error_slot() override { return error_slot_device_; }
+
+  void check_device_errors() override {
+    if (error_slot_host_->flagged == 0) return;
+    const kernels::DeviceErrorSlot slot = *const_cast<kernels::DeviceErrorSlot*>(error_slot_host_);
+    error_slot_host_->flagged = 0;
+    static constexpr const char* kWhat[] = {"put_signal to", "wait_signal from", "barrier with"};
+    ASYNCTP_TIMEOUT("rank {}: {} peer {} on channel {} timed out after {:g} s on cuda:{} (is the peer "
+                    "alive and in the same op?)",
+                    slot.rank, kWhat[slot.what < 0 || slot.what > 2 ? 1 : slot.what], slot.peer, slot.channel,
+                    static_cast<double>(slot.timeout_ns) / 1e9, device_);
+  }
+
+ private:
+  int device_;
+  std::unique_ptr<CudaStream> stream_;
+  kernels::DeviceErrorSlot* error_slot_host_ = nullptr;
+  kernels::DeviceErrorSlot* error_slot_device_ = nullptr;
+  std::unique_ptr<cuda::LtGemm> gemm_;
+};
+
+}  // namespace
+
+CudaBackendInternals& CudaBackendInternals::of(Backend& backend) {
+  auto* internals = dynamic_cast<CudaBackendInternals*>(&backend);
+  ASYNCTP_CHECK(internals != nullptr, "backend '{}' is not the CUDA backend", backend.name());
+  return *internals;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int local_rank) {
+  const int count = cuda_device_count();
+  ASYNCTP_CHECK(count > 0, "the cuda backend needs a GPU, but none is visible (no driver, or "
+                "CUDA_VISIBLE_DEVICES hides them)");
+  return std::make_unique<CudaBackend>(local_rank % count);
+}
+
+}  // namespace asynctp

@@ -1,0 +1,32 @@
+// The CUDA backend: device memory from cudaMalloc, non-blocking streams, copies on the copy
+// engine (cudaMemcpy/cudaMemcpy2D, peer memory included) or a kernel where strides require it,
+// cuBLASLt GEMMs (heuristics tuned once per problem and cached), and the project's kernels for
+// the reduction, conversion and elementwise work.
+#pragma once
+
+#include <memory>
+
+#include "device/backend.h"
+#include "kernels/kernels.h"
+
+namespace asynctp {
+
+// Number of visible GPUs (0 when there is no driver or no device).
+int cuda_device_count();
+
+// The GPU for a local rank: local_rank modulo the visible devices.
+std::unique_ptr<Backend> make_cuda_backend(int local_rank);
+
+// What only CUDA-specific layers (symm/cuda, the NCCL communicator) need from the backend.
+class CudaBackendInternals {
+ public:
+  virtual ~CudaBackendInternals() = default;
+  virtual int device_index() const = 0;
+  // Host-mapped slot where timed-out device waits report (device pointer for kernels).
+  virtual kernels::DeviceErrorSlot* device_error_slot() = 0;
+  // Throws TimeoutError if a device wait has reported a timeout since the last check.
+  virtual void check_device_errors() = 0;
+  static CudaBackendInternals& of(Backend& backend);
+};
+
+}  // namespace asynctp

@@ -1,0 +1,82 @@
+// Host launchers of the project's CUDA kernels. Each enqueues on the given stream and returns the
+// launch status (callers wrap it in ASYNCTP_CUDA_CHECK). Plain C++: includable without nvcc.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/scalar_types.h"
+
+namespace asynctp::kernels {
+
+// A strided tensor as the kernels see it.
+struct KTensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};  // in elements
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
+  bool contiguous() const {
+    int64_t expected = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+      if (shape[i] != 1 && strides[i] != expected) return false;
+      expected *= shape[i];
+    }
+    return true;
+  }
+};
+
+// Where a timed-out device wait reports what it waited for (host-mapped memory, read by the host
+// after the stream has run). `flagged` goes 0 -> 1 once; the first timeout wins.
+struct DeviceErrorSlot {
+  volatile int flagged;
+  int rank;
+  int peer;
+  int channel;
+  int what;  // 0 put_signal, 1 wait_signal, 2 barrier
+  unsigned long long timeout_ns;
+};
+
+struct SignalSite {
+  int rank;
+  int peer;
+  int channel;
+};
+
+// *flag: 0 -> 1 once it is 0 (release, system scope). See NOTE [signal pads and channels].
+cudaError_t put_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, DeviceErrorSlot* slot,
+                       cudaStream_t stream);
+// *flag: 1 -> 0 once it is 1 (acquire, system scope).
+cudaError_t wait_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, DeviceErrorSlot* slot,
+                        cudaStream_t stream);
+// pads: device array of every rank's signal pad (kNumChannels x world_size u32 flags each).
+cudaError_t barrier(uint32_t* const* pads, int rank, int world_size, int channel, uint64_t timeout_ns,
+                    DeviceErrorSlot* slot, cudaStream_t stream);
+
+// dst <- src (same shape, any strides, dtype conversion as the CPU backend does it).
+cudaError_t copy(const KTensor& dst, const KTensor& src, cudaStream_t stream);
+cudaError_t fill(const KTensor& dst, float value, cudaStream_t stream);
+// op: 0 silu, 1 relu, 2 gelu (erf).
+cudaError_t unary(int op, const KTensor& dst, const KTensor& src, cudaStream_t stream);
+
+inline constexpr int kMaxReduceInputs = 64;
+// out = sum (avg: mean) of count inputs that all share `in_layout`'s shape, strides and dtype,
+// added in f32 in the order given and rounded once.
+cudaError_t reduce(const KTensor& out, const void* const* inputs, int count, const KTensor& in_layout,
+                   bool avg, cudaStream_t stream);
+
+// d[i, j] = src[i, j] * row_scale[i] * col_scale[j] over a [rows, cols] f32 source (contiguous),
+// written to d (row-major with leading dim ldd, dtype d_dtype). Scales: null = 1, or a single
+// element when the matching *_broadcast is true.
+cudaError_t scale_epilogue(void* d, DType d_dtype, int64_t ldd, const float* src, int64_t rows,
+                           int64_t cols, const float* row_scale, bool row_broadcast,
+                           const float* col_scale, bool col_broadcast, cudaStream_t stream);
+
+}  // namespace asynctp::kernels

@@ -1,0 +1,121 @@
+// The partial-sum reduction: out = sum_j inputs[j] (or the mean), added in f32 in the order the
+// inputs are given and rounded once, so every rank and every run gets the same bits (and the same
+// bits as the CPU backend, which rounds with the same code).
+//
+// Fast path (contiguous inputs and output, 16-byte aligned): each thread owns a 16-byte vector of
+// the output and reads the matching vector of every input; the inputs are the slots of this
+// rank's symmetric buffer, so this runs at local HBM bandwidth.
+#include "kernels/element_access.cuh"
+
+namespace asynctp::kernels {
+
+namespace {
+
+using detail::load_f32;
+using detail::offset_of;
+using detail::store_f32;
+
+struct InputPointers {
+  const void* ptr[kMaxReduceInputs];
+};
+
+constexpr int kThreads = 256;
+
+struct alignas(16) Vec {
+  uint8_t b[16];
+};
+
+// Elements of dtype D per 16-byte vector.
+template <DType D>
+__device__ __forceinline__ float vec_load(const uint8_t* v, int k) {
+  if constexpr (D == DType::kF32) return reinterpret_cast<const float*>(v)[k];
+  if constexpr (D == DType::kBF16) return bits::bf16_to_float(reinterpret_cast<const uint16_t*>(v)[k]);
+  if constexpr (D == DType::kF16) return bits::f16_to_float(reinterpret_cast<const uint16_t*>(v)[k]);
+  if constexpr (D == DType::kF8E4M3) return bits::f8e4m3_to_float(v[k]);
+  if constexpr (D == DType::kF8E5M2) return bits::f8e5m2_to_float(v[k]);
+  return 0.0f;
+}
+
+template <DType D>
+__device__ __forceinline__ void vec_store(uint8_t* v, int k, float x) {
+  if constexpr (D == DType::kF32) reinterpret_cast<float*>(v)[k] = x;
+  if constexpr (D == DType::kBF16) reinterpret_cast<uint16_t*>(v)[k] = bits::float_to_bf16(x);
+  if constexpr (D == DType::kF16) reinterpret_cast<uint16_t*>(v)[k] = bits::float_to_f16(x);
+  if constexpr (D == DType::kF8E4M3) v[k] = bits::float_to_f8e4m3(x, false);
+  if constexpr (D == DType::kF8E5M2) v[k] = bits::float_to_f8e5m2(x, false);
+}
+
+template <DType D>
+constexpr int elem_bytes() {
+  return D == DType::kF32 ? 4 : (D == DType::kBF16 || D == DType::kF16) ? 2 : 1;
+}
+
+// Same dtype in and out, contiguous, 16-byte aligned, numel a multiple of the vector width.
+template <DType D>
+__global__ void reduce_vec_kernel(void* out, InputPointers in, int count, int64_t vectors, bool avg) {
+  constexpr int kPer = 16 / elem_bytes<D>();
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vectors; v += int64_t(gridDim.x) * blockDim.x) {
+    float acc[kPer];
+    Vec x = reinterpret_cast<const Vec*>(in.ptr[0])[v];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) acc[k] = vec_load<D>(x.b, k);
+    for (int j = 1; j < count; ++j) {
+      x = reinterpret_cast<const Vec*>(in.ptr[j])[v];
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) acc[k] += vec_load<D>(x.b, k);
+    }
+    Vec y;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) vec_store<D>(y.b, k, avg ? acc[k] / static_cast<float>(count) : acc[k]);
+    reinterpret_cast<Vec*>(out)[v] = y;
+  }
+}
+
+__global__ void reduce_generic_kernel(KTensor out, InputPointers in, int count, KTensor layout, int64_t n,
+                                      bool avg) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t off = offset_of(layout, i);
+    float acc = load_f32(in.ptr[0], layout.dtype, off);
+    for (int j = 1; j < count; ++j) acc += load_f32(in.ptr[j], layout.dtype, off);
+    if (avg) acc /= static_cast<float>(count);
+    store_f32(out.data, out.dtype, offset_of(out, i), acc);
+  }
+}
+
+template <DType D>
+void launch_vec(void* out, const InputPointers& in, int count, int64_t vectors, bool avg, cudaStream_t stream) {
+  reduce_vec_kernel<D><<<detail::grid_for(vectors, kThreads), kThreads, 0, stream>>>(out, in, count, vectors, avg);
+}
+
+}  // namespace
+
+cudaError_t reduce(const KTensor& out, const void* const* inputs, int count, const KTensor& in_layout,
+                   bool avg, cudaStream_t stream) {
+  if (count < 1 || count > kMaxReduceInputs) return cudaErrorInvalidValue;
+  const int64_t n = out.numel();
+  if (n == 0) return cudaSuccess;
+  InputPointers in{};
+  bool aligned = reinterpret_cast<uintptr_t>(out.data) % 16 == 0;
+  for (int j = 0; j < count; ++j) {
+    in.ptr[j] = inputs[j];
+    aligned = aligned && reinterpret_cast<uintptr_t>(inputs[j]) % 16 == 0;
+  }
+  const int64_t esize = static_cast<int64_t>(element_size(out.dtype));
+  const bool vec = aligned && out.dtype == in_layout.dtype && out.contiguous() && in_layout.contiguous() &&
+                   (n * esize) % 16 == 0;
+  if (vec) {
+    const int64_t vectors = n * esize / 16;
+    switch (out.dtype) {
+      case DType::kF32: launch_vec<DType::kF32>(out.data, in, count, vectors, avg, stream); break;
+      case DType::kBF16: launch_vec<DType::kBF16>(out.data, in, count, vectors, avg, stream); break;
+      case DType::kF16: launch_vec<DType::kF16>(out.data, in, count, vectors, avg, stream); break;
+      case DType::kF8E4M3: launch_vec<DType::kF8E4M3>(out.data, in, count, vectors, avg, stream); break;
+      case DType::kF8E5M2: launch_vec<DType::kF8E5M2>(out.data, in, count, vectors, avg, stream); break;
+    }
+  } else {
+    reduce_generic_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(out, in, count, in_layout, n, avg);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace asynctp::kernels

@@ -1,0 +1,90 @@
+// Signal-pad kernels: put_signal, wait_signal and barrier on the GPU (see NOTE [signal pads and
+// channels] in src/symm/symmetric_memory.h). Every spin is bounded by a timeout measured with
+// %globaltimer; on timeout the kernel records rank, peer and channel in the host-mapped error
+// slot and returns, so the stream keeps draining (every later wait is bounded too) and the host
+// turns the record into a TimeoutError at its next check. No trap: the CUDA context stays usable.
+#include "kernels/kernels.h"
+
+namespace asynctp::kernels {
+
+namespace {
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ void report_timeout(DeviceErrorSlot* slot, SignalSite site, int what, uint64_t timeout_ns) {
+  if (slot == nullptr) return;
+  if (atomicCAS_system(const_cast<int*>(&slot->flagged), 0, 1) == 0) {
+    slot->rank = site.rank;
+    slot->peer = site.peer;
+    slot->channel = site.channel;
+    slot->what = what;
+    slot->timeout_ns = timeout_ns;
+    __threadfence_system();
+  }
+}
+
+// Moves *flag from `from` to `to`; false after timeout_ns.
+__device__ bool transition(uint32_t* flag, uint32_t from, uint32_t to, uint64_t timeout_ns) {
+  const uint64_t start = global_timer_ns();
+  unsigned backoff = 32;
+  while (atomicCAS_system(flag, from, to) != from) {
+    if (global_timer_ns() - start > timeout_ns) return false;
+    __nanosleep(backoff);
+    backoff = backoff < 1024 ? backoff * 2 : 1024;
+  }
+  return true;
+}
+
+__global__ void put_signal_kernel(uint32_t* flag, SignalSite site, uint64_t timeout_ns, DeviceErrorSlot* slot) {
+  __threadfence_system();  // release: everything this rank wrote before is visible to the peer
+  if (!transition(flag, 0, 1, timeout_ns)) report_timeout(slot, site, 0, timeout_ns);
+}
+
+__global__ void wait_signal_kernel(uint32_t* flag, SignalSite site, uint64_t timeout_ns, DeviceErrorSlot* slot) {
+  if (!transition(flag, 1, 0, timeout_ns)) report_timeout(slot, site, 1, timeout_ns);
+  __threadfence_system();  // acquire
+}
+
+// One thread per peer: signal it, then wait for its signal.
+__global__ void barrier_kernel(uint32_t* const* pads, int rank, int world_size, int channel, uint64_t timeout_ns,
+                               DeviceErrorSlot* slot) {
+  const int peer = threadIdx.x;
+  if (peer >= world_size || peer == rank) return;
+  __threadfence_system();
+  const SignalSite site{rank, peer, channel};
+  if (!transition(pads[peer] + channel * world_size + rank, 0, 1, timeout_ns)) {
+    report_timeout(slot, site, 2, timeout_ns);
+    return;
+  }
+  if (!transition(pads[rank] + channel * world_size + peer, 1, 0, timeout_ns)) {
+    report_timeout(slot, site, 2, timeout_ns);
+  }
+  __threadfence_system();
+}
+
+}  // namespace
+
+cudaError_t put_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, DeviceErrorSlot* slot,
+                       cudaStream_t stream) {
+  put_signal_kernel<<<1, 1, 0, stream>>>(flag, site, timeout_ns, slot);
+  return cudaGetLastError();
+}
+
+cudaError_t wait_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, DeviceErrorSlot* slot,
+                        cudaStream_t stream) {
+  wait_signal_kernel<<<1, 1, 0, stream>>>(flag, site, timeout_ns, slot);
+  return cudaGetLastError();
+}
+
+cudaError_t barrier(uint32_t* const* pads, int rank, int world_size, int channel, uint64_t timeout_ns,
+                    DeviceErrorSlot* slot, cudaStream_t stream) {
+  if (world_size > 1024) return cudaErrorInvalidValue;
+  barrier_kernel<<<1, ((world_size + 31) / 32) * 32, 0, stream>>>(pads, rank, world_size, channel, timeout_ns, slot);
+  return cudaGetLastError();
+}
+
+}  // namespace asynctp::kernels
