@@ -1,0 +1,342 @@
+// The `asynctp` binary: `asynctp launch` end to end (environment, output tags, failing and
+// killed ranks, timeouts, signals sent to the launcher, /dev/shm cleanup), every subcommand's
+// --help, and the demo under the launcher.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "run_command.h"
+
+#ifndef ASYNCTP_BIN
+#error "ASYNCTP_BIN (the path of the asynctp binary) must be defined by the build"
+#endif
+
+namespace asynctp {
+namespace {
+
+using ::testing::AllOf;
+using testing::Child;
+using testing::Finished;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::run_command;
+
+const std::string kBin = ASYNCTP_BIN;
+
+// The environment of every command: `asynctp` on the PATH (the commands below name it so, as a
+// user would), and no rendezvous variables inherited from whatever runs the tests.
+std::map<std::string, std::string> test_env() {
+  const std::string dir = std::filesystem::path(kBin).parent_path().string();
+  const char* path = std::getenv("PATH");
+  std::map<std::string, std::string> env{{"PATH", dir + ":" + (path ? path : "/usr/bin:/bin")}};
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                           "MASTER_PORT", "ASYNCTP_RUN_ID", "ASYNCTP_STORE_PORT"}) {
+    env[name] = testing::kUnset;
+  }
+  return env;
+}
+
+Finished asynctp(const std::vector<std::string>& args, Millis limit = Millis(60'000)) {
+  std::vector<std::string> argv{kBin};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_command(argv, test_env(), limit);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(line);
+  return lines;
+}
+
+// The run id the launcher gave the job, from a line "run=<id>" a rank printed.
+std::string run_id_in(const std::string& out) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("run=([0-9a-f]+)"))) return "";
+  return m[1];
+}
+
+// /dev/shm entries of one run.
+std::vector<std::string> shm_of_run(const std::string& run_id) {
+  std::vector<std::string> found;
+  const std::string prefix = "asynctp-" + run_id + "-";
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) found.push_back(name);
+  }
+  return found;
+}
+
+bool process_exists(pid_t pid) {
+  return ::kill(pid, 0) == 0 || errno != ESRCH;
+}
+
+// ---------------------------------------------------------------------------------------------
+// --help and argument errors
+
+TEST(Cli, HelpForEveryCommand) {
+  const Finished top = asynctp({"--help"});
+  ASSERT_TRUE(top.exited && top.exit_code == 0) << top.describe();
+  EXPECT_THAT(top.out, AllOf(HasSubstr("launch"), HasSubstr("bench"), HasSubstr("demo")));
+
+  const Finished launch = asynctp({"launch", "--help"});
+  ASSERT_TRUE(launch.exited && launch.exit_code == 0) << launch.describe();
+  EXPECT_THAT(launch.out,
+              AllOf(HasSubstr("--nproc"), HasSubstr("--timeout"), HasSubstr("--no-prefix"),
+                    HasSubstr("--master-port"), HasSubstr("--master-addr"), HasSubstr("--grace"),
+                    HasSubstr("asynctp launch --nproc 4 -- asynctp demo")));
+
+  const Finished bench = asynctp({"bench", "--help"});
+  ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
+  EXPECT_THAT(bench.out, AllOf(HasSubstr("--shape"), HasSubstr("ag-mm"), HasSubstr("mm-rs"),
+                               HasSubstr("--json")));
+
+  const Finished demo = asynctp({"demo", "--help"});
+  ASSERT_TRUE(demo.exited && demo.exit_code == 0) << demo.describe();
+  EXPECT_THAT(demo.out, AllOf(HasSubstr("--json"), HasSubstr("--tokens"), HasSubstr("--dtype")));
+
+  const Finished version = asynctp({"--version"});
+  EXPECT_TRUE(version.exited && version.exit_code == 0) << version.describe();
+  EXPECT_THAT(version.out, HasSubstr("asynctp 0.1.0"));
+}
+
+TEST(Cli, BadArgumentsFailNamingTheOption) {
+  const Finished none = asynctp({});
+  EXPECT_TRUE(none.exited && none.exit_code != 0) << none.describe();
+  EXPECT_THAT(none.err, HasSubstr("subcommand"));
+
+  const Finished no_nproc = asynctp({"launch", "--", "true"});
+  EXPECT_TRUE(no_nproc.exited && no_nproc.exit_code != 0) << no_nproc.describe();
+  EXPECT_THAT(no_nproc.err, HasSubstr("--nproc"));
+
+  const Finished zero = asynctp({"launch", "--nproc", "0", "--", "true"});
+  EXPECT_TRUE(zero.exited && zero.exit_code != 0) << zero.describe();
+  EXPECT_THAT(zero.err, HasSubstr("nproc"));
+
+  const Finished no_command = asynctp({"launch", "--nproc", "2"});
+  EXPECT_TRUE(no_command.exited && no_command.exit_code != 0) << no_command.describe();
+  EXPECT_THAT(no_command.err, HasSubstr("command"));
+
+  const Finished bad_timeout = asynctp({"launch", "--nproc", "1", "--timeout", "-1", "--", "true"});
+  EXPECT_TRUE(bad_timeout.exited && bad_timeout.exit_code != 0) << bad_timeout.describe();
+  EXPECT_THAT(bad_timeout.err, HasSubstr("timeout"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// asynctp launch
+
+TEST(LaunchCli, EveryRankGetsItsVariablesAndATaggedOutput) {
+  const Finished run = asynctp({"launch", "--nproc", "4", "--", "sh", "-c",
+                                "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE "
+                                "$MASTER_ADDR $MASTER_PORT"});
+  ASSERT_TRUE(run.exited && run.exit_code == 0) << run.describe();
+  const auto lines = lines_of(run.out);
+  ASSERT_EQ(lines.size(), 4u) << run.describe();
+  std::set<int> ranks;
+  std::set<std::string> ports;
+  const std::regex line_re(R"(\[rank (\d)\] (\d) 4 (\d) 4 127\.0\.0\.1 (\d+))");
+  for (const auto& line : lines) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, line_re)) << line;
+    EXPECT_EQ(m[1], m[2]);
+    EXPECT_EQ(m[2], m[3]);
+    ranks.insert(std::stoi(m[1]));
+    ports.insert(m[4]);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(ports.size(), 1u) << "every rank must get the same MASTER_PORT";
+}
+
+TEST(LaunchCli, MasterAddressAndPortArePassedOn) {
+  const Finished run =
+      asynctp({"launch", "--nproc", "2", "--master-addr", "localhost", "--master-port", "29533",
+               "--", "sh", "-c", "echo $MASTER_ADDR:$MASTER_PORT"});
+  ASSERT_TRUE(run.exited && run.exit_code == 0) << run.describe();
+  auto lines = lines_of(run.out);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines,
+            (std::vector<std::string>{"[rank 0] localhost:29533", "[rank 1] localhost:29533"}))
+      << run.describe();
+}
+
+TEST(LaunchCli, NoPrefix) {
+  const Finished run = asynctp(
+      {"launch", "--nproc", "3", "--no-prefix", "--", "sh", "-c", "echo out; echo err >&2"});
+  ASSERT_TRUE(run.exited && run.exit_code == 0) << run.describe();
+  EXPECT_EQ(run.out, "out\nout\nout\n");
+  EXPECT_EQ(run.err, "err\nerr\nerr\n");
+  const Finished tagged = asynctp({"launch", "--nproc", "1", "--", "sh", "-c", "echo err >&2"});
+  EXPECT_EQ(tagged.err, "[rank 0] err\n");
+}
+
+TEST(LaunchCli, FailingRankStopsTheJobAndIsNamed) {
+  const Finished run = asynctp(
+      {"launch", "--nproc", "4", "--", "sh", "-c", "[ \"$RANK\" = 3 ] && exit 42; exec sleep 30"});
+  EXPECT_TRUE(run.exited) << run.describe();
+  EXPECT_EQ(run.exit_code, 42) << run.describe();
+  EXPECT_THAT(run.err, AllOf(HasSubstr("rank 3 (pid "), HasSubstr("exited with code 42")));
+  EXPECT_LT(run.seconds, 10.0) << "the other ranks were not stopped quickly";
+}
+
+// The issue's acceptance test: a rank killed by SIGKILL ends the job quickly, named.
+TEST(LaunchCli, RankKilledBySigkillIsNamedAndStopsTheOthers) {
+  const Finished run = asynctp({"launch", "--nproc", "4", "--timeout", "60", "--", "sh", "-c",
+                                "[ \"$RANK\" = 2 ] && kill -9 $$; exec sleep 30"},
+                               Millis(40'000));
+  ASSERT_FALSE(run.timed_out) << run.describe();
+  EXPECT_TRUE(run.exited) << run.describe();
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_EQ(run.exit_code, 128 + SIGKILL);
+  EXPECT_THAT(run.err,
+              AllOf(HasSubstr("rank 2 (pid "), HasSubstr("was killed by signal 9 (SIGKILL)"),
+                    HasSubstr("stopping the other ranks")));
+  EXPECT_LT(run.seconds, 10.0) << run.describe();
+}
+
+TEST(LaunchCli, TimeoutKillsEverythingAndExits124) {
+  const Finished run = asynctp({"launch", "--nproc", "3", "--timeout", "1", "--grace", "0.5", "--",
+                                "sh", "-c", "trap '' TERM; sleep 30"},
+                               Millis(40'000));
+  EXPECT_TRUE(run.exited) << run.describe();
+  EXPECT_EQ(run.exit_code, 124) << run.describe();
+  EXPECT_THAT(run.err, HasSubstr("timeout after 1 s; stopping every rank"));
+  EXPECT_GE(run.seconds, 0.9);
+  EXPECT_LT(run.seconds, 10.0) << "ranks ignoring SIGTERM were not killed after the grace";
+}
+
+TEST(LaunchCli, CommandThatDoesNotExistFailsClearly) {
+  const Finished run = asynctp({"launch", "--nproc", "2", "--", "asynctp-no-such-command", "x"});
+  EXPECT_TRUE(run.exited) << run.describe();
+  EXPECT_EQ(run.exit_code, 127) << run.describe();
+  EXPECT_THAT(run.err,
+              HasSubstr("cannot run 'asynctp-no-such-command': No such file or directory"));
+  EXPECT_LT(run.seconds, 10.0);
+}
+
+// Signals sent to the launcher go to every rank, and everything stops.
+class LaunchSignals : public ::testing::TestWithParam<int> {};
+
+TEST_P(LaunchSignals, AreForwardedAndEverythingStops) {
+  const int sig = GetParam();
+  Child launcher(
+      {kBin, "launch", "--nproc", "3", "--", "sh", "-c", "echo ready pid=$$; exec sleep 30"},
+      test_env());
+  ASSERT_TRUE(launcher.wait_for_stdout("ready", 3, Millis(20'000))) << launcher.out();
+  std::vector<pid_t> rank_pids;
+  std::smatch m;
+  std::string out = launcher.out();
+  const std::regex pid_re("pid=(\\d+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), pid_re); it != std::sregex_iterator();
+       ++it) {
+    rank_pids.push_back(std::stoi((*it)[1]));
+  }
+  ASSERT_EQ(rank_pids.size(), 3u);
+
+  launcher.send(sig);
+  const Finished run = launcher.wait(Millis(20'000));
+  EXPECT_TRUE(run.exited) << run.describe();
+  EXPECT_EQ(run.exit_code, 128 + sig) << run.describe();
+  EXPECT_THAT(run.err,
+              HasSubstr(fmt::format("got SIG{}, forwarding it to every rank", sigabbrev_np(sig))));
+  EXPECT_LT(run.seconds, 15.0);
+  for (pid_t pid : rank_pids)
+    EXPECT_FALSE(process_exists(pid)) << "rank pid " << pid << " lives";
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, LaunchSignals, ::testing::Values(SIGTERM, SIGINT),
+                         [](const auto& info) { return std::string(sigabbrev_np(info.param)); });
+
+TEST(LaunchCli, SecondSignalSkipsTheGrace) {
+  // Ranks ignore SIGTERM; the default grace is 5 s, but a second SIGTERM kills at once.
+  Child launcher(
+      {kBin, "launch", "--nproc", "2", "--", "sh", "-c", "trap '' TERM; echo ready; exec sleep 30"},
+      test_env());
+  ASSERT_TRUE(launcher.wait_for_stdout("ready", 2, Millis(20'000))) << launcher.out();
+  launcher.send(SIGTERM);
+  std::this_thread::sleep_for(Millis(300));
+  launcher.send(SIGTERM);
+  const Finished run = launcher.wait(Millis(20'000));
+  EXPECT_EQ(run.exit_code, 128 + SIGTERM) << run.describe();
+  EXPECT_LT(run.seconds, 4.5) << "the second signal did not skip the 5 s grace";
+}
+
+// ---------------------------------------------------------------------------------------------
+// The demo under the launcher, and what it leaves in /dev/shm.
+
+TEST(LaunchCli, DemoOnFourRanksRunsFusedAndPrintsJson) {
+  const Finished run =
+      asynctp({"launch", "--nproc", "4", "--", "asynctp", "demo", "--json"}, Millis(240'000));
+  ASSERT_TRUE(run.exited && run.exit_code == 0) << run.describe();
+  // One JSON document, from rank 0.
+  std::string json_line;
+  for (const auto& line : lines_of(run.out)) {
+    if (line.rfind("[rank 0] {", 0) == 0) {
+      ASSERT_TRUE(json_line.empty()) << "two JSON documents:\n" << run.out;
+      json_line = line.substr(std::string("[rank 0] ").size());
+    } else {
+      EXPECT_THAT(line, Not(HasSubstr("{"))) << "a JSON line from another rank";
+    }
+  }
+  ASSERT_FALSE(json_line.empty()) << run.describe();
+  const nlohmann::json doc = nlohmann::json::parse(json_line);
+  EXPECT_EQ(doc.at("ok"), true) << json_line;
+  EXPECT_EQ(doc.at("world_size"), 4);
+  EXPECT_EQ(doc.at("backend"), "cpu");
+  std::map<std::string, std::string> paths;
+  for (const auto& op : doc.at("ops"))
+    paths[op.at("op")] = op.at("path");
+  EXPECT_EQ(paths["all_gather_matmul"], "fused") << json_line;
+  EXPECT_EQ(paths["matmul_reduce_scatter"], "fused") << json_line;
+  EXPECT_LE(doc.at("rel_error").at("out").get<double>(),
+            doc.at("rel_error").at("tolerance").get<double>());
+}
+
+TEST(LaunchCli, NothingIsLeftInDevShmAfterANormalRun) {
+  const Finished run = asynctp({"launch", "--nproc", "3", "--", "sh", "-c",
+                                "echo run=$ASYNCTP_RUN_ID; exec asynctp demo --tokens 48 "
+                                "--hidden 32 --ffn 96 --iters 2"},
+                               Millis(120'000));
+  ASSERT_TRUE(run.exited && run.exit_code == 0) << run.describe();
+  const std::string id = run_id_in(run.out);
+  ASSERT_FALSE(id.empty()) << run.out;
+  EXPECT_EQ(shm_of_run(id), std::vector<std::string>{});
+  // The demo cleans up after itself: the launcher had nothing to remove.
+  EXPECT_THAT(run.err, Not(HasSubstr("shared-memory segment")));
+}
+
+TEST(LaunchCli, NothingIsLeftInDevShmAfterAFailedRun) {
+  // Rank 1's demo is killed while the job runs (symmetric memory allocated); rank 2 also leaves a
+  // segment behind as a crash between shm_open and unlink would.
+  const Finished run =
+      asynctp({"launch", "--nproc", "3", "--", "sh", "-c",
+               "echo run=$ASYNCTP_RUN_ID; "
+               "[ \"$RANK\" = 2 ] && : > /dev/shm/asynctp-$ASYNCTP_RUN_ID-99-r2; "
+               "[ \"$RANK\" = 1 ] && (sleep 1; kill -9 $$) & "
+               "exec asynctp demo --tokens 48 --hidden 32 --ffn 96 --iters 1000000"},
+              Millis(120'000));
+  ASSERT_FALSE(run.timed_out) << run.describe();
+  EXPECT_EQ(run.exit_code, 128 + SIGKILL) << run.describe();
+  EXPECT_THAT(run.err, HasSubstr("rank 1 (pid "));
+  const std::string id = run_id_in(run.out);
+  ASSERT_FALSE(id.empty()) << run.out;
+  EXPECT_EQ(shm_of_run(id), std::vector<std::string>{});
+  EXPECT_THAT(run.err, HasSubstr("removed"));
+}
+
+}  // namespace
+}  // namespace asynctp
