@@ -227,7 +227,7 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   const size_t symm_bytes =
       c.rowwise() ? align_up(c.a_shard.nbytes(), 256) + c.a_scale.nbytes() : c.a_shard.nbytes();
   const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op);
-  ctx.usage().record(c.op, decision.path, decision.reason);
+  ctx.usage().record(c.op, decision.path, decision.reason, !decision.requested);
   if (decision.path == Path::kFused) {
     run_fused(ctx, c, a, scale, symm_bytes);
   } else {

@@ -22,7 +22,7 @@ Tensor gemm_view(const Tensor& t, int split, const char* what) {
 PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
                          const char* op) {
   const PathChoice choice = requested.value_or(ctx.options().path);
-  if (choice == PathChoice::kFallback) return {Path::kFallback, "the caller asked for the fallback"};
+  if (choice == PathChoice::kFallback) return {Path::kFallback, "the caller asked for the fallback", true};
   std::string why;
   if (!ctx.workspace().unavailable_reason().empty()) {
     why = ctx.workspace().unavailable_reason();

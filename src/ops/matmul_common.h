@@ -18,6 +18,7 @@ Tensor gemm_view(const Tensor& t, int split, const char* what);
 struct PathDecision {
   Path path;
   std::string reason;
+  bool requested = false;  // the caller forced this path
 };
 
 // Fused when possible (and not refused by the caller), else the fallback with the reason; throws

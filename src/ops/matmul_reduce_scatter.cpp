@@ -238,7 +238,7 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
   ProductWriter writer(ctx, c, std::move(as), a_scale);
   const size_t symm_bytes = static_cast<size_t>(c.out.numel()) * ctx.world_size() * c.out.element_size();
   const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op);
-  ctx.usage().record(c.op, decision.path, decision.reason);
+  ctx.usage().record(c.op, decision.path, decision.reason, !decision.requested);
   if (decision.path == Path::kFused) {
     run_fused(ctx, c, writer, options);
   } else {

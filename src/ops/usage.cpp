@@ -23,10 +23,10 @@ std::string_view path_choice_name(PathChoice choice) {
   return "?";
 }
 
-void Usage::record(std::string_view op, Path path, std::string_view reason) {
+void Usage::record(std::string_view op, Path path, std::string_view reason, bool warn) {
   ++counts_[{std::string(op), path}];
   last_[std::string(op)] = PathRecord{path, std::string(reason)};
-  if (path == Path::kFallback && warned_.emplace(std::string(op), std::string(reason)).second) {
+  if (warn && path == Path::kFallback && warned_.emplace(std::string(op), std::string(reason)).second) {
     ASYNCTP_LOG_WARN("{} takes the unfused fallback: {}", op, reason);
   }
 }

@@ -28,7 +28,8 @@ struct PathRecord {
 
 class Usage {
  public:
-  void record(std::string_view op, Path path, std::string_view reason);
+  // `warn`: log the first fallback of each (op, reason); off when the caller asked for it.
+  void record(std::string_view op, Path path, std::string_view reason, bool warn = true);
   int64_t count(std::string_view op, Path path) const;
   std::optional<PathRecord> last(std::string_view op) const;
   // Every (op, path) with its count: "all_gather_matmul fused 3".

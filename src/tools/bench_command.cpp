@@ -1,10 +1,18 @@
-// `asynctp bench ag-mm|mm-rs --shape MxKxN`: validates the fused op against the unfused
-// baseline, then times side by side (median of --iters, slowest rank): the GEMM alone, the
-// collective alone, the baseline (collective + GEMM), the fused op, and prints the floor
-// max(GEMM, bytes over the measured peer bandwidth).
+// `asynctp bench`: for each shape, validates, then times side by side (CUDA events or host
+// clocks, median of --iters after --warmup, slowest rank):
+//   gemm        the GEMM alone (cuBLASLt on CUDA)
+//   collective  the collective alone (NCCL on CUDA)
+//   baseline    collective + GEMM (or GEMM + collective), in the same process
+//   fused       the fused op
+//   graph       the fused op replayed from a CUDA graph (CUDA only)
+//   floor       max(GEMM, bytes over the measured peer bandwidth)
 //
-//   ag-mm: A_shard [M/ws, K] -AG-> [M, K] @ B [K, N] -> [M, N]
-//   mm-rs: A [M, K] @ B [K, N] -> [M, N] -RS-> [M/ws, N]
+//   ag-mm: A_shard [M/ws, K] -AG-> [M, K] @ B [K, N] -> [M, N]    bytes in per rank: (ws-1)/ws*M*K
+//   mm-rs: A [M, K] @ B [K, N] -> [M, N] -RS-> [M/ws, N]           bytes out per rank: (ws-1)/ws*M*N
+//
+// Validation: the fused result and the baseline against an f32 reference (the unfused path on
+// f32 copies of the inputs), fused against baseline, and for mm-rs two fused runs bit for bit.
+#include <cmath>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -13,27 +21,53 @@
 #include "ops/fused_matmul.h"
 #include "tools/commands.h"
 #include "tools/session.h"
+#ifdef ASYNCTP_WITH_CUDA
+#include "device/cuda/cuda_graph.h"
+#endif
 
 namespace asynctp::tools {
 
 namespace {
 
 struct BenchOptions {
-  std::string op;
+  std::string op;  // empty with --suite: both
   std::string shape;
+  std::string suite;
   std::string dtype = "bf16";
   std::string backend = "auto";
-  int iters = 20;
-  int warmup = 3;
+  int iters = 30;
+  int warmup = 5;
   bool json = false;
+  bool graph = true;
 };
 
-struct BenchResult {
-  std::string op;
-  int64_t m = 0, k = 0, n = 0;
+struct Shape {
+  std::string op, label;
+  int64_t m, k, n;
+};
+
+// The shapes of ../shared/anchors/RESULTS.md (PyTorch's own measurements), for world size ws.
+std::vector<Shape> anchor_shapes(int ws) {
+  return {
+      {"ag-mm", "seed-4096x3584x8192", 4096, 8192, 3584},
+      {"ag-mm", "seed-2048x3584x8192", 2048, 8192, 3584},
+      {"ag-mm", "l3-8b-ffn-up", 8192, 4096, 2 * 14336 / ws},
+      {"ag-mm", "l3-70b-ffn-up", 8192, 8192, 2 * 28672 / ws},
+      {"ag-mm", "l3-70b-qkv", 8192, 8192, (8192 + 2 * 1024) / ws},
+      {"mm-rs", "seed-like-4096x8192x3584", 4096, 3584, 8192},
+      {"mm-rs", "l3-8b-ffn-down", 8192, 14336 / ws, 4096},
+      {"mm-rs", "l3-70b-ffn-down", 8192, 28672 / ws, 8192},
+      {"mm-rs", "l3-70b-attn-out", 8192, 8192 / ws, 8192},
+  };
+}
+
+struct Result {
+  Shape shape;
   std::string path;
-  double rel_error = 0, gemm_ms = 0, collective_ms = 0, baseline_ms = 0, fused_ms = 0, floor_ms = 0,
-         bandwidth_gbps = 0;
+  double err_fused = 0, err_baseline = 0, err_fused_vs_baseline = 0;
+  bool deterministic = true;
+  double gemm_ms = 0, collective_ms = 0, baseline_ms = 0, fused_ms = 0, graph_ms = NAN, floor_ms = 0;
+  double comm_bytes = 0;
 };
 
 void gemm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& d) {
@@ -44,64 +78,94 @@ void gemm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& d) {
   ctx.backend().gemm(args, ctx.stream());
 }
 
-BenchResult bench_one(Session& s, const BenchOptions& o, DType dtype, int64_t m, int64_t k, int64_t n) {
+bool bitwise_equal(Context& ctx, const Tensor& x, const Tensor& y) {
+  OwnedTensor hx = empty_host(x.shape(), x.dtype()), hy = empty_host(y.shape(), y.dtype());
+  ctx.backend().copy(hx, x, ctx.stream());
+  ctx.backend().copy(hy, y, ctx.stream());
+  ctx.backend().synchronize();
+  return std::memcmp(hx->data(), hy->data(), x.nbytes()) == 0;
+}
+
+Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& shape, double bandwidth_gbps) {
   Context& ctx = *s.ctx;
   const int ws = s.world_size();
-  ASYNCTP_CHECK(m % ws == 0, "M={} is not divisible by the world size {}", m, ws);
-  BenchResult r;
-  r.op = o.op;
-  r.m = m;
-  r.k = k;
-  r.n = n;
-  const size_t esize = element_size(dtype);
-  std::function<void()> gemm_fn, coll_fn, base_fn, fused_fn;
+  const int64_t m = shape.m, k = shape.k, n = shape.n;
+  ASYNCTP_CHECK(m % ws == 0, "{}: M={} is not divisible by the world size {}", shape.label, m, ws);
+  Result r;
+  r.shape = shape;
   std::vector<OwnedTensor> keep;
-  auto make = [&](Dims shape, uint64_t seed, float scale) -> Tensor {
-    keep.push_back(alloc(ctx, shape, dtype));
-    if (seed != 0) fill_random(ctx, keep.back(), seed, scale);
+  auto make = [&](Dims dims, DType dt) -> Tensor {
+    keep.push_back(alloc(ctx, dims, dt));
     return keep.back();
   };
-  double comm_bytes = 0;
-  Tensor fused_out, ref_out;
-  const char* op_name;
-  if (o.op == "ag-mm") {
-    op_name = "all_gather_matmul";
-    const Tensor a_shard = make({m / ws, k}, 11 + s.rank(), 1.0f);
-    const Tensor b = make({k, n}, 101, 1.0f / std::sqrt(static_cast<float>(k)));
-    const Tensor a_full = make({m, k}, 0, 0);
-    ref_out = make({m, n}, 0, 0);
-    fused_out = make({m, n}, 0, 0);
-    gemm_fn = [&ctx, a_full, b, ref_out] { gemm(ctx, a_full, b, ref_out); };
-    coll_fn = [&ctx, a_full, a_shard] { all_gather(ctx, a_full, a_shard); };
-    base_fn = [gemm_fn, coll_fn] { coll_fn(); gemm_fn(); };
-    fused_fn = [&ctx, a_shard, b, fused_out] {
+  auto f32_copy = [&](const Tensor& t) {
+    Tensor c = make(t.shape(), DType::kF32);
+    ctx.backend().copy(c, t, ctx.stream());
+    return c;
+  };
+  const bool ag = shape.op == "ag-mm";
+  Tensor a = make(ag ? Dims{m / ws, k} : Dims{m, k}, dtype);
+  Tensor b = make({k, n}, dtype);
+  fill_random(ctx, a, 1000003ull * (ag ? 1 : 2) + s.rank(), 1.0f);
+  fill_random(ctx, b, 2000003ull + (ag ? 0 : s.rank()), 1.0f / std::sqrt(static_cast<float>(k)));
+  const Dims out_dims = ag ? Dims{m, n} : Dims{m / ws, n};
+  Tensor fused_out = make(out_dims, dtype), base_out = make(out_dims, dtype);
+  Tensor a_full = ag ? make({m, k}, dtype) : Tensor();
+  Tensor product = ag ? Tensor() : make({m, n}, dtype);
+
+  std::function<void()> gemm_fn, coll_fn, base_fn, fused_fn;
+  const char* op_name = ag ? "all_gather_matmul" : "matmul_reduce_scatter";
+  if (ag) {
+    gemm_fn = [&] { gemm(ctx, a_full, b, base_out); };
+    coll_fn = [&] { all_gather(ctx, a_full, a); };
+    fused_fn = [&] {
       const Tensor bs[] = {b};
       const Tensor outs[] = {fused_out};
-      all_gather_matmul(ctx, a_shard, bs, outs);
+      all_gather_matmul(ctx, a, bs, outs);
     };
-    comm_bytes = static_cast<double>(ws - 1) / ws * m * k * esize;
+    r.comm_bytes = static_cast<double>(ws - 1) / ws * m * k * element_size(dtype);
   } else {
-    op_name = "matmul_reduce_scatter";
-    const Tensor a = make({m, k}, 21 + s.rank(), 1.0f);
-    const Tensor b = make({k, n}, 201 + s.rank(), 1.0f / std::sqrt(static_cast<float>(k)));
-    const Tensor product = make({m, n}, 0, 0);
-    ref_out = make({m / ws, n}, 0, 0);
-    fused_out = make({m / ws, n}, 0, 0);
-    gemm_fn = [&ctx, a, b, product] { gemm(ctx, a, b, product); };
-    coll_fn = [&ctx, product, ref_out] { reduce_scatter(ctx, ref_out, product, ReduceOp::kSum); };
-    base_fn = [gemm_fn, coll_fn] { gemm_fn(); coll_fn(); };
-    fused_fn = [&ctx, a, b, fused_out] { matmul_reduce_scatter(ctx, a, b, fused_out); };
-    comm_bytes = static_cast<double>(ws - 1) / ws * m * n * esize;
+    gemm_fn = [&] { gemm(ctx, a, b, product); };
+    coll_fn = [&] { reduce_scatter(ctx, base_out, product, ReduceOp::kSum); };
+    fused_fn = [&] { matmul_reduce_scatter(ctx, a, b, fused_out); };
+    r.comm_bytes = static_cast<double>(ws - 1) / ws * m * n * element_size(dtype);
   }
-  // Validate before timing.
-  base_fn();
-  fused_fn();
-  r.rel_error = max_over_ranks(*s.group, relative_error(to_host_f32(ctx, fused_out), to_host_f32(ctx, ref_out)));
+  base_fn = ag ? std::function<void()>([&] { coll_fn(); gemm_fn(); })
+               : std::function<void()>([&] { gemm_fn(); coll_fn(); });
+
+  // Validation: f32 reference through the unfused path on f32 copies of the inputs.
+  {
+    const Tensor a32 = f32_copy(a), b32 = f32_copy(b);
+    const Tensor ref = make(out_dims, DType::kF32);
+    if (ag) {
+      const Tensor bs[] = {b32};
+      const Tensor outs[] = {ref};
+      all_gather_matmul(ctx, a32, bs, outs, {}, {.gather_dim = 0, .path = PathChoice::kFallback});
+    } else {
+      matmul_reduce_scatter(ctx, a32, b32, ref, {.path = PathChoice::kFallback});
+    }
+    base_fn();
+    fused_fn();
+    const auto ref_h = to_host_f32(ctx, ref);
+    const auto fused_h = to_host_f32(ctx, fused_out);
+    const auto base_h = to_host_f32(ctx, base_out);
+    r.err_fused = max_over_ranks(*s.group, relative_error(fused_h, ref_h));
+    r.err_baseline = max_over_ranks(*s.group, relative_error(base_h, ref_h));
+    r.err_fused_vs_baseline = max_over_ranks(*s.group, relative_error(fused_h, base_h));
+    if (!ag) {
+      const Tensor again = make(out_dims, dtype);
+      matmul_reduce_scatter(ctx, a, b, again);
+      r.deterministic = max_over_ranks(*s.group, bitwise_equal(ctx, again, fused_out) ? 0.0 : 1.0) == 0.0;
+    }
+    auto last = ctx.usage().last(op_name);
+    r.path = last ? std::string(path_name(last->path)) : "none";
+    keep.resize(keep.size() - (ag ? 4 : 5));  // free the reference copies
+  }
   const double tol = dtype == DType::kF32 ? 1e-5 : 1e-2;
-  ASYNCTP_CHECK(r.rel_error <= tol, "{} {}x{}x{}: fused result differs from the baseline: relative "
-                "error {:.3g} > {:.3g}", o.op, m, k, n, r.rel_error, tol);
-  auto last = ctx.usage().last(op_name);
-  r.path = last ? std::string(path_name(last->path)) : "none";
+  ASYNCTP_CHECK(r.err_fused <= tol && r.deterministic,
+                "{} {}: the fused result is wrong: relative error {:.3g} against the f32 reference "
+                "(tolerance {:.3g}), deterministic: {}", shape.op, shape.label, r.err_fused, tol, r.deterministic);
+
   auto timed = [&](const std::function<void()>& fn) {
     return max_over_ranks(*s.group, median_ms(ctx, fn, o.warmup, o.iters));
   };
@@ -109,47 +173,93 @@ BenchResult bench_one(Session& s, const BenchOptions& o, DType dtype, int64_t m,
   r.collective_ms = timed(coll_fn);
   r.baseline_ms = timed(base_fn);
   r.fused_ms = timed(fused_fn);
-  r.bandwidth_gbps = measure_peer_bandwidth(ctx, static_cast<size_t>(comm_bytes / std::max(ws - 1, 1)), o.iters);
-  const double comm_ms = r.bandwidth_gbps > 0 ? comm_bytes / (r.bandwidth_gbps * 1e9) * 1e3 : 0.0;
+#ifdef ASYNCTP_WITH_CUDA
+  if (o.graph && ctx.backend().device().is_cuda()) {
+    cuda::Graph graph;
+    graph.begin_capture(ctx.stream());
+    fused_fn();
+    graph.end_capture();
+    r.graph_ms = timed([&] { graph.replay(ctx.stream()); });
+  }
+#endif
+  const double comm_ms = bandwidth_gbps > 0 ? r.comm_bytes / (bandwidth_gbps * 1e9) * 1e3 : 0.0;
   r.floor_ms = std::max(r.gemm_ms, comm_ms);
   return r;
 }
 
+nlohmann::json to_json(const Result& r) {
+  auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
+  return {{"op", r.shape.op},
+          {"label", r.shape.label},
+          {"M", r.shape.m},
+          {"K", r.shape.k},
+          {"N", r.shape.n},
+          {"path", r.path},
+          {"rel_error_fused", r.err_fused},
+          {"rel_error_baseline", r.err_baseline},
+          {"rel_error_fused_vs_baseline", r.err_fused_vs_baseline},
+          {"deterministic", r.deterministic},
+          {"gemm_ms", r.gemm_ms},
+          {"collective_ms", r.collective_ms},
+          {"baseline_ms", r.baseline_ms},
+          {"fused_ms", r.fused_ms},
+          {"fused_graph_ms", num(r.graph_ms)},
+          {"floor_ms", r.floor_ms},
+          {"comm_bytes", r.comm_bytes},
+          {"fused_over_floor", r.fused_ms / r.floor_ms},
+          {"baseline_over_fused", r.baseline_ms / r.fused_ms}};
+}
+
 int run_bench(const BenchOptions& o) {
   Session s = Session::join(o.backend);
+  Context& ctx = *s.ctx;
   const DType dtype = parse_dtype(o.dtype);
   ASYNCTP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
                 "--dtype must be f32, bf16 or f16, got {}", o.dtype);
-  const auto dims = parse_shape(o.shape);
-  const BenchResult r = bench_one(s, o, dtype, dims[0], dims[1], dims[2]);
-  if (s.rank() == 0) {
-    if (o.json) {
-      nlohmann::json doc{{"op", r.op},
-                         {"shape", {{"M", r.m}, {"K", r.k}, {"N", r.n}}},
-                         {"dtype", std::string(dtype_name(dtype))},
-                         {"world_size", s.world_size()},
-                         {"backend", std::string(s.ctx->backend().name())},
-                         {"path", r.path},
-                         {"rel_error", r.rel_error},
-                         {"gemm_ms", r.gemm_ms},
-                         {"collective_ms", r.collective_ms},
-                         {"baseline_ms", r.baseline_ms},
-                         {"fused_ms", r.fused_ms},
-                         {"floor_ms", r.floor_ms},
-                         {"peer_bandwidth_GBps", r.bandwidth_gbps},
-                         {"fused_over_floor", r.fused_ms / r.floor_ms},
-                         {"baseline_over_fused", r.baseline_ms / r.fused_ms}};
-      std::printf("%s\n", doc.dump().c_str());
-    } else {
-      std::printf("%s %ldx%ldx%ld %s on %d ranks (%s), path %s, rel. error %.3g\n", r.op.c_str(),
-                  static_cast<long>(r.m), static_cast<long>(r.k), static_cast<long>(r.n),
-                  std::string(dtype_name(dtype)).c_str(), s.world_size(),
-                  std::string(s.ctx->backend().name()).c_str(), r.path.c_str(), r.rel_error);
-      std::printf("%10s %12s %10s %10s %10s %12s %14s\n", "gemm ms", "collective ms", "baseline", "fused",
-                  "floor", "fused/floor", "baseline/fused");
-      std::printf("%10.3f %12.3f %10.3f %10.3f %10.3f %12.2f %14.2f\n", r.gemm_ms, r.collective_ms,
-                  r.baseline_ms, r.fused_ms, r.floor_ms, r.fused_ms / r.floor_ms, r.baseline_ms / r.fused_ms);
+  std::vector<Shape> shapes;
+  if (!o.suite.empty()) {
+    ASYNCTP_CHECK(o.suite == "anchors", "unknown --suite '{}' (known: anchors)", o.suite);
+    for (const auto& sh : anchor_shapes(s.world_size())) {
+      if (o.op.empty() || o.op == sh.op) shapes.push_back(sh);
     }
+  } else {
+    ASYNCTP_CHECK(!o.op.empty() && !o.shape.empty(), "give an op (ag-mm or mm-rs) and --shape MxKxN, or --suite");
+    const auto d = parse_shape(o.shape);
+    shapes.push_back({o.op, o.shape, d[0], d[1], d[2]});
+  }
+  // Peer ingress bandwidth, measured once: every rank pulls 64 MiB from each peer at once.
+  const double bandwidth = measure_peer_bandwidth(ctx, size_t{64} << 20, o.iters);
+  if (s.rank() == 0 && !o.json) {
+    std::printf("asynctp bench: %d ranks, backend %s, %s, peer ingress bandwidth %.1f GB/s, median of %d runs, "
+                "slowest rank, times in us\n",
+                s.world_size(), std::string(ctx.backend().name()).c_str(), std::string(dtype_name(dtype)).c_str(),
+                bandwidth, o.iters);
+    std::printf("%-6s %-26s %-16s %8s %8s %9s %8s %8s %8s %7s %7s %8s\n", "op", "shape", "MxKxN", "gemm", "coll",
+                "baseline", "fused", "graph", "floor", "f/floor", "base/f", "err");
+    std::fflush(stdout);
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& shape : shapes) {
+    const Result r = bench_shape(s, o, dtype, shape, bandwidth);
+    rows.push_back(to_json(r));
+    if (s.rank() == 0 && !o.json) {
+      const std::string dims = fmt::format("{}x{}x{}", r.shape.m, r.shape.k, r.shape.n);
+      std::printf("%-6s %-26s %-16s %8.1f %8.1f %9.1f %8.1f %8s %8.1f %7.3f %7.3f %8.1e%s\n", r.shape.op.c_str(),
+                  r.shape.label.c_str(), dims.c_str(), r.gemm_ms * 1e3, r.collective_ms * 1e3, r.baseline_ms * 1e3,
+                  r.fused_ms * 1e3, std::isnan(r.graph_ms) ? "-" : fmt::format("{:.1f}", r.graph_ms * 1e3).c_str(),
+                  r.floor_ms * 1e3, r.fused_ms / r.floor_ms, r.baseline_ms / r.fused_ms, r.err_fused,
+                  r.path == "fused" ? "" : (" (" + r.path + ")").c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (s.rank() == 0 && o.json) {
+    nlohmann::json doc{{"world_size", s.world_size()},
+                       {"backend", std::string(ctx.backend().name())},
+                       {"dtype", std::string(dtype_name(dtype))},
+                       {"iters", o.iters},
+                       {"peer_bandwidth_GBps", bandwidth},
+                       {"results", rows}};
+    std::printf("%s\n", doc.dump().c_str());
     std::fflush(stdout);
   }
   return 0;
@@ -159,17 +269,23 @@ int run_bench(const BenchOptions& o) {
 
 Command add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench",
-                                 "Validate, then time the unfused baseline and the fused op side by "
-                                 "side (run it under `asynctp launch`).");
+                                 "Validate, then time the GEMM, the collective, the unfused baseline, the "
+                                 "fused op (and its CUDA-graph replay) side by side, with the floor "
+                                 "max(GEMM, bytes / peer bandwidth) (run it under `asynctp launch`).");
   auto o = std::make_shared<BenchOptions>();
-  cmd->add_option("op", o->op, "ag-mm (all-gather + matmul) or mm-rs (matmul + reduce-scatter)")
-      ->required()->check(CLI::IsMember({"ag-mm", "mm-rs"}));
-  cmd->add_option("--shape", o->shape, "MxKxN of the whole (gathered / unscattered) product")->required();
+  cmd->add_option("op", o->op, "ag-mm (all-gather + matmul) or mm-rs (matmul + reduce-scatter); with --suite, "
+                  "restricts the suite to that op")
+      ->check(CLI::IsMember({"ag-mm", "mm-rs"}));
+  cmd->add_option("--shape", o->shape, "MxKxN of the whole (gathered / unscattered) product");
+  cmd->add_option("--suite", o->suite, "a set of shapes: 'anchors' (the shapes of PyTorch's anchor measurements)");
   cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
   cmd->add_option("--iters", o->iters, "timed runs (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--warmup", o->warmup, "untimed runs first")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
+  cmd->add_flag("!--no-graph", o->graph, "skip the CUDA-graph replay");
+  cmd->footer("Examples:\n  asynctp launch --nproc 4 -- asynctp bench ag-mm --shape 4096x8192x3584\n"
+              "  asynctp launch --nproc 4 -- asynctp bench --suite anchors --json");
   return {cmd, [o] { return run_bench(*o); }};
 }
 

@@ -16,5 +16,7 @@ struct Command {
 Command add_launch_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_demo_command(CLI::App& app);
+Command add_passes_command(CLI::App& app);
+Command add_run_command(CLI::App& app);
 
 }  // namespace asynctp::tools

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
       asynctp::tools::add_launch_command(app),
       asynctp::tools::add_bench_command(app),
       asynctp::tools::add_demo_command(app),
+      asynctp::tools::add_passes_command(app),
+      asynctp::tools::add_run_command(app),
   };
   try {
     app.parse(argc, argv);

@@ -131,7 +131,7 @@ double measure_peer_bandwidth(Context& ctx, size_t bytes_per_peer, int iters) {
   const int64_t n = static_cast<int64_t>(bytes_per_peer / 4);
   SymmetricMemory& sm = ctx.workspace().get(static_cast<size_t>(n) * 4);
   OwnedTensor dst = alloc(ctx, {ws, n}, DType::kF32);
-  fill_random(ctx, sm.buffer(ctx.rank(), {n}, DType::kF32), 7 + ctx.rank());
+  ctx.backend().fill(sm.buffer(ctx.rank(), {n}, DType::kF32), 1.0f, ctx.stream());
   sm.barrier(0, ctx.stream());
   const double ms = median_ms(ctx, [&] {
     for (int i = 1; i < ws; ++i) {
