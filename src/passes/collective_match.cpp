@@ -1,0 +1,138 @@
+#include "passes/collective_match.h"
+
+namespace asynctp::passes {
+
+namespace {
+
+// The single wait reading `coll`, or "" (with *why) when there is none or there are others.
+std::string only_wait(const Graph& g, const Users& users, const Node& coll, std::string* why) {
+  const auto& us = users_of(users, coll.name);
+  if (us.size() != 1 || g.find(us[0])->target != kWait) {
+    *why = us.empty() ? "its result is never waited on"
+                      : fmt::format("its result is used by {} node(s) other than one wait_tensor",
+                                    us.size());
+    return "";
+  }
+  return us[0];
+}
+
+// If `split_node` = split(src, size, dim) has exactly `ws` getitem users 0..ws-1, each read only
+// by one cat node, returns that cat (its parts in order) and fills `nodes`.
+std::string chunk_cat(const Graph& g, const Users& users, const Node& split_node, int64_t ws,
+                      std::vector<std::string>* nodes) {
+  const auto& items = users_of(users, split_node.name);
+  if (static_cast<int64_t>(items.size()) != ws) return "";
+  std::vector<std::string> by_index(static_cast<size_t>(ws));
+  std::string cat;
+  for (const auto& it : items) {
+    const Node* gi = g.find(it);
+    if (gi->target != "_operator.getitem" || gi->args.size() != 2 || !gi->args[1].is_int())
+      return "";
+    const int64_t idx = gi->args[1].i;
+    if (idx < 0 || idx >= ws || !by_index[idx].empty()) return "";
+    by_index[idx] = it;
+    const auto& cu = users_of(users, it);
+    if (cu.size() != 1 || g.find(cu[0])->target != "aten.cat.default") return "";
+    if (!cat.empty() && cat != cu[0]) return "";
+    cat = cu[0];
+  }
+  const Node* c = g.find(cat);
+  if (c->args.empty() || !c->args[0].is_list() ||
+      static_cast<int64_t>(c->args[0].list.size()) != ws)
+    return "";
+  for (int64_t i = 0; i < ws; ++i) {
+    const Value& part = c->args[0].list[i];
+    if (!part.is_node() || part.s != by_index[i]) return "";
+  }
+  nodes->push_back(split_node.name);
+  for (const auto& n : by_index)
+    nodes->push_back(n);
+  nodes->push_back(cat);
+  return cat;
+}
+
+int64_t int_arg(const Node& n, size_t i, std::string_view key, int64_t fallback) {
+  const Value* v = n.arg(i, key);
+  return v != nullptr && v->is_int() ? v->i : fallback;
+}
+
+}  // namespace
+
+std::optional<GatherMatch> match_all_gather(const Graph& g, const Users& users, const Node& ag,
+                                            std::string* why) {
+  GatherMatch m;
+  m.ag = ag.name;
+  m.shard = node_arg(ag, 0);
+  if (m.shard.empty() || ag.args.size() < 3 || !ag.args[1].is_int() ||
+      ag.args[2].kind != Value::Kind::kString) {
+    *why = "unexpected arguments (expected input, group_size, group_name)";
+    return std::nullopt;
+  }
+  m.group_size = ag.args[1].i;
+  m.group = ag.args[2].s;
+  m.wait = only_wait(g, users, ag, why);
+  if (m.wait.empty()) return std::nullopt;
+  m.result = m.wait;
+  const TensorMeta* shard = tensor_meta(g, m.shard);
+  const auto& wu = users_of(users, m.wait);
+  if (shard != nullptr && shard->shape.size() >= 1 && wu.size() == 1) {
+    const Node* s = g.find(wu[0]);
+    if (s->target == "aten.split.Tensor" && int_arg(*s, 1, "split_size", -1) == shard->shape[0] &&
+        int_arg(*s, 2, "dim", 0) == 0) {
+      std::vector<std::string> nodes;
+      const std::string cat = chunk_cat(g, users, *s, m.group_size, &nodes);
+      if (!cat.empty()) {
+        int64_t d = int_arg(*g.find(cat), 1, "dim", 0);
+        if (d < 0) d += shard->shape.size();
+        m.gather_dim = static_cast<int>(d);
+        m.result = cat;
+        m.chunk_nodes = std::move(nodes);
+      }
+    }
+  }
+  return m;
+}
+
+std::optional<ScatterMatch> match_reduce_scatter(const Graph& g, const Users& users, const Node& rs,
+                                                 std::string* why) {
+  ScatterMatch m;
+  m.rs = rs.name;
+  m.input = node_arg(rs, 0);
+  if (m.input.empty() || rs.args.size() < 4 || rs.args[1].kind != Value::Kind::kString ||
+      !rs.args[2].is_int() || rs.args[3].kind != Value::Kind::kString) {
+    *why = "unexpected arguments (expected input, reduce_op, group_size, group_name)";
+    return std::nullopt;
+  }
+  m.reduce_op = rs.args[1].s;
+  m.group_size = rs.args[2].i;
+  m.group = rs.args[3].s;
+  m.wait = only_wait(g, users, rs, why);
+  if (m.wait.empty()) return std::nullopt;
+  // Chunk-cat form: input = cat(split(P, c, d)[0..ws-1]) on dim 0, each piece used only there.
+  const Node* c = g.find(m.input);
+  if (c->target == "aten.cat.default" && int_arg(*c, 1, "dim", 0) == 0 &&
+      users_of(users, c->name).size() == 1 && !c->args.empty() && c->args[0].is_list() &&
+      !c->args[0].list.empty() && c->args[0].list[0].is_node()) {
+    const Node* first = g.find(c->args[0].list[0].s);
+    const std::string split = first->target == "_operator.getitem" ? node_arg(*first, 0) : "";
+    const Node* s = split.empty() ? nullptr : g.find(split);
+    if (s != nullptr && s->target == "aten.split.Tensor") {
+      std::vector<std::string> nodes;
+      const std::string cat = chunk_cat(g, users, *s, m.group_size, &nodes);
+      const TensorMeta* p = tensor_meta(g, node_arg(*s, 0));
+      if (cat == c->name && p != nullptr) {
+        int64_t d = int_arg(*s, 2, "dim", 0);
+        if (d < 0) d += p->shape.size();
+        if (d >= 0 && d < p->shape.size() &&
+            int_arg(*s, 1, "split_size", -1) * m.group_size == p->shape[d]) {
+          m.scatter_dim = static_cast<int>(d);
+          m.input = node_arg(*s, 0);
+          m.chunk_nodes = std::move(nodes);
+        }
+      }
+    }
+  }
+  return m;
+}
+
+}  // namespace asynctp::passes
