@@ -135,6 +135,7 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
 
   // Validation: f32 reference through the unfused path on f32 copies of the inputs.
   {
+    const size_t kept_before = keep.size();
     const Tensor a32 = f32_copy(a), b32 = f32_copy(b);
     const Tensor ref = make(out_dims, DType::kF32);
     if (ag) {
@@ -159,7 +160,8 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     }
     auto last = ctx.usage().last(op_name);
     r.path = last ? std::string(path_name(last->path)) : "none";
-    keep.resize(keep.size() - (ag ? 4 : 5));  // free the reference copies
+    ctx.backend().synchronize();
+    keep.resize(kept_before);  // free the reference copies
   }
   const double tol = dtype == DType::kF32 ? 1e-5 : 1e-2;
   ASYNCTP_CHECK(r.err_fused <= tol && r.deterministic,

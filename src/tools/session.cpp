@@ -43,22 +43,33 @@ uint64_t splitmix64(uint64_t& state) {
 }  // namespace
 
 void fill_random(Context& ctx, const Tensor& t, uint64_t seed, float scale) {
-  OwnedTensor host = empty_host(t.shape(), DType::kF32);
-  float* p = host->data_as<float>();
+  // Values are made (and rounded to t's dtype) on the host, then copied as they are: a backend
+  // copy between host and device memory does not convert.
+  OwnedTensor host = empty_host(t.shape(), t.dtype());
   uint64_t state = seed * 0x2545F4914F6CDD1Dull + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const double u = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
-    p[i] = static_cast<float>((2.0 * u - 1.0) * scale);
-  }
+  dispatch_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* p = host->data_as<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double u = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
+      p[i] = from_float<T>(static_cast<float>((2.0 * u - 1.0) * scale));
+    }
+  });
   ctx.backend().copy(t, host.tensor, ctx.stream());
-  ctx.stream().synchronize();
+  ctx.backend().synchronize();
 }
 
 std::vector<float> to_host_f32(Context& ctx, const Tensor& t) {
-  OwnedTensor host = empty_host(t.shape(), DType::kF32);
+  OwnedTensor host = empty_host(t.shape(), t.dtype());
   ctx.backend().copy(host.tensor, t, ctx.stream());
   ctx.backend().synchronize();
-  return std::vector<float>(host->data_as<float>(), host->data_as<float>() + t.numel());
+  std::vector<float> out(t.numel());
+  dispatch_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = host->data_as<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) out[i] = to_float(p[i]);
+  });
+  return out;
 }
 
 double relative_error(const std::vector<float>& a, const std::vector<float>& b) {

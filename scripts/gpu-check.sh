@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine; builds nothing. Runs the GPU tests, the benchmarks and PyTorch's anchor
+# script side by side, and writes every log and JSON under $OUT.
+#
+#   BIN=dir-with-asynctp-and-test-binaries  (default: build/bin)
+#   NGPU=4                                  (default: every visible GPU)
+#   STEPS="env tests bench demo torch"      (default: all of them, in that order)
+#   TORCH_BENCH=path/to/torch_asynctp_bench.py (the anchor script; default .carry/torch_asynctp_bench.py)
+#   GTEST_FILTER=...                        (passed to the GPU test binary)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# Never NVLink multicast on the shared machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/asynctp-gpu-check}
+mkdir -p "$OUT"
+BIN=${BIN:-build/bin}
+NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
+STEPS=${STEPS:-env tests bench demo torch}
+TORCH_BENCH=${TORCH_BENCH:-.carry/torch_asynctp_bench.py}
+status=0
+
+# Libraries the binaries link dynamically: the system's, else the ones PyTorch ships.
+py_lib() { python3 -c "import importlib, os; m = importlib.import_module('$1'); print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null; }
+if ! ldd "$BIN/asynctp" | grep -q "libnccl.so.2 => /"; then
+  export LD_LIBRARY_PATH="$(py_lib nvidia.nccl):${LD_LIBRARY_PATH:-}"
+fi
+if ! ldd "$BIN/asynctp" | grep -q "libcublasLt.so.13 => /"; then
+  export LD_LIBRARY_PATH="$(py_lib nvidia.cublas):${LD_LIBRARY_PATH:-}"
+fi
+
+step() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+if step env; then
+  { date; nvidia-smi; nvidia-smi topo -m; ldd "$BIN/asynctp"; } > "$OUT/env.txt" 2>&1
+  echo "== $NGPU GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c)"
+fi
+
+if step tests; then
+  echo "== GPU tests"
+  "$BIN/test_ops_gpu" --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/gpu_tests.log" 2>&1
+  rc=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|FAILED  \]" "$OUT/gpu_tests.log" | tail -25
+  [ $rc -eq 0 ] || status=1
+fi
+
+if step bench; then
+  echo "== asynctp bench --suite anchors ($NGPU ranks)"
+  "$BIN/asynctp" launch --nproc "$NGPU" --timeout 500 -- "$BIN/asynctp" bench --suite anchors --json \
+    > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || status=1
+  python3 - "$OUT/bench.jsonl" <<'PY' | tee "$OUT/bench.txt"
+import json, sys
+for line in open(sys.argv[1]):
+    line = line.split("] ", 1)[-1]
+    if not line.startswith("{"): continue
+    d = json.loads(line)
+    print(f"world {d['world_size']}, {d['backend']}, {d['dtype']}, peer bandwidth {d['peer_bandwidth_GBps']:.0f} GB/s, us:")
+    print(f"{'op':6} {'shape':26} {'gemm':>7} {'coll':>7} {'base':>7} {'fused':>7} {'graph':>7} {'floor':>7} {'f/floor':>7} {'base/f':>6} {'err':>8}")
+    for r in d["results"]:
+        g = r["fused_graph_ms"]
+        print(f"{r['op']:6} {r['label']:26} {r['gemm_ms']*1e3:7.1f} {r['collective_ms']*1e3:7.1f} {r['baseline_ms']*1e3:7.1f} "
+              f"{r['fused_ms']*1e3:7.1f} {(g or 0)*1e3:7.1f} {r['floor_ms']*1e3:7.1f} {r['fused_over_floor']:7.3f} "
+              f"{r['baseline_over_fused']:6.3f} {r['rel_error_fused']:8.1e}")
+PY
+  tail -5 "$OUT/bench.err"
+fi
+
+if step demo; then
+  echo "== asynctp demo ($NGPU ranks, Llama-3-70B-like MLP)"
+  "$BIN/asynctp" launch --nproc "$NGPU" --timeout 300 -- "$BIN/asynctp" demo --tokens 8192 --hidden 8192 \
+    --ffn 28672 --iters 20 --warmup 3 2>&1 | tee "$OUT/demo.txt" | tail -8 || status=1
+fi
+
+if step torch; then
+  echo "== PyTorch anchors ($TORCH_BENCH, $NGPU processes)"
+  if [ -f "$TORCH_BENCH" ]; then
+    OUT="$OUT" timeout 900 torchrun --nproc-per-node "$NGPU" "$TORCH_BENCH" > "$OUT/torch.log" 2>&1 || status=1
+    python3 - "$OUT/anchor.jsonl" <<'PY' | tee "$OUT/torch.txt"
+import json, sys
+def f(v): return f"{v:8.1f}" if isinstance(v, (int, float)) else f"{'err':>8}"
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    if d.get("kind") in ("ag_mm", "mm_rs"):
+        print(f"{d['kind']:6} {d['shape']:26} mm {f(d.get('mm_only'))} base {f(d.get('baseline'))} "
+              f"fused {f(d.get('fused'))} graph {f(d.get('fused_graph'))} native {f(d.get('native'))}")
+    elif d.get("kind") == "mlp_compile":
+        print("mlp", {k: v for k, v in d.items() if k != "kind"})
+PY
+  else
+    echo "no $TORCH_BENCH (copy ../shared/anchors/torch_asynctp_bench.py there and carry .carry)"
+  fi
+fi
+exit $status
