@@ -75,6 +75,11 @@ struct LayoutCase {
   Layout a, b, d;
 };
 
+void PrintTo(const LayoutCase& c, std::ostream* os) {
+  auto name = [](Layout l) { return l == Layout::kRowMajor ? "row-major" : "column-major"; };
+  *os << "A " << name(c.a) << ", B " << name(c.b) << ", D " << name(c.d);
+}
+
 class CpuGemmLayoutTest : public CpuGemmTest, public ::testing::WithParamInterface<LayoutCase> {};
 
 TEST_P(CpuGemmLayoutTest, TwoDimensionalMatchesReference) {
@@ -215,6 +220,12 @@ struct Float8Case {
   DType a_dtype, b_dtype, out;
   bool rowwise, colwise, batched;
 };
+
+void PrintTo(const Float8Case& c, std::ostream* os) {
+  *os << fmt::format("{} x {} -> {}, a_scale {}, b_scale {}{}", c.a_dtype, c.b_dtype, c.out,
+                     c.rowwise ? "row-wise" : "tensor-wise",
+                     c.colwise ? "column-wise" : "tensor-wise", c.batched ? ", batched" : "");
+}
 
 class CpuScaledGemmTest : public CpuGemmTest, public ::testing::WithParamInterface<Float8Case> {};
 

@@ -3,6 +3,7 @@
 // bit-for-bit comparison that names the first element that differs.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -34,7 +35,7 @@ inline uint64_t seed_of(std::initializer_list<uint64_t> parts) {
 
 enum class Values : uint8_t {
   kSmallInts,  // integers in [-3, 3]: every sum of a few products is exact in any order
-  kRandom,     // uniform in [-1, 1) with a full 24-bit mantissa: sums depend on their order
+  kRandom,     // in (-2, 2), full mantissas over several binades: sums depend on their order
   kQuarters,   // multiples of 1/4 in [-2, 2]: exact in float8 e4m3, products exact in f32
   kPositive,   // uniform in [0.25, 2): for scales
 };
@@ -44,8 +45,13 @@ inline float seeded_value(uint64_t seed, int64_t index, Values kind) {
   switch (kind) {
     case Values::kSmallInts:
       return static_cast<float>(static_cast<int>(h % 7) - 3);
-    case Values::kRandom:
-      return static_cast<float>(h >> 40) * 0x1p-23f - 1.0f;
+    case Values::kRandom: {
+      // sign * 1.m * 2^-e: a full 24-bit significand and exponents spread over 8 binades, so
+      // that sums (not only products) round differently in different orders.
+      const float significand = 1.0f + static_cast<float>(h >> 41) * 0x1p-23f;
+      const float magnitude = std::ldexp(significand, -static_cast<int>((h >> 1) & 7));
+      return (h & 1) != 0 ? -magnitude : magnitude;
+    }
     case Values::kQuarters:
       return static_cast<float>(static_cast<int>(h % 17) - 8) * 0.25f;
     case Values::kPositive:

@@ -24,6 +24,11 @@ struct CommCase {
   size_t max_workspace_bytes;  // 0: the default
 };
 
+void PrintTo(const CommCase& c, std::ostream* os) {
+  *os << c.world_size << " ranks, " << (c.spans_nodes ? "spanning nodes" : "one node")
+      << ", workspace limit " << c.max_workspace_bytes;
+}
+
 std::string comm_case_name(const ::testing::TestParamInfo<CommCase>& info) {
   const CommCase& c = info.param;
   return fmt::format(
