@@ -1,0 +1,190 @@
+// Which path the fused ops take, and why: forced by the caller (per op or per context), taken
+// because the workspace limit is too small, taken because the group spans nodes; the usage
+// counters and reasons; and the error when the caller insists on a fused path that is not
+// possible. Every fallback result is checked against the reference.
+#include "ops/op_testing.h"
+
+namespace asynctp {
+namespace {
+
+using namespace asynctp::testing;  // NOLINT(google-build-using-namespace)
+using ::testing::HasSubstr;
+
+constexpr char kAgMm[] = "all_gather_matmul";
+constexpr char kMmRs[] = "matmul_reduce_scatter";
+
+// all_gather_matmul of A_shard [4, 3] (per rank) with B [3, 4] on dim 0, checked against the
+// reference; returns nothing, fails the test on a mismatch.
+void all_gather_matmul_checked(Context& ctx, std::optional<PathChoice> path) {
+  Backend& be = ctx.backend();
+  std::vector<OwnedTensor> shards;
+  for (int r = 0; r < ctx.world_size(); ++r)
+    shards.push_back(seeded({4, 3}, DType::kF32, {1, uint64_t(r)}));
+  const OwnedTensor b = seeded({3, 4}, DType::kF32, {2});
+  OwnedTensor expected = empty_host({4 * ctx.world_size(), 4}, DType::kF32);
+  reference_gemm(be, concat(be, shards, 0), b, expected);
+  OwnedTensor out = empty_host({4 * ctx.world_size(), 4}, DType::kF32);
+  const Tensor bs[] = {b.tensor};
+  const Tensor outs[] = {out.tensor};
+  AllGatherMatmulOptions options;
+  options.path = path;
+  all_gather_matmul(ctx, shards[ctx.rank()], bs, outs, {}, options);
+  EXPECT_TRUE(same_bits(out, expected)) << "all_gather_matmul";
+}
+
+// matmul_reduce_scatter of A [2 * ws, 3] @ B [3, 4] (per rank) on dim 0, checked likewise.
+void matmul_reduce_scatter_checked(Context& ctx, std::optional<PathChoice> path) {
+  Backend& be = ctx.backend();
+  const int ws = ctx.world_size();
+  std::vector<OwnedTensor> as, bs, products;
+  for (int r = 0; r < ws; ++r) {
+    as.push_back(seeded({2 * ws, 3}, DType::kF32, {3, uint64_t(r)}));
+    bs.push_back(seeded({3, 4}, DType::kF32, {4, uint64_t(r)}));
+    products.push_back(empty_host({2 * ws, 4}, DType::kF32));
+    reference_gemm(be, as.back(), bs.back(), products.back());
+  }
+  OwnedTensor expected = empty_host({2, 4}, DType::kF32);
+  reference_reduce_scatter(be, expected, products, 0, ctx.rank(), ReduceOp::kSum);
+  OwnedTensor out = empty_host({2, 4}, DType::kF32);
+  MatmulReduceScatterOptions options;
+  options.path = path;
+  matmul_reduce_scatter(ctx, as[ctx.rank()], bs[ctx.rank()], out, options);
+  EXPECT_TRUE(same_bits(out, expected)) << "matmul_reduce_scatter";
+}
+
+class PathsTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(PathsTest, CallerForcesTheFallbackPerOp) {
+  auto statuses = run_ranks(GetParam(), [](Context& ctx) {
+    all_gather_matmul_checked(ctx, PathChoice::kFallback);
+    expect_path(ctx, kAgMm, Path::kFallback, "the caller asked for the fallback");
+    all_gather_matmul_checked(ctx, std::nullopt);
+    expect_path(ctx, kAgMm, Path::kFused);
+    all_gather_matmul_checked(ctx, PathChoice::kAuto);
+    expect_path(ctx, kAgMm, Path::kFused);
+    matmul_reduce_scatter_checked(ctx, PathChoice::kFallback);
+    expect_path(ctx, kMmRs, Path::kFallback, "the caller asked for the fallback");
+    matmul_reduce_scatter_checked(ctx, PathChoice::kFused);
+    expect_path(ctx, kMmRs, Path::kFused);
+
+    EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFused), 2);
+    EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFallback), 1);
+    EXPECT_EQ(ctx.usage().count(kMmRs, Path::kFused), 1);
+    EXPECT_EQ(ctx.usage().count(kMmRs, Path::kFallback), 1);
+    EXPECT_EQ(ctx.usage().count("all_gather_scaled_matmul", Path::kFused), 0);
+    const auto counts = ctx.usage().counts();
+    EXPECT_EQ(counts.size(), 4u);
+    EXPECT_EQ(counts.at({kAgMm, Path::kFused}), 2);
+    ctx.usage().reset();
+    EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFused), 0);
+    EXPECT_FALSE(ctx.usage().last(kAgMm).has_value());
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
+TEST_P(PathsTest, ContextDefaultPathAndPerOpOverride) {
+  HarnessOptions options;
+  options.context.path = PathChoice::kFallback;
+  auto statuses = run_ranks(
+      GetParam(),
+      [](Context& ctx) {
+        all_gather_matmul_checked(ctx, std::nullopt);
+        expect_path(ctx, kAgMm, Path::kFallback, "the caller asked for the fallback");
+        matmul_reduce_scatter_checked(ctx, std::nullopt);
+        expect_path(ctx, kMmRs, Path::kFallback, "the caller asked for the fallback");
+        // The op's own choice wins over the context's.
+        all_gather_matmul_checked(ctx, PathChoice::kFused);
+        expect_path(ctx, kAgMm, Path::kFused);
+        matmul_reduce_scatter_checked(ctx, PathChoice::kAuto);
+        expect_path(ctx, kMmRs, Path::kFused);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+}
+
+TEST_P(PathsTest, WorkspaceLimitTooSmallTakesTheFallback) {
+  const int ws = GetParam();
+  HarnessOptions options;
+  // all_gather_matmul needs its shard (4 x 3 f32 = 48 bytes); matmul_reduce_scatter ws slots of
+  // its output chunk (2 x 4 f32 = 32 bytes each). The fallback's collectives still fit in pieces.
+  options.context.max_workspace_bytes = std::max(20, 4 * ws);
+  auto statuses = run_ranks(
+      ws,
+      [ws](Context& ctx) {
+        const size_t limit = ctx.workspace().max_bytes();
+        all_gather_matmul_checked(ctx, std::nullopt);
+        expect_path(ctx, kAgMm, Path::kFallback,
+                    fmt::format("it needs 48 bytes of symmetric workspace per rank and the limit "
+                                "is {} (ASYNCTP_MAX_WORKSPACE_MB)",
+                                limit));
+        matmul_reduce_scatter_checked(ctx, PathChoice::kAuto);
+        expect_path(ctx, kMmRs, Path::kFallback,
+                    fmt::format("it needs {} bytes of symmetric workspace", 32 * ws));
+        // Insisting on the fused path is an error that gives the reason.
+        EXPECT_THAT(error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kFused); }),
+                    HasSubstr(fmt::format("all_gather_matmul: the fused path was requested but it "
+                                          "needs 48 bytes of symmetric workspace per rank and the "
+                                          "limit is {}",
+                                          limit)));
+        EXPECT_THAT(error_of([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kFused); }),
+                    HasSubstr("matmul_reduce_scatter: the fused path was requested but it needs"));
+        EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFallback),
+                  1);  // the refused call recorded nothing
+        EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFused), 0);
+        EXPECT_LE(ctx.workspace().capacity(), limit);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+}
+
+TEST_P(PathsTest, WorkspaceLimitExactlyLargeEnoughStaysFused) {
+  HarnessOptions options;
+  options.context.max_workspace_bytes = 48;  // all_gather_matmul's shard, to the byte
+  auto statuses = run_ranks(
+      GetParam(),
+      [](Context& ctx) {
+        all_gather_matmul_checked(ctx, std::nullopt);
+        expect_path(ctx, kAgMm, Path::kFused);
+        EXPECT_EQ(ctx.workspace().capacity(), 48u);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+}
+
+TEST_P(PathsTest, GroupSpanningNodesTakesTheFallback) {
+  const int ws = GetParam();
+  if (ws == 1) GTEST_SKIP() << "one rank is always on one node";
+  HarnessOptions options;
+  options.host_id = [](int rank) { return fmt::format("host{}", rank % 2); };
+  auto statuses = run_ranks(
+      ws,
+      [](Context& ctx) {
+        const std::string reason = "the group spans 2 nodes; shared memory reaches one node only";
+        all_gather_matmul_checked(ctx, std::nullopt);
+        expect_path(ctx, kAgMm, Path::kFallback, reason);
+        matmul_reduce_scatter_checked(ctx, std::nullopt);
+        expect_path(ctx, kMmRs, Path::kFallback, reason);
+        EXPECT_THAT(error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kFused); }),
+                    HasSubstr("all_gather_matmul: the fused path was requested but " + reason));
+        EXPECT_THAT(error_of([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kFused); }),
+                    HasSubstr("matmul_reduce_scatter: the fused path was requested but " + reason));
+        EXPECT_EQ(ctx.communicator().name(), "store");
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, PathsTest, ::testing::ValuesIn(kWorldSizes), world_size_name);
+
+TEST(PathChoiceTest, NamesRoundTrip) {
+  for (PathChoice c : {PathChoice::kAuto, PathChoice::kFused, PathChoice::kFallback}) {
+    EXPECT_EQ(parse_path_choice(path_choice_name(c)), c);
+  }
+  EXPECT_EQ(parse_path_choice("unfused"), PathChoice::kFallback);
+  EXPECT_THAT(error_of([] { parse_path_choice("fast"); }), HasSubstr("got 'fast'"));
+  EXPECT_EQ(path_name(Path::kFused), "fused");
+  EXPECT_EQ(path_name(Path::kFallback), "fallback");
+}
+
+}  // namespace
+}  // namespace asynctp
