@@ -40,7 +40,10 @@ Context::Context(std::shared_ptr<Group> group, ContextOptions options)
   if (backend_->device().is_cuda()) communicator_ = make_nccl_communicator(*backend_, *group_);
 #endif
   if (!communicator_) {
-    communicator_ = symm_allocator_->unavailable_reason().empty()
+    // The symmetric-memory collectives stage at least one f32 per rank in the workspace; under a
+    // smaller limit (0 turns symmetric memory off) the store carries the fallbacks' collectives.
+    const bool symm_fits = options_.max_workspace_bytes >= sizeof(float) * world_size();
+    communicator_ = symm_allocator_->unavailable_reason().empty() && symm_fits
                         ? make_symm_communicator(*backend_, *workspace_, rank(), world_size())
                         : make_store_communicator(*backend_, *group_);
   }

@@ -151,6 +151,24 @@ TEST_P(PathsTest, WorkspaceLimitExactlyLargeEnoughStaysFused) {
   EXPECT_RANKS_OK(statuses);
 }
 
+TEST_P(PathsTest, WorkspaceLimitZeroTurnsSymmetricMemoryOff) {
+  // ASYNCTP_MAX_WORKSPACE_MB=0: every op takes the fallback, and the fallback's collectives
+  // still work (they cannot stage anything in a workspace of zero bytes).
+  HarnessOptions options;
+  options.context.max_workspace_bytes = 0;
+  auto statuses = run_ranks(
+      GetParam(),
+      [](Context& ctx) {
+        all_gather_matmul_checked(ctx, std::nullopt);
+        expect_path(ctx, kAgMm, Path::kFallback, "the limit is 0");
+        matmul_reduce_scatter_checked(ctx, std::nullopt);
+        expect_path(ctx, kMmRs, Path::kFallback, "the limit is 0");
+        EXPECT_EQ(ctx.workspace().capacity(), 0u);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+}
+
 TEST_P(PathsTest, GroupSpanningNodesTakesTheFallback) {
   const int ws = GetParam();
   if (ws == 1) GTEST_SKIP() << "one rank is always on one node";

@@ -7,6 +7,7 @@
 
 #include "support/multiprocess.h"
 #include "support/tensor_testing.h"
+#include "symm/cpu_symmetric_memory.h"
 #include "symm/symm_communicator.h"
 
 namespace asynctp {
@@ -171,19 +172,44 @@ INSTANTIATE_TEST_SUITE_P(Cases, CommunicatorTest,
                          comm_case_name);
 
 TEST(SymmCommunicatorTest, WorkspaceTooSmallForOneElementPerRankIsAnError) {
+  auto statuses = testing::run_ranks(4, [](Context& ctx) {
+    auto allocator = make_cpu_symm_allocator(ctx.group());
+    SymmWorkspace workspace(*allocator, ctx.backend(),
+                            8);  // 4 ranks need 16 bytes to reduce-scatter
+    auto comm = make_symm_communicator(ctx.backend(), workspace, ctx.rank(), ctx.world_size());
+    OwnedTensor in = empty_host({4, 2}, DType::kF32);
+    OwnedTensor out = empty_host({1, 2}, DType::kF32);
+    EXPECT_THAT(
+        testing::error_of([&] { comm->reduce_scatter(out, in, ReduceOp::kSum, ctx.stream()); }),
+        ::testing::HasSubstr("the symmetric workspace limit 8 is too small"));
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
+TEST(SymmCommunicatorTest, ContextUsesTheStoreUnderATinyWorkspaceLimit) {
+  // A limit below one f32 per rank (0 turns symmetric memory off): the context's collectives go
+  // through the store instead of failing.
+  for (size_t limit : {size_t{0}, size_t{15}}) {
+    testing::HarnessOptions options;
+    options.context.max_workspace_bytes = limit;
+    auto statuses = testing::run_ranks(
+        4,
+        [](Context& ctx) {
+          EXPECT_EQ(ctx.communicator().name(), "store");
+          OwnedTensor in = empty_host({4, 2}, DType::kF32);
+          testing::fill_value(in, static_cast<float>(ctx.rank()));
+          OwnedTensor out = empty_host({1, 2}, DType::kF32);
+          ctx.communicator().reduce_scatter(out, in, ReduceOp::kSum, ctx.stream());
+          EXPECT_EQ(get(out, 0), 0.0f + 1.0f + 2.0f + 3.0f);
+          EXPECT_EQ(ctx.workspace().capacity(), 0u);
+        },
+        options);
+    EXPECT_RANKS_OK(statuses) << "limit " << limit;
+  }
   testing::HarnessOptions options;
-  options.context.max_workspace_bytes = 8;  // 4 ranks need at least 16 bytes to reduce-scatter
+  options.context.max_workspace_bytes = 16;
   auto statuses = testing::run_ranks(
-      4,
-      [](Context& ctx) {
-        OwnedTensor in = empty_host({4, 2}, DType::kF32);
-        OwnedTensor out = empty_host({1, 2}, DType::kF32);
-        EXPECT_THAT(testing::error_of([&] {
-                      ctx.communicator().reduce_scatter(out, in, ReduceOp::kSum, ctx.stream());
-                    }),
-                    ::testing::HasSubstr("the symmetric workspace limit 8 is too small"));
-      },
-      options);
+      4, [](Context& ctx) { EXPECT_EQ(ctx.communicator().name(), "symm"); }, options);
   EXPECT_RANKS_OK(statuses);
 }
 
