@@ -262,6 +262,31 @@ TEST_P(AllGatherMatmulTest, Float8ScaledMatchesUnfused) {
   run_cases(cases);
 }
 
+TEST_P(AllGatherMatmulTest, EdgeShapes) {
+  std::vector<AgCase> cases;
+  auto add = [&](Dims shard, int g, std::vector<int64_t> ns, DType dtype, bool rowwise = false) {
+    AgCase c;
+    c.shard = shard;
+    c.gather_dim = g;
+    c.ns = ns;
+    c.dtype = dtype;
+    c.b_dtype = dtype;
+    c.rowwise = rowwise;
+    c.return_a = true;
+    cases.push_back(c);
+  };
+  add({2, 1, 3, 2}, 1, {3}, DType::kF32);  // gathering a dim of size 1
+  add({1, 4}, 0, {2}, DType::kF32);        // one-row shards
+  add({1, 4}, -1, {2}, DType::kBF16);
+  add({1, 4}, 0, {2, 3}, DType::kF8E4M3, /*rowwise=*/true);  // a one-row shard's own scale
+  add({3, 1}, 0, {1}, DType::kF32);                          // K = 1
+  add({3, 1}, 1, {1}, DType::kF32);                          // K = ws
+  add({0, 4}, 0, {2}, DType::kF32);                          // empty shards
+  add({2, 0, 4}, 1, {2}, DType::kF32);
+  add({2, 3}, 0, {0, 2}, DType::kF32);  // a B with no columns
+  run_cases(cases);
+}
+
 TEST_P(AllGatherMatmulTest, BackToBackCallsWithSkewedRanks) {
   // One rank at a time arrives late; the barriers must keep every rank from overwriting its
   // symmetric buffer while a peer still reads it. Shapes alternate so that the workspace grows.

@@ -275,6 +275,28 @@ TEST_P(MatmulReduceScatterTest, Float8ScaledMatchesUnfused) {
   run_cases(cases);
 }
 
+TEST_P(MatmulReduceScatterTest, EdgeShapes) {
+  std::vector<RsCase> cases;
+  auto add = [&](Dims chunk, int g, std::vector<int64_t> ks, DType dtype, bool rowwise = false) {
+    RsCase c;
+    c.out_chunk = chunk;
+    c.scatter_dim = g;
+    c.ks = ks;
+    c.dtype = dtype;
+    c.b_dtype = dtype;
+    c.rowwise = rowwise;
+    cases.push_back(c);
+  };
+  add({1, 3}, 0, {4}, DType::kF32);                       // one row per rank
+  add({1, 1}, 1, {4}, DType::kF32);                       // one column per rank
+  add({1, 2}, 1, {3}, DType::kF8E5M2, /*rowwise=*/true);  // a one-row A's own scale
+  add({2, 1, 3}, 1, {1}, DType::kF32);                    // K = 1
+  add({0, 3}, 1, {2}, DType::kF32);                       // empty products
+  add({2, 3}, 0, {0}, DType::kF32);                       // K = 0: the product is zero
+  add({2, 3}, 0, {2, 0}, DType::kBF16);
+  run_cases(cases);
+}
+
 TEST_P(MatmulReduceScatterTest, BackToBackCallsWithSkewedRanks) {
   // One rank at a time arrives late: the opening barrier must keep its peers from pushing into
   // slots it is still reducing from. Shapes alternate so that the workspace grows.

@@ -86,6 +86,14 @@ inline OwnedTensor concat(Backend& backend, const std::vector<OwnedTensor>& part
   return out;
 }
 
+// t [.., n] viewed as the matrix [rows, n] (also when some size is 0).
+inline Tensor as_matrix(const Tensor& t) {
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < t.dim(); ++d)
+    rows *= t.size(d);
+  return t.view({rows, t.size(-1)});
+}
+
 // out = a @ b (scaled for float8) over the whole of a's leading dims, into out's dtype: one GEMM
 // on the 2-D views [M, K] x [K, N] -> [M, N]. With accumulate, adds to out (f32 partial sums).
 inline void reference_gemm(Backend& backend, const Tensor& a, const Tensor& b, const Tensor& out,
@@ -93,15 +101,15 @@ inline void reference_gemm(Backend& backend, const Tensor& a, const Tensor& b, c
                            bool accumulate = false) {
   OwnedTensor a_copy = contiguous_copy(backend, a);
   GemmArgs args;
-  args.a = a_copy->view({-1, a.size(-1)});
+  args.a = as_matrix(a_copy);
   args.b = b;
-  args.d = out.view({-1, out.size(-1)});
+  args.d = as_matrix(out);
   args.accumulate = accumulate;
   OwnedTensor scale_copy;
   if (a_scale.defined()) {
     scale_copy = contiguous_copy(backend, a_scale);
     // One element: tensor-wise; else row-wise, a's leading dims flattened like a's.
-    args.a_scale = a_scale.numel() == 1 ? scale_copy.tensor : scale_copy->view({-1, 1});
+    args.a_scale = a_scale.numel() == 1 ? scale_copy.tensor : as_matrix(scale_copy);
   }
   args.b_scale = b_scale;
   backend.gemm(args, backend.compute_stream());
