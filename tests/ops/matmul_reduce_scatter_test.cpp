@@ -33,6 +33,7 @@ struct RsCase {
   DType b_dtype = DType::kF32;
   bool rowwise = false;
   bool colwise = false;
+  Layout scale_layout = Layout::kContiguous;  // of a row-wise A_scale
 
   bool scaled() const { return is_float8(dtype); }
   std::string describe() const {
@@ -41,8 +42,8 @@ struct RsCase {
         layout_name(out_layout), scatter_dim, fmt::join(ks, ", "), reduce_op_name(op), dtype,
         layout_name(a_layout), layout_name(b_layout), out_dtype);
     if (scaled()) {
-      s += fmt::format(", B {}, A_scale {}, B_scale {}", b_dtype,
-                       rowwise ? "row-wise" : "tensor-wise",
+      s += fmt::format(", B {}, A_scale {} ({}), B_scale {}", b_dtype,
+                       rowwise ? "row-wise" : "tensor-wise", layout_name(scale_layout),
                        colwise ? "column-wise" : "tensor-wise");
     }
     return s;
@@ -66,7 +67,7 @@ RankInputs inputs_of(const RsCase& c, uint64_t id, int rank, const Dims& product
   }
   if (c.scaled()) {
     in.a_scale = seeded(c.rowwise ? with_dim(product, -1, 1) : Dims{1}, DType::kF32, {id, 3, r},
-                        Values::kPositive);
+                        Values::kPositive, c.rowwise ? c.scale_layout : Layout::kContiguous);
     in.b_scale = seeded(c.colwise ? Dims{1, product.back()} : Dims{}, DType::kF32, {id, 4, r},
                         Values::kPositive);
   }
@@ -266,6 +267,7 @@ TEST_P(MatmulReduceScatterTest, Float8ScaledMatchesUnfused) {
           c.ks = {8};
           c.a_layout = i % 5 == 4 ? Layout::kTransposed : Layout::kContiguous;
           c.b_layout = i % 2 == 1 ? Layout::kTransposed : Layout::kContiguous;
+          c.scale_layout = i % 3 == 0 ? Layout::kPadded : Layout::kContiguous;
           cases.push_back(c);
           ++i;
         }
