@@ -83,15 +83,19 @@ std::vector<std::vector<Member>> plan(const Graph& g, const Group& grp,
       cur_bytes = 0;
     };
     for (const auto& m : pending) {
-      if (cur_desc.count(m.coll)) {  // depends on a member of the open bucket
+      // Neither may depend on the other: m on a member of the open bucket, or (possible once
+      // earlier buckets merged other collectives) a member on m.
+      const auto m_desc = descendants(g, users, m.coll);
+      const bool feeds_member = std::any_of(
+          cur.begin(), cur.end(), [&](const Member& c) { return m_desc.count(c.coll) > 0; });
+      if (cur_desc.count(m.coll) || feeds_member) {
         deferred.push_back(m);
         continue;
       }
       if (!cur.empty() && cur_bytes + m.bytes > cap_of(bucket_idx)) close();
       cur.push_back(m);
       cur_bytes += m.bytes;
-      for (const auto& d : descendants(g, users, m.coll))
-        cur_desc.insert(d);
+      cur_desc.insert(m_desc.begin(), m_desc.end());
     }
     close();
     if (deferred.size() == pending.size()) break;  // cannot happen: the first always joins
@@ -189,9 +193,15 @@ void bucket_collectives(Graph& g, const BucketOptions& options, FusionReport& re
   if (options.cap_mb.empty()) return;
   for (double mb : options.cap_mb)
     ASYNCTP_CHECK(mb > 0, "bucket cap must be positive, got {} MiB", mb);
-  const auto groups = candidates(g, report);
+  auto groups = candidates(g, report);
   size_t index = 0;
-  for (const auto& [key, grp] : groups) {
+  for (auto& [key, grp] : groups) {
+    // Merging one group moves dependencies around (a member's users now wait for the whole
+    // bucket): re-sort, and take this group's members in the current order.
+    stable_topological_sort(g);
+    std::sort(grp.members.begin(), grp.members.end(), [&](const Member& a, const Member& b) {
+      return g.index_of(a.coll) < g.index_of(b.coll);
+    });
     for (const auto& bucket : plan(g, grp, options))
       merge(g, grp, bucket, report, index++);
   }
