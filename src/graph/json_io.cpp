@@ -53,7 +53,9 @@ Value decode_value(const json& j, const Where& w, int depth) {
                 "{}: an encoded object must have exactly one key "
                 "(node, dtype, device, layout, memory_format, dict or repr), got {}",
                 w.text(), j.dump().substr(0, 120));
-  const auto& [key, inner] = *j.items().begin();
+  const auto first = j.begin();
+  const std::string key = first.key();
+  const json& inner = first.value();
   if (key == "dict") {
     ASYNCTP_CHECK(inner.is_object(), "{}: {{\"dict\": ...}} must hold an object, got {}", w.text(),
                   kind_of(inner));
