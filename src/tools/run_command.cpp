@@ -38,6 +38,7 @@ struct RunOptions {
   std::vector<double> bucket_mb;
   bool enable_last_dim = false;
   bool enable_transpose = false;
+  bool no_fuse = false;
   bool json = false;
   double timeout_s = 0;
   bool as_rank = false;
@@ -67,6 +68,7 @@ int launch_ranks(const RunOptions& o, int nproc) {
     add("--bucket-mb", fmt::format("{}", mb));
   if (o.enable_last_dim) l.command.push_back("--enable-last-dim");
   if (o.enable_transpose) l.command.push_back("--enable-transpose");
+  if (o.no_fuse) l.command.push_back("--no-fuse");
   if (o.json) l.command.push_back("--json");
   if (o.timeout_s > 0) l.timeout_s = o.timeout_s;
   return launch(l);
@@ -95,6 +97,7 @@ int run_as_rank(const RunOptions& o) {
     passes::PassOptions options;
     options.tp.enable_last_dim = o.enable_last_dim;
     options.tp.enable_transpose = o.enable_transpose;
+    options.fuse = !o.no_fuse;
     options.bucket.cap_mb = o.bucket_mb;
     const passes::FusionReport report = passes::run_passes(transformed, options);
     ctx.usage().reset();
@@ -194,6 +197,7 @@ Command add_run_command(CLI::App& app) {
   cmd->add_flag("--enable-transpose", o->enable_transpose,
                 "passes of --check: fuse the transposed "
                 "right-hand operand");
+  cmd->add_flag("--no-fuse", o->no_fuse, "passes of --check: bucketing only");
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
   cmd->add_option("--timeout", o->timeout_s, "seconds after which the ranks are stopped");
   cmd->add_flag("--as-rank", o->as_rank,

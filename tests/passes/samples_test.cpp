@@ -48,20 +48,22 @@ TEST_P(SampleTest, FusesAtLeastWhatPyTorchFusesAndRunsEqual) {
   expect_same_outputs(pre, ours);
 }
 
-INSTANTIATE_TEST_SUITE_P(Graphs, SampleTest,
-                         ::testing::Values(Sample{shared_dir(), "mlp_2d", true},
-                                           Sample{shared_dir(), "fp8_rowwise", true},
-                                           Sample{own_dir(), "sp_block.fwd", true},
-                                           Sample{own_dir(), "sp_block.bwd", true},
-                                           Sample{own_dir(), "sp_mlp.fwd", true},
-                                           Sample{own_dir(), "sp_mlp.bwd", true},
-                                           Sample{own_dir(), "fp8_rowwise_mlp.fwd", true}),
-                         [](const auto& info) {
-                           std::string name = info.param.stem;
-                           for (char& c : name)
-                             c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Graphs, SampleTest,
+    ::testing::Values(
+        Sample{shared_dir(), "mlp_2d", true}, Sample{shared_dir(), "fp8_rowwise", true},
+        Sample{own_dir(), "sp_block.fwd", true}, Sample{own_dir(), "sp_block.bwd", true},
+        Sample{own_dir(), "sp_mlp.fwd", true}, Sample{own_dir(), "sp_mlp.bwd", true},
+        Sample{own_dir(), "fp8_rowwise_mlp.fwd", true},
+        // FSDP-style parameter gathers are transposed right-hand operands: fused
+        // only with enable_transpose (PyTorch fuses none of them either).
+        Sample{own_dir(), "fsdp_mlp.fwd", false}, Sample{own_dir(), "fsdp_mlp.bwd", true}),
+    [](const auto& info) {
+      std::string name = info.param.stem;
+      for (char& c : name)
+        c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+      return name;
+    });
 
 // Bucketing alone on a real backward graph: valid, sorted, and the same outputs.
 TEST(Samples, BucketingABackwardGraphRunsEqual) {
@@ -74,6 +76,27 @@ TEST(Samples, BucketingABackwardGraphRunsEqual) {
   EXPECT_EQ(static_cast<int>(report.entries().size()), collectives_of(pre));
   EXPECT_TRUE(passes::is_topologically_sorted(bucketed));
   expect_same_outputs(pre, bucketed);
+}
+
+// The FSDP-style graphs: every parameter gather and every gradient reduce-scatter is independent
+// of the others of its kind, so a large cap leaves one collective. A cap of two parameter
+// gathers ([32, 32] bf16, 2 KiB each) leaves two in forward; the four [8, 32] gradient
+// reduce-scatters of backward (512 B each) still fit in one.
+TEST(Samples, BucketingFsdpStyleGraphs) {
+  for (const char* stem : {"fsdp_mlp.fwd", "fsdp_mlp.bwd"}) {
+    const graph::Graph pre = graph::read_graph_file(own_dir() + "/" + stem + ".pre.json");
+    for (double cap : {64.0, 2 * 32 * 32 * 2 / (1024.0 * 1024.0)}) {
+      graph::Graph g = pre;
+      passes::PassOptions options;
+      options.fuse = false;
+      options.bucket.cap_mb = {cap};
+      const auto report = passes::run_passes(g, options);
+      EXPECT_EQ(report.count(passes::Outcome::kBucketed), 4) << stem << "\n" << report.text();
+      const bool forward = std::string(stem) == "fsdp_mlp.fwd";
+      EXPECT_EQ(collectives_of(g), cap > 1 || !forward ? 1 : 2) << stem << " cap " << cap;
+      expect_same_outputs(pre, g);
+    }
+  }
 }
 
 }  // namespace

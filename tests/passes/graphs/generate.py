@@ -9,6 +9,9 @@ for every post-grad graph:
     NAME.{fwd,bwd}.pre.json   the graph Inductor's micro-pipeline-TP pass is given
     NAME.{fwd,bwd}.post.json  the same graph after PyTorch's own micro-pipeline-TP pass, the
                               yardstick the tests compare asynctp's pass with
+The FSDP-style variant gathers each layer's parameter shard in forward (SimpleFSDP style, with
+the differentiable functional all-gather, whose backward is a reduce-scatter of the gradient):
+independent same-group collectives, the material of the bucketing pass.
 The float8 variant builds the rowwise-scaled forward of an MLP with functional collectives
 (torchao is not needed): fp8 data and its row-wise scales gathered on the sequence dim,
 reshape -> _scaled_mm -> reshape, and a reduce-scatter of the second _scaled_mm.
@@ -180,6 +183,26 @@ def sequence_parallel(name: str, model: nn.Module, batch: int, seq: int, dim: in
     return compile_and_record(model, x, backward=True)
 
 
+class FsdpMlp(nn.Module):
+    """Each layer's weight lives as a [out/ws, in] shard and is all-gathered when used."""
+
+    def __init__(self, dim: int, layers: int):
+        super().__init__()
+        self.shards = nn.ParameterList(
+            nn.Parameter(torch.randn(dim // WORLD, dim, dtype=torch.bfloat16) * 0.1) for _ in range(layers))
+
+    def forward(self, x):
+        for shard in self.shards:
+            w = funcol.all_gather_tensor_autograd(shard, 0, dist.group.WORLD)  # [dim, dim]
+            x = F.silu(x @ w.t())
+        return x
+
+
+def fsdp_mlp(batch: int, dim: int, layers: int):
+    x = torch.randn(batch, dim, dtype=torch.bfloat16, requires_grad=True)
+    return compile_and_record(FsdpMlp(dim, layers), x, backward=True)
+
+
 def fp8_rowwise_mlp(batch: int, seq: int, dim: int, hidden: int):
     group = dist.group.WORLD
     f8 = torch.float8_e4m3fn
@@ -236,6 +259,7 @@ def main() -> None:
         "sp_block", Block(dim=64, heads=4, hidden=128), batch=2, seq=16, dim=64, attention=True))
     save(out_dir, "sp_mlp", sequence_parallel(
         "sp_mlp", Mlp(dim=64, hidden=128), batch=2, seq=16, dim=64, attention=False))
+    save(out_dir, "fsdp_mlp", fsdp_mlp(batch=8, dim=32, layers=4))
     graphs = fp8_rowwise_mlp(batch=2, seq=16, dim=64, hidden=128)
     if graphs:
         save(out_dir, "fp8_rowwise_mlp", graphs)
