@@ -54,10 +54,10 @@ for line in open(sys.argv[1]):
     if not line.startswith("{"): continue
     d = json.loads(line)
     print(f"world {d['world_size']}, {d['backend']}, {d['dtype']}, peer bandwidth {d['peer_bandwidth_GBps']:.0f} GB/s, us:")
-    print(f"{'op':6} {'shape':26} {'gemm':>7} {'coll':>7} {'base':>7} {'fused':>7} {'graph':>7} {'floor':>7} {'f/floor':>7} {'base/f':>6} {'err':>8}")
+    print(f"{'op':6} {'shape':26} {'gemm':>7} {'split':>7} {'coll':>7} {'base':>7} {'fused':>7} {'graph':>7} {'floor':>7} {'f/floor':>7} {'base/f':>6} {'err':>8}")
     for r in d["results"]:
         g = r["fused_graph_ms"]
-        print(f"{r['op']:6} {r['label']:26} {r['gemm_ms']*1e3:7.1f} {r['collective_ms']*1e3:7.1f} {r['baseline_ms']*1e3:7.1f} "
+        print(f"{r['op']:6} {r['label']:26} {r['gemm_ms']*1e3:7.1f} {r['split_gemm_ms']*1e3:7.1f} {r['collective_ms']*1e3:7.1f} {r['baseline_ms']*1e3:7.1f} "
               f"{r['fused_ms']*1e3:7.1f} {(g or 0)*1e3:7.1f} {r['floor_ms']*1e3:7.1f} {r['fused_over_floor']:7.3f} "
               f"{r['baseline_over_fused']:6.3f} {r['rel_error_fused']:8.1e}")
 PY

@@ -2,14 +2,16 @@
 //
 // Fused schedule on rank r of ws (row gather, g < last dim), two streams:
 //
-//   compute: copy A_shard -> symm[r] | barrier | GEMM chunk r | wait(r+1) GEMM chunk r+1 | ...
-//   copy:                                       | pull r+1 | pull r+2 | ... | pull r-1 | barrier
+//   compute: GEMM chunk r              | wait(r+1) GEMM chunk r+1 | wait(r+2) GEMM chunk r+2 | ...
+//   copy:    A_shard -> symm[r] | barrier | pull r+1 | pull r+2 | ... | pull r-1 | barrier
 //
 // Every rank publishes its shard in its own symmetric buffer; after the barrier the copy stream
 // pulls the peers' shards into the gathered A, starting at r+1 so that at each step every peer
 // is read by exactly one rank, while the compute stream multiplies each chunk as soon as it has
-// landed (own chunk first: it needs no communication). The closing barrier on the copy stream
-// tells every rank that nobody reads its buffer any more, so the next op may overwrite it.
+// landed (own chunk first: it needs no communication, so it starts at once and hides the host's
+// enqueueing of the rest). The closing barrier on the copy stream tells every rank that nobody
+// reads its buffer any more, so the next op may overwrite it; the compute stream waits for it
+// before the op returns.
 //
 // Contraction-dim gather (g = last): chunk p is A[:, p*k:(p+1)*k] and its product with
 // B[p*k:(p+1)*k, :] is a partial sum. The pulls keep the r+1.. order, but the partial sums are
@@ -140,28 +142,32 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
   auto peer_scale = [&](int p) { return sm.buffer(p, c.a_scale.shape(), DType::kF32, scale_offset); };
   auto slice = [&](const Tensor& t, int p) { return t.narrow(c.g, p * s, s); };
 
-  // 1. Publish this rank's shard; after the barrier every shard is readable.
-  be.copy(peer_shard(rank), c.a_shard, compute);
-  if (c.rowwise()) be.copy(peer_scale(rank), c.a_scale, compute);
-  sm.barrier(kBarrierChannel, compute);
-  Event& published = ctx.event(0);
-  published.record(compute);
-  published.block(copy);
+  // Everything communication-related runs on the copy stream, which starts once the inputs are
+  // ready on the compute stream; the compute stream goes straight to the own chunk's GEMM, so the
+  // host's enqueueing of the rest overlaps it.
+  Event& inputs_ready = ctx.event(0);
+  inputs_ready.record(compute);
+  inputs_ready.block(copy);
 
-  // 2. Pull the peers' shards on the copy stream, r+1 first; event 1+p marks chunk p landed.
+  // 1. Publish this rank's shard; after the barrier every shard is readable.
+  be.copy(peer_shard(rank), c.a_shard, copy);
+  if (c.rowwise()) be.copy(peer_scale(rank), c.a_scale, copy);
+  sm.barrier(kBarrierChannel, copy);
+
+  // 2. Pull the peers' shards, r+1 first; event 1+p marks chunk p landed.
   for (int i = 1; i < ws; ++i) {
     const int p = (rank + i) % ws;
     be.copy(slice(a, p), peer_shard(p), copy);
     if (c.rowwise()) be.copy(slice(scale, p), peer_scale(p), copy);
     ctx.event(1 + p).record(copy);
   }
+  // 3. The own chunk is multiplied straight from A_shard when its layout allows; the returned A
+  //    gets its own slice on the copy stream.
+  const bool own_direct = c.a_shard.is_contiguous() && (!c.rowwise() || c.a_scale.is_contiguous());
+  if (own_direct && c.a_out.defined()) be.copy(slice(a, rank), c.a_shard, copy);
   sm.barrier(kBarrierChannel, copy);  // nobody reads any buffer of this op any more
   Event& pulled = ctx.event(ws + 1);
   pulled.record(copy);
-
-  // 3. The own chunk is multiplied straight from A_shard unless it has to go into A anyway.
-  const bool own_direct = !c.a_out.defined() && c.a_shard.is_contiguous() &&
-                          (!c.rowwise() || c.a_scale.is_contiguous());
   if (!own_direct) {
     be.copy(slice(a, rank), c.a_shard, compute);
     if (c.rowwise()) be.copy(slice(scale, rank), c.a_scale, compute);

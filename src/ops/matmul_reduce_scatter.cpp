@@ -2,16 +2,17 @@
 //
 // Fused schedule on rank r of ws (P = A @ B, chunk d of P is what rank d keeps):
 //
-//   compute: barrier | GEMM chunk r+1 | GEMM chunk r+2 | ... | GEMM chunk r -> own slot | wait all | reduce
-//   copy:                             | push r+1       | push r+2 ...         | push r-1 |
+//   compute: GEMM chunk r+1 | GEMM chunk r+2 | ... | GEMM chunk r -> own slot | wait all | reduce
+//   copy:    barrier        | push r+1       | push r+2 ...         | push r-1 |
 //
 // Rank r computes the chunks in the order their owners need them, r+1 first, so at each step
 // every rank feeds a different peer; each finished chunk is pushed by the copy engine into slot
 // r of its owner's symmetric buffer (then put_signal), overlapping the next GEMM. The own chunk
 // goes last, straight into the own slot. Once every peer has signalled, the owner adds the ws
 // slots in f32 in rank order 0..ws-1 and rounds once: deterministic, identical on every run, and
-// on the CPU backend identical to GEMM followed by reduce-scatter. The opening barrier makes sure
-// every owner has finished reading its slots from the previous op before anyone pushes again.
+// on the CPU backend identical to GEMM followed by reduce-scatter. The opening barrier (on the copy
+// stream, so that it gates only the pushes) makes sure every owner has finished reading its
+// slots from the previous op before anyone pushes again.
 //
 // Symmetric buffer of each rank: [slot 0 | slot 1 | ... | slot ws-1], slot s = rank s's partial
 // of this rank's chunk, in the output dtype.
@@ -202,7 +203,12 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   SymmetricMemory& sm = ctx.workspace().get(ws * chunk_bytes);
   auto slot = [&](int owner, int src) { return sm.buffer(owner, chunk, c.out.dtype(), src * chunk_bytes); };
 
-  sm.barrier(kBarrierChannel, compute);
+  // The barrier (every owner has finished reading its slots in the previous op) only gates the
+  // pushes, so it runs on the copy stream; the compute stream starts the first GEMM at once.
+  Event& start = ctx.event(0);
+  start.record(compute);
+  start.block(copy);
+  sm.barrier(kBarrierChannel, copy);
   Dims staging_shape = chunk;
   staging_shape.insert(0, std::max(ws - 1, 1));
   const Tensor staging = ctx.scratch(Scratch::kStaging, staging_shape, c.out.dtype());

@@ -66,7 +66,7 @@ struct Result {
   std::string path;
   double err_fused = 0, err_baseline = 0, err_fused_vs_baseline = 0;
   bool deterministic = true;
-  double gemm_ms = 0, collective_ms = 0, baseline_ms = 0, fused_ms = 0, graph_ms = NAN, floor_ms = 0;
+  double gemm_ms = 0, split_gemm_ms = 0, collective_ms = 0, baseline_ms = 0, fused_ms = 0, graph_ms = NAN, floor_ms = 0;
   double comm_bytes = 0;
 };
 
@@ -113,7 +113,18 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   Tensor a_full = ag ? make({m, k}, dtype) : Tensor();
   Tensor product = ag ? Tensor() : make({m, n}, dtype);
 
-  std::function<void()> gemm_fn, coll_fn, base_fn, fused_fn;
+  std::function<void()> gemm_fn, split_fn, coll_fn, base_fn, fused_fn;
+  // The same GEMM as ws row chunks back to back, without communication: what splitting costs.
+  const int64_t rows = m / ws;
+  split_fn = [&] {
+    for (int p = 0; p < ws; ++p) {
+      if (ag) {
+        gemm(ctx, a_full.narrow(0, p * rows, rows), b, base_out.narrow(0, p * rows, rows));
+      } else {
+        gemm(ctx, a.narrow(0, p * rows, rows), b, product.narrow(0, p * rows, rows));
+      }
+    }
+  };
   const char* op_name = ag ? "all_gather_matmul" : "matmul_reduce_scatter";
   if (ag) {
     gemm_fn = [&] { gemm(ctx, a_full, b, base_out); };
@@ -172,6 +183,7 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     return max_over_ranks(*s.group, median_ms(ctx, fn, o.warmup, o.iters));
   };
   r.gemm_ms = timed(gemm_fn);
+  r.split_gemm_ms = timed(split_fn);
   r.collective_ms = timed(coll_fn);
   r.baseline_ms = timed(base_fn);
   r.fused_ms = timed(fused_fn);
@@ -202,6 +214,7 @@ nlohmann::json to_json(const Result& r) {
           {"rel_error_fused_vs_baseline", r.err_fused_vs_baseline},
           {"deterministic", r.deterministic},
           {"gemm_ms", r.gemm_ms},
+          {"split_gemm_ms", r.split_gemm_ms},
           {"collective_ms", r.collective_ms},
           {"baseline_ms", r.baseline_ms},
           {"fused_ms", r.fused_ms},
