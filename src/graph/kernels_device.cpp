@@ -132,6 +132,30 @@ RtValue bmm(Call& c) {
   return RtValue::of(out);
 }
 
+// addmm(self, mat1, mat2, *, beta, alpha) = beta * self + alpha * (mat1 @ mat2): the product in
+// f32, then the broadcast bias added and rounded once (nn.Linear with a bias).
+RtValue addmm(Call& c) {
+  const HostTensor& bias = c.tensor(0, "self");
+  const HostTensor& a = c.tensor(1, "mat1");
+  const HostTensor& b = c.tensor(2, "mat2");
+  ASYNCTP_CHECK(a.t.dim() == 2 && b.t.dim() == 2 && a.t.size(1) == b.t.size(0),
+                "{}: addmm needs [M, K] @ [K, N], got {} and {}", c.where(), a.t.describe(),
+                b.t.describe());
+  check_matmul_dtype(c, a.t, "mat1");
+  const float beta = static_cast<float>(c.number_or(3, "beta", 1.0));
+  const float alpha = static_cast<float>(c.number_or(4, "alpha", 1.0));
+  HostTensor out = c.alloc({a.t.size(0), b.t.size(1)}, a.t.dtype());
+  HostTensor acc = host_empty(out.t.shape(), DType::kF32);
+  Staging st(c.ctx());
+  gemm(c, st, a, b, acc, nullptr, nullptr, nullptr);
+  std::vector<float> v = load_f32(acc.t);
+  const std::vector<float> bv = load_f32(bias.t, out.t.shape());
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = beta * bv[i] + alpha * v[i];
+  store_f32(out.t, v);
+  return RtValue::of(out);
+}
+
 // (self, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
 RtValue scaled_mm(Call& c) {
   const HostTensor& a = c.tensor(0, "self");
@@ -327,6 +351,7 @@ RtValue fused_scaled_matmul_reduce_scatter(Call& c) {
 void register_device_kernels(Table& t) {
   t.emplace_back("aten.mm.default", mm);
   t.emplace_back("aten.bmm.default", bmm);
+  t.emplace_back("aten.addmm.default", addmm);
   t.emplace_back("aten._scaled_mm.default", scaled_mm);
   t.emplace_back("_c10d_functional.all_gather_into_tensor.default", all_gather);
   t.emplace_back("_c10d_functional.reduce_scatter_tensor.default", reduce_scatter);
