@@ -142,11 +142,28 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
   auto peer_scale = [&](int p) { return sm.buffer(p, c.a_scale.shape(), DType::kF32, scale_offset); };
   auto slice = [&](const Tensor& t, int p) { return t.narrow(c.g, p * s, s); };
 
+  // The own chunk is multiplied straight from A_shard when its layout allows (the returned A then
+  // gets its own slice on the copy stream).
+  const bool own_direct = c.a_shard.is_contiguous() && (!c.rowwise() || c.a_scale.is_contiguous());
+  auto chunk_a = [&](int p) { return p == rank && own_direct ? c.a_shard : slice(a, p); };
+  auto chunk_scale = [&](int p) {
+    if (!c.rowwise()) return c.a_scale;
+    return p == rank && own_direct ? c.a_scale : slice(scale, p);
+  };
+  auto multiply_rows = [&](int p) {
+    for (size_t j = 0; j < c.bs.size(); ++j) {
+      gemm(ctx, gemm_view(chunk_a(p), c.g, "A chunk"), c.bs[j], gemm_view(slice(c.outs[j], p), c.g, "out chunk"),
+           false, scale_view(chunk_scale(p), c.rowwise(), c.g), c.b_scale(j));
+    }
+  };
+
   // Everything communication-related runs on the copy stream, which starts once the inputs are
-  // ready on the compute stream; the compute stream goes straight to the own chunk's GEMM, so the
-  // host's enqueueing of the rest overlaps it.
+  // ready on the compute stream. The own chunk's GEMM is enqueued first: the GPU starts it at
+  // once, and the host's enqueueing of everything else overlaps it.
   Event& inputs_ready = ctx.event(0);
   inputs_ready.record(compute);
+  const bool own_first = !c.k_gather() && own_direct;
+  if (own_first) multiply_rows(rank);
   inputs_ready.block(copy);
 
   // 1. Publish this rank's shard; after the barrier every shard is readable.
@@ -161,9 +178,6 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
     if (c.rowwise()) be.copy(slice(scale, p), peer_scale(p), copy);
     ctx.event(1 + p).record(copy);
   }
-  // 3. The own chunk is multiplied straight from A_shard when its layout allows; the returned A
-  //    gets its own slice on the copy stream.
-  const bool own_direct = c.a_shard.is_contiguous() && (!c.rowwise() || c.a_scale.is_contiguous());
   if (own_direct && c.a_out.defined()) be.copy(slice(a, rank), c.a_shard, copy);
   sm.barrier(kBarrierChannel, copy);  // nobody reads any buffer of this op any more
   Event& pulled = ctx.event(ws + 1);
@@ -172,25 +186,17 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
     be.copy(slice(a, rank), c.a_shard, compute);
     if (c.rowwise()) be.copy(slice(scale, rank), c.a_scale, compute);
   }
-  auto chunk_a = [&](int p) { return p == rank && own_direct ? c.a_shard : slice(a, p); };
-  auto chunk_scale = [&](int p) {
-    if (!c.rowwise()) return c.a_scale;
-    return p == rank && own_direct ? c.a_scale : slice(scale, p);
-  };
 
   if (!c.k_gather()) {
-    // 4a. Multiply each chunk as it lands, in pull order.
+    // 3a. Multiply each chunk as it lands, in pull order.
     for (int i = 0; i < ws; ++i) {
       const int p = (rank + i) % ws;
+      if (p == rank && own_first) continue;
       if (p != rank) ctx.event(1 + p).block(compute);
-      for (size_t j = 0; j < c.bs.size(); ++j) {
-        gemm(ctx, gemm_view(chunk_a(p), c.g, "A chunk"), c.bs[j],
-             gemm_view(slice(c.outs[j], p), c.g, "out chunk"), false,
-             scale_view(chunk_scale(p), c.rowwise(), c.g), c.b_scale(j));
-      }
+      multiply_rows(p);
     }
   } else {
-    // 4b. Partial sums over K slices, accumulated in f32 in rank order (see the file comment).
+    // 3b. Partial sums over K slices, accumulated in f32 in rank order (see the file comment).
     std::vector<Tensor> acc(c.bs.size());
     int64_t acc_elems = 0;
     for (size_t j = 0; j < c.bs.size(); ++j) {

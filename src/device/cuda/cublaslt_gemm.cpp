@@ -190,7 +190,7 @@ struct LtGemm::Impl {
       const uint32_t align = static_cast<uint32_t>(alignment_of(ptr));
       ASYNCTP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
     }
-    constexpr int kCandidates = 8;
+    constexpr int kCandidates = 16;
     cublasLtMatmulHeuristicResult_t results[kCandidates];
     int returned = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->d, p->d, pref,
@@ -211,9 +211,10 @@ struct LtGemm::Impl {
     return ref;
   }
 
-  // Times each candidate (1 warm-up, 3 timed runs, best of the medians) into a scratch output.
+  // Times each candidate (1 warm-up, then the median of kRuns) into a scratch output.
   int tune(Plan& p, const cublasLtMatmulHeuristicResult_t* results, int count, const void* lt_a, const void* lt_b,
            const GemmArgs& args, cudaStream_t stream) {
+    constexpr int kRuns = 5;
     const size_t d_bytes = args.d.extent_bytes() + 256;
     void* d_tmp = nullptr;
     if (cudaMalloc(&d_tmp, d_bytes) != cudaSuccess) {
@@ -226,10 +227,11 @@ struct LtGemm::Impl {
     const float alpha = 1.0f, beta = 0.0f;
     int best = 0;
     float best_ms = 1e30f;
+    std::string report;
     for (int c = 0; c < count; ++c) {
-      float times[3];
+      float times[kRuns];
       bool ok = true;
-      for (int r = -1; r < 3 && ok; ++r) {
+      for (int r = -1; r < kRuns && ok; ++r) {
         ASYNCTP_CUDA_CHECK(cudaEventRecord(start, stream));
         ok = cublasLtMatmul(handle, p.desc, &alpha, lt_a, p.a, lt_b, p.b, &beta, d_tmp, p.d, d_tmp, p.d,
                             &results[c].algo, workspace, workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
@@ -238,16 +240,30 @@ struct LtGemm::Impl {
         if (r >= 0) ASYNCTP_CUDA_CHECK(cudaEventElapsedTime(&times[r], start, stop));
       }
       if (!ok) continue;
-      std::sort(times, times + 3);
-      if (times[1] < best_ms) {
-        best_ms = times[1];
+      std::sort(times, times + kRuns);
+      const float median = times[kRuns / 2];
+      if (logger().should_log(spdlog::level::debug)) report += fmt::format(" {}:{:.1f}us", describe(results[c].algo), median * 1e3f);
+      if (median < best_ms) {
+        best_ms = median;
         best = c;
       }
     }
+    ASYNCTP_LOG_DEBUG("gemm {} @ {} -> {}: picked #{} of {}:{}", args.a.describe(), args.b.describe(),
+                      args.d.describe(), best, count, report);
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
     cudaFree(d_tmp);
     return best;
+  }
+
+  // "t<tile>s<stages>c<cluster>k<splits>": the algorithm's configuration, for the logs.
+  static std::string describe(const cublasLtMatmulAlgo_t& algo) {
+    int32_t tile = 0, stages = 0, cluster = 0, splits = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), nullptr);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), nullptr);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), nullptr);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits), nullptr);
+    return fmt::format("t{}s{}c{}k{}", tile, stages, cluster, splits);
   }
 };
 
