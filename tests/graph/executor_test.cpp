@@ -68,15 +68,20 @@ TEST(Executor, PointwiseReductionsAndViews) {
       b.call("repeat", "aten.repeat.default", {node(second), ints({1, 2})}, {2, 2}, "float32");
   const auto pw =
       b.call("pow", "aten.pow.Tensor_Scalar", {node(x), Value::integer(2)}, {2, 3}, "float32");
-  b.output({y, sub, norm, s, mm, bf, cat, rep, pw});
+  const auto bias = b.input("bias", {4});
+  const auto lin = b.call("addmm", "aten.addmm.default",
+                          {node(bias), node(x), node(b.permute2d(w))}, {2, 4}, "float32");
+  b.output({y, sub, norm, s, mm, bf, cat, rep, pw, lin});
   const graph::Graph g = b.build();
   auto statuses = run_ranks(1, [&](Context& ctx) {
     const std::vector<float> xv{1, -2, 3, 0.5f, 4, -1};
     std::vector<float> wv(12);
     for (int i = 0; i < 12; ++i)
       wv[i] = 0.25f * i - 1;
-    const auto out =
-        graph::execute(ctx, g, {{x, from_values({2, 3}, xv)}, {w, from_values({4, 3}, wv)}});
+    const std::vector<float> bv{0.5f, -1, 2, 0};
+    const auto out = graph::execute(
+        ctx, g,
+        {{x, from_values({2, 3}, xv)}, {w, from_values({4, 3}, wv)}, {bias, from_values({4}, bv)}});
     for (int i = 0; i < 6; ++i) {
       EXPECT_FLOAT_EQ(values(out[0])[i], 2 * xv[i] + 1);
       EXPECT_FLOAT_EQ(values(out[1])[i], 1 - xv[i]);
@@ -91,6 +96,7 @@ TEST(Executor, PointwiseReductionsAndViews) {
         for (int k = 0; k < 3; ++k)
           acc += xv[3 * r + k] * wv[3 * n + k];
         EXPECT_FLOAT_EQ(values(out[4])[4 * r + n], acc);
+        EXPECT_FLOAT_EQ(values(out[9])[4 * r + n], acc + bv[n]);
       }
       EXPECT_FLOAT_EQ(values(out[6])[4 * r], xv[3 * r + 2]);  // cat([x[:, 2:], x], 1)
       EXPECT_FLOAT_EQ(values(out[6])[4 * r + 1], xv[3 * r]);
