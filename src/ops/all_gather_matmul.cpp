@@ -2,16 +2,16 @@
 //
 // Fused schedule on rank r of ws (row gather, g < last dim), two streams:
 //
-//   compute: GEMM chunk r              | wait(r+1) GEMM chunk r+1 | wait(r+2) GEMM chunk r+2 | ...
-//   copy:    A_shard -> symm[r] | barrier | pull r+1 | pull r+2 | ... | pull r-1 | barrier
+//   compute: A_shard -> symm[r] | barrier | GEMM chunk r | wait(r+1) GEMM r+1 | ... | wait all | barrier
+//   copy:                                 | pull r+1 | pull r+2 | ... | pull r-1 |
 //
-// Every rank publishes its shard in its own symmetric buffer; after the barrier the copy stream
+// Every rank publishes its shard in its own symmetric buffer; after the barrier the copy engine
 // pulls the peers' shards into the gathered A, starting at r+1 so that at each step every peer
 // is read by exactly one rank, while the compute stream multiplies each chunk as soon as it has
-// landed (own chunk first: it needs no communication, so it starts at once and hides the host's
-// enqueueing of the rest). The closing barrier on the copy stream tells every rank that nobody
-// reads its buffer any more, so the next op may overwrite it; the compute stream waits for it
-// before the op returns.
+// landed (own chunk first: it needs no communication). The closing barrier tells every rank
+// that nobody reads its buffer any more, so the next op may overwrite it. Both barriers run on
+// the compute stream where it has no GEMM to overlap: the copy stream carries only copy-engine
+// work, since a kernel queued there would wait for an SM until the running GEMM ends.
 //
 // Contraction-dim gather (g = last): chunk p is A[:, p*k:(p+1)*k] and its product with
 // B[p*k:(p+1)*k, :] is a partial sum. The pulls keep the r+1.. order, but the partial sums are
@@ -157,21 +157,19 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
     }
   };
 
-  // Everything communication-related runs on the copy stream, which starts once the inputs are
-  // ready on the compute stream. The own chunk's GEMM is enqueued first: the GPU starts it at
-  // once, and the host's enqueueing of everything else overlaps it.
-  Event& inputs_ready = ctx.event(0);
-  inputs_ready.record(compute);
+  // 1. Publish this rank's shard; after the barrier every shard is readable. The barrier kernel
+  //    runs on the compute stream before any GEMM: a kernel queued on the copy stream would wait
+  //    for an SM until the running GEMM (which holds them all) ends.
+  be.copy(peer_shard(rank), c.a_shard, compute);
+  if (c.rowwise()) be.copy(peer_scale(rank), c.a_scale, compute);
+  sm.barrier(kBarrierChannel, compute);
+  Event& published = ctx.event(0);
+  published.record(compute);
   const bool own_first = !c.k_gather() && own_direct;
-  if (own_first) multiply_rows(rank);
-  inputs_ready.block(copy);
+  if (own_first) multiply_rows(rank);  // enqueued first: the GPU starts it at once
+  published.block(copy);
 
-  // 1. Publish this rank's shard; after the barrier every shard is readable.
-  be.copy(peer_shard(rank), c.a_shard, copy);
-  if (c.rowwise()) be.copy(peer_scale(rank), c.a_scale, copy);
-  sm.barrier(kBarrierChannel, copy);
-
-  // 2. Pull the peers' shards, r+1 first; event 1+p marks chunk p landed.
+  // 2. The copy engine pulls the peers' shards, r+1 first; event 1+p marks chunk p landed.
   for (int i = 1; i < ws; ++i) {
     const int p = (rank + i) % ws;
     be.copy(slice(a, p), peer_shard(p), copy);
@@ -179,7 +177,6 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
     ctx.event(1 + p).record(copy);
   }
   if (own_direct && c.a_out.defined()) be.copy(slice(a, rank), c.a_shard, copy);
-  sm.barrier(kBarrierChannel, copy);  // nobody reads any buffer of this op any more
   Event& pulled = ctx.event(ws + 1);
   pulled.record(copy);
   if (!own_direct) {
@@ -223,7 +220,10 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
       if (acc[j].data() != c.outs[j].data()) be.copy(c.outs[j], acc[j], compute);
     }
   }
+  // 4. Nobody reads any buffer of this op any more once every rank is past this barrier (on the
+  //    compute stream, after the last GEMM: no kernel of the op competes with a GEMM for SMs).
   pulled.block(compute);
+  sm.barrier(kBarrierChannel, compute);
 }
 
 void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {

@@ -2,17 +2,19 @@
 //
 // Fused schedule on rank r of ws (P = A @ B, chunk d of P is what rank d keeps):
 //
-//   compute: GEMM chunk r+1 | GEMM chunk r+2 | ... | GEMM chunk r -> own slot | wait all | reduce
-//   copy:    barrier        | push r+1       | push r+2 ...         | push r-1 |
+//   compute: barrier | GEMM chunk r+1 | GEMM chunk r+2 | ... | GEMM chunk r -> own slot | wait | barrier | reduce
+//   copy:                             | push r+1       | push r+2 ...         | push r-1 |
 //
 // Rank r computes the chunks in the order their owners need them, r+1 first, so at each step
-// every rank feeds a different peer; each finished chunk is pushed by the copy engine into slot
-// r of its owner's symmetric buffer (then put_signal), overlapping the next GEMM. The own chunk
-// goes last, straight into the own slot. Once every peer has signalled, the owner adds the ws
-// slots in f32 in rank order 0..ws-1 and rounds once: deterministic, identical on every run, and
-// on the CPU backend identical to GEMM followed by reduce-scatter. The opening barrier (on the copy
-// stream, so that it gates only the pushes) makes sure every owner has finished reading its
-// slots from the previous op before anyone pushes again.
+// every rank feeds a different peer; the copy engine pushes each finished chunk into slot r of
+// its owner's symmetric buffer while the next GEMM runs. The own chunk goes last, straight into
+// the own slot. After the closing barrier every push has landed, and the owner adds the ws slots
+// in f32 in rank order 0..ws-1 and rounds once: deterministic, identical on every run, and on the
+// CPU backend identical to GEMM followed by reduce-scatter. The opening barrier makes sure every
+// owner has finished reading its slots from the previous op before anyone pushes again. Both
+// barriers run on the compute stream where it has no GEMM to overlap; the copy stream carries
+// only copy-engine work, since a kernel queued there would wait for an SM until the running GEMM
+// ends.
 //
 // Symmetric buffer of each rank: [slot 0 | slot 1 | ... | slot ws-1], slot s = rank s's partial
 // of this rank's chunk, in the output dtype.
@@ -27,7 +29,6 @@ using detail::gemm_view;
 namespace {
 
 constexpr int kBarrierChannel = 0;
-constexpr int kPushChannel = 1;  // "your chunk has landed in your buffer"
 
 struct MmRsCall {
   const char* op;
@@ -206,34 +207,27 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   Dims staging_shape = chunk;
   staging_shape.insert(0, std::max(ws - 1, 1));
   const Tensor staging = ctx.scratch(Scratch::kStaging, staging_shape, c.out.dtype());
-  // The first GEMM is enqueued before anything else so that the GPU starts at once. The barrier
-  // (every owner has finished reading its slots in the previous op) only gates the pushes, so it
-  // runs on the copy stream.
-  Event& start = ctx.event(0);
-  start.record(compute);
+  // Every owner has finished reading its slots in the previous op once all ranks are past this
+  // barrier; only then may anyone push into them.
+  sm.barrier(kBarrierChannel, compute);
   for (int i = 1; i < ws; ++i) {
     const int dst = (rank + i) % ws;
     const Tensor part = staging.select(0, i - 1);
     writer.write(dst, part);
     Event& done = ctx.event(i);
     done.record(compute);
-    if (i == 1) {
-      start.block(copy);
-      sm.barrier(kBarrierChannel, copy);
-    }
     done.block(copy);
-    be.copy(slot(dst, rank), part, copy);
-    sm.put_signal(dst, kPushChannel, copy);
+    be.copy(slot(dst, rank), part, copy);  // copy engine, beside the next GEMM
   }
   writer.write(rank, slot(rank, rank));
-  // Rank r-1 computes our chunk first, r-2 second, ...: wait in that order.
-  for (int i = 1; i < ws; ++i) sm.wait_signal((rank - i + ws) % ws, kPushChannel, compute);
+  Event& pushed = ctx.event(ws);
+  pushed.record(copy);
+  pushed.block(compute);
+  // Every rank's pushes have landed once all are past this barrier.
+  sm.barrier(kBarrierChannel, compute);
   std::vector<Tensor> parts;
   for (int src = 0; src < ws; ++src) parts.push_back(slot(rank, src));
   be.reduce(c.out, parts, options.reduce_op, compute);
-  Event& pushed = ctx.event(ws);
-  pushed.record(copy);
-  pushed.block(compute);  // staging is free again once the op returns (in stream order)
 }
 
 void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
