@@ -46,6 +46,13 @@ const RtValue* Call::find(size_t index, std::string_view key) const {
   return nullptr;
 }
 
+const RtValue* Call::kwarg(std::string_view key) const {
+  for (const auto& [k, v] : kwargs_) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
 bool Call::has(size_t index, std::string_view key) const {
   const RtValue* v = find(index, key);
   return v != nullptr && !v->is_none();

@@ -65,6 +65,8 @@ class Call {
 
   // Argument `index` (positional) or `key` (keyword); nullptr when absent.
   const RtValue* find(size_t index, std::string_view key) const;
+  // A keyword-only argument (after `*` in the schema); nullptr when absent.
+  const RtValue* kwarg(std::string_view key) const;
   bool has(size_t index, std::string_view key) const;
   // Typed accessors: throw naming the node, target and argument when missing or of another kind.
   const HostTensor& tensor(size_t index, std::string_view key) const;

@@ -163,14 +163,14 @@ void register_attention_kernels(Table& t) {
   // (query, key, value, dropout_p, is_causal, *, attn_mask, scale) -> (out, logsumexp)
   t.emplace_back("aten._scaled_dot_product_flash_attention_for_cpu.default", [](Call& c) {
     const Attn a = load(c, 0, c.boolean_or(4, "is_causal", false), c.number_or(3, "dropout_p", 0),
-                        c.find(99, "attn_mask"), c.find(99, "scale"));
+                        c.kwarg("attn_mask"), c.kwarg("scale"));
     auto [o, lse] = forward(c, a, a.l, c.tensor(0, "query").t.dtype(), tuple_strides(c, 0));
     return RtValue::list({RtValue::of(o), RtValue::of(lse)});
   });
   // (grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask, scale)
   t.emplace_back("aten._scaled_dot_product_flash_attention_for_cpu_backward.default", [](Call& c) {
     const Attn a = load(c, 1, c.boolean_or(7, "is_causal", false), c.number_or(6, "dropout_p", 0),
-                        c.find(99, "attn_mask"), c.find(99, "scale"));
+                        c.kwarg("attn_mask"), c.kwarg("scale"));
     return RtValue::list(backward(c, a, c.tensor(0, "grad_out").t, c.tensor(4, "out").t));
   });
   // (query, key, value, dropout_p, is_causal, return_debug_mask, *, scale) ->
@@ -178,7 +178,7 @@ void register_attention_kernels(Table& t) {
   // the bookkeeping entries are None here.
   t.emplace_back("aten._scaled_dot_product_flash_attention.default", [](Call& c) {
     const Attn a = load(c, 0, c.boolean_or(4, "is_causal", false), c.number_or(3, "dropout_p", 0),
-                        nullptr, c.find(99, "scale"));
+                        nullptr, c.kwarg("scale"));
     auto [o, lse] = forward(c, a, a.l, c.tensor(0, "query").t.dtype(), tuple_strides(c, 0));
     return RtValue::list(
         {RtValue::of(o), RtValue::of(lse), none(), none(), none(), none(), none(), none(), none()});
@@ -187,14 +187,14 @@ void register_attention_kernels(Table& t) {
   //  is_causal, philox_seed, philox_offset, *, scale) -> (dq, dk, dv)
   t.emplace_back("aten._scaled_dot_product_flash_attention_backward.default", [](Call& c) {
     const Attn a = load(c, 1, c.boolean_or(11, "is_causal", false), c.number_or(10, "dropout_p", 0),
-                        nullptr, c.find(99, "scale"));
+                        nullptr, c.kwarg("scale"));
     return RtValue::list(backward(c, a, c.tensor(0, "grad_out").t, c.tensor(4, "out").t));
   });
   // (query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, *, scale) ->
   // (out, log_sumexp [B, H, L rounded up to 32 (0 when not computed)], philox_seed, philox_offset)
   t.emplace_back("aten._scaled_dot_product_efficient_attention.default", [](Call& c) {
     const Attn a = load(c, 0, c.boolean_or(6, "is_causal", false), c.number_or(5, "dropout_p", 0),
-                        c.find(3, "attn_bias"), c.find(99, "scale"));
+                        c.find(3, "attn_bias"), c.kwarg("scale"));
     const int64_t lse_len = c.boolean_or(4, "compute_log_sumexp", false) ? (a.l + 31) / 32 * 32 : 0;
     auto [o, lse] = forward(c, a, lse_len, c.tensor(0, "query").t.dtype(), tuple_strides(c, 0));
     return RtValue::list({RtValue::of(o), RtValue::of(lse), none(), none()});
@@ -203,7 +203,7 @@ void register_attention_kernels(Table& t) {
   //  dropout_p, grad_input_mask, is_causal, *, scale) -> (dq, dk, dv, dbias: None)
   t.emplace_back("aten._scaled_dot_product_efficient_attention_backward.default", [](Call& c) {
     const Attn a = load(c, 1, c.boolean_or(11, "is_causal", false), c.number_or(9, "dropout_p", 0),
-                        c.find(4, "attn_bias"), c.find(99, "scale"));
+                        c.find(4, "attn_bias"), c.kwarg("scale"));
     std::vector<RtValue> grads = backward(c, a, c.tensor(0, "grad_out").t, c.tensor(5, "out").t);
     grads.push_back(none());
     return RtValue::list(std::move(grads));

@@ -234,7 +234,11 @@ RtValue fused_all_gather(Call& c, bool scaled) {
   const std::vector<HostTensor> bs = c.tensor_list(scaled ? 2 : 1, "Bs");
   const int64_t gather_dim = c.integer(2 + o, "gather_dim");
   check_group(c, c.ctx().world_size(), c.string(3 + o, "group_name"));
-  const bool return_a = c.boolean_or(99, "return_A", false);
+  const RtValue* ra = c.kwarg("return_A");
+  ASYNCTP_CHECK(ra == nullptr || ra->is_none() ||
+                    (ra->kind == RtValue::Kind::kLiteral && ra->literal.kind == Value::Kind::kBool),
+                "{}: return_A must be a bool, got {}", c.where(), ra ? ra->describe() : "");
+  const bool return_a = ra != nullptr && !ra->is_none() && ra->literal.b;
   ASYNCTP_CHECK(a.t.dim() >= 2, "{}: A_shard must have rank >= 2, got {}", c.where(),
                 a.t.describe());
   ASYNCTP_CHECK(gather_dim >= -a.t.dim() && gather_dim < a.t.dim(),

@@ -33,16 +33,15 @@ Operand operand(const Call& call, size_t index, std::string_view key) {
   return {nullptr, call.number(index, key)};
 }
 
-// Binary elementwise op with broadcasting; the scalar overloads share it.
+// Binary elementwise op with broadcasting; the scalar overloads share it. add and sub take
+// `alpha` (other is scaled by it), the others have no such argument.
 template <typename Fn>
-RtValue binary(Call& call, Fn&& fn) {
+RtValue binary(Call& call, Fn&& fn, bool has_alpha = false) {
   const Operand a = operand(call, 0, "self");
   const Operand b = operand(call, 1, "other");
   ASYNCTP_CHECK(a.tensor != nullptr || b.tensor != nullptr, "{}: needs at least one tensor operand",
                 call.where());
-  double alpha = call.number_or(2, "alpha", 1.0);
-  if (call.node().target.rfind("aten.add", 0) != 0 && call.node().target.rfind("aten.sub", 0) != 0)
-    alpha = 1.0;
+  const double alpha = has_alpha ? call.number_or(2, "alpha", 1.0) : 1.0;
   DType dtype;
   Dims shape;
   if (a.tensor && b.tensor) {
@@ -120,8 +119,8 @@ void register_pointwise_kernels(Table& t) {
   auto div = [](float a, float b) { return a / b; };
   auto pow = [](float a, float b) { return std::pow(a, b); };
   for (const char* o : {"Tensor", "Scalar"}) {
-    t.emplace_back(fmt::format("aten.add.{}", o), [=](Call& c) { return binary(c, add); });
-    t.emplace_back(fmt::format("aten.sub.{}", o), [=](Call& c) { return binary(c, sub); });
+    t.emplace_back(fmt::format("aten.add.{}", o), [=](Call& c) { return binary(c, add, true); });
+    t.emplace_back(fmt::format("aten.sub.{}", o), [=](Call& c) { return binary(c, sub, true); });
     t.emplace_back(fmt::format("aten.mul.{}", o), [=](Call& c) { return binary(c, mul); });
     t.emplace_back(fmt::format("aten.div.{}", o), [=](Call& c) { return binary(c, div); });
   }

@@ -42,9 +42,10 @@ std::unordered_set<std::string> descendants(const Graph& g, const Users& users,
                                             const std::string& root);
 
 // Moves the producers of `needed` (and their ancestors) that sit at or after `position` to just
-// before it, keeping their order. The caller guarantees none of them depends on the node at
-// `position` or later ones outside that set (checked: throws otherwise). Returns the new index
-// of the node that was at `position`.
+// before it, keeping their order. The moved set is closed under "input of" among the nodes at or
+// after `position`, so the order stays valid as long as the node at `position` is not among them
+// (the caller checks that nothing needed depends on it; moving it is refused). Returns the new
+// index of the node that was at `position`.
 size_t hoist_before(Graph& g, size_t position, const std::vector<std::string>& needed);
 
 // Removes call_function nodes without users whose targets have no side effects (aten.*, prims.*,
