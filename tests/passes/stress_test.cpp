@@ -94,12 +94,15 @@ TEST(Stress, RandomGraphsStayValidSortedAndEqual) {
     originals.push_back(random_graph(seed));
     graph::Graph g = originals.back();
     passes::FusionReport report;
-    // A failing graph is written out, to replay with `asynctp passes` / `asynctp run --check`.
-    const std::string dump =
-        ::testing::TempDir() + "/asynctp_stress_" + std::to_string(seed) + ".json";
-    graph::write_graph_file(g, dump);
-    ASSERT_NO_THROW(report = passes::run_passes(g, random_options(seed)))
-        << "seed " << seed << ": " << dump;
+    // A graph the passes fail on is written out, to replay with `asynctp passes`.
+    try {
+      report = passes::run_passes(g, random_options(seed));
+    } catch (const Error& e) {
+      const std::string dump =
+          ::testing::TempDir() + "/asynctp_stress_" + std::to_string(seed) + ".json";
+      graph::write_graph_file(originals.back(), dump);
+      FAIL() << "seed " << seed << " (written to " << dump << "): " << e.what();
+    }
     EXPECT_NO_THROW(g.validate()) << "seed " << seed;
     EXPECT_TRUE(passes::is_topologically_sorted(g)) << "seed " << seed;
     EXPECT_EQ(static_cast<int>(report.entries().size()), collectives_of(originals.back()))
