@@ -139,7 +139,7 @@ class CpuBackend final : public Backend {
       if (bi == 0 || b.size(0) != 1) {
         for (int64_t kk = 0; kk < k; ++kk) {
           load_row(b.dtype(), b.data(), b_index * b.stride(0) + kk * b.stride(1), b.stride(2), n,
-                   &b_panel[kk * n]);
+                   b_panel.data() + kk * n);
         }
       }
       for (int64_t i = 0; i < m; ++i) {
@@ -153,7 +153,7 @@ class CpuBackend final : public Backend {
         // acc[j] accumulates a[i, kk] * b[kk, j] in increasing kk: the order every path uses.
         for (int64_t kk = 0; kk < k; ++kk) {
           const float av = a_row[kk];
-          const float* brow = &b_panel[kk * n];
+          const float* brow = b_panel.data() + kk * n;
           for (int64_t j = 0; j < n; ++j) acc[j] += av * brow[j];
         }
         if (scaled) {

@@ -216,6 +216,32 @@ TEST_F(CpuGemmTest, AccumulateAddsToExistingValues) {
   }
 }
 
+TEST_F(CpuGemmTest, EmptyDimensions) {
+  // K = 0: the product is zero (or D unchanged when accumulating).
+  OwnedTensor a = empty_host({3, 0}, DType::kF32);
+  OwnedTensor b = empty_host({0, 2}, DType::kF32);
+  OwnedTensor d = empty_host({3, 2}, DType::kBF16);
+  testing::fill_value(d, 5.0f);
+  GemmArgs acc{a, b, d};
+  acc.accumulate = true;
+  gemm(acc);
+  for (int64_t i = 0; i < 6; ++i)
+    EXPECT_EQ(get(d, i), 5.0f);
+  gemm({a, b, d});
+  for (int64_t i = 0; i < 6; ++i)
+    EXPECT_EQ(get(d, i), 0.0f);
+  // M = 0 and N = 0 (also batched with a shared B): nothing to write, nothing to read past.
+  OwnedTensor a2 = empty_host({2, 0, 4}, DType::kF32);
+  OwnedTensor b2 = empty_host({4, 3}, DType::kF32);
+  OwnedTensor d2 = empty_host({2, 0, 3}, DType::kF32);
+  EXPECT_NO_THROW(gemm({a2, b2, d2}));
+  OwnedTensor a3 = empty_host({2, 3, 4}, DType::kF32);
+  OwnedTensor b3 = empty_host({4, 0}, DType::kF32);
+  OwnedTensor d3 = empty_host({2, 3, 0}, DType::kF32);
+  fill_seeded(a3, seed_of({20}), Values::kRandom);
+  EXPECT_NO_THROW(gemm({a3, b3, d3}));
+}
+
 struct Float8Case {
   DType a_dtype, b_dtype, out;
   bool rowwise, colwise, batched;
