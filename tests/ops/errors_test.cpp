@@ -11,6 +11,7 @@ namespace {
 
 using namespace asynctp::testing;  // NOLINT(google-build-using-namespace)
 using ::testing::AllOf;
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 OwnedTensor f32(Dims shape) {
@@ -221,7 +222,10 @@ enum class When { kBeforeTheOp, kAfterTheOpeningBarrier };
 struct DeathCase {
   Op op;
   When when;
-  int channel;  // the channel the survivors are left waiting on
+  // The channel the survivors are left waiting on; -1: whichever the schedule uses there (a
+  // peer dying inside matmul_reduce_scatter is noticed at its closing barrier or at a push,
+  // depending on the schedule), as long as the message names one.
+  int channel;
 };
 
 // One call of the op with fixed shapes (the second call needs no new workspace).
@@ -244,7 +248,7 @@ void PrintTo(const DeathCase& c, std::ostream* os) {
   *os << (c.op == Op::kAllGatherMatmul ? "all_gather_matmul" : "matmul_reduce_scatter")
       << (c.when == When::kBeforeTheOp ? ", dies before the op"
                                        : ", dies after its opening barrier")
-      << ", survivors wait on channel " << c.channel;
+      << ", survivors wait on channel " << (c.channel < 0 ? "any" : std::to_string(c.channel));
 }
 
 class RankDeathTest : public ::testing::TestWithParam<DeathCase> {};
@@ -274,10 +278,12 @@ TEST_P(RankDeathTest, PeersFailWithATimeoutNamingPeerAndChannel) {
           call_op(ctx, c.op);
           ADD_FAILURE() << "the op returned although rank " << kDeadRank << " is dead";
         } catch (const TimeoutError& e) {
-          EXPECT_THAT(e.what(),
-                      AllOf(HasSubstr(fmt::format("rank {}: wait_signal from peer {} on channel {}",
-                                                  ctx.rank(), kDeadRank, c.channel)),
-                            HasSubstr("timed out after 1 s")));
+          EXPECT_THAT(
+              e.what(),
+              AllOf(ContainsRegex(fmt::format(
+                        "rank {}: wait_signal from peer {} on channel {}", ctx.rank(), kDeadRank,
+                        c.channel < 0 ? std::string("[0-7] ") : fmt::format("{} ", c.channel))),
+                    HasSubstr("timed out after 1 s")));
         } catch (const std::exception& e) {
           ADD_FAILURE() << "expected a TimeoutError, got: " << e.what();
         }
@@ -296,7 +302,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(DeathCase{Op::kAllGatherMatmul, When::kBeforeTheOp, 0},
                       DeathCase{Op::kAllGatherMatmul, When::kAfterTheOpeningBarrier, 0},
                       DeathCase{Op::kMatmulReduceScatter, When::kBeforeTheOp, 0},
-                      DeathCase{Op::kMatmulReduceScatter, When::kAfterTheOpeningBarrier, 1}),
+                      DeathCase{Op::kMatmulReduceScatter, When::kAfterTheOpeningBarrier, -1}),
     [](const auto& info) {
       return fmt::format(
           "{}_{}",
