@@ -109,7 +109,8 @@ Tensor scale_view(const Tensor& scale, bool rowwise, int split) {
   return rowwise ? gemm_view(scale, split, "A_scale") : scale;
 }
 
-void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale, Tensor b_scale) {
+void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale, Tensor b_scale,
+          Stream* stream = nullptr) {
   GemmArgs args;
   args.a = std::move(a);
   args.b = std::move(b);
@@ -117,7 +118,7 @@ void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_
   args.accumulate = accumulate;
   args.a_scale = std::move(a_scale);
   args.b_scale = std::move(b_scale);
-  ctx.backend().gemm(args, ctx.stream());
+  ctx.backend().gemm(args, stream != nullptr ? *stream : ctx.stream());
 }
 
 void run_fallback(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& scale) {
@@ -150,10 +151,10 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
     if (!c.rowwise()) return c.a_scale;
     return p == rank && own_direct ? c.a_scale : slice(scale, p);
   };
-  auto multiply_rows = [&](int p) {
+  auto multiply_rows = [&](int p, Stream& stream) {
     for (size_t j = 0; j < c.bs.size(); ++j) {
       gemm(ctx, gemm_view(chunk_a(p), c.g, "A chunk"), c.bs[j], gemm_view(slice(c.outs[j], p), c.g, "out chunk"),
-           false, scale_view(chunk_scale(p), c.rowwise(), c.g), c.b_scale(j));
+           false, scale_view(chunk_scale(p), c.rowwise(), c.g), c.b_scale(j), &stream);
     }
   };
 
@@ -166,8 +167,10 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
   Event& published = ctx.event(0);
   published.record(compute);
   const bool own_first = !c.k_gather() && own_direct;
-  if (own_first) multiply_rows(rank);  // enqueued first: the GPU starts it at once
+  if (own_first) multiply_rows(rank, compute);  // enqueued first: the GPU starts it at once
   published.block(copy);
+  Stream& aux = ctx.gemm_stream(1);
+  published.block(aux);
 
   // 2. The copy engine pulls the peers' shards, r+1 first; event 1+p marks chunk p landed.
   for (int i = 1; i < ws; ++i) {
@@ -185,12 +188,19 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
   }
 
   if (!c.k_gather()) {
-    // 3a. Multiply each chunk as it lands, in pull order.
+    // 3a. Multiply each chunk as it lands, in pull order, alternating between the GEMM streams
+    //     so that one chunk's tail overlaps the next one's start.
     for (int i = 0; i < ws; ++i) {
       const int p = (rank + i) % ws;
       if (p == rank && own_first) continue;
-      if (p != rank) ctx.event(1 + p).block(compute);
-      multiply_rows(p);
+      Stream& stream = ctx.gemm_stream(i);
+      if (p != rank) ctx.event(1 + p).block(stream);
+      multiply_rows(p, stream);
+    }
+    if (&aux != &compute) {
+      Event& aux_done = ctx.event(ws + 2);
+      aux_done.record(aux);
+      aux_done.block(compute);
     }
   } else {
     // 3b. Partial sums over K slices, accumulated in f32 in rank order (see the file comment).

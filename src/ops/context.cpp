@@ -25,6 +25,14 @@ PathChoice ContextOptions::default_path_choice() {
   return (env == nullptr || *env == '\0') ? PathChoice::kAuto : parse_path_choice(env);
 }
 
+int ContextOptions::default_gemm_streams() {
+  const char* env = std::getenv("ASYNCTP_GEMM_STREAMS");
+  if (env == nullptr || *env == '\0') return 2;
+  ASYNCTP_CHECK(std::string_view(env) == "1" || std::string_view(env) == "2",
+                "ASYNCTP_GEMM_STREAMS must be 1 or 2, got '{}'", env);
+  return env[0] - '0';
+}
+
 std::unique_ptr<Context> Context::create(std::shared_ptr<Group> group, ContextOptions options) {
   ASYNCTP_CHECK(group != nullptr, "Context::create needs a group");
   return std::unique_ptr<Context>(new Context(std::move(group), std::move(options)));
@@ -33,7 +41,10 @@ std::unique_ptr<Context> Context::create(std::shared_ptr<Group> group, ContextOp
 Context::Context(std::shared_ptr<Group> group, ContextOptions options)
     : group_(std::move(group)), options_(std::move(options)) {
   backend_ = make_backend(options_.backend, group_->local_rank());
+  ASYNCTP_CHECK(options_.gemm_streams == 1 || options_.gemm_streams == 2,
+                "ContextOptions::gemm_streams must be 1 or 2, got {}", options_.gemm_streams);
   copy_stream_ = backend_->create_stream();
+  aux_stream_ = backend_->create_stream();
   symm_allocator_ = make_symm_allocator(*backend_, *group_);
   workspace_ = std::make_unique<SymmWorkspace>(*symm_allocator_, *backend_, options_.max_workspace_bytes);
 #ifdef ASYNCTP_WITH_CUDA

@@ -25,9 +25,13 @@ struct ContextOptions {
   size_t max_workspace_bytes = default_max_workspace_bytes();
   // Default path for every op (an op's own options may override it). ASYNCTP_PATH sets it.
   PathChoice path = default_path_choice();
+  // Streams the chunk GEMMs of a fused op alternate between (1 or 2): with 2, the tail of one
+  // chunk's GEMM overlaps the start of the next. ASYNCTP_GEMM_STREAMS sets it.
+  int gemm_streams = default_gemm_streams();
 
   static size_t default_max_workspace_bytes();
   static PathChoice default_path_choice();
+  static int default_gemm_streams();
 };
 
 // Local (non-symmetric) scratch buffers, one per purpose, so that buffers in use at the same
@@ -60,6 +64,8 @@ class Context {
   // The stream ops run on (the caller's) and the stream that moves data beside it.
   Stream& stream() { return backend_->compute_stream(); }
   Stream& copy_stream() { return *copy_stream_; }
+  // Stream i (mod options().gemm_streams) for chunk GEMMs: 0 is stream(), 1 a second one.
+  Stream& gemm_stream(int i) { return i % options_.gemm_streams == 0 ? stream() : *aux_stream_; }
   // Pool of events for ordering between the two streams inside one op.
   Event& event(size_t index);
 
@@ -78,6 +84,7 @@ class Context {
   ContextOptions options_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Stream> copy_stream_;
+  std::unique_ptr<Stream> aux_stream_;
   std::vector<std::unique_ptr<Event>> events_;
   std::unique_ptr<SymmAllocator> symm_allocator_;
   std::unique_ptr<SymmWorkspace> workspace_;

@@ -106,7 +106,8 @@ void validate(Context& ctx, MmRsCall& c, int scatter_dim) {
                 "{} over {} ranks), got {}", op, chunk, product, c.g, ws, c.out.describe());
 }
 
-void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale, Tensor b_scale) {
+void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale, Tensor b_scale,
+          Stream& stream) {
   GemmArgs args;
   args.a = std::move(a);
   args.b = std::move(b);
@@ -114,7 +115,7 @@ void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_
   args.accumulate = accumulate;
   args.a_scale = std::move(a_scale);
   args.b_scale = std::move(b_scale);
-  ctx.backend().gemm(args, ctx.stream());
+  ctx.backend().gemm(args, stream);
 }
 
 // Contiguous versions of the As (chunk views need A's dims to nest): each A itself, or a copy in
@@ -148,8 +149,11 @@ class ProductWriter {
   ProductWriter(Context& ctx, const MmRsCall& c, std::vector<Tensor> as, Tensor a_scale)
       : ctx_(ctx), c_(c), as_(std::move(as)), a_scale_(std::move(a_scale)) {}
 
-  // Part of the product: all of it (d < 0), or chunk d of the scatter.
-  void write(int d, const Tensor& dst) {
+  // Part of the product: all of it (d < 0), or chunk d of the scatter; on `stream` (default: the
+  // compute stream). Several products share one accumulator: they must stay on one stream.
+  bool single_product() const { return as_.size() == 1; }
+  void write(int d, const Tensor& dst) { write(d, dst, ctx_.stream()); }
+  void write(int d, const Tensor& dst, Stream& stream) {
     const int ws = ctx_.world_size();
     const bool whole = d < 0;
     const int split = whole || c_.last_dim() ? 0 : c_.g;
@@ -167,15 +171,15 @@ class ProductWriter {
     if (c_.colwise() && !whole && c_.last_dim()) sb = c_.b_scale.narrow(1, d * cols, cols);
     if (as_.size() == 1) {
       gemm(ctx_, gemm_view(a_part(as_[0]), split, "A chunk"), b_part(c_.bs[0]),
-           gemm_view(dst, split, "chunk"), false, sa, sb);
+           gemm_view(dst, split, "chunk"), false, sa, sb, stream);
       return;
     }
     const Tensor acc = ctx_.scratch(Scratch::kAccumulator, dst.shape(), DType::kF32);
     for (size_t i = 0; i < as_.size(); ++i) {
       gemm(ctx_, gemm_view(a_part(as_[i]), split, "A chunk"), b_part(c_.bs[i]),
-           gemm_view(acc, split, "accumulator"), /*accumulate=*/i > 0, Tensor(), Tensor());
+           gemm_view(acc, split, "accumulator"), /*accumulate=*/i > 0, Tensor(), Tensor(), stream);
     }
-    ctx_.backend().copy(dst, acc, ctx_.stream());
+    ctx_.backend().copy(dst, acc, stream);
   }
 
  private:
@@ -210,16 +214,32 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   // Every owner has finished reading its slots in the previous op once all ranks are past this
   // barrier; only then may anyone push into them.
   sm.barrier(kBarrierChannel, compute);
+  // Chunk GEMMs alternate between the GEMM streams (one chunk's tail overlaps the next one's
+  // start) unless several products share the accumulator.
+  const bool two_streams = writer.single_product() && ctx.options().gemm_streams == 2;
+  Stream& aux = ctx.gemm_stream(1);
+  if (two_streams) {
+    Event& start = ctx.event(ws + 1);
+    start.record(compute);
+    start.block(aux);
+  }
+  auto stream_of = [&](int i) -> Stream& { return two_streams ? ctx.gemm_stream(i) : compute; };
   for (int i = 1; i < ws; ++i) {
     const int dst = (rank + i) % ws;
     const Tensor part = staging.select(0, i - 1);
-    writer.write(dst, part);
+    Stream& stream = stream_of(i - 1);
+    writer.write(dst, part, stream);
     Event& done = ctx.event(i);
-    done.record(compute);
+    done.record(stream);
     done.block(copy);
     be.copy(slot(dst, rank), part, copy);  // copy engine, beside the next GEMM
   }
-  writer.write(rank, slot(rank, rank));
+  writer.write(rank, slot(rank, rank), stream_of(ws - 1));
+  if (two_streams) {
+    Event& aux_done = ctx.event(ws + 2);
+    aux_done.record(aux);
+    aux_done.block(compute);
+  }
   Event& pushed = ctx.event(ws);
   pushed.record(copy);
   pushed.block(compute);

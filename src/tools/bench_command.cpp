@@ -70,12 +70,12 @@ struct Result {
   double comm_bytes = 0;
 };
 
-void gemm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& d) {
+void gemm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& d, Stream* stream = nullptr) {
   GemmArgs args;
   args.a = a;
   args.b = b;
   args.d = d;
-  ctx.backend().gemm(args, ctx.stream());
+  ctx.backend().gemm(args, stream != nullptr ? *stream : ctx.stream());
 }
 
 bool bitwise_equal(Context& ctx, const Tensor& x, const Tensor& y) {
@@ -114,16 +114,24 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   Tensor product = ag ? Tensor() : make({m, n}, dtype);
 
   std::function<void()> gemm_fn, split_fn, coll_fn, base_fn, fused_fn;
-  // The same GEMM as ws row chunks back to back, without communication: what splitting costs.
+  // The same GEMM as ws row chunks, without communication, on the streams the fused ops use:
+  // what splitting costs.
   const int64_t rows = m / ws;
+  auto fork = ctx.backend().create_event();
+  auto join = ctx.backend().create_event();
   split_fn = [&] {
+    fork->record(ctx.stream());
+    fork->block(ctx.gemm_stream(1));
     for (int p = 0; p < ws; ++p) {
+      Stream& stream = ctx.gemm_stream(p);
       if (ag) {
-        gemm(ctx, a_full.narrow(0, p * rows, rows), b, base_out.narrow(0, p * rows, rows));
+        gemm(ctx, a_full.narrow(0, p * rows, rows), b, base_out.narrow(0, p * rows, rows), &stream);
       } else {
-        gemm(ctx, a.narrow(0, p * rows, rows), b, product.narrow(0, p * rows, rows));
+        gemm(ctx, a.narrow(0, p * rows, rows), b, product.narrow(0, p * rows, rows), &stream);
       }
     }
+    join->record(ctx.gemm_stream(1));
+    join->block(ctx.stream());
   };
   const char* op_name = ag ? "all_gather_matmul" : "matmul_reduce_scatter";
   if (ag) {

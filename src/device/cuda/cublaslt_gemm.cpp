@@ -113,43 +113,59 @@ int alignment_of(const void* p) {
 
 struct LtGemm::Impl {
   cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
   size_t workspace_bytes = size_t{64} << 20;
   bool autotune = env_flag("ASYNCTP_GEMM_AUTOTUNE", true);
   bool allow_tf32 = env_flag("ASYNCTP_ALLOW_TF32", false);
   std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
-  // Grow-only device scratch: float8 operands staged into cuBLASLt's layout, and the unscaled
-  // f32 product of a row-/column-wise scaled GEMM.
+  // Per stream (GEMMs on different streams may run at the same time): cuBLASLt's workspace and
+  // grow-only scratch for float8 operands staged into cuBLASLt's layout and for the unscaled f32
+  // product of a row-/column-wise scaled GEMM.
   enum Slot { kStagedA, kStagedB, kProduct, kSlots };
-  void* scratch[kSlots] = {};
-  size_t scratch_bytes[kSlots] = {};
+  struct PerStream {
+    void* workspace = nullptr;
+    void* scratch[kSlots] = {};
+    size_t scratch_bytes[kSlots] = {};
+  };
+  std::unordered_map<cudaStream_t, PerStream> streams;
   float* one = nullptr;  // a device 1.0f: the scale of an unscaled float8 product
 
   Impl() {
     ASYNCTP_CUBLAS_CHECK(cublasLtCreate(&handle));
-    ASYNCTP_CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
     ASYNCTP_CUDA_CHECK(cudaMalloc(&one, sizeof(float)));
     const float value = 1.0f;
     ASYNCTP_CUDA_CHECK(cudaMemcpy(one, &value, sizeof(float), cudaMemcpyHostToDevice));
   }
   ~Impl() {
     plans.clear();
-    cudaFree(workspace);
-    for (void* p : scratch) cudaFree(p);
+    for (auto& [stream, state] : streams) {
+      cudaFree(state.workspace);
+      for (void* p : state.scratch) cudaFree(p);
+    }
     cudaFree(one);
     cublasLtDestroy(handle);
   }
 
+  PerStream& state_of(cudaStream_t stream, bool capturing) {
+    auto it = streams.find(stream);
+    if (it != streams.end()) return it->second;
+    ASYNCTP_CHECK(!capturing, "a GEMM's first use of a stream is during CUDA-graph capture, where its "
+                  "workspace cannot be allocated; run the op once before capturing it");
+    PerStream state;
+    ASYNCTP_CUDA_CHECK(cudaMalloc(&state.workspace, workspace_bytes));
+    return streams.emplace(stream, state).first->second;
+  }
+
   void* scratch_for(Slot slot, size_t bytes, cudaStream_t stream, bool capturing) {
-    if (bytes <= scratch_bytes[slot]) return scratch[slot];
+    PerStream& st = state_of(stream, capturing);
+    if (bytes <= st.scratch_bytes[slot]) return st.scratch[slot];
     ASYNCTP_CHECK(!capturing, "the float8 GEMM needs {} bytes of staging during CUDA-graph capture; run "
                   "the op once before capturing it", bytes);
     ASYNCTP_CUDA_CHECK(cudaStreamSynchronize(stream));
-    cudaFree(scratch[slot]);
-    scratch[slot] = nullptr;
-    ASYNCTP_CUDA_CHECK(cudaMalloc(&scratch[slot], bytes));
-    scratch_bytes[slot] = bytes;
-    return scratch[slot];
+    cudaFree(st.scratch[slot]);
+    st.scratch[slot] = nullptr;
+    ASYNCTP_CUDA_CHECK(cudaMalloc(&st.scratch[slot], bytes));
+    st.scratch_bytes[slot] = bytes;
+    return st.scratch[slot];
   }
 
   // Picks (and caches) the algorithm for this problem; times the candidates once.
@@ -234,7 +250,8 @@ struct LtGemm::Impl {
       for (int r = -1; r < kRuns && ok; ++r) {
         ASYNCTP_CUDA_CHECK(cudaEventRecord(start, stream));
         ok = cublasLtMatmul(handle, p.desc, &alpha, lt_a, p.a, lt_b, p.b, &beta, d_tmp, p.d, d_tmp, p.d,
-                            &results[c].algo, workspace, workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
+                            &results[c].algo, state_of(stream, false).workspace, workspace_bytes,
+                            stream) == CUBLAS_STATUS_SUCCESS;
         ASYNCTP_CUDA_CHECK(cudaEventRecord(stop, stream));
         ASYNCTP_CUDA_CHECK(cudaEventSynchronize(stop));
         if (r >= 0) ASYNCTP_CUDA_CHECK(cudaEventElapsedTime(&times[r], start, stop));
@@ -352,7 +369,8 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
   }
   const float alpha = 1.0f, beta = args.accumulate ? 1.0f : 0.0f;
   ASYNCTP_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.desc, &alpha, b.data(), p.a, a.data(), p.b, &beta, d.data(),
-                                      p.d, d.data(), p.d, &p.algo, impl_->workspace, impl_->workspace_bytes, stream));
+                                      p.d, d.data(), p.d, &p.algo, impl_->state_of(stream, capturing).workspace,
+                                      impl_->workspace_bytes, stream));
 }
 
 }  // namespace asynctp::cuda
