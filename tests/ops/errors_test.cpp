@@ -256,7 +256,7 @@ class RankDeathTest : public ::testing::TestWithParam<DeathCase> {};
 TEST_P(RankDeathTest, PeersFailWithATimeoutNamingPeerAndChannel) {
   const DeathCase c = GetParam();
   HarnessOptions options;
-  options.group_timeout = Millis(1000);
+  options.group_timeout = Millis(2000);  // also bounds group startup: not too tight under ASan
   options.run_timeout = Millis(60'000);
   auto statuses = run_ranks(
       3,
@@ -283,7 +283,7 @@ TEST_P(RankDeathTest, PeersFailWithATimeoutNamingPeerAndChannel) {
               AllOf(ContainsRegex(fmt::format(
                         "rank {}: wait_signal from peer {} on channel {}", ctx.rank(), kDeadRank,
                         c.channel < 0 ? std::string("[0-7] ") : fmt::format("{} ", c.channel))),
-                    HasSubstr("timed out after 1 s")));
+                    HasSubstr("timed out after 2 s")));
         } catch (const std::exception& e) {
           ADD_FAILURE() << "expected a TimeoutError, got: " << e.what();
         }

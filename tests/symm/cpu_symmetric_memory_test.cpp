@@ -144,7 +144,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, SymmWorldTest, ::testing::Values(1, 2, 3, 5
 
 TEST(SymmTimeoutTest, WaitOnSilentPeerNamesRankPeerAndChannel) {
   testing::HarnessOptions options;
-  options.group_timeout = Millis(1000);
+  options.group_timeout = Millis(2000);  // also bounds group startup: not too tight under ASan
   auto statuses = testing::run_ranks(
       3,
       [](Context& ctx) {
@@ -158,9 +158,9 @@ TEST(SymmTimeoutTest, WaitOnSilentPeerNamesRankPeerAndChannel) {
             ADD_FAILURE() << "wait_signal returned without a signal";
           } catch (const TimeoutError& e) {
             EXPECT_THAT(e.what(), HasSubstr("rank 2: wait_signal from peer 1 on channel 5"));
-            EXPECT_THAT(e.what(), HasSubstr("timed out after 1 s"));
+            EXPECT_THAT(e.what(), HasSubstr("timed out after 2 s"));
           }
-          EXPECT_GE(Clock::now() - start, Millis(990));
+          EXPECT_GE(Clock::now() - start, Millis(1990));
           // The flag is untouched by the failed wait: a later signal still goes through.
           ctx.group().store().set(done_key, "1");
           sm->wait_signal(1, 5, ctx.stream());
@@ -185,7 +185,7 @@ TEST(SymmTimeoutTest, WaitOnSilentPeerNamesRankPeerAndChannel) {
 
 TEST(SymmTimeoutTest, TimeoutIsATimeoutErrorForBarriersToo) {
   testing::HarnessOptions options;
-  options.group_timeout = Millis(1000);
+  options.group_timeout = Millis(2000);  // also bounds group startup: not too tight under ASan
   auto statuses = testing::run_ranks(
       2,
       [](Context& ctx) {
