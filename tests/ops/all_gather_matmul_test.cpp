@@ -173,6 +173,22 @@ TEST_P(AllGatherMatmulTest, F32MatchesUnfusedBitForBit) {
   run_cases(cases);
 }
 
+TEST_P(AllGatherMatmulTest, OneGemmStream) {
+  // ASYNCTP_GEMM_STREAMS=1: every chunk GEMM on the compute stream.
+  std::vector<AgCase> cases;
+  for (const auto& [shard, g] : shapes_and_dims()) {
+    AgCase c;
+    c.shard = shard;
+    c.gather_dim = g;
+    c.ns = {3, 2};
+    c.return_a = g == 0;
+    cases.push_back(c);
+  }
+  HarnessOptions options;
+  options.context.gemm_streams = 1;
+  run_cases(cases, options);
+}
+
 TEST_P(AllGatherMatmulTest, HalfPrecisionMatchesUnfusedBitForBit) {
   std::vector<AgCase> cases;
   int i = 0;

@@ -149,11 +149,14 @@ std::vector<std::pair<Dims, int>> chunks_and_dims() {
 
 class MatmulReduceScatterTest : public ::testing::TestWithParam<int> {
  protected:
-  void run_cases(const std::vector<RsCase>& cases) {
-    auto statuses = run_ranks(GetParam(), [&](Context& ctx) {
-      for (size_t i = 0; i < cases.size(); ++i)
-        check_case(ctx, cases[i], i);
-    });
+  void run_cases(const std::vector<RsCase>& cases, const HarnessOptions& options = {}) {
+    auto statuses = run_ranks(
+        GetParam(),
+        [&](Context& ctx) {
+          for (size_t i = 0; i < cases.size(); ++i)
+            check_case(ctx, cases[i], i);
+        },
+        options);
     EXPECT_RANKS_OK(statuses);
   }
 };
@@ -171,6 +174,21 @@ TEST_P(MatmulReduceScatterTest, F32MatchesUnfusedBitForBit) {
     }
   }
   run_cases(cases);
+}
+
+TEST_P(MatmulReduceScatterTest, OneGemmStream) {
+  // ASYNCTP_GEMM_STREAMS=1: every chunk GEMM on the compute stream.
+  std::vector<RsCase> cases;
+  for (const auto& [chunk, g] : chunks_and_dims()) {
+    RsCase c;
+    c.out_chunk = chunk;
+    c.scatter_dim = g;
+    c.op = g == 0 ? ReduceOp::kAvg : ReduceOp::kSum;
+    cases.push_back(c);
+  }
+  HarnessOptions options;
+  options.context.gemm_streams = 1;
+  run_cases(cases, options);
 }
 
 TEST_P(MatmulReduceScatterTest, HalfPrecisionMatchesUnfusedBitForBit) {
