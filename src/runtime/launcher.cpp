@@ -115,8 +115,18 @@ int launch(const LaunchOptions& options) {
   sigaddset(&mask, SIGCHLD);
   sigaddset(&mask, SIGHUP);
   ASYNCTP_SYSCHECK(::sigprocmask(SIG_BLOCK, &mask, &old_mask), "sigprocmask");
+  // Whatever happens below, the caller gets its signal mask back and the signalfd is closed.
+  struct SignalRestore {
+    sigset_t mask;
+    int fd = -1;
+    ~SignalRestore() {
+      if (fd >= 0) ::close(fd);
+      ::sigprocmask(SIG_SETMASK, &mask, nullptr);
+    }
+  } restore{old_mask};
   const int sig_fd = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
   ASYNCTP_SYSCHECK(sig_fd, "signalfd");
+  restore.fd = sig_fd;
 
   std::vector<char*> argv;
   for (const auto& a : options.command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -270,8 +280,6 @@ int launch(const LaunchOptions& options) {
       }
     }
   }
-  ::close(sig_fd);
-  ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
   const int removed = remove_shm_of_run(run_id);
   if (removed > 0) {
     write_fd(STDERR_FILENO,

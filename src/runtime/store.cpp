@@ -88,7 +88,8 @@ class ServerLoop {
       if (fds[0].revents != 0) return;  // shutdown
       if (fds[1].revents & POLLIN) accept_client();
       for (size_t i = 2; i < fds.size(); ++i) {
-        if (fds[i].revents != 0) read_client(fds[i].fd);
+        // A client dropped earlier in this round (a failed reply to a waiter) is gone.
+        if (fds[i].revents != 0 && clients_.count(fds[i].fd) != 0) read_client(fds[i].fd);
       }
     }
   }
@@ -120,22 +121,27 @@ class ServerLoop {
       drop_client(fd);
       return;
     }
-    std::string& buf = clients_[fd];
-    buf.append(chunk, static_cast<size_t>(n));
-    while (buf.size() >= 4) {
+    clients_[fd].append(chunk, static_cast<size_t>(n));
+    // handle() may drop clients (this one too, when a reply to it fails): look the buffer up
+    // afresh for every frame instead of holding a reference across it.
+    while (true) {
+      auto it = clients_.find(fd);
+      if (it == clients_.end()) return;
+      std::string& buf = it->second;
+      if (buf.size() < 4) return;
       uint32_t len = 0;
       std::memcpy(&len, buf.data(), 4);
       if (len > kMaxFrame) {
         drop_client(fd);
         return;
       }
-      if (buf.size() < 4 + static_cast<size_t>(len)) break;
+      if (buf.size() < 4 + static_cast<size_t>(len)) return;
       uint8_t command = 0;
       std::vector<std::string> fields;
       const bool ok = decode_payload(std::string_view(buf).substr(4, len), &command, &fields);
       buf.erase(0, 4 + static_cast<size_t>(len));
       if (!ok || !handle(fd, command, std::move(fields))) {
-        drop_client(fd);
+        if (clients_.count(fd) != 0) drop_client(fd);
         return;
       }
     }
@@ -172,7 +178,7 @@ class ServerLoop {
       return true;
     });
     for (const auto& w : ready) {
-      if (!answer_waiter(w)) drop_client(w.fd);
+      if (clients_.count(w.fd) != 0 && !answer_waiter(w)) drop_client(w.fd);
     }
   }
 

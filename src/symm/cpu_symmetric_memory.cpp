@@ -73,10 +73,21 @@ class CpuSymmetricMemory final : public SymmetricMemory {
     return static_cast<uint32_t*>(maps_[peer].base);
   }
 
-  void put_signal(int peer, int channel, Stream&) override {
+  void put_signal(int peer, int channel, Stream&) override { put(peer, channel, Deadline(timeout_)); }
+  void wait_signal(int peer, int channel, Stream&) override { wait(peer, channel, Deadline(timeout_)); }
+
+  // One deadline for the whole barrier: it never blocks longer than the group's timeout.
+  void barrier(int channel, Stream&) override {
+    check_channel(channel, "barrier");
+    const Deadline deadline(timeout_);
+    for (int i = 1; i < world_size_; ++i) put((rank_ + i) % world_size_, channel, deadline);
+    for (int i = 1; i < world_size_; ++i) wait((rank_ + i) % world_size_, channel, deadline);
+  }
+
+ private:
+  void put(int peer, int channel, const Deadline& deadline) {
     check_peer(peer, "put_signal");
     check_channel(channel, "put_signal");
-    const Deadline deadline(timeout_);
     if (!transition(flag(peer, channel, rank_), 0, 1, deadline)) {
       ASYNCTP_TIMEOUT("rank {}: put_signal to peer {} on channel {} timed out after {}: the peer "
                       "never consumed the previous signal (is it alive and in the same op?)",
@@ -84,10 +95,9 @@ class CpuSymmetricMemory final : public SymmetricMemory {
     }
   }
 
-  void wait_signal(int peer, int channel, Stream&) override {
+  void wait(int peer, int channel, const Deadline& deadline) {
     check_peer(peer, "wait_signal");
     check_channel(channel, "wait_signal");
-    const Deadline deadline(timeout_);
     if (!transition(flag(rank_, channel, peer), 1, 0, deadline)) {
       ASYNCTP_TIMEOUT("rank {}: wait_signal from peer {} on channel {} timed out after {}: the "
                       "peer never signalled (is it alive and in the same op?)",
@@ -95,13 +105,6 @@ class CpuSymmetricMemory final : public SymmetricMemory {
     }
   }
 
-  void barrier(int channel, Stream& stream) override {
-    check_channel(channel, "barrier");
-    for (int i = 1; i < world_size_; ++i) put_signal((rank_ + i) % world_size_, channel, stream);
-    for (int i = 1; i < world_size_; ++i) wait_signal((rank_ + i) % world_size_, channel, stream);
-  }
-
- private:
   // Flag [channel][src] in rank `owner`'s pad.
   uint32_t* flag(int owner, int channel, int src) {
     return signal_pad_ptr(owner) + channel * world_size_ + src;
