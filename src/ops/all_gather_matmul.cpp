@@ -24,6 +24,7 @@
 namespace asynctp {
 
 using detail::align_up;
+using detail::gemm;
 using detail::gemm_view;
 
 namespace {
@@ -109,24 +110,12 @@ Tensor scale_view(const Tensor& scale, bool rowwise, int split) {
   return rowwise ? gemm_view(scale, split, "A_scale") : scale;
 }
 
-void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale, Tensor b_scale,
-          Stream* stream = nullptr) {
-  GemmArgs args;
-  args.a = std::move(a);
-  args.b = std::move(b);
-  args.d = std::move(d);
-  args.accumulate = accumulate;
-  args.a_scale = std::move(a_scale);
-  args.b_scale = std::move(b_scale);
-  ctx.backend().gemm(args, stream != nullptr ? *stream : ctx.stream());
-}
-
 void run_fallback(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& scale) {
   all_gather(ctx, a, c.a_shard, c.g);
   if (c.rowwise()) all_gather(ctx, scale, c.a_scale, c.g);
   for (size_t i = 0; i < c.bs.size(); ++i) {
     gemm(ctx, gemm_view(a, 0, "A"), c.bs[i], gemm_view(c.outs[i], 0, "out"), false,
-         c.rowwise() ? scale_view(scale, true, 0) : c.a_scale, c.b_scale(i));
+         c.rowwise() ? scale_view(scale, true, 0) : c.a_scale, c.b_scale(i), ctx.stream());
   }
 }
 
@@ -154,7 +143,7 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
   auto multiply_rows = [&](int p, Stream& stream) {
     for (size_t j = 0; j < c.bs.size(); ++j) {
       gemm(ctx, gemm_view(chunk_a(p), c.g, "A chunk"), c.bs[j], gemm_view(slice(c.outs[j], p), c.g, "out chunk"),
-           false, scale_view(chunk_scale(p), c.rowwise(), c.g), c.b_scale(j), &stream);
+           false, scale_view(chunk_scale(p), c.rowwise(), c.g), c.b_scale(j), stream);
     }
   };
 
@@ -223,7 +212,7 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
       if (p != rank) ctx.event(1 + p).block(compute);
       for (size_t j = 0; j < c.bs.size(); ++j) {
         gemm(ctx, gemm_view(chunk_a(p), 0, "A chunk"), c.bs[j].narrow(0, p * s, s),
-             gemm_view(acc[j], 0, "accumulator"), /*accumulate=*/p > 0, Tensor(), Tensor());
+             gemm_view(acc[j], 0, "accumulator"), /*accumulate=*/p > 0, Tensor(), Tensor(), compute);
       }
     }
     for (size_t j = 0; j < c.bs.size(); ++j) {

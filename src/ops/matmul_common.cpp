@@ -35,6 +35,18 @@ PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size
   return {Path::kFallback, why};
 }
 
+void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale, Tensor b_scale,
+          Stream& stream) {
+  GemmArgs args;
+  args.a = std::move(a);
+  args.b = std::move(b);
+  args.d = std::move(d);
+  args.accumulate = accumulate;
+  args.a_scale = std::move(a_scale);
+  args.b_scale = std::move(b_scale);
+  ctx.backend().gemm(args, stream);
+}
+
 void check_on_device(Context& ctx, const Tensor& t, const char* op, const std::string& name) {
   ASYNCTP_CHECK(t.defined(), "{}: {} is undefined", op, name);
   ASYNCTP_CHECK(t.device() == ctx.backend().device(), "{}: {} is on {} but the context runs on {}",

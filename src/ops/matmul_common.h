@@ -38,4 +38,8 @@ void check_b_scale(const Tensor& scale, int64_t n, const char* op, const std::st
 
 inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+// Enqueues D (+)= A @ B with optional float8 scales on `stream` (see GemmArgs).
+void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale, Tensor b_scale,
+          Stream& stream);
+
 }  // namespace asynctp::detail

@@ -24,6 +24,7 @@
 
 namespace asynctp {
 
+using detail::gemm;
 using detail::gemm_view;
 
 namespace {
@@ -104,18 +105,6 @@ void validate(Context& ctx, MmRsCall& c, int scatter_dim) {
   chunk[c.g] /= ws;
   ASYNCTP_CHECK(c.out.shape() == chunk, "{}: out must have shape {} (the product {} scattered on dim "
                 "{} over {} ranks), got {}", op, chunk, product, c.g, ws, c.out.describe());
-}
-
-void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale, Tensor b_scale,
-          Stream& stream) {
-  GemmArgs args;
-  args.a = std::move(a);
-  args.b = std::move(b);
-  args.d = std::move(d);
-  args.accumulate = accumulate;
-  args.a_scale = std::move(a_scale);
-  args.b_scale = std::move(b_scale);
-  ctx.backend().gemm(args, stream);
 }
 
 // Contiguous versions of the As (chunk views need A's dims to nest): each A itself, or a copy in

@@ -18,13 +18,6 @@ namespace asynctp {
 
 namespace {
 
-constexpr size_t kPadBytesAlign = 4096;
-
-size_t pad_bytes(int world_size) {
-  const size_t raw = sizeof(uint32_t) * kNumChannels * world_size;
-  return (raw + kPadBytesAlign - 1) / kPadBytesAlign * kPadBytesAlign;
-}
-
 void futex_wait(uint32_t* addr, uint32_t expected, int timeout_ms) {
   timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1'000'000L};
   // Shared (non-private) futex: the word lives in memory mapped by several processes.
@@ -66,7 +59,7 @@ class CpuSymmetricMemory final : public SymmetricMemory {
 
   void* buffer_ptr(int peer) override {
     check_peer(peer, "buffer_ptr");
-    return static_cast<char*>(maps_[peer].base) + pad_bytes(world_size_);
+    return static_cast<char*>(maps_[peer].base) + signal_pad_bytes(world_size_);
   }
   uint32_t* signal_pad_ptr(int peer) override {
     check_peer(peer, "signal_pad_ptr");
@@ -131,7 +124,7 @@ class CpuSymmAllocator final : public SymmAllocator {
     const int rank = group_.rank();
     const int ws = group_.world_size();
     const std::string key = group_.next_key("symm/cpu");
-    const size_t total = pad_bytes(ws) + std::max<size_t>(bytes, 1);
+    const size_t total = signal_pad_bytes(ws) + std::max<size_t>(bytes, 1);
     const std::string name =
         fmt::format("/asynctp-{}-{}-r{}", group_.run_id(), key.substr(key.rfind('/') + 1), rank);
 

@@ -33,6 +33,13 @@ class Group;
 
 inline constexpr int kNumChannels = 8;
 
+// Bytes of the signal pad in front of every rank's data: kNumChannels x world_size u32 flags,
+// rounded up to a page so that the data region stays page-aligned.
+constexpr size_t signal_pad_bytes(int world_size) {
+  constexpr size_t kAlign = 4096;
+  return (sizeof(uint32_t) * kNumChannels * static_cast<size_t>(world_size) + kAlign - 1) / kAlign * kAlign;
+}
+
 class SymmetricMemory {
  public:
   virtual ~SymmetricMemory() = default;

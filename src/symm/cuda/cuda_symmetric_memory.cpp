@@ -16,13 +16,6 @@ namespace asynctp {
 
 namespace {
 
-constexpr size_t kPadAlign = 4096;
-
-size_t pad_bytes(int world_size) {
-  const size_t raw = sizeof(uint32_t) * kNumChannels * world_size;
-  return (raw + kPadAlign - 1) / kPadAlign * kPadAlign;
-}
-
 cudaStream_t raw(Stream& s) { return static_cast<cudaStream_t>(s.native_handle()); }
 
 struct Mapping {
@@ -56,7 +49,7 @@ class CudaSymmetricMemory final : public SymmetricMemory {
 
   void* buffer_ptr(int peer) override {
     check_peer(peer, "buffer_ptr");
-    return reinterpret_cast<char*>(maps_[peer].ptr) + pad_bytes(world_size_);
+    return reinterpret_cast<char*>(maps_[peer].ptr) + signal_pad_bytes(world_size_);
   }
   uint32_t* signal_pad_ptr(int peer) override {
     check_peer(peer, "signal_pad_ptr");
@@ -123,7 +116,7 @@ class CudaSymmAllocator final : public SymmAllocator {
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     size_t granularity = 0;
     ASYNCTP_CU_CHECK(drv.mem_get_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-    const size_t mapped = (pad_bytes(ws) + std::max<size_t>(bytes, 1) + granularity - 1) / granularity * granularity;
+    const size_t mapped = (signal_pad_bytes(ws) + std::max<size_t>(bytes, 1) + granularity - 1) / granularity * granularity;
 
     // Every rank must ask for the same size (the store says who differs).
     group_.store().set(fmt::format("{}/size/{}", key, rank), std::to_string(bytes));
@@ -176,7 +169,7 @@ class CudaSymmAllocator final : public SymmAllocator {
         ASYNCTP_CU_CHECK(drv.mem_set_access(maps[peer].ptr, mapped, &access, 1));
       }
       // Zero this rank's signal pad before anyone can signal into it.
-      ASYNCTP_CUDA_CHECK(cudaMemset(reinterpret_cast<void*>(maps[rank].ptr), 0, pad_bytes(ws)));
+      ASYNCTP_CUDA_CHECK(cudaMemset(reinterpret_cast<void*>(maps[rank].ptr), 0, signal_pad_bytes(ws)));
       std::vector<uint32_t*> pads(ws);
       for (int peer = 0; peer < ws; ++peer) pads[peer] = reinterpret_cast<uint32_t*>(maps[peer].ptr);
       ASYNCTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&pads_device), ws * sizeof(uint32_t*)));
