@@ -3,6 +3,7 @@
 // generate.py). The passes must fuse at least every collective PyTorch's own pass fused (the
 // .post.json files), every collective of a backward graph, and leave the outputs unchanged on
 // 4 CPU ranks.
+#include <cstdlib>
 #include <filesystem>
 
 #include "passes/pass_testing.h"
@@ -16,7 +17,15 @@ struct Sample {
   bool all_fused;    // every collective must be fused
 };
 
+// The project's samples: $ASYNCTP_SHARED_DIR/graphs, else shared/ beside the checkout, else the
+// workplace's /work/shared (a CI clone may live elsewhere than beside shared/).
 std::string shared_dir() {
+  if (const char* env = std::getenv("ASYNCTP_SHARED_DIR"); env != nullptr && *env != '\0') {
+    return std::string(env) + "/graphs";
+  }
+  for (const std::string dir : {std::string(ASYNCTP_SHARED_GRAPHS_DIR), std::string("/work/shared/graphs")}) {
+    if (std::filesystem::exists(dir + "/mlp_2d.pre.json")) return dir;
+  }
   return ASYNCTP_SHARED_GRAPHS_DIR;
 }
 std::string own_dir() {
