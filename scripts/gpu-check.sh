@@ -35,12 +35,18 @@ if step env; then
   echo "== $NGPU GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c)"
 fi
 
+# The dispatcher's measured choices go to a fresh cache of this run (and come back with the logs).
+export ASYNCTP_CACHE_DIR=${ASYNCTP_CACHE_DIR:-$OUT/cache}
+
 if step tests; then
-  echo "== GPU tests"
-  "$BIN/test_ops_gpu" --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/gpu_tests.log" 2>&1
-  rc=$?
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|FAILED  \]" "$OUT/gpu_tests.log" | tail -25
-  [ $rc -eq 0 ] || status=1
+  for t in test_device_gpu test_ops_gpu; do
+    [ -x "$BIN/$t" ] || continue
+    echo "== GPU tests: $t"
+    "$BIN/$t" --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/$t.log" 2>&1
+    rc=$?
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|FAILED  \]" "$OUT/$t.log" | tail -25
+    [ $rc -eq 0 ] || status=1
+  done
 fi
 
 if step bench; then
@@ -54,12 +60,13 @@ for line in open(sys.argv[1]):
     if not line.startswith("{"): continue
     d = json.loads(line)
     print(f"world {d['world_size']}, {d['backend']}, {d['dtype']}, peer bandwidth {d['peer_bandwidth_GBps']:.0f} GB/s, us:")
-    print(f"{'op':6} {'shape':26} {'gemm':>7} {'split':>7} {'coll':>7} {'base':>7} {'fused':>7} {'graph':>7} {'floor':>7} {'f/floor':>7} {'base/f':>6} {'err':>8}")
+    print(f"{'op':6} {'shape':26} {'gemm':>7} {'ngemm':>7} {'ng/gemm':>7} {'splitg':>7} {'coll':>7} {'base':>7} {'split':>7} {'native':>7} {'auto':>7} {'graph':>7} {'floor':>7} {'a/floor':>7} {'n/floor':>7} {'base/a':>6} {'err':>8} took")
+    u = lambda v: f"{v*1e3:7.1f}" if v is not None else f"{'-':>7}"
     for r in d["results"]:
-        g = r["fused_graph_ms"]
-        print(f"{r['op']:6} {r['label']:26} {r['gemm_ms']*1e3:7.1f} {r['split_gemm_ms']*1e3:7.1f} {r['collective_ms']*1e3:7.1f} {r['baseline_ms']*1e3:7.1f} "
-              f"{r['fused_ms']*1e3:7.1f} {(g or 0)*1e3:7.1f} {r['floor_ms']*1e3:7.1f} {r['fused_over_floor']:7.3f} "
-              f"{r['baseline_over_fused']:6.3f} {r['rel_error_fused']:8.1e}")
+        ng, nat = r["native_gemm_ms"], r["native_path_ms"]
+        print(f"{r['op']:6} {r['label']:26} {u(r['gemm_ms'])} {u(ng)} {(r['gemm_ms']/ng if ng else 0):7.3f} {u(r['split_gemm_ms'])} {u(r['collective_ms'])} {u(r['baseline_ms'])} "
+              f"{u(r['split_path_ms'])} {u(nat)} {u(r['fused_ms'])} {u(r['fused_graph_ms'])} {u(r['floor_ms'])} {r['fused_over_floor']:7.3f} "
+              f"{(nat/r['floor_ms'] if nat else 0):7.3f} {r['baseline_over_fused']:6.3f} {r['rel_error_fused']:8.1e} {r['path']}")
 PY
   tail -5 "$OUT/bench.err"
 fi

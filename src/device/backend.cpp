@@ -7,7 +7,9 @@
 
 namespace asynctp {
 
-std::string_view reduce_op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "avg"; }
+std::string_view reduce_op_name(ReduceOp op) {
+  return op == ReduceOp::kSum ? "sum" : "avg";
+}
 
 ReduceOp parse_reduce_op(std::string_view text) {
   if (text == "sum") return ReduceOp::kSum;
@@ -36,7 +38,8 @@ void validate_gemm(const GemmArgs& args) {
     ASYNCTP_CHECK(b.dim() == 2 || b.size(0) == a.size(0), "gemm: batch of a ({}) and b ({}) differ",
                   a.size(0), b.size(0));
   }
-  ASYNCTP_CHECK(a.size(-2) == d.size(-2), "gemm: a has {} rows but d has {}", a.size(-2), d.size(-2));
+  ASYNCTP_CHECK(a.size(-2) == d.size(-2), "gemm: a has {} rows but d has {}", a.size(-2),
+                d.size(-2));
   ASYNCTP_CHECK(a.size(-1) == b.size(-2), "gemm: a's inner dim {} differs from b's {} rows",
                 a.size(-1), b.size(-2));
   ASYNCTP_CHECK(b.size(-1) == d.size(-1), "gemm: b has {} columns but d has {}", b.size(-1),
@@ -58,7 +61,8 @@ void validate_gemm(const GemmArgs& args) {
     const Tensor& sa = args.a_scale;
     const Tensor& sb = args.b_scale;
     ASYNCTP_CHECK(sa.dtype() == DType::kF32 && sb.dtype() == DType::kF32,
-                  "gemm: scales must be f32, got a_scale {} and b_scale {}", sa.dtype(), sb.dtype());
+                  "gemm: scales must be f32, got a_scale {} and b_scale {}", sa.dtype(),
+                  sb.dtype());
     if (sa.numel() != 1) {
       Dims expected = a.shape();
       expected[expected.size() - 1] = 1;
@@ -76,6 +80,30 @@ void validate_gemm(const GemmArgs& args) {
     ASYNCTP_CHECK(!args.a_scale.defined() && !args.b_scale.defined(),
                   "gemm: scales are only for float8 operands (a is {})", a.dtype());
   }
+}
+
+std::string Backend::native_gemm_unsupported(const ChunkedGemmArgs&) {
+  return fmt::format("the {} backend has no native async-input GEMM", name());
+}
+
+void Backend::native_gemm(const ChunkedGemmArgs& args, Stream&) {
+  ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
+}
+
+uint32_t Backend::native_gemm_done_count(const ChunkedGemmArgs& args, int) {
+  ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
+}
+
+void Backend::write_flag(uint32_t*, uint32_t, Stream&) {
+  ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
+}
+
+void Backend::wait_flag(const uint32_t*, uint32_t, Stream&) {
+  ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
+}
+
+void Backend::zero_flags(uint32_t*, size_t, Stream&) {
+  ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
 }
 
 std::unique_ptr<Backend> make_backend(std::string_view name, int local_rank) {

@@ -4,6 +4,8 @@
 // construction), the CUDA backend enqueues on CUDA streams.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -63,10 +65,32 @@ struct GemmArgs {
 // Shape, dtype and layout checks shared by every backend; throws naming the bad argument.
 void validate_gemm(const GemmArgs& args);
 
+// The async-input GEMM (the native path of the fused ops): d = a @ b in one persistent kernel
+// whose rows of a arrive in chunks of chunk_rows rows (the last may be shorter). The kernel
+// walks the chunks from first_chunk on, wrapping around, and
+//   - before reading chunk c of a, waits until ready[c] != 0 (bounded by `timeout`; a timeout
+//     is reported as a TimeoutError naming `rank` and the chunk at the next synchronization);
+//   - after storing the output rows of chunk c, counts them in done[c]: chunk c of d is complete
+//     once done[c] >= native_gemm_done_count(args, c).
+// ready and done are device arrays of one u32 per chunk (or null); the caller zeroes them.
+struct ChunkedGemmArgs {
+  Tensor a;                // [m, k], unit column stride
+  Tensor b;                // [k, n], row-major or column-major (a transposed [n, k])
+  Tensor d;                // [m, n], unit column stride
+  int64_t chunk_rows = 0;  // 0: a single chunk
+  int first_chunk = 0;
+  const uint32_t* ready = nullptr;
+  uint32_t* done = nullptr;
+  std::chrono::milliseconds timeout{60'000};
+  int rank = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // What the backend runs on, for keys of measured choices ("cpu", "NVIDIA H200", ...).
+  virtual std::string hardware() const { return std::string(name()); }
   virtual Device device() const = 0;
 
   // Device memory (host memory on the CPU backend), not initialised.
@@ -92,6 +116,19 @@ class Backend {
   virtual void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream& stream) = 0;
   // Waits for all work on all streams of this backend.
   virtual void synchronize() = 0;
+
+  // The native async-input GEMM (see ChunkedGemmArgs). native_gemm_unsupported says why this
+  // backend cannot run `args` ("" when it can); the others throw where it cannot.
+  virtual std::string native_gemm_unsupported(const ChunkedGemmArgs& args);
+  virtual void native_gemm(const ChunkedGemmArgs& args, Stream& stream);
+  virtual uint32_t native_gemm_done_count(const ChunkedGemmArgs& args, int chunk);
+  // Stream-ordered operations on u32 flags in device memory, carried out by the stream's front
+  // end (no SM needed, so they progress beside a kernel that holds every SM): set *flag (after
+  // all earlier work of the stream, whose writes it makes visible), and hold later work of the
+  // stream until *flag >= value. zero_flags sets count flags to 0.
+  virtual void write_flag(uint32_t* flag, uint32_t value, Stream& stream);
+  virtual void wait_flag(const uint32_t* flag, uint32_t value, Stream& stream);
+  virtual void zero_flags(uint32_t* flags, size_t count, Stream& stream);
 };
 
 // "cpu", or "cuda" when built with the CUDA backend; `local_rank` picks the GPU.

@@ -40,7 +40,7 @@ struct DeviceErrorSlot {
   int rank;
   int peer;
   int channel;
-  int what;  // 0 put_signal, 1 wait_signal, 2 barrier
+  int what;  // 0 put_signal, 1 wait_signal, 2 barrier, 3 async GEMM waiting for a chunk
   unsigned long long timeout_ns;
 };
 
@@ -78,5 +78,50 @@ cudaError_t reduce(const KTensor& out, const void* const* inputs, int count, con
 cudaError_t scale_epilogue(void* d, DType d_dtype, int64_t ldd, const float* src, int64_t rows,
                            int64_t cols, const float* row_scale, bool row_broadcast,
                            const float* col_scale, bool col_broadcast, cudaStream_t stream);
+
+// ---- The async-input GEMM (async_gemm.cu) ----
+//
+// C[M, N] = A[M, K] @ B, f32 accumulation, in one persistent warp-specialized sm_90a kernel
+// (TMA loads, wgmma, 128x256x64 tiles, 4-stage pipeline). A's rows form `num_chunks` chunks of
+// `chunk_rows` rows (the last may be shorter); the tiles are walked chunk by chunk starting at
+// `first_chunk`, and
+//   - ready (optional, AG+MM): before loading A rows of chunk c the producer waits until
+//     ready[c] != 0 (acquire, bounded by timeout_ns; a timeout is recorded in `slot` with
+//     peer = c, channel = -1, what = 3 and the kernel finishes with garbage rather than hang);
+//   - done (optional, MM+RS): after the stores of each 64-row half tile of chunk c, done[c] is
+//     incremented (release, system scope); chunk c is complete when done[c] reaches
+//     async_gemm_done_count(args, c). Needs chunk_rows % 128 == 0.
+struct AsyncGemmArgs {
+  const void* a = nullptr;  // [M, K], row stride lda (elements), unit column stride
+  int64_t lda = 0;
+  const void* b = nullptr;  // b_k_major ? [N, K] (row stride ldb) : [K, N] (row stride ldb)
+  int64_t ldb = 0;
+  bool b_k_major = false;
+  void* c = nullptr;  // [M, N], row stride ldc
+  int64_t ldc = 0;
+  DType in_dtype = DType::kBF16;  // A and B: bf16 or f16
+  DType c_dtype = DType::kBF16;   // f32, bf16 or f16
+  int64_t m = 0, n = 0, k = 0;
+  int64_t chunk_rows = 0;  // 0: one chunk of M rows
+  int first_chunk = 0;
+  const uint32_t* ready = nullptr;
+  uint32_t* done = nullptr;
+  uint64_t timeout_ns = 0;
+  DeviceErrorSlot* slot = nullptr;
+  int rank = 0;
+  int max_ctas = 0;  // 0: one per SM
+  // Shared-memory descriptor offsets of an N-major B (bytes; 0: the canonical values).
+  uint32_t b_mn_lbo = 0, b_mn_sbo = 0;
+  // Store C from registers even where the TMA store could be used (tests and measurements).
+  bool force_register_store = false;
+};
+
+// Why the kernel cannot run these arguments (dtype, alignment, strides), or nullptr.
+const char* async_gemm_unsupported(const AsyncGemmArgs& args);
+cudaError_t async_gemm(const AsyncGemmArgs& args, cudaStream_t stream);
+// The value done[c] reaches once every tile of chunk c is stored.
+uint32_t async_gemm_done_count(const AsyncGemmArgs& args, int chunk);
+// The obviously-correct reference for the tests: one thread per output, f32 accumulation.
+cudaError_t reference_gemm(const AsyncGemmArgs& args, cudaStream_t stream);
 
 }  // namespace asynctp::kernels

@@ -2,8 +2,8 @@
 //
 // Fused schedule on rank r of ws (row gather, g < last dim), two streams:
 //
-//   compute: A_shard -> symm[r] | barrier | GEMM chunk r | wait(r+1) GEMM r+1 | ... | wait all | barrier
-//   copy:                                 | pull r+1 | pull r+2 | ... | pull r-1 |
+//   compute: A_shard -> symm[r] | barrier | GEMM chunk r | wait(r+1) GEMM r+1 | ... | wait all |
+//   barrier copy:                                 | pull r+1 | pull r+2 | ... | pull r-1 |
 //
 // Every rank publishes its shard in its own symmetric buffer; after the barrier the copy engine
 // pulls the peers' shards into the gathered A, starting at r+1 so that at each step every peer
@@ -63,8 +63,10 @@ void validate(Context& ctx, AgMmCall& c, int gather_dim) {
   const Dims gathered = all_gather_shape(c.a_shard, c.g, ctx.world_size());
   const int64_t k = gathered.back();
   if (c.scaled) {
-    ASYNCTP_CHECK(!c.k_gather(), "{}: gathering on the contraction dim (gather_dim {}) is not "
-                  "supported for scaled matmul: each shard would carry its own scale", op, gather_dim);
+    ASYNCTP_CHECK(!c.k_gather(),
+                  "{}: gathering on the contraction dim (gather_dim {}) is not "
+                  "supported for scaled matmul: each shard would carry its own scale",
+                  op, gather_dim);
     ASYNCTP_CHECK(c.b_scales.size() == c.bs.size(), "{}: got {} Bs but {} B_scales", op,
                   c.bs.size(), c.b_scales.size());
     detail::check_on_device(ctx, c.a_scale, op, "A_scale");
@@ -75,8 +77,10 @@ void validate(Context& ctx, AgMmCall& c, int gather_dim) {
     const std::string name = fmt::format("Bs[{}]", i);
     detail::check_on_device(ctx, b, op, name);
     ASYNCTP_CHECK(b.dim() == 2, "{}: {} must be 2-D [K, N], got {}", op, name, b.describe());
-    ASYNCTP_CHECK(b.size(0) == k, "{}: {} has {} rows but the gathered A's contraction dim is {} "
-                  "(A_shard {}, gather_dim {})", op, name, b.size(0), k, c.a_shard.describe(), c.g);
+    ASYNCTP_CHECK(b.size(0) == k,
+                  "{}: {} has {} rows but the gathered A's contraction dim is {} "
+                  "(A_shard {}, gather_dim {})",
+                  op, name, b.size(0), k, c.a_shard.describe(), c.g);
     detail::check_gemm_dtype(b, op, name, c.scaled);
     if (!c.scaled) {
       ASYNCTP_CHECK(b.dtype() == c.a_shard.dtype(), "{}: {} is {} but A_shard is {}", op, name,
@@ -119,7 +123,8 @@ void run_fallback(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor
   }
 }
 
-void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& scale, size_t symm_bytes) {
+void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& scale,
+               size_t symm_bytes) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
   Stream& copy = ctx.copy_stream();
@@ -129,7 +134,9 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
   const size_t scale_offset = align_up(c.a_shard.nbytes(), 256);
   SymmetricMemory& sm = ctx.workspace().get(symm_bytes);
   auto peer_shard = [&](int p) { return sm.buffer(p, c.a_shard.shape(), c.a_shard.dtype()); };
-  auto peer_scale = [&](int p) { return sm.buffer(p, c.a_scale.shape(), DType::kF32, scale_offset); };
+  auto peer_scale = [&](int p) {
+    return sm.buffer(p, c.a_scale.shape(), DType::kF32, scale_offset);
+  };
   auto slice = [&](const Tensor& t, int p) { return t.narrow(c.g, p * s, s); };
 
   // The own chunk is multiplied straight from A_shard when its layout allows (the returned A then
@@ -142,8 +149,9 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
   };
   auto multiply_rows = [&](int p, Stream& stream) {
     for (size_t j = 0; j < c.bs.size(); ++j) {
-      gemm(ctx, gemm_view(chunk_a(p), c.g, "A chunk"), c.bs[j], gemm_view(slice(c.outs[j], p), c.g, "out chunk"),
-           false, scale_view(chunk_scale(p), c.rowwise(), c.g), c.b_scale(j), stream);
+      gemm(ctx, gemm_view(chunk_a(p), c.g, "A chunk"), c.bs[j],
+           gemm_view(slice(c.outs[j], p), c.g, "out chunk"), false,
+           scale_view(chunk_scale(p), c.rowwise(), c.g), c.b_scale(j), stream);
     }
   };
 
@@ -198,7 +206,8 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
     for (size_t j = 0; j < c.bs.size(); ++j) {
       if (c.outs[j].dtype() != DType::kF32) acc_elems += c.outs[j].numel();
     }
-    const Tensor acc_buf = acc_elems > 0 ? ctx.scratch(Scratch::kAccumulator, {acc_elems}, DType::kF32) : Tensor();
+    const Tensor acc_buf =
+        acc_elems > 0 ? ctx.scratch(Scratch::kAccumulator, {acc_elems}, DType::kF32) : Tensor();
     int64_t offset = 0;
     for (size_t j = 0; j < c.bs.size(); ++j) {
       if (c.outs[j].dtype() == DType::kF32) {
@@ -212,7 +221,8 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
       if (p != rank) ctx.event(1 + p).block(compute);
       for (size_t j = 0; j < c.bs.size(); ++j) {
         gemm(ctx, gemm_view(chunk_a(p), 0, "A chunk"), c.bs[j].narrow(0, p * s, s),
-             gemm_view(acc[j], 0, "accumulator"), /*accumulate=*/p > 0, Tensor(), Tensor(), compute);
+             gemm_view(acc[j], 0, "accumulator"), /*accumulate=*/p > 0, Tensor(), Tensor(),
+             compute);
       }
     }
     for (size_t j = 0; j < c.bs.size(); ++j) {
@@ -225,10 +235,101 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
   sm.barrier(kBarrierChannel, compute);
 }
 
+// The native schedule on rank r of ws (row gather with no batch dims before g, bf16/f16):
+//
+//   compute: A_shard -> S_r[r] | ready[r] = 1 | barrier | native GEMM (walks chunks r, r+1, ...) |
+//   wait | barrier copy:                                               | pull S_p[p] -> S_r[p],
+//   ready[p] = 1 ... |
+//
+// The symmetric buffer of every rank holds the whole gathered A, [ws x shard]: rank p publishes
+// its shard into slot p of its own buffer, and the others pull it into slot p of theirs, so the
+// one GEMM reads all of A from its own buffer and starts at once on the own chunk while the copy
+// engine lands the others and raises their ready flags (stream memory operations: no SM needed
+// while the GEMM holds them all).
+struct NativePlan {
+  int64_t rows = 0;  // rows of the shard as a matrix
+  int64_t k = 0;
+};
+
+std::optional<NativePlan> native_plan(const AgMmCall& c, std::string* why) {
+  if (c.scaled) {
+    *why = "float8 operands (the native GEMM takes bf16 or f16)";
+    return std::nullopt;
+  }
+  if (c.k_gather()) {
+    *why = "the gather is on the contraction dim";
+    return std::nullopt;
+  }
+  for (int d = 0; d < c.g; ++d) {
+    if (c.a_shard.size(d) != 1) {
+      *why = fmt::format(
+          "gather dim {} has batch dims before it (A_shard {}): the chunks are not row ranges", c.g,
+          c.a_shard.describe());
+      return std::nullopt;
+    }
+  }
+  NativePlan plan;
+  plan.k = c.a_shard.size(-1);
+  plan.rows = plan.k == 0 ? 0 : c.a_shard.numel() / plan.k;
+  if (plan.rows == 0) {
+    *why = "an empty shard";
+    return std::nullopt;
+  }
+  return plan;
+}
+
+void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
+  Backend& be = ctx.backend();
+  Stream& compute = ctx.stream();
+  Stream& copy = ctx.copy_stream();
+  const int ws = ctx.world_size();
+  const int rank = ctx.rank();
+  const DType dtype = c.a_shard.dtype();
+  const size_t shard_bytes = c.a_shard.nbytes();
+  SymmetricMemory& sm = ctx.workspace().get(ws * shard_bytes);
+  auto slot = [&](int owner, int p) {
+    return sm.buffer(owner, {plan.rows, plan.k}, dtype, p * shard_bytes);
+  };
+  const Tensor gathered = sm.buffer(rank, {ws * plan.rows, plan.k}, dtype);
+  uint32_t* ready = ctx.flags(ws);
+
+  be.copy(slot(rank, rank).view(c.a_shard.shape()), c.a_shard, compute);
+  be.zero_flags(ready, ws, compute);
+  be.write_flag(ready + rank, 1, compute);
+  sm.barrier(kBarrierChannel, compute);
+  Event& published = ctx.event(0);
+  published.record(compute);
+  published.block(copy);
+  for (size_t j = 0; j < c.bs.size(); ++j) {
+    ChunkedGemmArgs args;
+    args.a = gathered;
+    args.b = c.bs[j];
+    args.d = c.outs[j].view({ws * plan.rows, c.bs[j].size(1)});
+    args.chunk_rows = plan.rows;
+    args.first_chunk = rank;
+    args.ready = ready;
+    args.timeout = ctx.group().timeout();
+    args.rank = rank;
+    be.native_gemm(args, compute);
+  }
+  for (int i = 1; i < ws; ++i) {
+    const int p = (rank + i) % ws;
+    be.copy(slot(rank, p), slot(p, p), copy);
+    be.write_flag(ready + p, 1, copy);
+  }
+  if (c.a_out.defined()) be.copy(c.a_out.view({ws * plan.rows, plan.k}), gathered, copy);
+  Event& pulled = ctx.event(ws + 1);
+  pulled.record(copy);
+  pulled.block(compute);
+  // Nobody reads this rank's buffer (or its flags) any more once every rank is past this barrier.
+  sm.barrier(kBarrierChannel, compute);
+}
+
 void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   validate(ctx, c, options.gather_dim);
   const Dims gathered = all_gather_shape(c.a_shard, c.g, ctx.world_size());
-  const Tensor a = c.a_out.defined() ? c.a_out : ctx.scratch(Scratch::kGatheredA, gathered, c.a_shard.dtype());
+  const Tensor a =
+      c.a_out.defined() ? c.a_out : ctx.scratch(Scratch::kGatheredA, gathered, c.a_shard.dtype());
   Tensor scale;
   if (c.rowwise()) {
     Dims scale_shape = gathered;
@@ -237,12 +338,38 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   }
   const size_t symm_bytes =
       c.rowwise() ? align_up(c.a_shard.nbytes(), 256) + c.a_scale.nbytes() : c.a_shard.nbytes();
-  const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op);
+  detail::NativeOption native;
+  const std::optional<NativePlan> plan = native_plan(c, &native.unsupported);
+  if (plan) {
+    native.symm_bytes = ctx.world_size() * c.a_shard.nbytes();
+    const int64_t m = ctx.world_size() * plan->rows;
+    for (size_t j = 0; j < c.bs.size() && native.unsupported.empty(); ++j) {
+      ChunkedGemmArgs args;
+      args.a = detail::shape_only_matrix(c.a_shard.dtype(), m, plan->k, c.a_shard.device());
+      args.b = detail::shape_only(c.bs[j]);
+      args.d = detail::shape_only(c.outs[j].view({m, c.bs[j].size(1)}));
+      args.chunk_rows = plan->rows;
+      native.unsupported = ctx.backend().native_gemm_unsupported(args);
+    }
+    native.key =
+        detail::problem_key(ctx, c.op, m, c.bs[0].size(1) * static_cast<int64_t>(c.bs.size()),
+                            plan->k, c.a_shard.dtype(), c.outs[0].dtype(), c.bs[0]);
+    native.run = [&](Path p) {
+      if (p == Path::kNative) {
+        run_native(ctx, c, *plan);
+      } else {
+        run_fused(ctx, c, a, scale, symm_bytes);
+      }
+    };
+  }
+  const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, native);
   ctx.usage().record(c.op, decision.path, decision.reason, !decision.requested);
-  if (decision.path == Path::kFused) {
-    run_fused(ctx, c, a, scale, symm_bytes);
-  } else {
+  if (decision.path == Path::kFallback) {
     run_fallback(ctx, c, a, scale);
+  } else if (native.run) {
+    native.run(decision.path);
+  } else {
+    run_fused(ctx, c, a, scale, symm_bytes);
   }
 }
 
@@ -264,14 +391,16 @@ Dims all_gather_matmul_out_shape(const Tensor& a_shard, const Tensor& b, int gat
 void all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
                        std::span<const Tensor> outs, const Tensor& a_out,
                        const AllGatherMatmulOptions& options) {
-  run(ctx, AgMmCall{"all_gather_matmul", a_shard, Tensor(), bs, {}, outs, a_out, 0, false}, options);
+  run(ctx, AgMmCall{"all_gather_matmul", a_shard, Tensor(), bs, {}, outs, a_out, 0, false},
+      options);
 }
 
 void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor& a_scale,
                               std::span<const Tensor> bs, std::span<const Tensor> b_scales,
                               std::span<const Tensor> outs, const Tensor& a_out,
                               const AllGatherMatmulOptions& options) {
-  run(ctx, AgMmCall{"all_gather_scaled_matmul", a_shard, a_scale, bs, b_scales, outs, a_out, 0, true},
+  run(ctx,
+      AgMmCall{"all_gather_scaled_matmul", a_shard, a_scale, bs, b_scales, outs, a_out, 0, true},
       options);
 }
 

@@ -1,5 +1,6 @@
 #include "ops/context.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "symm/symm_communicator.h"
@@ -58,6 +59,18 @@ Context::Context(std::shared_ptr<Group> group, ContextOptions options)
                         ? make_symm_communicator(*backend_, *workspace_, rank(), world_size())
                         : make_store_communicator(*backend_, *group_);
   }
+  dispatcher_ = std::make_unique<Dispatcher>(*this, options_.dispatch_cache);
+}
+
+uint32_t* Context::flags(size_t count) {
+  const size_t bytes = std::max<size_t>(count, 1) * sizeof(uint32_t);
+  if (flags_.size() < bytes) {
+    ASYNCTP_CHECK(!backend_->capturing(), "the op's {} chunk flags must be allocated during CUDA-graph capture; "
+                  "run the op once before capturing it", count);
+    if (!flags_.empty()) backend_->synchronize();
+    flags_ = backend_->allocate(std::max<size_t>(bytes, 64 * sizeof(uint32_t)));
+  }
+  return static_cast<uint32_t*>(flags_.data());
 }
 
 Context::~Context() {

@@ -11,6 +11,7 @@
 
 #include "device/backend.h"
 #include "device/communicator.h"
+#include "ops/dispatch.h"
 #include "ops/usage.h"
 #include "runtime/group.h"
 #include "symm/workspace.h"
@@ -28,6 +29,9 @@ struct ContextOptions {
   // Streams the chunk GEMMs of a fused op alternate between (1 or 2): with 2, the tail of one
   // chunk's GEMM overlaps the start of the next. ASYNCTP_GEMM_STREAMS sets it.
   int gemm_streams = default_gemm_streams();
+  // Where the measured path choices are kept between runs (see ops/dispatch.h): "" the default
+  // location, "off" none.
+  std::string dispatch_cache;
 
   static size_t default_max_workspace_bytes();
   static PathChoice default_path_choice();
@@ -72,6 +76,10 @@ class Context {
   SymmWorkspace& workspace() { return *workspace_; }
   Communicator& communicator() { return *communicator_; }
   Usage& usage() { return usage_; }
+  Dispatcher& dispatcher() { return *dispatcher_; }
+  // `count` zeroed-by-the-caller u32 flags in device memory for one op's chunk signalling
+  // (ready / done flags of the native path). Valid until the next call; grows outside capture.
+  uint32_t* flags(size_t count);
 
   // A contiguous view of `shape` in the scratch buffer for `purpose`, grown on demand. Valid
   // until the next call for the same purpose.
@@ -90,7 +98,9 @@ class Context {
   std::unique_ptr<SymmWorkspace> workspace_;
   std::unique_ptr<Communicator> communicator_;
   std::array<Buffer, static_cast<size_t>(Scratch::kCount)> scratch_;
+  Buffer flags_;
   Usage usage_;
+  std::unique_ptr<Dispatcher> dispatcher_;
 };
 
 }  // namespace asynctp

@@ -5,8 +5,10 @@ namespace asynctp::detail {
 std::optional<Tensor> as_gemm_3d(const Tensor& t, int split) {
   const int r = t.dim();
   int64_t batch = 1, m = 1;
-  for (int d = 0; d < split; ++d) batch *= t.size(d);
-  for (int d = split; d < r - 1; ++d) m *= t.size(d);
+  for (int d = 0; d < split; ++d)
+    batch *= t.size(d);
+  for (int d = split; d < r - 1; ++d)
+    m *= t.size(d);
   const Dims shape{batch, m, t.size(-1)};
   Dims strides;
   if (!compute_view_strides(t.shape(), t.strides(), shape, &strides)) return std::nullopt;
@@ -20,23 +22,62 @@ Tensor gemm_view(const Tensor& t, int split, const char* what) {
 }
 
 PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
-                         const char* op) {
+                         const char* op, const NativeOption& native) {
   const PathChoice choice = requested.value_or(ctx.options().path);
-  if (choice == PathChoice::kFallback) return {Path::kFallback, "the caller asked for the fallback", true};
-  std::string why;
-  if (!ctx.workspace().unavailable_reason().empty()) {
-    why = ctx.workspace().unavailable_reason();
-  } else if (!ctx.workspace().fits(symm_bytes)) {
-    why = fmt::format("it needs {} bytes of symmetric workspace per rank and the limit is {} "
-                      "(ASYNCTP_MAX_WORKSPACE_MB)", symm_bytes, ctx.workspace().max_bytes());
+  if (choice == PathChoice::kFallback)
+    return {Path::kFallback, "the caller asked for the fallback", true};
+  auto symm_problem = [&](size_t bytes) -> std::string {
+    if (!ctx.workspace().unavailable_reason().empty()) return ctx.workspace().unavailable_reason();
+    if (!ctx.workspace().fits(bytes)) {
+      return fmt::format(
+          "it needs {} bytes of symmetric workspace per rank and the limit is {} "
+          "(ASYNCTP_MAX_WORKSPACE_MB)",
+          bytes, ctx.workspace().max_bytes());
+    }
+    return "";
+  };
+  const std::string fused_why = symm_problem(symm_bytes);
+  std::string native_why = native.unsupported;
+  if (native_why.empty()) native_why = symm_problem(native.symm_bytes);
+  if (choice == PathChoice::kNative) {
+    ASYNCTP_CHECK(native_why.empty(), "{}: the native path was requested but cannot run: {}", op,
+                  native_why);
+    return {Path::kNative, "", true};
   }
-  if (why.empty()) return {Path::kFused, ""};
-  ASYNCTP_CHECK(choice != PathChoice::kFused, "{}: the fused path was requested but {}", op, why);
-  return {Path::kFallback, why};
+  if (choice == PathChoice::kFused) {
+    ASYNCTP_CHECK(fused_why.empty(), "{}: the fused path was requested but {}", op, fused_why);
+    return {Path::kFused, "", true};
+  }
+  if (native_why.empty() && fused_why.empty())
+    return {ctx.dispatcher().pick(native.key, native.run), ""};
+  if (native_why.empty()) return {Path::kNative, ""};
+  if (fused_why.empty()) return {Path::kFused, ""};
+  return {Path::kFallback, fused_why};
 }
 
-void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale, Tensor b_scale,
-          Stream& stream) {
+std::string problem_key(Context& ctx, const char* op, int64_t m, int64_t n, int64_t k, DType in,
+                        DType out, const Tensor& b) {
+  const bool b_row_major = b.stride(1) == 1 || b.size(1) == 1;
+  return fmt::format("{}|{}x{}x{}|{}->{}|B {}|ws{}|{}", op, m, n, k, in, out,
+                     b_row_major ? "row" : "col", ctx.world_size(), ctx.backend().hardware());
+}
+
+namespace {
+void* dummy_address() {
+  return reinterpret_cast<void*>(uintptr_t{1} << 20);
+}
+}  // namespace
+
+Tensor shape_only(const Tensor& t) {
+  return Tensor(dummy_address(), t.dtype(), t.shape(), t.strides(), t.device());
+}
+
+Tensor shape_only_matrix(DType dtype, int64_t rows, int64_t cols, Device device) {
+  return Tensor(dummy_address(), dtype, {rows, cols}, {cols, 1}, device);
+}
+
+void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale,
+          Tensor b_scale, Stream& stream) {
   GemmArgs args;
   args.a = std::move(a);
   args.b = std::move(b);
@@ -55,11 +96,13 @@ void check_on_device(Context& ctx, const Tensor& t, const char* op, const std::s
 
 void check_gemm_dtype(const Tensor& t, const char* op, const std::string& name, bool scaled) {
   if (scaled) {
-    ASYNCTP_CHECK(is_float8(t.dtype()), "{}: {} must be float8 (f8e4m3 or f8e5m2), got {}", op, name,
-                  t.dtype());
+    ASYNCTP_CHECK(is_float8(t.dtype()), "{}: {} must be float8 (f8e4m3 or f8e5m2), got {}", op,
+                  name, t.dtype());
   } else {
-    ASYNCTP_CHECK(!is_float8(t.dtype()), "{}: {} is {}; float8 operands need the scaled form of "
-                  "this op, with scales", op, name, t.dtype());
+    ASYNCTP_CHECK(!is_float8(t.dtype()),
+                  "{}: {} is {}; float8 operands need the scaled form of "
+                  "this op, with scales",
+                  op, name, t.dtype());
   }
 }
 
@@ -75,9 +118,11 @@ bool is_rowwise_scale(const Tensor& scale, const Tensor& like) {
   return scale.shape() == expected;
 }
 
-void check_a_scale(const Tensor& scale, const Tensor& like, const char* op, const std::string& name) {
+void check_a_scale(const Tensor& scale, const Tensor& like, const char* op,
+                   const std::string& name) {
   ASYNCTP_CHECK(scale.defined(), "{}: {} is undefined", op, name);
-  ASYNCTP_CHECK(scale.dtype() == DType::kF32, "{}: {} must be f32, got {}", op, name, scale.dtype());
+  ASYNCTP_CHECK(scale.dtype() == DType::kF32, "{}: {} must be f32, got {}", op, name,
+                scale.dtype());
   if (scale.numel() == 1 || is_rowwise_scale(scale, like)) return;
   Dims expected = like.shape();
   expected[expected.size() - 1] = 1;
@@ -87,11 +132,13 @@ void check_a_scale(const Tensor& scale, const Tensor& like, const char* op, cons
 
 void check_b_scale(const Tensor& scale, int64_t n, const char* op, const std::string& name) {
   ASYNCTP_CHECK(scale.defined(), "{}: {} is undefined", op, name);
-  ASYNCTP_CHECK(scale.dtype() == DType::kF32, "{}: {} must be f32, got {}", op, name, scale.dtype());
+  ASYNCTP_CHECK(scale.dtype() == DType::kF32, "{}: {} must be f32, got {}", op, name,
+                scale.dtype());
   if (scale.numel() == 1) return;
-  ASYNCTP_CHECK(scale.shape() == Dims({1, n}),
-                "{}: {} must hold one element (tensor-wise) or have shape [1, {}] (column-wise), got {}",
-                op, name, n, scale.describe());
+  ASYNCTP_CHECK(
+      scale.shape() == Dims({1, n}),
+      "{}: {} must hold one element (tensor-wise) or have shape [1, {}] (column-wise), got {}", op,
+      name, n, scale.describe());
 }
 
 }  // namespace asynctp::detail

@@ -1,6 +1,7 @@
 // Internals shared by the fused ops: GEMM operand views, input checks, path choice.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -21,10 +22,29 @@ struct PathDecision {
   bool requested = false;  // the caller forced this path
 };
 
-// Fused when possible (and not refused by the caller), else the fallback with the reason; throws
-// if the caller insisted on the fused path and it is not possible.
+// What choose_path needs to know about the native path of one call.
+struct NativeOption {
+  std::string unsupported;        // why the native path cannot run this call ("" when it can)
+  size_t symm_bytes = 0;          // symmetric workspace it needs per rank
+  std::string key;                // the problem, for the dispatcher
+  std::function<void(Path)> run;  // runs the op on a path (the dispatcher measures with it)
+};
+
+// The caller's choice where possible; under kAuto the dispatcher's pick between native and fused
+// (fused alone where native cannot run), else the fallback with the reason. Throws if the caller
+// insisted on a path that cannot run, saying why.
 PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
-                         const char* op);
+                         const char* op, const NativeOption& native);
+
+// "op|MxNxK|in dtype->out dtype|B row/col|wsN|device": a dispatcher key.
+std::string problem_key(Context& ctx, const char* op, int64_t m, int64_t n, int64_t k, DType in,
+                        DType out, const Tensor& b);
+
+// A tensor of `t`'s shape, strides and dtype at a 256-byte aligned dummy address: for asking
+// Backend::native_gemm_unsupported about shapes and strides before the real buffers exist.
+Tensor shape_only(const Tensor& t);
+// A contiguous [rows, cols] matrix at that dummy address.
+Tensor shape_only_matrix(DType dtype, int64_t rows, int64_t cols, Device device);
 
 void check_on_device(Context& ctx, const Tensor& t, const char* op, const std::string& name);
 void check_gemm_dtype(const Tensor& t, const char* op, const std::string& name, bool scaled);
@@ -33,13 +53,16 @@ void check_out_dtype(const Tensor& t, const char* op, const std::string& name);
 // row-wise scale is still its own). Anything else with one element is tensor-wise.
 bool is_rowwise_scale(const Tensor& scale, const Tensor& like);
 // a_scale: one element, or `like`'s shape with the last dim 1. b_scale: one element or [1, n].
-void check_a_scale(const Tensor& scale, const Tensor& like, const char* op, const std::string& name);
+void check_a_scale(const Tensor& scale, const Tensor& like, const char* op,
+                   const std::string& name);
 void check_b_scale(const Tensor& scale, int64_t n, const char* op, const std::string& name);
 
-inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+inline size_t align_up(size_t v, size_t a) {
+  return (v + a - 1) / a * a;
+}
 
 // Enqueues D (+)= A @ B with optional float8 scales on `stream` (see GemmArgs).
-void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale, Tensor b_scale,
-          Stream& stream);
+void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale,
+          Tensor b_scale, Stream& stream);
 
 }  // namespace asynctp::detail

@@ -2,8 +2,9 @@
 //
 // Fused schedule on rank r of ws (P = A @ B, chunk d of P is what rank d keeps):
 //
-//   compute: barrier | GEMM chunk r+1 | GEMM chunk r+2 | ... | GEMM chunk r -> own slot | wait | barrier | reduce
-//   copy:                             | push r+1       | push r+2 ...         | push r-1 |
+//   compute: barrier | GEMM chunk r+1 | GEMM chunk r+2 | ... | GEMM chunk r -> own slot | wait |
+//   barrier | reduce copy:                             | push r+1       | push r+2 ...         |
+//   push r-1 |
 //
 // Rank r computes the chunks in the order their owners need them, r+1 first, so at each step
 // every rank feeds a different peer; the copy engine pushes each finished chunk into slot r of
@@ -57,7 +58,8 @@ Dims product_shape(const Tensor& a, int64_t n) {
 void validate(Context& ctx, MmRsCall& c, int scatter_dim) {
   const char* op = c.op;
   ASYNCTP_CHECK(!c.as.empty(), "{}: needs at least one product", op);
-  ASYNCTP_CHECK(c.as.size() == c.bs.size(), "{}: got {} As but {} Bs", op, c.as.size(), c.bs.size());
+  ASYNCTP_CHECK(c.as.size() == c.bs.size(), "{}: got {} As but {} Bs", op, c.as.size(),
+                c.bs.size());
   const bool several = c.as.size() > 1;
   for (size_t i = 0; i < c.as.size(); ++i) {
     const Tensor& a = c.as[i];
@@ -68,20 +70,21 @@ void validate(Context& ctx, MmRsCall& c, int scatter_dim) {
     detail::check_on_device(ctx, b, op, b_name);
     ASYNCTP_CHECK(a.dim() >= 2, "{}: {} must have rank >= 2, got {}", op, a_name, a.describe());
     ASYNCTP_CHECK(b.dim() == 2, "{}: {} must be 2-D [K, N], got {}", op, b_name, b.describe());
-    ASYNCTP_CHECK(b.size(0) == a.size(-1), "{}: {} has {} rows but {}'s contraction dim (last) is {}",
-                  op, b_name, b.size(0), a_name, a.size(-1));
+    ASYNCTP_CHECK(b.size(0) == a.size(-1),
+                  "{}: {} has {} rows but {}'s contraction dim (last) is {}", op, b_name, b.size(0),
+                  a_name, a.size(-1));
     detail::check_gemm_dtype(a, op, a_name, c.scaled);
     detail::check_gemm_dtype(b, op, b_name, c.scaled);
     if (!c.scaled) {
-      ASYNCTP_CHECK(a.dtype() == b.dtype(), "{}: {} is {} but {} is {}", op, a_name, a.dtype(), b_name,
-                    b.dtype());
+      ASYNCTP_CHECK(a.dtype() == b.dtype(), "{}: {} is {} but {} is {}", op, a_name, a.dtype(),
+                    b_name, b.dtype());
     }
     if (i > 0) {
       ASYNCTP_CHECK(product_shape(a, b.size(1)) == product_shape(c.a(), c.n()),
-                    "{}: the product {} @ {} ({}) differs in shape from As[0] @ Bs[0] ({})", op, a_name,
-                    b_name, product_shape(a, b.size(1)), product_shape(c.a(), c.n()));
-      ASYNCTP_CHECK(a.dtype() == c.a().dtype(), "{}: {} is {} but As[0] is {}", op, a_name, a.dtype(),
-                    c.a().dtype());
+                    "{}: the product {} @ {} ({}) differs in shape from As[0] @ Bs[0] ({})", op,
+                    a_name, b_name, product_shape(a, b.size(1)), product_shape(c.a(), c.n()));
+      ASYNCTP_CHECK(a.dtype() == c.a().dtype(), "{}: {} is {} but As[0] is {}", op, a_name,
+                    a.dtype(), c.a().dtype());
     }
   }
   if (c.scaled) {
@@ -98,13 +101,16 @@ void validate(Context& ctx, MmRsCall& c, int scatter_dim) {
                 product, product.size());
   c.g = scatter_dim < 0 ? scatter_dim + product.size() : scatter_dim;
   const int ws = ctx.world_size();
-  ASYNCTP_CHECK(product[c.g] % ws == 0,
-                "{}: scatter_dim {} of the product {} (size {}) is not divisible by the world size {}",
-                op, c.g, product, product[c.g], ws);
+  ASYNCTP_CHECK(
+      product[c.g] % ws == 0,
+      "{}: scatter_dim {} of the product {} (size {}) is not divisible by the world size {}", op,
+      c.g, product, product[c.g], ws);
   Dims chunk = product;
   chunk[c.g] /= ws;
-  ASYNCTP_CHECK(c.out.shape() == chunk, "{}: out must have shape {} (the product {} scattered on dim "
-                "{} over {} ranks), got {}", op, chunk, product, c.g, ws, c.out.describe());
+  ASYNCTP_CHECK(c.out.shape() == chunk,
+                "{}: out must have shape {} (the product {} scattered on dim "
+                "{} over {} ranks), got {}",
+                op, chunk, product, c.g, ws, c.out.describe());
 }
 
 // Contiguous versions of the As (chunk views need A's dims to nest): each A itself, or a copy in
@@ -141,6 +147,7 @@ class ProductWriter {
   // Part of the product: all of it (d < 0), or chunk d of the scatter; on `stream` (default: the
   // compute stream). Several products share one accumulator: they must stay on one stream.
   bool single_product() const { return as_.size() == 1; }
+  const Tensor& a0() const { return as_[0]; }
   void write(int d, const Tensor& dst) { write(d, dst, ctx_.stream()); }
   void write(int d, const Tensor& dst, Stream& stream) {
     const int ws = ctx_.world_size();
@@ -195,7 +202,9 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   const Dims chunk = c.out.shape();
   const size_t chunk_bytes = static_cast<size_t>(chunk.product()) * element_size(c.out.dtype());
   SymmetricMemory& sm = ctx.workspace().get(ws * chunk_bytes);
-  auto slot = [&](int owner, int src) { return sm.buffer(owner, chunk, c.out.dtype(), src * chunk_bytes); };
+  auto slot = [&](int owner, int src) {
+    return sm.buffer(owner, chunk, c.out.dtype(), src * chunk_bytes);
+  };
 
   Dims staging_shape = chunk;
   staging_shape.insert(0, std::max(ws - 1, 1));
@@ -235,7 +244,113 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   // Every rank's pushes have landed once all are past this barrier.
   sm.barrier(kBarrierChannel, compute);
   std::vector<Tensor> parts;
-  for (int src = 0; src < ws; ++src) parts.push_back(slot(rank, src));
+  for (int src = 0; src < ws; ++src)
+    parts.push_back(slot(rank, src));
+  be.reduce(c.out, parts, options.reduce_op, compute);
+}
+
+const Tensor& as_for_native(const ProductWriter& writer) {
+  return writer.a0();
+}
+
+// The native schedule on rank r of ws (one bf16/f16 product, scatter on a dim with no batch dims
+// before it, so that every owner's chunk is a row range of P = A @ B as a matrix):
+//
+//   compute: barrier | native GEMM -> P (chunks r+1, r+2, ..., r; done[d] counts rows stored) |
+//   wait | barrier | reduce copy:            | wait done[r+1] >= all, push P[r+1] -> slot r of rank
+//   r+1 | wait done[r+2] ... |
+//
+// The GEMM publishes each finished chunk through its counter; the copy stream waits for it
+// (a stream memory operation: no SM needed while the GEMM holds them all) and pushes it while the
+// GEMM computes the next. The own chunk stays in P and is read there by the reduction, which adds
+// the ws partials in rank order in f32 as on the fused path.
+struct NativeRsPlan {
+  int64_t m = 0, k = 0, n = 0;
+};
+
+std::optional<NativeRsPlan> native_rs_plan(const MmRsCall& c, std::string* why) {
+  if (c.scaled) {
+    *why = "float8 operands (the native GEMM takes bf16 or f16)";
+    return std::nullopt;
+  }
+  if (c.as.size() != 1) {
+    *why = "several products (the native GEMM computes one)";
+    return std::nullopt;
+  }
+  if (c.last_dim()) {
+    *why = "the scatter is on the last dim";
+    return std::nullopt;
+  }
+  for (int d = 0; d < c.g; ++d) {
+    if (c.a().size(d) != 1) {
+      *why = fmt::format(
+          "scatter dim {} has batch dims before it (A {}): the chunks are not row ranges", c.g,
+          c.a().describe());
+      return std::nullopt;
+    }
+  }
+  NativeRsPlan plan;
+  plan.k = c.a().size(-1);
+  plan.n = c.n();
+  plan.m = plan.k == 0 ? 0 : c.a().numel() / plan.k;
+  if (plan.m == 0 || plan.n == 0) {
+    *why = "an empty product";
+    return std::nullopt;
+  }
+  return plan;
+}
+
+ChunkedGemmArgs native_rs_args(Context& ctx, const Tensor& a2, const Tensor& b, const Tensor& p2) {
+  ChunkedGemmArgs args;
+  args.a = a2;
+  args.b = b;
+  args.d = p2;
+  args.chunk_rows = a2.size(0) / ctx.world_size();
+  args.first_chunk = (ctx.rank() + 1) % ctx.world_size();
+  args.timeout = ctx.group().timeout();
+  args.rank = ctx.rank();
+  return args;
+}
+
+void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRsPlan& plan,
+                const MatmulReduceScatterOptions& options) {
+  Backend& be = ctx.backend();
+  Stream& compute = ctx.stream();
+  Stream& copy = ctx.copy_stream();
+  const int ws = ctx.world_size();
+  const int rank = ctx.rank();
+  const Dims chunk = c.out.shape();
+  const int64_t rows = plan.m / ws;
+  const size_t chunk_bytes = static_cast<size_t>(chunk.product()) * element_size(c.out.dtype());
+  SymmetricMemory& sm = ctx.workspace().get(ws * chunk_bytes);
+  auto slot = [&](int owner, int src) {
+    return sm.buffer(owner, chunk, c.out.dtype(), src * chunk_bytes);
+  };
+  const Tensor product = ctx.scratch(Scratch::kPartial, {plan.m, plan.n}, c.out.dtype());
+  auto product_chunk = [&](int d) { return product.narrow(0, d * rows, rows).view(chunk); };
+  uint32_t* done = ctx.flags(ws);
+
+  // Every owner has finished reading its slots in the previous op once all ranks are past this.
+  sm.barrier(kBarrierChannel, compute);
+  be.zero_flags(done, ws, compute);
+  Event& start = ctx.event(0);
+  start.record(compute);
+  start.block(copy);
+  ChunkedGemmArgs args = native_rs_args(ctx, a.view({plan.m, plan.k}), c.bs[0], product);
+  args.done = done;
+  be.native_gemm(args, compute);
+  for (int i = 1; i < ws; ++i) {
+    const int d = (rank + i) % ws;
+    be.wait_flag(done + d, be.native_gemm_done_count(args, d), copy);
+    be.copy(slot(d, rank), product_chunk(d), copy);
+  }
+  Event& pushed = ctx.event(ws);
+  pushed.record(copy);
+  pushed.block(compute);
+  sm.barrier(kBarrierChannel, compute);
+  std::vector<Tensor> parts;
+  for (int src = 0; src < ws; ++src)
+    parts.push_back(src == rank ? product_chunk(rank) : slot(rank, src));
   be.reduce(c.out, parts, options.reduce_op, compute);
 }
 
@@ -248,24 +363,55 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
     ctx.backend().copy(a_scale, c.a_scale, ctx.stream());
   }
   ProductWriter writer(ctx, c, std::move(as), a_scale);
-  const size_t symm_bytes = static_cast<size_t>(c.out.numel()) * ctx.world_size() * c.out.element_size();
-  const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op);
+  const size_t symm_bytes =
+      static_cast<size_t>(c.out.numel()) * ctx.world_size() * c.out.element_size();
+  detail::NativeOption native;
+  const std::optional<NativeRsPlan> plan = native_rs_plan(c, &native.unsupported);
+  const Tensor a0 = as_for_native(writer);
+  if (plan) {
+    native.symm_bytes = symm_bytes;
+    if (plan->m % ctx.world_size() != 0) {
+      native.unsupported = fmt::format("the product's {} rows do not split evenly over {} ranks",
+                                       plan->m, ctx.world_size());
+    } else {
+      ChunkedGemmArgs args = native_rs_args(
+          ctx, detail::shape_only(a0.view({plan->m, plan->k})), detail::shape_only(c.bs[0]),
+          detail::shape_only_matrix(c.out.dtype(), plan->m, plan->n, c.out.device()));
+      args.done = reinterpret_cast<uint32_t*>(uintptr_t{1} << 20);
+      native.unsupported = ctx.backend().native_gemm_unsupported(args);
+    }
+    native.key = detail::problem_key(ctx, c.op, plan->m, plan->n, plan->k, c.a().dtype(),
+                                     c.out.dtype(), c.bs[0]);
+    native.run = [&](Path p) {
+      if (p == Path::kNative) {
+        run_native(ctx, c, a0, *plan, options);
+      } else {
+        run_fused(ctx, c, writer, options);
+      }
+    };
+  }
+  const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, native);
   ctx.usage().record(c.op, decision.path, decision.reason, !decision.requested);
-  if (decision.path == Path::kFused) {
-    run_fused(ctx, c, writer, options);
-  } else {
+  if (decision.path == Path::kFallback) {
     run_fallback(ctx, c, writer, options);
+  } else if (native.run) {
+    native.run(decision.path);
+  } else {
+    run_fused(ctx, c, writer, options);
   }
 }
 
 }  // namespace
 
-Dims matmul_reduce_scatter_out_shape(const Tensor& a, const Tensor& b, int scatter_dim, int world_size) {
+Dims matmul_reduce_scatter_out_shape(const Tensor& a, const Tensor& b, int scatter_dim,
+                                     int world_size) {
   Dims shape = product_shape(a, b.size(-1));
   const int g = scatter_dim < 0 ? scatter_dim + shape.size() : scatter_dim;
-  ASYNCTP_CHECK(g >= 0 && g < shape.size(), "scatter_dim {} out of range for {}", scatter_dim, shape);
+  ASYNCTP_CHECK(g >= 0 && g < shape.size(), "scatter_dim {} out of range for {}", scatter_dim,
+                shape);
   ASYNCTP_CHECK(world_size > 0 && shape[g] % world_size == 0,
-                "dim {} of the product {} is not divisible by the world size {}", g, shape, world_size);
+                "dim {} of the product {} is not divisible by the world size {}", g, shape,
+                world_size);
   shape[g] /= world_size;
   return shape;
 }
@@ -278,15 +424,22 @@ void matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& b, const
 void matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as, std::span<const Tensor> bs,
                            const Tensor& out, const MatmulReduceScatterOptions& options) {
   run(ctx,
-      MmRsCall{"matmul_reduce_scatter", {as.begin(), as.end()}, {bs.begin(), bs.end()}, Tensor(),
-               Tensor(), out, 0, false},
+      MmRsCall{"matmul_reduce_scatter",
+               {as.begin(), as.end()},
+               {bs.begin(), bs.end()},
+               Tensor(),
+               Tensor(),
+               out,
+               0,
+               false},
       options);
 }
 
 void scaled_matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& a_scale,
                                   const Tensor& b, const Tensor& b_scale, const Tensor& out,
                                   const MatmulReduceScatterOptions& options) {
-  run(ctx, MmRsCall{"scaled_matmul_reduce_scatter", {a}, {b}, a_scale, b_scale, out, 0, true}, options);
+  run(ctx, MmRsCall{"scaled_matmul_reduce_scatter", {a}, {b}, a_scale, b_scale, out, 0, true},
+      options);
 }
 
 }  // namespace asynctp

@@ -5,13 +5,21 @@
 
 namespace asynctp {
 
-std::string_view path_name(Path path) { return path == Path::kFused ? "fused" : "fallback"; }
+std::string_view path_name(Path path) {
+  switch (path) {
+    case Path::kFused: return "fused";
+    case Path::kNative: return "native";
+    case Path::kFallback: return "fallback";
+  }
+  return "?";
+}
 
 PathChoice parse_path_choice(std::string_view text) {
   if (text == "auto") return PathChoice::kAuto;
   if (text == "fused") return PathChoice::kFused;
   if (text == "fallback" || text == "unfused") return PathChoice::kFallback;
-  ASYNCTP_FAIL("path must be auto, fused or fallback, got '{}'", text);
+  if (text == "native") return PathChoice::kNative;
+  ASYNCTP_FAIL("path must be auto, native, fused or fallback, got '{}'", text);
 }
 
 std::string_view path_choice_name(PathChoice choice) {
@@ -19,6 +27,7 @@ std::string_view path_choice_name(PathChoice choice) {
     case PathChoice::kAuto: return "auto";
     case PathChoice::kFused: return "fused";
     case PathChoice::kFallback: return "fallback";
+    case PathChoice::kNative: return "native";
   }
   return "?";
 }

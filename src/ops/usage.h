@@ -13,11 +13,14 @@
 
 namespace asynctp {
 
-enum class Path : uint8_t { kFused, kFallback };
+// kFused: the pipeline of per-chunk GEMMs ("split"); kNative: one async-input GEMM that consumes
+// (or publishes) chunks as they move; kFallback: the collective, then one GEMM (or the reverse).
+enum class Path : uint8_t { kFused, kFallback, kNative };
 std::string_view path_name(Path path);
 
-// How the caller wants an op to run: kAuto takes the fused path whenever it can.
-enum class PathChoice : uint8_t { kAuto, kFused, kFallback };
+// How the caller wants an op to run: kAuto takes the faster of native and fused (measured once
+// per problem, see ops/dispatch.h) wherever they can run, else the fallback.
+enum class PathChoice : uint8_t { kAuto, kFused, kFallback, kNative };
 PathChoice parse_path_choice(std::string_view text);
 std::string_view path_choice_name(PathChoice choice);
 

@@ -3,12 +3,16 @@
 //   gemm        the GEMM alone (cuBLASLt on CUDA)
 //   collective  the collective alone (NCCL on CUDA)
 //   baseline    collective + GEMM (or GEMM + collective), in the same process
-//   fused       the fused op
-//   graph       the fused op replayed from a CUDA graph (CUDA only)
+//   ngemm       the native async-input GEMM alone, every chunk present (CUDA on Hopper only)
+//   split       the fused op on the split-GEMM pipeline (path fused)
+//   native      the fused op on the native path (one async-input GEMM), where it can run
+//   auto        the fused op as the dispatcher chooses (the path it took is printed)
+//   graph       the auto op replayed from a CUDA graph (CUDA only)
 //   floor       max(GEMM, bytes over the measured peer bandwidth)
 //
 //   ag-mm: A_shard [M/ws, K] -AG-> [M, K] @ B [K, N] -> [M, N]    bytes in per rank: (ws-1)/ws*M*K
-//   mm-rs: A [M, K] @ B [K, N] -> [M, N] -RS-> [M/ws, N]           bytes out per rank: (ws-1)/ws*M*N
+//   mm-rs: A [M, K] @ B [K, N] -> [M, N] -RS-> [M/ws, N]           bytes out per rank:
+//   (ws-1)/ws*M*N
 //
 // Validation: the fused result and the baseline against an f32 reference (the unfused path on
 // f32 copies of the inputs), fused against baseline, and for mm-rs two fused runs bit for bit.
@@ -66,11 +70,15 @@ struct Result {
   std::string path;
   double err_fused = 0, err_baseline = 0, err_fused_vs_baseline = 0;
   bool deterministic = true;
-  double gemm_ms = 0, split_gemm_ms = 0, collective_ms = 0, baseline_ms = 0, fused_ms = 0, graph_ms = NAN, floor_ms = 0;
+  double gemm_ms = 0, split_gemm_ms = 0, collective_ms = 0, baseline_ms = 0, fused_ms = 0,
+         graph_ms = NAN, floor_ms = 0;
+  double native_gemm_ms = NAN, split_ms = NAN, native_ms = NAN;
+  double err_split = NAN, err_native = NAN;
   double comm_bytes = 0;
 };
 
-void gemm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& d, Stream* stream = nullptr) {
+void gemm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& d,
+          Stream* stream = nullptr) {
   GemmArgs args;
   args.a = a;
   args.b = b;
@@ -86,7 +94,8 @@ bool bitwise_equal(Context& ctx, const Tensor& x, const Tensor& y) {
   return std::memcmp(hx->data(), hy->data(), x.nbytes()) == 0;
 }
 
-Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& shape, double bandwidth_gbps) {
+Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& shape,
+                   double bandwidth_gbps) {
   Context& ctx = *s.ctx;
   const int ws = s.world_size();
   const int64_t m = shape.m, k = shape.k, n = shape.n;
@@ -134,23 +143,39 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     join->block(ctx.stream());
   };
   const char* op_name = ag ? "all_gather_matmul" : "matmul_reduce_scatter";
+  std::function<void(PathChoice)> fused_with;
   if (ag) {
     gemm_fn = [&] { gemm(ctx, a_full, b, base_out); };
     coll_fn = [&] { all_gather(ctx, a_full, a); };
-    fused_fn = [&] {
+    fused_with = [&](PathChoice path) {
       const Tensor bs[] = {b};
       const Tensor outs[] = {fused_out};
-      all_gather_matmul(ctx, a, bs, outs);
+      all_gather_matmul(ctx, a, bs, outs, {}, {.gather_dim = 0, .path = path});
     };
     r.comm_bytes = static_cast<double>(ws - 1) / ws * m * k * element_size(dtype);
   } else {
     gemm_fn = [&] { gemm(ctx, a, b, product); };
     coll_fn = [&] { reduce_scatter(ctx, base_out, product, ReduceOp::kSum); };
-    fused_fn = [&] { matmul_reduce_scatter(ctx, a, b, fused_out); };
+    fused_with = [&](PathChoice path) {
+      matmul_reduce_scatter(ctx, a, b, fused_out, {.path = path});
+    };
     r.comm_bytes = static_cast<double>(ws - 1) / ws * m * n * element_size(dtype);
   }
-  base_fn = ag ? std::function<void()>([&] { coll_fn(); gemm_fn(); })
-               : std::function<void()>([&] { gemm_fn(); coll_fn(); });
+  fused_fn = [&] { fused_with(PathChoice::kAuto); };
+  // The native kernel alone on the whole problem, every chunk present.
+  ChunkedGemmArgs native_alone;
+  native_alone.a = ag ? a_full : a;
+  native_alone.b = b;
+  native_alone.d = ag ? base_out : product;
+  const bool native_gemm_ok = ctx.backend().native_gemm_unsupported(native_alone).empty();
+  base_fn = ag ? std::function<void()>([&] {
+    coll_fn();
+    gemm_fn();
+  })
+               : std::function<void()>([&] {
+                   gemm_fn();
+                   coll_fn();
+                 });
 
   // Validation: f32 reference through the unfused path on f32 copies of the inputs.
   {
@@ -164,9 +189,19 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     } else {
       matmul_reduce_scatter(ctx, a32, b32, ref, {.path = PathChoice::kFallback});
     }
+    const auto ref_h = to_host_f32(ctx, ref);
+    // Each explicit path against the reference (native only where it can run: the same on every
+    // rank, since it depends on shapes, dtypes and the backend only).
+    fused_with(PathChoice::kFused);
+    r.err_split = max_over_ranks(*s.group, relative_error(to_host_f32(ctx, fused_out), ref_h));
+    try {
+      fused_with(PathChoice::kNative);
+      r.err_native = max_over_ranks(*s.group, relative_error(to_host_f32(ctx, fused_out), ref_h));
+    } catch (const Error& e) {
+      if (s.rank() == 0 && !o.json) std::printf("  (%s: %s)\n", shape.label.c_str(), e.what());
+    }
     base_fn();
     fused_fn();
-    const auto ref_h = to_host_f32(ctx, ref);
     const auto fused_h = to_host_f32(ctx, fused_out);
     const auto base_h = to_host_f32(ctx, base_out);
     r.err_fused = max_over_ranks(*s.group, relative_error(fused_h, ref_h));
@@ -175,7 +210,8 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     if (!ag) {
       const Tensor again = make(out_dims, dtype);
       matmul_reduce_scatter(ctx, a, b, again);
-      r.deterministic = max_over_ranks(*s.group, bitwise_equal(ctx, again, fused_out) ? 0.0 : 1.0) == 0.0;
+      r.deterministic =
+          max_over_ranks(*s.group, bitwise_equal(ctx, again, fused_out) ? 0.0 : 1.0) == 0.0;
     }
     auto last = ctx.usage().last(op_name);
     r.path = last ? std::string(path_name(last->path)) : "none";
@@ -185,7 +221,13 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   const double tol = dtype == DType::kF32 ? 1e-5 : 1e-2;
   ASYNCTP_CHECK(r.err_fused <= tol && r.deterministic,
                 "{} {}: the fused result is wrong: relative error {:.3g} against the f32 reference "
-                "(tolerance {:.3g}), deterministic: {}", shape.op, shape.label, r.err_fused, tol, r.deterministic);
+                "(tolerance {:.3g}), deterministic: {}",
+                shape.op, shape.label, r.err_fused, tol, r.deterministic);
+  ASYNCTP_CHECK(
+      r.err_split <= tol && !(r.err_native > tol),
+      "{} {}: a path is wrong: relative error against the f32 reference {:.3g} (fused) and {:.3g} "
+      "(native), tolerance {:.3g}",
+      shape.op, shape.label, r.err_split, r.err_native, tol);
 
   auto timed = [&](const std::function<void()>& fn) {
     return max_over_ranks(*s.group, median_ms(ctx, fn, o.warmup, o.iters));
@@ -195,6 +237,10 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   r.collective_ms = timed(coll_fn);
   r.baseline_ms = timed(base_fn);
   r.fused_ms = timed(fused_fn);
+  r.split_ms = timed([&] { fused_with(PathChoice::kFused); });
+  if (!std::isnan(r.err_native)) r.native_ms = timed([&] { fused_with(PathChoice::kNative); });
+  if (native_gemm_ok)
+    r.native_gemm_ms = timed([&] { ctx.backend().native_gemm(native_alone, ctx.stream()); });
 #ifdef ASYNCTP_WITH_CUDA
   if (o.graph && ctx.backend().device().is_cuda()) {
     cuda::Graph graph;
@@ -226,6 +272,11 @@ nlohmann::json to_json(const Result& r) {
           {"collective_ms", r.collective_ms},
           {"baseline_ms", r.baseline_ms},
           {"fused_ms", r.fused_ms},
+          {"native_gemm_ms", num(r.native_gemm_ms)},
+          {"split_path_ms", num(r.split_ms)},
+          {"native_path_ms", num(r.native_ms)},
+          {"rel_error_split_path", num(r.err_split)},
+          {"rel_error_native_path", num(r.err_native)},
           {"fused_graph_ms", num(r.graph_ms)},
           {"floor_ms", r.floor_ms},
           {"comm_bytes", r.comm_bytes},
@@ -246,19 +297,23 @@ int run_bench(const BenchOptions& o) {
       if (o.op.empty() || o.op == sh.op) shapes.push_back(sh);
     }
   } else {
-    ASYNCTP_CHECK(!o.op.empty() && !o.shape.empty(), "give an op (ag-mm or mm-rs) and --shape MxKxN, or --suite");
+    ASYNCTP_CHECK(!o.op.empty() && !o.shape.empty(),
+                  "give an op (ag-mm or mm-rs) and --shape MxKxN, or --suite");
     const auto d = parse_shape(o.shape);
     shapes.push_back({o.op, o.shape, d[0], d[1], d[2]});
   }
   // Peer ingress bandwidth, measured once: every rank pulls 64 MiB from each peer at once.
   const double bandwidth = measure_peer_bandwidth(ctx, size_t{64} << 20, o.iters);
   if (s.rank() == 0 && !o.json) {
-    std::printf("asynctp bench: %d ranks, backend %s, %s, peer ingress bandwidth %.1f GB/s, median of %d runs, "
-                "slowest rank, times in us\n",
-                s.world_size(), std::string(ctx.backend().name()).c_str(), std::string(dtype_name(dtype)).c_str(),
-                bandwidth, o.iters);
-    std::printf("%-6s %-26s %-16s %8s %8s %9s %8s %8s %8s %7s %7s %8s\n", "op", "shape", "MxKxN", "gemm", "coll",
-                "baseline", "fused", "graph", "floor", "f/floor", "base/f", "err");
+    std::printf(
+        "asynctp bench: %d ranks, backend %s, %s, peer ingress bandwidth %.1f GB/s, median of %d "
+        "runs, "
+        "slowest rank, times in us\n",
+        s.world_size(), std::string(ctx.backend().name()).c_str(),
+        std::string(dtype_name(dtype)).c_str(), bandwidth, o.iters);
+    std::printf("%-6s %-26s %-16s %8s %8s %8s %9s %8s %8s %8s %8s %8s %7s %7s %8s  %s\n", "op",
+                "shape", "MxKxN", "gemm", "ngemm", "coll", "baseline", "split", "native", "auto",
+                "graph", "floor", "a/floor", "base/a", "err", "auto took");
     std::fflush(stdout);
   }
   nlohmann::json rows = nlohmann::json::array();
@@ -267,11 +322,16 @@ int run_bench(const BenchOptions& o) {
     rows.push_back(to_json(r));
     if (s.rank() == 0 && !o.json) {
       const std::string dims = fmt::format("{}x{}x{}", r.shape.m, r.shape.k, r.shape.n);
-      std::printf("%-6s %-26s %-16s %8.1f %8.1f %9.1f %8.1f %8s %8.1f %7.3f %7.3f %8.1e%s\n", r.shape.op.c_str(),
-                  r.shape.label.c_str(), dims.c_str(), r.gemm_ms * 1e3, r.collective_ms * 1e3, r.baseline_ms * 1e3,
-                  r.fused_ms * 1e3, std::isnan(r.graph_ms) ? "-" : fmt::format("{:.1f}", r.graph_ms * 1e3).c_str(),
-                  r.floor_ms * 1e3, r.fused_ms / r.floor_ms, r.baseline_ms / r.fused_ms, r.err_fused,
-                  r.path == "fused" ? "" : (" (" + r.path + ")").c_str());
+      auto us = [](double ms) {
+        return std::isnan(ms) ? std::string("-") : fmt::format("{:.1f}", ms * 1e3);
+      };
+      std::printf(
+          "%-6s %-26s %-16s %8.1f %8s %8.1f %9.1f %8s %8s %8.1f %8s %8.1f %7.3f %7.3f %8.1e  %s\n",
+          r.shape.op.c_str(), r.shape.label.c_str(), dims.c_str(), r.gemm_ms * 1e3,
+          us(r.native_gemm_ms).c_str(), r.collective_ms * 1e3, r.baseline_ms * 1e3,
+          us(r.split_ms).c_str(), us(r.native_ms).c_str(), r.fused_ms * 1e3, us(r.graph_ms).c_str(),
+          r.floor_ms * 1e3, r.fused_ms / r.floor_ms, r.baseline_ms / r.fused_ms, r.err_fused,
+          r.path.c_str());
       std::fflush(stdout);
     }
   }
@@ -291,24 +351,32 @@ int run_bench(const BenchOptions& o) {
 }  // namespace
 
 Command add_bench_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench",
-                                 "Validate, then time the GEMM, the collective, the unfused baseline, the "
-                                 "fused op (and its CUDA-graph replay) side by side, with the floor "
-                                 "max(GEMM, bytes / peer bandwidth) (run it under `asynctp launch`).");
+  auto* cmd =
+      app.add_subcommand("bench",
+                         "Validate, then time the GEMM, the collective, the unfused baseline, the "
+                         "fused op (and its CUDA-graph replay) side by side, with the floor "
+                         "max(GEMM, bytes / peer bandwidth) (run it under `asynctp launch`).");
   auto o = std::make_shared<BenchOptions>();
-  cmd->add_option("op", o->op, "ag-mm (all-gather + matmul) or mm-rs (matmul + reduce-scatter); with --suite, "
+  cmd->add_option("op", o->op,
+                  "ag-mm (all-gather + matmul) or mm-rs (matmul + reduce-scatter); with --suite, "
                   "restricts the suite to that op")
       ->check(CLI::IsMember({"ag-mm", "mm-rs"}));
   cmd->add_option("--shape", o->shape, "MxKxN of the whole (gathered / unscattered) product");
-  cmd->add_option("--suite", o->suite, "a set of shapes: 'anchors' (the shapes of PyTorch's anchor measurements)");
+  cmd->add_option("--suite", o->suite,
+                  "a set of shapes: 'anchors' (the shapes of PyTorch's anchor measurements)");
   cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
-  cmd->add_option("--iters", o->iters, "timed runs (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", o->warmup, "untimed runs first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--iters", o->iters, "timed runs (median reported)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", o->warmup, "untimed runs first")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
   cmd->add_flag("!--no-graph", o->graph, "skip the CUDA-graph replay");
-  cmd->footer("Examples:\n  asynctp launch --nproc 4 -- asynctp bench ag-mm --shape 4096x8192x3584\n"
-              "  asynctp launch --nproc 4 -- asynctp bench --suite anchors --json");
+  cmd->footer(
+      "Examples:\n  asynctp launch --nproc 4 -- asynctp bench ag-mm --shape 4096x8192x3584\n"
+      "  asynctp launch --nproc 4 -- asynctp bench --suite anchors --json");
   return {cmd, [o] { return run_bench(*o); }};
 }
 

@@ -192,12 +192,39 @@ TEST_P(PathsTest, GroupSpanningNodesTakesTheFallback) {
   EXPECT_RANKS_OK(statuses);
 }
 
+// The native path needs the async-input GEMM (CUDA on Hopper): asked for on the CPU backend it
+// fails saying why; under auto the ops stay on the fused path without measuring anything.
+TEST_P(PathsTest, NativeRequestedWhereItCannotRunSaysWhy) {
+  auto statuses = run_ranks(GetParam(), [](Context& ctx) {
+    EXPECT_THAT(
+        error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kNative); }),
+        HasSubstr("the native path was requested but cannot run: the cpu backend has no native"));
+    EXPECT_THAT(error_of([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kNative); }),
+                HasSubstr("the native path was requested but cannot run"));
+    all_gather_matmul_checked(ctx, PathChoice::kAuto);
+    expect_path(ctx, kAgMm, Path::kFused);
+    EXPECT_EQ(ctx.usage().count(kAgMm, Path::kNative), 0);
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, PathsTest, ::testing::ValuesIn(kWorldSizes), world_size_name);
 
+TEST(DispatcherTest, CacheLocationFollowsTheEnvironment) {
+  ::setenv("ASYNCTP_CACHE_DIR", "/tmp/somewhere", 1);
+  EXPECT_EQ(Dispatcher::default_cache_path(), "/tmp/somewhere/dispatch.json");
+  ::unsetenv("ASYNCTP_CACHE_DIR");
+  ::setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
+  EXPECT_EQ(Dispatcher::default_cache_path(), "/tmp/xdg/asynctp/dispatch.json");
+  ::unsetenv("XDG_CACHE_HOME");
+}
+
 TEST(PathChoiceTest, NamesRoundTrip) {
-  for (PathChoice c : {PathChoice::kAuto, PathChoice::kFused, PathChoice::kFallback}) {
+  for (PathChoice c :
+       {PathChoice::kAuto, PathChoice::kFused, PathChoice::kFallback, PathChoice::kNative}) {
     EXPECT_EQ(parse_path_choice(path_choice_name(c)), c);
   }
+  EXPECT_EQ(path_name(Path::kNative), "native");
   EXPECT_EQ(parse_path_choice("unfused"), PathChoice::kFallback);
   EXPECT_THAT(error_of([] { parse_path_choice("fast"); }), HasSubstr("got 'fast'"));
   EXPECT_EQ(path_name(Path::kFused), "fused");

@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "device/cuda/cublaslt_gemm.h"
 #include "device/cuda/cuda_check.h"
+#include "device/cuda/driver_api.h"
 #include "device/cuda/ktensor.h"
 
 namespace asynctp {
@@ -46,6 +47,50 @@ CopyPlan coalesce(const Tensor& dst, const Tensor& src) {
   return p;
 }
 
+// The kernel's view of a ChunkedGemmArgs; "" or why it cannot be expressed.
+std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k) {
+  const Tensor& a = args.a;
+  const Tensor& b = args.b;
+  const Tensor& d = args.d;
+  if (a.dim() != 2 || b.dim() != 2 || d.dim() != 2) return "a, b and d must be 2-D";
+  if (a.size(1) != b.size(0) || d.size(0) != a.size(0) || d.size(1) != b.size(1)) {
+    return fmt::format("shapes do not chain: a {}, b {}, d {}", a.describe(), b.describe(),
+                       d.describe());
+  }
+  if (a.dtype() != b.dtype()) return fmt::format("a is {} but b is {}", a.dtype(), b.dtype());
+  if (a.stride(1) != 1 && a.size(1) != 1)
+    return fmt::format("a {} has no unit column stride", a.describe());
+  if (d.stride(1) != 1 && d.size(1) != 1)
+    return fmt::format("d {} has no unit column stride", d.describe());
+  k->a = a.data();
+  k->lda = a.stride(0);
+  k->b = b.data();
+  if (b.stride(1) == 1 || b.size(1) == 1) {
+    k->b_k_major = false;
+    k->ldb = b.stride(0);
+  } else if (b.stride(0) == 1 || b.size(0) == 1) {
+    k->b_k_major = true;
+    k->ldb = b.stride(1);
+  } else {
+    return fmt::format("b {} is neither row- nor column-major", b.describe());
+  }
+  k->c = d.data();
+  k->ldc = d.stride(0);
+  k->in_dtype = a.dtype();
+  k->c_dtype = d.dtype();
+  k->m = a.size(0);
+  k->n = b.size(1);
+  k->k = a.size(1);
+  k->chunk_rows = args.chunk_rows;
+  k->first_chunk = args.first_chunk;
+  k->ready = args.ready;
+  k->done = args.done;
+  k->timeout_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(args.timeout).count());
+  k->rank = args.rank;
+  return "";
+}
+
 class CudaStream final : public Stream {
  public:
   CudaStream(cudaStream_t stream, CudaBackendInternals* owner, bool owned)
@@ -66,23 +111,29 @@ class CudaStream final : public Stream {
   bool owned_;
 };
 
-cudaStream_t raw(Stream& s) { return static_cast<cudaStream_t>(s.native_handle()); }
+cudaStream_t raw(Stream& s) {
+  return static_cast<cudaStream_t>(s.native_handle());
+}
 
 class CudaEvent final : public Event {
  public:
   CudaEvent(bool timing, CudaBackendInternals* owner) : owner_(owner) {
-    ASYNCTP_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+    ASYNCTP_CUDA_CHECK(
+        cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
   }
   ~CudaEvent() override { cudaEventDestroy(event_); }
   void record(Stream& stream) override { ASYNCTP_CUDA_CHECK(cudaEventRecord(event_, raw(stream))); }
-  void block(Stream& stream) override { ASYNCTP_CUDA_CHECK(cudaStreamWaitEvent(raw(stream), event_, 0)); }
+  void block(Stream& stream) override {
+    ASYNCTP_CUDA_CHECK(cudaStreamWaitEvent(raw(stream), event_, 0));
+  }
   void synchronize() override {
     ASYNCTP_CUDA_CHECK(cudaEventSynchronize(event_));
     owner_->check_device_errors();
   }
   float elapsed_ms(const Event& start) const override {
     float ms = 0;
-    ASYNCTP_CUDA_CHECK(cudaEventElapsedTime(&ms, dynamic_cast<const CudaEvent&>(start).event_, event_));
+    ASYNCTP_CUDA_CHECK(
+        cudaEventElapsedTime(&ms, dynamic_cast<const CudaEvent&>(start).event_, event_));
     return ms;
   }
 
@@ -99,10 +150,11 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     cudaStream_t s;
     ASYNCTP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     stream_ = std::make_unique<CudaStream>(s, this, true);
-    ASYNCTP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_slot_host_), sizeof(kernels::DeviceErrorSlot),
-                                     cudaHostAllocMapped));
+    ASYNCTP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_slot_host_),
+                                     sizeof(kernels::DeviceErrorSlot), cudaHostAllocMapped));
     *error_slot_host_ = kernels::DeviceErrorSlot{};
-    ASYNCTP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_slot_device_), error_slot_host_, 0));
+    ASYNCTP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_slot_device_),
+                                                error_slot_host_, 0));
     gemm_ = std::make_unique<cuda::LtGemm>();
   }
 
@@ -114,6 +166,11 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   }
 
   std::string_view name() const override { return "cuda"; }
+  std::string hardware() const override {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess) return "cuda";
+    return prop.name;
+  }
   Device device() const override { return Device::cuda(device_); }
 
   Buffer allocate(size_t bytes) override {
@@ -152,7 +209,8 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
       const CopyPlan p = coalesce(dst, src);
       const size_t dims = p.sizes.size();
       if (dims == 0 || (dims == 1 && p.dst_strides[0] == 1 && p.src_strides[0] == 1)) {
-        ASYNCTP_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), dst.nbytes(), cudaMemcpyDefault, s));
+        ASYNCTP_CUDA_CHECK(
+            cudaMemcpyAsync(dst.data(), src.data(), dst.nbytes(), cudaMemcpyDefault, s));
         return;
       }
       // Pitched copies on the copy engine: [outer..., rows, width] with unit inner strides.
@@ -164,16 +222,21 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
         const int64_t outer = dims == 3 ? p.sizes[0] : 1;
         if (outer <= 64) {
           for (int64_t o = 0; o < outer; ++o) {
-            char* d = static_cast<char*>(dst.data()) + (dims == 3 ? o * p.dst_strides[0] * esize : 0);
-            const char* sp = static_cast<const char*>(src.data()) + (dims == 3 ? o * p.src_strides[0] * esize : 0);
-            ASYNCTP_CUDA_CHECK(cudaMemcpy2DAsync(d, dpitch, sp, spitch, width, rows, cudaMemcpyDefault, s));
+            char* d =
+                static_cast<char*>(dst.data()) + (dims == 3 ? o * p.dst_strides[0] * esize : 0);
+            const char* sp = static_cast<const char*>(src.data()) +
+                             (dims == 3 ? o * p.src_strides[0] * esize : 0);
+            ASYNCTP_CUDA_CHECK(
+                cudaMemcpy2DAsync(d, dpitch, sp, spitch, width, rows, cudaMemcpyDefault, s));
           }
           return;
         }
       }
     }
-    ASYNCTP_CHECK(!host_side, "copy between {} and {} needs a kernel, which cannot touch host memory: "
-                  "make the host side contiguous and of the same dtype", dst.describe(), src.describe());
+    ASYNCTP_CHECK(!host_side,
+                  "copy between {} and {} needs a kernel, which cannot touch host memory: "
+                  "make the host side contiguous and of the same dtype",
+                  dst.describe(), src.describe());
     ASYNCTP_CUDA_CHECK(kernels::copy(cuda::to_kernel(dst), cuda::to_kernel(src), s));
   }
 
@@ -186,31 +249,75 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     gemm_->run(args, raw(stream), capturing());
   }
 
-  void reduce(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op, Stream& stream) override {
+  void reduce(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
+              Stream& stream) override {
     ASYNCTP_CHECK(!inputs.empty() && inputs.size() <= kernels::kMaxReduceInputs,
                   "reduce takes 1 to {} inputs, got {}", kernels::kMaxReduceInputs, inputs.size());
     std::vector<const void*> ptrs;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      ASYNCTP_CHECK(inputs[i].shape() == out.shape(), "reduce input {} is {} but the output is {}", i,
-                    inputs[i].describe(), out.describe());
-      ASYNCTP_CHECK(inputs[i].strides() == inputs[0].strides() && inputs[i].dtype() == inputs[0].dtype(),
-                    "reduce inputs must share strides and dtype: input {} is {}, input 0 is {}", i,
-                    inputs[i].describe(), inputs[0].describe());
+      ASYNCTP_CHECK(inputs[i].shape() == out.shape(), "reduce input {} is {} but the output is {}",
+                    i, inputs[i].describe(), out.describe());
+      ASYNCTP_CHECK(
+          inputs[i].strides() == inputs[0].strides() && inputs[i].dtype() == inputs[0].dtype(),
+          "reduce inputs must share strides and dtype: input {} is {}, input 0 is {}", i,
+          inputs[i].describe(), inputs[0].describe());
       ptrs.push_back(inputs[i].data());
     }
-    ASYNCTP_CUDA_CHECK(kernels::reduce(cuda::to_kernel(out), ptrs.data(), static_cast<int>(ptrs.size()), cuda::to_kernel(inputs[0]),
+    ASYNCTP_CUDA_CHECK(kernels::reduce(cuda::to_kernel(out), ptrs.data(),
+                                       static_cast<int>(ptrs.size()), cuda::to_kernel(inputs[0]),
                                        op == ReduceOp::kAvg, raw(stream)));
   }
 
   void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream& stream) override {
     ASYNCTP_CHECK(out.shape() == in.shape(), "unary: output {} and input {} differ in shape",
                   out.describe(), in.describe());
-    ASYNCTP_CUDA_CHECK(kernels::unary(static_cast<int>(op), cuda::to_kernel(out), cuda::to_kernel(in), raw(stream)));
+    ASYNCTP_CUDA_CHECK(kernels::unary(static_cast<int>(op), cuda::to_kernel(out),
+                                      cuda::to_kernel(in), raw(stream)));
   }
 
   void synchronize() override {
     ASYNCTP_CUDA_CHECK(cudaDeviceSynchronize());
     check_device_errors();
+  }
+
+  std::string native_gemm_unsupported(const ChunkedGemmArgs& args) override {
+    kernels::AsyncGemmArgs k;
+    if (std::string why = to_async_gemm(args, &k); !why.empty()) return why;
+    const char* why = kernels::async_gemm_unsupported(k);
+    return why == nullptr ? "" : std::string(why);
+  }
+
+  void native_gemm(const ChunkedGemmArgs& args, Stream& stream) override {
+    kernels::AsyncGemmArgs k;
+    const std::string why = to_async_gemm(args, &k);
+    ASYNCTP_CHECK(why.empty(), "native GEMM of a {} by b {} into d {}: {}", args.a.describe(),
+                  args.b.describe(), args.d.describe(), why);
+    const char* unsupported = kernels::async_gemm_unsupported(k);
+    ASYNCTP_CHECK(unsupported == nullptr, "native GEMM of a {} by b {} into d {}: {}",
+                  args.a.describe(), args.b.describe(), args.d.describe(), unsupported);
+    k.slot = error_slot_device_;
+    ASYNCTP_CUDA_CHECK(kernels::async_gemm(k, raw(stream)));
+  }
+
+  uint32_t native_gemm_done_count(const ChunkedGemmArgs& args, int chunk) override {
+    kernels::AsyncGemmArgs k;
+    ASYNCTP_CHECK(to_async_gemm(args, &k).empty(), "native_gemm_done_count: {}",
+                  to_async_gemm(args, &k));
+    return kernels::async_gemm_done_count(k, chunk);
+  }
+
+  void write_flag(uint32_t* flag, uint32_t value, Stream& stream) override {
+    ASYNCTP_CU_CHECK(cuda::driver().stream_write_value32(
+        raw(stream), reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT));
+  }
+
+  void wait_flag(const uint32_t* flag, uint32_t value, Stream& stream) override {
+    ASYNCTP_CU_CHECK(cuda::driver().stream_wait_value32(
+        raw(stream), reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WAIT_VALUE_GEQ));
+  }
+
+  void zero_flags(uint32_t* flags, size_t count, Stream& stream) override {
+    ASYNCTP_CUDA_CHECK(cudaMemsetAsync(flags, 0, count * sizeof(uint32_t), raw(stream)));
   }
 
   int device_index() const override { return device_; }
@@ -220,11 +327,18 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     if (error_slot_host_->flagged == 0) return;
     const kernels::DeviceErrorSlot slot = *const_cast<kernels::DeviceErrorSlot*>(error_slot_host_);
     error_slot_host_->flagged = 0;
+    if (slot.what == 3) {
+      ASYNCTP_TIMEOUT(
+          "rank {}: the native GEMM waited {:g} s on cuda:{} for chunk {} of A to land (the copy "
+          "of rank {}'s shard never completed: is that peer alive and in the same op?)",
+          slot.rank, static_cast<double>(slot.timeout_ns) / 1e9, device_, slot.peer, slot.peer);
+    }
     static constexpr const char* kWhat[] = {"put_signal to", "wait_signal from", "barrier with"};
-    ASYNCTP_TIMEOUT("rank {}: {} peer {} on channel {} timed out after {:g} s on cuda:{} (is the peer "
-                    "alive and in the same op?)",
-                    slot.rank, kWhat[slot.what < 0 || slot.what > 2 ? 1 : slot.what], slot.peer, slot.channel,
-                    static_cast<double>(slot.timeout_ns) / 1e9, device_);
+    ASYNCTP_TIMEOUT(
+        "rank {}: {} peer {} on channel {} timed out after {:g} s on cuda:{} (is the peer "
+        "alive and in the same op?)",
+        slot.rank, kWhat[slot.what < 0 || slot.what > 2 ? 1 : slot.what], slot.peer, slot.channel,
+        static_cast<double>(slot.timeout_ns) / 1e9, device_);
   }
 
  private:
@@ -245,7 +359,8 @@ CudaBackendInternals& CudaBackendInternals::of(Backend& backend) {
 
 std::unique_ptr<Backend> make_cuda_backend(int local_rank) {
   const int count = cuda_device_count();
-  ASYNCTP_CHECK(count > 0, "the cuda backend needs a GPU, but none is visible (no driver, or "
+  ASYNCTP_CHECK(count > 0,
+                "the cuda backend needs a GPU, but none is visible (no driver, or "
                 "CUDA_VISIBLE_DEVICES hides them)");
   return std::make_unique<CudaBackend>(local_rank % count);
 }

@@ -33,6 +33,8 @@ DriverApi load() {
   resolve("cuMemSetAccess", &api.mem_set_access);
   resolve("cuMemGetAllocationGranularity", &api.mem_get_granularity);
   resolve("cuDeviceGetAttribute", &api.device_get_attribute);
+  resolve("cuStreamWriteValue32", &api.stream_write_value32);
+  resolve("cuStreamWaitValue32", &api.stream_wait_value32);
   return api;
 }
 

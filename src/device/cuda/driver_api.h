@@ -20,6 +20,8 @@ struct DriverApi {
   decltype(&::cuMemSetAccess) mem_set_access;
   decltype(&::cuMemGetAllocationGranularity) mem_get_granularity;
   decltype(&::cuDeviceGetAttribute) device_get_attribute;
+  decltype(&::cuStreamWriteValue32) stream_write_value32;
+  decltype(&::cuStreamWaitValue32) stream_wait_value32;
 };
 
 // Resolves every entry point once (throws naming a missing one).

@@ -2,6 +2,8 @@
 // GPUs, every gather/scatter dim, 2-D and 3-D, bf16 and f16, float8; determinism of
 // matmul_reduce_scatter; capture and replay in a CUDA graph; a rank that never joins an op makes
 // the others fail with the timeout error. Skips, saying why, without enough GPUs.
+#include <filesystem>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -121,8 +123,16 @@ TEST_P(AllGatherMatmulGpu, MatchesHostReference) {
       out_views.push_back(outs.back());
     }
     OwnedTensor a_out = c.return_a ? device_empty(ctx, full, c.dtype) : OwnedTensor{};
-    all_gather_matmul(ctx, *a, b_views, out_views, c.return_a ? a_out.tensor : Tensor(), {.gather_dim = c.gather_dim});
-    EXPECT_EQ(ctx.usage().last("all_gather_matmul")->path, Path::kFused);
+    // The native path where it can run (row gather with no batch dims before g), and the split one.
+    std::vector<PathChoice> paths{PathChoice::kFused};
+    bool rows_only = g != static_cast<int>(shard_shape.size()) - 1;
+    for (int d = 0; d < g; ++d) rows_only = rows_only && shard_shape[d] == 1;
+    if (rows_only) paths.push_back(PathChoice::kNative);
+    for (PathChoice path : paths) {
+    SCOPED_TRACE(fmt::format("path {}", path_choice_name(path)));
+    all_gather_matmul(ctx, *a, b_views, out_views, c.return_a ? a_out.tensor : Tensor(),
+                      {.gather_dim = c.gather_dim, .path = path});
+    EXPECT_EQ(ctx.usage().last("all_gather_matmul")->path, path == PathChoice::kNative ? Path::kNative : Path::kFused);
     for (int i = 0; i < c.num_b; ++i) {
       std::vector<double> expected(rows * ns[i], 0.0);
       host_gemm_add(gathered, to_vector(bs[i].host), expected, rows, k, ns[i]);
@@ -132,6 +142,7 @@ TEST_P(AllGatherMatmulGpu, MatchesHostReference) {
     if (c.return_a) {
       const OwnedTensor got = download(ctx, a_out);
       EXPECT_EQ(to_vector(got), gathered) << "the returned A is not the gathered A";
+    }
     }
   }, gpu_options());
   EXPECT_RANKS_OK(statuses);
@@ -148,6 +159,7 @@ std::vector<AgCase> ag_cases() {
       cases.push_back({ws, {2, 48, 64}, 2, dt, 3, false});
     }
     cases.push_back({ws, {512, 256}, 0, DType::kBF16, 1, false});  // big enough for real chunk GEMMs
+    cases.push_back({ws, {300, 136}, 0, DType::kF16, 2, true});    // chunks that straddle 128-row tiles
   }
   return cases;
 }
@@ -211,13 +223,24 @@ TEST_P(MatmulReduceScatterGpu, MatchesHostReferenceAndIsDeterministic) {
     out_shape[g] /= ws;
     OwnedTensor out = device_empty(ctx, out_shape, c.dtype);
     OwnedTensor again = device_empty(ctx, out_shape, c.dtype);
-    const MatmulReduceScatterOptions options{.reduce_op = c.op, .scatter_dim = c.scatter_dim};
-    matmul_reduce_scatter(ctx, a_views, b_views, out, options);
-    matmul_reduce_scatter(ctx, a_views, b_views, again, options);
-    EXPECT_EQ(ctx.usage().last("matmul_reduce_scatter")->path, Path::kFused);
-    const OwnedTensor got = download(ctx, out);
-    EXPECT_LT(rel_error(got, expected), 1e-2);
-    EXPECT_TRUE(same_bits(download(ctx, again), got)) << "two runs gave different bits";
+    std::vector<PathChoice> paths{PathChoice::kFused};
+    // Native: one product, row scatter, every owner's rows a whole number of 128-row tiles.
+    bool rows_only = g != static_cast<int>(product.size()) - 1;
+    for (int d = 0; d < g; ++d) rows_only = rows_only && product[d] == 1;
+    if (rows_only && c.pairs == 1 && (rows / ws) % 128 == 0) {
+      paths.push_back(PathChoice::kNative);
+    }
+    for (PathChoice path : paths) {
+      SCOPED_TRACE(fmt::format("path {}", path_choice_name(path)));
+      const MatmulReduceScatterOptions options{.reduce_op = c.op, .scatter_dim = c.scatter_dim, .path = path};
+      matmul_reduce_scatter(ctx, a_views, b_views, out, options);
+      matmul_reduce_scatter(ctx, a_views, b_views, again, options);
+      EXPECT_EQ(ctx.usage().last("matmul_reduce_scatter")->path,
+                path == PathChoice::kNative ? Path::kNative : Path::kFused);
+      const OwnedTensor got = download(ctx, out);
+      EXPECT_LT(rel_error(got, expected), 1e-2);
+      EXPECT_TRUE(same_bits(download(ctx, again), got)) << "two runs gave different bits";
+    }
   }, gpu_options());
   EXPECT_RANKS_OK(statuses);
 }
@@ -233,6 +256,8 @@ std::vector<RsCase> rs_cases() {
       cases.push_back({ws, {2, 32, 48}, 128, 2, dt, ReduceOp::kSum, 1});
     }
     cases.push_back({ws, {512, 256}, 384, 0, DType::kBF16, ReduceOp::kSum, 1});
+    cases.push_back({ws, {1024, 72}, 200, 0, DType::kF16, ReduceOp::kAvg, 1});  // K and N tails of the native GEMM
+    cases.push_back({ws, {1, 1024, 64}, 96, 1, DType::kBF16, ReduceOp::kSum, 1});
   }
   return cases;
 }
@@ -310,6 +335,8 @@ INSTANTIATE_TEST_SUITE_P(Scales, ScaledGpu, ::testing::Combine(::testing::Bool()
 TEST(FusedOpsGpu, CapturedInACudaGraphAndReplayedWithNewInputs) {
   SKIP_UNLESS_GPUS(2);
   for (int ws : {2, 4}) {
+  for (PathChoice path : {PathChoice::kFused, PathChoice::kNative, PathChoice::kAuto}) {
+    SCOPED_TRACE(fmt::format("path {}", path_choice_name(path)));
     if (visible_gpus() < ws) continue;
     auto statuses = run_ranks(ws, [&](Context& ctx) {
       const int64_t ms = 128, k = 256, n = 192;
@@ -322,8 +349,8 @@ TEST(FusedOpsGpu, CapturedInACudaGraphAndReplayedWithNewInputs) {
       const Tensor bs[] = {*b};
       const Tensor outs[] = {ag_out.tensor};
       auto step = [&] {
-        all_gather_matmul(ctx, *a, bs, outs);
-        matmul_reduce_scatter(ctx, *h, *b, rs_out);
+        all_gather_matmul(ctx, *a, bs, outs, {}, {.path = path});
+        matmul_reduce_scatter(ctx, *h, *b, rs_out, {.path = path});
       };
       step();  // sizes the workspace and tunes the GEMMs outside the capture
       ctx.backend().synchronize();
@@ -355,6 +382,48 @@ TEST(FusedOpsGpu, CapturedInACudaGraphAndReplayedWithNewInputs) {
     }, gpu_options());
     EXPECT_RANKS_OK(statuses) << "world size " << ws;
   }
+  }
+}
+
+// ---- dispatch -------------------------------------------------------------------------------
+
+// The first auto call of a problem measures both overlapped paths on every rank and agrees on
+// the faster; later calls reuse it; a new process finds it in the disk cache.
+TEST(FusedOpsGpu, DispatcherMeasuresOnceAndCachesOnDisk) {
+  SKIP_UNLESS_GPUS(2);
+  char dir_template[] = "/tmp/asynctp-dispatch-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string cache = std::string(dir_template) + "/dispatch.json";
+  HarnessOptions options = gpu_options();
+  options.context.dispatch_cache = cache;
+  for (int round = 0; round < 2; ++round) {
+    auto statuses = run_ranks(2, [&](Context& ctx) {
+      const uint64_t r = static_cast<uint64_t>(ctx.rank());
+      DeviceTensor a = upload_seeded(ctx, {512, 512}, DType::kBF16, seed_of({31, r}), Values::kRandom);
+      DeviceTensor b = upload_seeded(ctx, {512, 768}, DType::kBF16, seed_of({32}), Values::kRandom);
+      OwnedTensor out = device_empty(ctx, {1024, 768}, DType::kBF16);
+      const Tensor bs[] = {*b};
+      const Tensor outs[] = {out.tensor};
+      for (int i = 0; i < 3; ++i) all_gather_matmul(ctx, *a, bs, outs);
+      const auto last = ctx.usage().last("all_gather_matmul");
+      ASSERT_TRUE(last.has_value());
+      EXPECT_TRUE(last->path == Path::kNative || last->path == Path::kFused);
+      EXPECT_EQ(ctx.usage().count("all_gather_matmul", last->path), 3) << "the choice changed between calls";
+      const std::string key = "all_gather_matmul|1024x768x512|bf16->bf16|B row|ws2|" + ctx.backend().hardware();
+      const auto decision = ctx.dispatcher().decision(key);
+      ASSERT_TRUE(decision.has_value()) << key;
+      EXPECT_EQ(decision->path, last->path);
+      if (round == 0) {
+        EXPECT_FALSE(decision->from_disk);
+        EXPECT_GT(decision->fused_us, 0);
+        EXPECT_GT(decision->native_us, 0);
+      } else {
+        EXPECT_TRUE(decision->from_disk) << "the second process did not find the cached choice";
+      }
+    }, options);
+    EXPECT_RANKS_OK(statuses) << "round " << round;
+  }
+  std::filesystem::remove_all(dir_template);
 }
 
 TEST(FusedOpsGpu, CaptureRefusesToGrowTheWorkspace) {

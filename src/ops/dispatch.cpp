@@ -1,0 +1,179 @@
+#include "ops/dispatch.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/log.h"
+#include "ops/context.h"
+
+namespace asynctp {
+
+namespace {
+
+constexpr int kCacheVersion = 1;
+
+nlohmann::json read_cache(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return nlohmann::json::object();
+  try {
+    nlohmann::json j = nlohmann::json::parse(in);
+    if (j.is_object() && j.value("version", 0) == kCacheVersion && j.contains("entries") &&
+        j["entries"].is_object()) {
+      return j;
+    }
+    ASYNCTP_LOG_WARN("dispatch cache {} has another version or layout; it will be rewritten", path);
+  } catch (const std::exception& e) {
+    ASYNCTP_LOG_WARN("dispatch cache {} is unreadable ({}); it will be rewritten", path, e.what());
+  }
+  return nlohmann::json::object();
+}
+
+int path_code(std::optional<Path> p) {
+  return !p ? 0 : *p == Path::kFused ? 1 : 2;
+}
+
+}  // namespace
+
+std::string Dispatcher::default_cache_path() {
+  namespace fs = std::filesystem;
+  if (const char* dir = std::getenv("ASYNCTP_CACHE_DIR"); dir != nullptr && *dir != '\0') {
+    return (fs::path(dir) / "dispatch.json").string();
+  }
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return (fs::path(xdg) / "asynctp" / "dispatch.json").string();
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return (fs::path(home) / ".cache" / "asynctp" / "dispatch.json").string();
+  }
+  return "";
+}
+
+Dispatcher::Dispatcher(Context& ctx, std::string cache_path)
+    : ctx_(ctx), cache_path_(std::move(cache_path)) {
+  if (cache_path_.empty()) cache_path_ = default_cache_path();
+  if (cache_path_ == "off") cache_path_.clear();
+}
+
+std::optional<DispatchTiming> Dispatcher::decision(const std::string& key) const {
+  auto it = decisions_.find(key);
+  if (it == decisions_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<Path> Dispatcher::disk_lookup(const std::string& key) {
+  if (cache_path_.empty()) return std::nullopt;
+  const nlohmann::json j = read_cache(cache_path_);
+  if (!j.contains("entries") || !j["entries"].contains(key)) return std::nullopt;
+  const std::string path = j["entries"][key].value("path", "");
+  if (path == "native") return Path::kNative;
+  if (path == "fused") return Path::kFused;
+  return std::nullopt;
+}
+
+void Dispatcher::disk_store(const std::string& key, const DispatchTiming& timing) {
+  if (cache_path_.empty() || ctx_.group().local_rank() != 0) return;
+  namespace fs = std::filesystem;
+  try {
+    const fs::path path(cache_path_);
+    if (path.has_parent_path()) fs::create_directories(path.parent_path());
+    nlohmann::json j = read_cache(cache_path_);
+    j["version"] = kCacheVersion;
+    j["entries"][key] = {{"path", std::string(path_name(timing.path))},
+                         {"fused_us", timing.fused_us},
+                         {"native_us", timing.native_us}};
+    // Write beside and rename: readers never see a half-written file.
+    const fs::path tmp = path.string() + fmt::format(".tmp{}", ::getpid());
+    {
+      std::ofstream out(tmp);
+      out << j.dump(1) << "\n";
+      if (!out) throw std::runtime_error("write failed");
+    }
+    fs::rename(tmp, path);
+  } catch (const std::exception& e) {
+    ASYNCTP_LOG_WARN("cannot write the dispatch cache {}: {} (the choice is kept in memory)",
+                     cache_path_, e.what());
+  }
+}
+
+std::vector<double> Dispatcher::sum_over_ranks(std::vector<double> values) {
+  Backend& be = ctx_.backend();
+  const int64_t n = static_cast<int64_t>(values.size());
+  OwnedTensor host = empty_host({n}, DType::kF32);
+  auto* h = static_cast<float*>(host->data());
+  for (int64_t i = 0; i < n; ++i)
+    h[i] = static_cast<float>(values[i]);
+  Buffer dev = be.allocate(static_cast<size_t>(n) * sizeof(float));
+  const Tensor d = dev.view({n}, DType::kF32);
+  be.copy(d, host, ctx_.stream());
+  ctx_.communicator().all_reduce(d, ReduceOp::kSum, ctx_.stream());
+  be.copy(host, d, ctx_.stream());
+  ctx_.stream().synchronize();
+  for (int64_t i = 0; i < n; ++i)
+    values[i] = h[i];
+  return values;
+}
+
+Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& run) {
+  if (auto it = decisions_.find(key); it != decisions_.end()) return it->second.path;
+  Backend& be = ctx_.backend();
+  if (be.capturing()) {
+    ASYNCTP_LOG_INFO(
+        "{}: first seen during CUDA-graph capture, where nothing can be measured: taking the "
+        "native "
+        "path (run it once before capturing to have it measured)",
+        key);
+    return Path::kNative;
+  }
+  const int ws = ctx_.world_size();
+  // 1. The disk cache, if every rank found the same entry (codes c: all equal iff
+  //    (sum c)^2 == ws * sum c^2).
+  const int code = path_code(disk_lookup(key));
+  const std::vector<double> agree =
+      sum_over_ranks({static_cast<double>(code), static_cast<double>(code * code)});
+  if (code != 0 && agree[0] * agree[0] == ws * agree[1]) {
+    DispatchTiming t;
+    t.path = code == 1 ? Path::kFused : Path::kNative;
+    t.from_disk = true;
+    decisions_[key] = t;
+    ASYNCTP_LOG_DEBUG("{}: {} (from {})", key, path_name(t.path), cache_path_);
+    return t.path;
+  }
+  // 2. Measure: warm-up, then interleaved timed runs on every rank.
+  run(Path::kFused);
+  run(Path::kNative);
+  Stream& s = ctx_.stream();
+  auto start = be.create_event(true);
+  auto stop = be.create_event(true);
+  std::vector<double> fused, native;
+  for (int i = 0; i < kTuneRuns; ++i) {
+    for (Path p : {Path::kFused, Path::kNative}) {
+      start->record(s);
+      run(p);
+      stop->record(s);
+      stop->synchronize();
+      (p == Path::kFused ? fused : native).push_back(1000.0 * stop->elapsed_ms(*start));
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const std::vector<double> sums = sum_over_ranks({median(fused), median(native)});
+  DispatchTiming t;
+  t.fused_us = sums[0] / ws;
+  t.native_us = sums[1] / ws;
+  t.path = t.native_us <= t.fused_us ? Path::kNative : Path::kFused;
+  decisions_[key] = t;
+  disk_store(key, t);
+  ASYNCTP_LOG_INFO("{}: {} (fused {:.1f} us, native {:.1f} us, mean over {} ranks)", key,
+                   path_name(t.path), t.fused_us, t.native_us, ws);
+  return t.path;
+}
+
+}  // namespace asynctp

@@ -1,0 +1,299 @@
+// The native async-input GEMM on one GPU (label gpu): against the obviously-correct reference
+// kernel and cuBLASLt over odd shapes, both B layouts and every output dtype; chunks that land
+// one by one while the kernel runs (ready flags set by the copy stream); a chunk that never lands
+// (timeout error naming it); per-chunk completion counters that a copy stream waits on. Skips,
+// saying why, without a GPU.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "device/backend.h"
+#include "device/cuda/cuda_backend.h"
+#include "kernels/kernels.h"
+#include "ops/cuda/gpu_testing.h"
+#include "support/tensor_testing.h"
+
+namespace asynctp::testing {
+namespace {
+
+struct Gpu {
+  std::unique_ptr<Backend> backend = make_backend("cuda", 0);
+  Backend& be() { return *backend; }
+  Stream& stream() { return backend->compute_stream(); }
+
+  OwnedTensor upload(Dims shape, DType dtype, uint64_t seed, Values kind = Values::kRandom) {
+    OwnedTensor host = empty_host(shape, dtype);
+    fill_seeded(host, seed, kind);
+    OwnedTensor dev = empty(shape, dtype);
+    be().copy(dev, host, stream());
+    return dev;
+  }
+  OwnedTensor empty(Dims shape, DType dtype) {
+    Buffer buf = be().allocate(static_cast<size_t>(shape.product()) * element_size(dtype));
+    Tensor view = buf.view(shape, dtype);
+    return {std::move(buf), view};
+  }
+  OwnedTensor download(const Tensor& t) {
+    OwnedTensor host = empty_host(t.shape(), t.dtype());
+    be().copy(host, t, stream());
+    be().synchronize();
+    return host;
+  }
+  // [n, k] storage viewed as the column-major [k, n] B.
+  OwnedTensor upload_b(int64_t k, int64_t n, bool k_major, DType dtype, uint64_t seed) {
+    if (!k_major) return upload({k, n}, dtype, seed);
+    OwnedTensor t = upload({n, k}, dtype, seed);
+    t.tensor = t.tensor.t();
+    return t;
+  }
+};
+
+// The reference kernel's result (f32) for d = a @ b.
+OwnedTensor reference(Gpu& gpu, const Tensor& a, const Tensor& b) {
+  OwnedTensor d = gpu.empty({a.size(0), b.size(1)}, DType::kF32);
+  kernels::AsyncGemmArgs k;
+  k.a = a.data();
+  k.lda = a.stride(0);
+  k.b = b.data();
+  k.b_k_major = b.stride(0) == 1 && b.size(1) > 1;
+  k.ldb = k.b_k_major ? b.stride(1) : b.stride(0);
+  k.c = d->data();
+  k.ldc = d->stride(0);
+  k.in_dtype = a.dtype();
+  k.c_dtype = DType::kF32;
+  k.m = a.size(0);
+  k.n = b.size(1);
+  k.k = a.size(1);
+  EXPECT_EQ(kernels::reference_gemm(k, static_cast<cudaStream_t>(gpu.stream().native_handle())),
+            cudaSuccess);
+  return d;
+}
+
+double rel_diff(const Tensor& actual_host, const Tensor& expected_host) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < actual_host.numel(); ++i) {
+    const double e = get(expected_host, i);
+    const double d = get(actual_host, i) - e;
+    num += d * d;
+    den += e * e;
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+class NativeGemmTest : public ::testing::TestWithParam<std::tuple<Shape, DType, bool>> {};
+
+TEST_P(NativeGemmTest, MatchesReferenceAndCublasLt) {
+  SKIP_UNLESS_GPUS(1);
+  const auto [shape, in_dtype, k_major] = GetParam();
+  Gpu gpu;
+  const uint64_t seed = seed_of({static_cast<uint64_t>(shape.m), static_cast<uint64_t>(shape.n),
+                                 static_cast<uint64_t>(shape.k), static_cast<uint64_t>(k_major)});
+  OwnedTensor a = gpu.upload({shape.m, shape.k}, in_dtype, seed);
+  OwnedTensor b = gpu.upload_b(shape.k, shape.n, k_major, in_dtype, seed + 1);
+  OwnedTensor expected = gpu.download(reference(gpu, a, b));
+  for (DType out : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(fmt::format("{}x{}x{} {} B {} out {}", shape.m, shape.n, shape.k, in_dtype,
+                             k_major ? "column-major" : "row-major", out));
+    OwnedTensor d = gpu.empty({shape.m, shape.n}, out);
+    gpu.be().fill(d, std::nanf(""), gpu.stream());
+    ChunkedGemmArgs args;
+    args.a = a;
+    args.b = b;
+    args.d = d;
+    ASSERT_EQ(gpu.be().native_gemm_unsupported(args), "");
+    gpu.be().native_gemm(args, gpu.stream());
+    OwnedTensor got = gpu.download(d);
+    // Both accumulate in f32 (in different orders): f32 results agree to rounding noise, 16-bit
+    // results to one rounding of the output.
+    EXPECT_LT(rel_diff(got, expected), out == DType::kF32 ? 1e-5 : 4e-3);
+    if (out != DType::kF32 && out != in_dtype) continue;  // cuBLASLt has no bf16 -> f16 (or back)
+    OwnedTensor lt = gpu.empty({shape.m, shape.n}, out);
+    GemmArgs g;
+    g.a = a;
+    g.b = b;
+    g.d = lt;
+    gpu.be().gemm(g, gpu.stream());
+    EXPECT_LT(rel_diff(got, gpu.download(lt)), out == DType::kF32 ? 1e-5 : 4e-3);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, NativeGemmTest,
+    ::testing::Combine(::testing::Values(Shape{128, 256, 64}, Shape{1, 8, 8}, Shape{200, 312, 72},
+                                         Shape{1000, 1000, 1000}, Shape{333, 520, 4104},
+                                         Shape{2048, 768, 512}),
+                       ::testing::Values(DType::kBF16, DType::kF16), ::testing::Bool()));
+
+TEST(NativeGemm, RegisterStoreMatchesTmaStore) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  OwnedTensor a = gpu.upload({300, 264}, DType::kBF16, 7);
+  OwnedTensor b = gpu.upload({264, 520}, DType::kBF16, 8);
+  OwnedTensor d1 = gpu.empty({300, 520}, DType::kBF16);
+  OwnedTensor d2 = gpu.empty({300, 520}, DType::kBF16);
+  kernels::AsyncGemmArgs k;
+  k.a = a->data();
+  k.lda = 264;
+  k.b = b->data();
+  k.ldb = 520;
+  k.c = d1->data();
+  k.ldc = 520;
+  k.m = 300;
+  k.n = 520;
+  k.k = 264;
+  const auto stream = static_cast<cudaStream_t>(gpu.stream().native_handle());
+  ASSERT_EQ(kernels::async_gemm(k, stream), cudaSuccess);
+  k.c = d2->data();
+  k.force_register_store = true;
+  ASSERT_EQ(kernels::async_gemm(k, stream), cudaSuccess);
+  EXPECT_TRUE(same_bits(gpu.download(d1), gpu.download(d2)));
+}
+
+TEST(NativeGemm, RejectsWhatTmaCannotAddress) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  OwnedTensor a = gpu.upload({64, 104}, DType::kBF16, 1);
+  OwnedTensor b = gpu.upload({104, 64}, DType::kBF16, 2);
+  OwnedTensor d = gpu.empty({64, 64}, DType::kBF16);
+  ChunkedGemmArgs args;
+  args.a = a;
+  args.b = b;
+  args.d = d;
+  EXPECT_EQ(gpu.be().native_gemm_unsupported(args), "");
+  args.a = a->narrow(1, 0, 99);  // row stride 104 (208 bytes): fine, K = 99 is a tail
+  args.b = b->narrow(0, 0, 99);
+  EXPECT_EQ(gpu.be().native_gemm_unsupported(args), "");
+  OwnedTensor odd = gpu.upload({64, 99}, DType::kBF16, 3);  // row stride 198 bytes
+  args.a = odd;
+  EXPECT_THAT(gpu.be().native_gemm_unsupported(args), ::testing::HasSubstr("multiple of 16 bytes"));
+  OwnedTensor f32 = gpu.upload({64, 99}, DType::kF32, 3);
+  args.a = f32;
+  EXPECT_THAT(gpu.be().native_gemm_unsupported(args), ::testing::HasSubstr("b is"));
+  EXPECT_THROW(gpu.be().native_gemm(args, gpu.stream()), Error);
+}
+
+// The AG+MM pattern: the kernel starts with no chunk present; the copy stream lands chunk after
+// chunk (from first_chunk on) and raises its ready flag; the result equals the GEMM of the whole.
+TEST(NativeGemm, ConsumesChunksAsTheyLand) {
+  SKIP_UNLESS_GPUS(1);
+  for (const auto& [m, chunk_rows, first] : std::vector<std::tuple<int64_t, int64_t, int>>{
+           {1024, 256, 2}, {1000, 250, 1}, {4096, 1024, 3}}) {
+    SCOPED_TRACE(fmt::format("m {} chunk_rows {} first {}", m, chunk_rows, first));
+    Gpu gpu;
+    auto copy_stream = gpu.be().create_stream();
+    const int chunks = static_cast<int>((m + chunk_rows - 1) / chunk_rows);
+    OwnedTensor src = gpu.upload({m, 512}, DType::kBF16, 11);
+    OwnedTensor b = gpu.upload({512, 768}, DType::kBF16, 12);
+    OwnedTensor gathered = gpu.empty({m, 512}, DType::kBF16);
+    gpu.be().fill(gathered, std::nanf(""), gpu.stream());
+    Buffer flags = gpu.be().allocate(chunks * sizeof(uint32_t));
+    auto* ready = static_cast<uint32_t*>(flags.data());
+    gpu.be().zero_flags(ready, chunks, gpu.stream());
+    OwnedTensor d = gpu.empty({m, 768}, DType::kF32);
+    gpu.be().synchronize();
+
+    ChunkedGemmArgs args;
+    args.a = gathered;
+    args.b = b;
+    args.d = d;
+    args.chunk_rows = chunk_rows;
+    args.first_chunk = first;
+    args.ready = ready;
+    args.timeout = std::chrono::milliseconds(20'000);
+    gpu.be().native_gemm(args, gpu.stream());  // enqueued first: it waits for the copies below
+    for (int i = 0; i < chunks; ++i) {
+      const int c = (first + i) % chunks;
+      const int64_t rows = std::min(chunk_rows, m - c * chunk_rows);
+      gpu.be().copy(gathered->narrow(0, c * chunk_rows, rows), src->narrow(0, c * chunk_rows, rows),
+                    *copy_stream);
+      gpu.be().write_flag(ready + c, 1, *copy_stream);
+    }
+    OwnedTensor got = gpu.download(d);
+    EXPECT_LT(rel_diff(got, gpu.download(reference(gpu, src, b))), 1e-5);
+  }
+}
+
+TEST(NativeGemm, ChunkThatNeverLandsTimesOutNamingIt) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  OwnedTensor a = gpu.upload({512, 256}, DType::kBF16, 1);
+  OwnedTensor b = gpu.upload({256, 256}, DType::kBF16, 2);
+  OwnedTensor d = gpu.empty({512, 256}, DType::kBF16);
+  Buffer flags = gpu.be().allocate(4 * sizeof(uint32_t));
+  auto* ready = static_cast<uint32_t*>(flags.data());
+  gpu.be().zero_flags(ready, 4, gpu.stream());
+  for (int c : {0, 2, 3})
+    gpu.be().write_flag(ready + c, 1, gpu.stream());
+  ChunkedGemmArgs args;
+  args.a = a;
+  args.b = b;
+  args.d = d;
+  args.chunk_rows = 128;
+  args.ready = ready;
+  args.timeout = std::chrono::milliseconds(200);
+  args.rank = 5;
+  gpu.be().native_gemm(args, gpu.stream());
+  try {
+    gpu.be().synchronize();
+    FAIL() << "expected a TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("rank 5"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("chunk 1"));
+  }
+  // The context stays usable: the same GEMM with every chunk ready succeeds.
+  gpu.be().write_flag(ready + 1, 1, gpu.stream());
+  gpu.be().native_gemm(args, gpu.stream());
+  EXPECT_NO_THROW(gpu.be().synchronize());
+}
+
+// The MM+RS pattern: the kernel counts finished rows per chunk; a copy stream waits for each
+// chunk's count and copies it out while later chunks are still being computed.
+TEST(NativeGemm, PublishesFinishedChunks) {
+  SKIP_UNLESS_GPUS(1);
+  for (DType out : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(fmt::format("out {}", out));
+    Gpu gpu;
+    auto copy_stream = gpu.be().create_stream();
+    const int64_t m = 1024, chunk_rows = 256;
+    const int chunks = 4, first = 1;
+    OwnedTensor a = gpu.upload({m, 384}, DType::kBF16, 21);
+    OwnedTensor b = gpu.upload({384, 520}, DType::kBF16, 22);
+    OwnedTensor d = gpu.empty({m, 520}, out);
+    OwnedTensor copied = gpu.empty({m, 520}, out);
+    gpu.be().fill(copied, std::nanf(""), gpu.stream());
+    Buffer flags = gpu.be().allocate(chunks * sizeof(uint32_t));
+    auto* done = static_cast<uint32_t*>(flags.data());
+    gpu.be().zero_flags(done, chunks, gpu.stream());
+    gpu.be().synchronize();
+    ChunkedGemmArgs args;
+    args.a = a;
+    args.b = b;
+    args.d = d;
+    args.chunk_rows = chunk_rows;
+    args.first_chunk = first;
+    args.done = done;
+    gpu.be().native_gemm(args, gpu.stream());
+    for (int i = 0; i < chunks; ++i) {
+      const int c = (first + i) % chunks;
+      gpu.be().wait_flag(done + c, gpu.be().native_gemm_done_count(args, c), *copy_stream);
+      gpu.be().copy(copied->narrow(0, c * chunk_rows, chunk_rows),
+                    d->narrow(0, c * chunk_rows, chunk_rows), *copy_stream);
+    }
+    copy_stream->synchronize();
+    EXPECT_TRUE(same_bits(gpu.download(copied), gpu.download(d)));
+    std::vector<uint32_t> host(chunks);
+    ASSERT_EQ(cudaMemcpy(host.data(), done, chunks * sizeof(uint32_t), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (int c = 0; c < chunks; ++c)
+      EXPECT_EQ(host[c], gpu.be().native_gemm_done_count(args, c)) << "chunk " << c;
+  }
+}
+
+}  // namespace
+}  // namespace asynctp::testing
