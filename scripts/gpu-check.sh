@@ -4,7 +4,7 @@
 #
 #   BIN=dir-with-asynctp-and-test-binaries  (default: build/bin)
 #   NGPU=4                                  (default: every visible GPU)
-#   STEPS="env tests bench demo torch"      (default: all of them, in that order)
+#   STEPS="env tests sanitize bench demo torch"  (default: all of them, in that order)
 #   TORCH_BENCH=path/to/torch_asynctp_bench.py (the anchor script; default .carry/torch_asynctp_bench.py)
 #   GTEST_FILTER=...                        (passed to the GPU test binary)
 set -uo pipefail
@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/asynctp-gpu-check}
 mkdir -p "$OUT"
 BIN=${BIN:-build/bin}
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
-STEPS=${STEPS:-env tests bench demo torch}
+STEPS=${STEPS:-env tests sanitize bench demo torch}
 TORCH_BENCH=${TORCH_BENCH:-.carry/torch_asynctp_bench.py}
 status=0
 
@@ -47,6 +47,26 @@ if step tests; then
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|FAILED  \]" "$OUT/$t.log" | tail -25
     [ $rc -eq 0 ] || status=1
   done
+fi
+
+if step sanitize; then
+  # The native GEMM on small cases (chunks landing while it runs, published chunks, every
+  # epilogue variant) under compute-sanitizer's race and synchronization checkers; only tests
+  # that run no cuBLASLt kernel (racecheck reports hazards inside cuBLASLt's own kernels).
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -n "$CS" ] && [ -x "$BIN/test_device_gpu" ]; then
+    for tool in racecheck synccheck; do
+      echo "== compute-sanitizer --tool $tool (native GEMM)"
+      "$CS" --tool "$tool" --error-exitcode 9 "$BIN/test_device_gpu" --gtest_brief=1 \
+        --gtest_filter='NativeGemm.ConsumesChunksAsTheyLand:NativeGemm.PublishesFinishedChunks:NativeGemm.RegisterStoreMatchesTmaStore' \
+        > "$OUT/sanitize_$tool.log" 2>&1
+      rc=$?
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/sanitize_$tool.log" | tail -4
+      [ $rc -eq 0 ] || status=1
+    done
+  else
+    echo "== compute-sanitizer: not found, skipped"
+  fi
 fi
 
 if step bench; then

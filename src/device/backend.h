@@ -83,6 +83,12 @@ struct ChunkedGemmArgs {
   uint32_t* done = nullptr;
   std::chrono::milliseconds timeout{60'000};
   int rank = 0;
+  // Chunk own_chunk's rows as the caller holds them ([rows of that chunk, k], unit column
+  // stride): read from here, without waiting for ready[own_chunk] (where the whole tile fits).
+  Tensor own_a;
+  int own_chunk = -1;
+  // SMs the kernel leaves free, for a kernel of another stream to run beside it (0 to 8).
+  int reserve_sms = 0;
 };
 
 class Backend {

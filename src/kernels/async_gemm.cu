@@ -7,10 +7,13 @@
 //                                         wait empty[s] -> expect_tx(full[s]) -> TMA A, TMA B
 //   warpgroups 1, 2 (consumers):          per k-block wait full[s] -> 4 x wgmma m64n256k16 ->
 //                                         (previous k-block done) arrive empty[s-1]; per tile the
-//                                         epilogue stores 64 x 256 from registers [and bumps done]
+//                                         epilogue: 16-bit C through shared memory and TMA
+//                                         stores (in two column halves), f32 C from registers;
+//                                         then [done[chunk] += 1]
 //
 // Tile 128 x 256 (each consumer owns 64 rows), k-block 64, 4 stages of shared memory
-// (16 KiB of A + 32 KiB of B each, 128-byte swizzle written by TMA and read by wgmma).
+// (16 KiB of A + 32 KiB of B each, 128-byte swizzle written by TMA and read by wgmma) and a
+// 32 KiB staging area for C: 225 KiB of the 227 a block may have.
 //
 // Tile order (the async part): tiles are numbered so that all tiles of the m-tile group holding
 // `first_chunk`'s first row come first, then the following rows, wrapping around; within a group
@@ -28,6 +31,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <type_traits>
 
@@ -45,13 +49,15 @@ constexpr int kGroupM = 8;
 constexpr int kThreads = 384;
 constexpr int kStageABytes = kBM * kBK * 2;
 constexpr int kStageBBytes = kBN * kBK * 2;
-constexpr int kCBytes = kBM * kBN * 2;  // 16-bit C tile staged for the TMA store
+// 16-bit C staged for the TMA store: half a tile's columns at a time (each consumer 64 x 128).
+constexpr int kCBytes = kBM * (kBN / 2) * 2;
 
-// Stages that fit beside the C staging area (227 KiB of shared memory per block).
+// Four stages fit beside the staging area (227 KiB of shared memory per block).
 template <bool kTmaStore>
 constexpr int stages() {
-  return kTmaStore ? 3 : 4;
+  return 4;
 }
+static_assert(4 * (kStageABytes + kStageBBytes) + kCBytes + 2 * 4 * 8 + 1024 <= 227 * 1024);
 template <bool kTmaStore>
 constexpr int smem_bytes() {
   return stages<kTmaStore>() * (kStageABytes + kStageBBytes) + (kTmaStore ? kCBytes : 0) +
@@ -72,6 +78,7 @@ struct Params {
   DeviceErrorSlot* slot;
   int rank;
   uint32_t b_lbo, b_sbo;
+  int own_chunk;  // chunk whose whole tiles come from map_a_own (no wait), or -1
 };
 
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0,
@@ -175,14 +182,45 @@ struct Tile {
   int m0, n0;
 };
 
-// Tile t of the walk described in the file comment.
-__device__ __forceinline__ Tile tile_at(int t, int tiles_m, int tiles_n, int pivot_m) {
+// Tile t of the walk described in the file comment; tiles are `height` rows (a cluster's).
+__device__ __forceinline__ Tile tile_at(int t, int tiles_m, int tiles_n, int pivot_m, int height) {
   const int group = t / (kGroupM * tiles_n);
   const int first = group * kGroupM;
   const int rows = min(kGroupM, tiles_m - first);
   const int local = t - group * kGroupM * tiles_n;
   const int mi = (first + local % rows + pivot_m) % tiles_m;
-  return {mi * kBM, (local / rows) * kBN};
+  return {mi * height, (local / rows) * kBN};
+}
+
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,
+                                                      uint64_t* bar, int c0, int c1,
+                                                      uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+}
+
+// Arrives on the mbarrier at the same shared-memory offset in CTA `cta` of this cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(cta)
+      : "memory");
+}
+
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+// Every thread of both CTAs (divergent warps allowed: not .aligned).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
 // Waits until every chunk overlapping rows [m0, m0 + kBM) is ready. False on timeout (reported).
@@ -254,17 +292,18 @@ __device__ __forceinline__ void store_block(const Params& p, const float (&d)[12
   }
 }
 
-// Writes one consumer's 64 x 256 accumulator block (16-bit) into its staging area as four
-// 64 x 64 boxes laid out as the 128-byte-swizzled TMA store expects: box j holds columns
-// 64j..64j+63, row r at 128 r bytes, 16-byte chunk q of the row at position q ^ (r % 8). A warp's
-// stores for one 8-column group hit 8 different chunks of 8 rows: no bank conflicts.
-template <typename Out>
+// Writes columns [128 half, 128 half + 128) of one consumer's 64 x 256 accumulator block
+// (16-bit) into its staging area as two 64 x 64 boxes laid out as the 128-byte-swizzled TMA
+// store expects: box j holds columns 64j..64j+63 of the half, row r at 128 r bytes, 16-byte
+// chunk q of the row at position q ^ (r % 8). A warp's stores for one 8-column group hit 8
+// different chunks of 8 rows: no bank conflicts.
+template <typename Out, int kHalf>
 __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[128]) {
   const int t = threadIdx.x % 128;
   const int row = 16 * (t / 32) + (t % 32) / 4;
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const int col = 8 * j + 2 * (t % 4);
+  for (int j = 16 * kHalf; j < 16 * kHalf + 16; ++j) {
+    const int col = 8 * j + 2 * (t % 4) - 128 * kHalf;
     uint8_t* box = staging + (col / 64) * 8192;
     const int chunk = (col % 64) / 8;
     const int within = (col % 8) * 2;
@@ -289,13 +328,19 @@ __device__ __forceinline__ void publish_done(const Params& p, int r0) {
 }
 
 // kTmaStore: 16-bit C staged in shared memory and written by TMA stores that overlap the next
-// tile's main loop (3 stages fit beside it); otherwise (f32 C, or a C TMA cannot address) the
-// consumers store from registers (4 stages).
-template <bool kF16, bool kBKMajor, bool kTmaStore>
+// tile's main loop; otherwise (f32 C, or a C TMA cannot address) the consumers store from
+// registers.
+//
+// kCluster = 2: the two CTAs of a cluster take the two 128-row halves of a 256 x 256 tile and
+// share its B tile: each loads one half of B and multicasts it into both CTAs' shared memory
+// (half the L2 -> SM traffic for B). A stage is refilled only after the consumers of both CTAs
+// released it (empty barriers count 4 arrivals: 2 consumers x 2 CTAs).
+template <bool kF16, bool kBKMajor, bool kTmaStore, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     async_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                       const __grid_constant__ CUtensorMap map_b,
-                      const __grid_constant__ CUtensorMap map_c, const Params p) {
+                      const __grid_constant__ CUtensorMap map_c,
+                      const __grid_constant__ CUtensorMap map_a_own, const Params p) {
   constexpr int kStages = stages<kTmaStore>();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem =
@@ -310,41 +355,71 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 2);
+      mbar_init(&empty[s], 2 * kCluster);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  // The peer's barriers must be initialised before anyone multicasts into them or arrives there.
+  if constexpr (kCluster == 2) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
-  const int tiles_m = static_cast<int>((p.m + kBM - 1) / kBM);
+  const uint32_t cta = kCluster == 2 ? cluster_cta_rank() : 0;
+  const int cluster_id = blockIdx.x / kCluster;
+  const int clusters = gridDim.x / kCluster;
+  const int height = kBM * kCluster;
+  const int tiles_m = static_cast<int>((p.m + height - 1) / height);
   const int tiles_n = static_cast<int>((p.n + kBN - 1) / kBN);
   const int num_tiles = tiles_m * tiles_n;
   const int k_blocks = static_cast<int>((p.k + kBK - 1) / kBK);
-  const int pivot_m = static_cast<int>(p.first_chunk * p.chunk_rows / kBM);
+  const int pivot_m = static_cast<int>(p.first_chunk * p.chunk_rows / height);
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (threadIdx.x != 0) return;
-    bool waiting = p.ready != nullptr;
-    int it = 0;
-    for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      const Tile tile = tile_at(t, tiles_m, tiles_n, pivot_m);
-      if (waiting) waiting = wait_chunks_ready(p, tile.m0);
-      for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-        const int s = it % kStages;
-        mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
-        mbar_expect_tx(&full[s], kStageABytes + kStageBBytes);
-        tma_load_2d(smem_a + s * kStageABytes, &map_a, &full[s], kb * kBK, tile.m0);
-        uint8_t* b = smem_b + s * kStageBBytes;
-        if constexpr (kBKMajor) {
-          tma_load_2d(b, &map_b, &full[s], kb * kBK, tile.n0);
-        } else {
+    if (threadIdx.x == 0) {
+      bool waiting = p.ready != nullptr;
+      int it = 0;
+      for (int t = cluster_id; t < num_tiles; t += clusters) {
+        const Tile tile = tile_at(t, tiles_m, tiles_n, pivot_m, height);
+        const int m0 = tile.m0 + kBM * static_cast<int>(cta);
+        // A tile wholly inside the own chunk is read from the caller's A (always there);
+        // any other waits for its chunks to land.
+        const int64_t own_first = static_cast<int64_t>(p.own_chunk) * p.chunk_rows;
+        const bool own =
+            p.own_chunk >= 0 && m0 >= own_first && m0 + kBM <= own_first + p.chunk_rows;
+        if (waiting && !own) waiting = wait_chunks_ready(p, m0);
+        const CUtensorMap* a_map = own ? &map_a_own : &map_a;
+        const int a_row = own ? static_cast<int>(m0 - own_first) : m0;
+        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+          const int s = it % kStages;
+          mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
+          mbar_expect_tx(&full[s], kStageABytes + kStageBBytes);
+          tma_load_2d(smem_a + s * kStageABytes, a_map, &full[s], kb * kBK, a_row);
+          uint8_t* b = smem_b + s * kStageBBytes;
+          if constexpr (kCluster == 2) {
+            // This CTA's half of B, into both CTAs.
+            if constexpr (kBKMajor) {
+              tma_load_2d_multicast(b + cta * (kStageBBytes / 2), &map_b, &full[s], kb * kBK,
+                                    tile.n0 + (kBN / 2) * static_cast<int>(cta), 0x3);
+            } else {
 #pragma unroll
-          for (int j = 0; j < kBN / 64; ++j)
-            tma_load_2d(b + j * 8192, &map_b, &full[s], tile.n0 + 64 * j, kb * kBK);
+              for (int j = 2 * cta; j < 2 * cta + 2; ++j)
+                tma_load_2d_multicast(b + j * 8192, &map_b, &full[s], tile.n0 + 64 * j, kb * kBK,
+                                      0x3);
+            }
+          } else if constexpr (kBKMajor) {
+            tma_load_2d(b, &map_b, &full[s], kb * kBK, tile.n0);
+          } else {
+#pragma unroll
+            for (int j = 0; j < kBN / 64; ++j)
+              tma_load_2d(b + j * 8192, &map_b, &full[s], tile.n0 + 64 * j, kb * kBK);
+          }
         }
       }
     }
+    if constexpr (kCluster == 2) cluster_sync();
     return;
   }
 
@@ -357,8 +432,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     acc[i] = 0.f;
   int it = 0;
   int pending_row = -1;  // kTmaStore: rows of the tile whose stores are in flight
-  for (int t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    const Tile tile = tile_at(t, tiles_m, tiles_n, pivot_m);
+  // Releases stage s to the producers of every CTA that writes into it.
+  auto release = [&](int s) {
+    if constexpr (kCluster == 2) {
+      mbar_arrive_cluster(&empty[s], 0);
+      mbar_arrive_cluster(&empty[s], 1);
+    } else {
+      mbar_arrive(&empty[s]);
+    }
+  };
+  for (int t = cluster_id; t < num_tiles; t += clusters) {
+    Tile tile = tile_at(t, tiles_m, tiles_n, pivot_m, height);
+    tile.m0 += kBM * static_cast<int>(cta);
     int prev_stage = -1;
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
       const int s = it % kStages;
@@ -379,45 +464,48 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
       // Keep one k-block in flight: the previous one is done, its stage can be refilled.
       wgmma_wait<1>();
-      if (leader && prev_stage >= 0) mbar_arrive(&empty[prev_stage]);
+      if (leader && prev_stage >= 0) release(prev_stage);
       prev_stage = s;
     }
     wgmma_wait<0>();
-    if (leader && prev_stage >= 0) mbar_arrive(&empty[prev_stage]);
+    if (leader && prev_stage >= 0) release(prev_stage);
 
     const int r0 = tile.m0 + 64 * consumer;
     if constexpr (kTmaStore) {
-      // Schedule per tile (leader = thread 0 of this consumer):
-      //   leader: previous tile's stores done (and its chunk published) | bar | all: registers ->
-      //   staging | proxy fence | bar | leader: 4 TMA stores, commit (they run during the next
-      //   tile)
+      // Schedule per tile and half (leader = thread 0 of this consumer), twice:
+      //   leader: earlier stores have read the staging area (before the first half: the previous
+      //   tile's stores done and its chunk published) | bar | all: registers -> staging | proxy
+      //   fence | bar | leader: 2 TMA stores, commit (the last ones run during the next tile)
       uint8_t* staging = smem_c + consumer * (kCBytes / 2);
-      if (leader) {
-        if (p.done != nullptr) {
-          asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-          if (pending_row >= 0) publish_done(p, pending_row);
-        } else {
-          asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-        }
-      }
-      asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
-      if (p.c_dtype == 1) {
-        stage_block<__nv_bfloat16>(staging, acc);
-      } else {
-        stage_block<__half>(staging, acc);
-      }
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
-      if (leader) {
-        if (r0 < p.m) {
-#pragma unroll
-          for (int j = 0; j < kBN / 64; ++j) {
-            tma_store_2d(&map_c, staging + j * 8192, tile.n0 + 64 * j, r0);
+      auto store_half = [&](auto half) {
+        constexpr int kHalf = decltype(half)::value;
+        if (leader) {
+          if (kHalf == 0 && p.done != nullptr) {
+            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+            if (pending_row >= 0) publish_done(p, pending_row);
+          } else {
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
           }
         }
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        pending_row = r0 < p.m ? r0 : -1;
-      }
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
+        if (p.c_dtype == 1) {
+          stage_block<__nv_bfloat16, kHalf>(staging, acc);
+        } else {
+          stage_block<__half, kHalf>(staging, acc);
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
+        if (leader) {
+          if (r0 < p.m) {
+            tma_store_2d(&map_c, staging, tile.n0 + 128 * kHalf, r0);
+            tma_store_2d(&map_c, staging + 8192, tile.n0 + 128 * kHalf + 64, r0);
+          }
+          asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        }
+      };
+      store_half(std::integral_constant<int, 0>{});
+      store_half(std::integral_constant<int, 1>{});
+      if (leader) pending_row = r0 < p.m ? r0 : -1;
     } else {
       switch (p.c_dtype) {
         case 0:
@@ -443,9 +531,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (p.done != nullptr && pending_row >= 0) publish_done(p, pending_row);
     }
   }
+  // No CTA leaves while its peer may still arrive on its barriers.
+  if constexpr (kCluster == 2) cluster_sync();
 }
 
 // Host side.
+
+// The grid (CTAs * 16 + cluster size) of the last launch, for diagnostics.
+std::atomic<int> g_last_launch{0};
 
 using EncodeTiled = decltype(&cuTensorMapEncodeTiled);
 
@@ -485,33 +578,67 @@ int sm_count() {
   return count;
 }
 
-template <bool kF16, bool kBKMajor, bool kTmaStore>
+template <bool kF16, bool kBKMajor, bool kTmaStore, int kCluster>
 cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
-                   const Params& p, int ctas, cudaStream_t stream) {
-  // The attribute is per function; one process drives one device, so once is enough.
+                   const CUtensorMap& map_a_own, const Params& p, int max_ctas,
+                   cudaStream_t stream) {
+  auto* kernel = async_gemm_kernel<kF16, kBKMajor, kTmaStore, kCluster>;
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes<kTmaStore>();
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  // Per function (one process drives one device): the shared-memory opt-in, and how many
+  // clusters fit at once (a GPC may not hold an even number of busy SMs).
   static std::once_flag once;
   static cudaError_t attr_status = cudaSuccess;
-  std::call_once(once, [] {
-    attr_status =
-        cudaFuncSetAttribute(async_gemm_kernel<kF16, kBKMajor, kTmaStore>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kTmaStore>());
+  static int max_clusters = 0;
+  std::call_once(once, [&] {
+    attr_status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       smem_bytes<kTmaStore>());
+    if (attr_status != cudaSuccess) return;
+    config.gridDim = dim3(kCluster * 256);
+    attr_status = cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &config);
   });
   if (attr_status != cudaSuccess) return attr_status;
-  async_gemm_kernel<kF16, kBKMajor, kTmaStore>
-      <<<ctas, kThreads, smem_bytes<kTmaStore>(), stream>>>(map_a, map_b, map_c, p);
-  return cudaGetLastError();
+  if (max_clusters <= 0) return cudaErrorInvalidConfiguration;
+  const int64_t height = int64_t{kBM} * kCluster;
+  const int64_t tiles = ((p.m + height - 1) / height) * ((p.n + kBN - 1) / kBN);
+  const int64_t clusters = std::min<int64_t>({max_clusters, max_ctas / kCluster, tiles});
+  if (clusters <= 0) return cudaErrorInvalidConfiguration;
+  config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
+  g_last_launch.store(static_cast<int>(clusters * kCluster) * 16 + kCluster,
+                      std::memory_order_relaxed);
+  return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, map_a_own, p);
 }
 
-template <bool kF16>
-cudaError_t launch_layout(bool b_k_major, bool tma_store, const CUtensorMap& map_a,
-                          const CUtensorMap& map_b, const CUtensorMap& map_c, const Params& p,
-                          int ctas, cudaStream_t stream) {
-  if (b_k_major) {
-    return tma_store ? launch<kF16, true, true>(map_a, map_b, map_c, p, ctas, stream)
-                     : launch<kF16, true, false>(map_a, map_b, map_c, p, ctas, stream);
+// The kernel for (dtype, B layout, epilogue, cluster), with the launch arguments.
+struct Launch {
+  const CUtensorMap &map_a, &map_b, &map_c, &map_a_own;
+  const Params& p;
+  int max_ctas;
+  cudaStream_t stream;
+  template <bool kF16, bool kBKMajor, bool kTmaStore, int kCluster>
+  cudaError_t run() const {
+    return launch<kF16, kBKMajor, kTmaStore, kCluster>(map_a, map_b, map_c, map_a_own, p, max_ctas,
+                                                       stream);
   }
-  return tma_store ? launch<kF16, false, true>(map_a, map_b, map_c, p, ctas, stream)
-                   : launch<kF16, false, false>(map_a, map_b, map_c, p, ctas, stream);
+};
+
+template <bool kF16>
+cudaError_t launch_layout(bool b_k_major, bool tma_store, int cluster, const Launch& l) {
+  if (b_k_major) {
+    if (!tma_store) return l.run<kF16, true, false, 1>();
+    return cluster == 2 ? l.run<kF16, true, true, 2>() : l.run<kF16, true, true, 1>();
+  }
+  if (!tma_store) return l.run<kF16, false, false, 1>();
+  return cluster == 2 ? l.run<kF16, false, true, 2>() : l.run<kF16, false, true, 1>();
 }
 
 int64_t chunk_rows_of(const AsyncGemmArgs& a) {
@@ -568,8 +695,21 @@ const char* async_gemm_unsupported(const AsyncGemmArgs& a) {
   if (a.done != nullptr && rows % kBM != 0)
     return "publishing per-chunk completion needs chunk_rows % 128 == 0";
   if (a.ready != nullptr && a.timeout_ns == 0) return "waiting for chunks needs a timeout";
+  if (a.own_a != nullptr) {
+    if (a.own_chunk < 0 || a.own_chunk * rows >= a.m) return "own_chunk is out of range";
+    if (misaligned(a.own_a, 16) || a.own_lda % 8 != 0 || a.own_lda < a.k) {
+      return "the own chunk's A is not 16-byte aligned or its row stride is not a multiple of 16 "
+             "bytes (TMA)";
+    }
+  }
+  if (a.reserve_sms < 0 || a.reserve_sms > 8) return "reserve_sms is out of range (0 to 8)";
   if (encode_tiled() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
   return nullptr;
+}
+
+AsyncGemmLaunch async_gemm_last_launch() {
+  const int v = g_last_launch.load(std::memory_order_relaxed);
+  return {v / 16, v % 16};
 }
 
 uint32_t async_gemm_done_count(const AsyncGemmArgs& a, int chunk) {
@@ -584,9 +724,16 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   if (async_gemm_unsupported(a) != nullptr) return cudaErrorInvalidValue;
   const CUtensorMapDataType type = a.in_dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // The TMA store needs a 16-bit C with a 16-byte aligned base and row stride; clusters of two
+  // (B multicast) only come with it, and only when asked for: on the H200 they are correct but
+  // run at half the speed of single CTAs (docs/PERFORMANCE.md), for reasons not yet found.
+  const bool tma_store = a.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(a.c) % 16 == 0 &&
+                         a.ldc % 8 == 0 && !a.force_register_store;
+  const int cluster = tma_store && a.cluster == 2 ? 2 : 1;
   CUtensorMap map_a{}, map_b{};
   if (!make_map(&map_a, a.a, type, a.k, a.m, a.lda, kBK, kBM)) return cudaErrorInvalidValue;
-  const bool ok_b = a.b_k_major ? make_map(&map_b, a.b, type, a.k, a.n, a.ldb, kBK, kBN)
+  // K-major B: one box of the CTA's share of the tile's rows; N-major: 64 x 64 boxes.
+  const bool ok_b = a.b_k_major ? make_map(&map_b, a.b, type, a.k, a.n, a.ldb, kBK, kBN / cluster)
                                 : make_map(&map_b, a.b, type, a.n, a.k, a.ldb, 64, kBK);
   if (!ok_b) return cudaErrorInvalidValue;
   Params p{};
@@ -606,23 +753,26 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   p.rank = a.rank;
   p.b_lbo = a.b_mn_lbo != 0 ? a.b_mn_lbo : 8192;
   p.b_sbo = a.b_mn_sbo != 0 ? a.b_mn_sbo : 1024;
-  const int64_t tiles = ((a.m + kBM - 1) / kBM) * ((a.n + kBN - 1) / kBN);
-  int ctas = a.max_ctas > 0 ? a.max_ctas : sm_count();
+  const int ctas = (a.max_ctas > 0 ? a.max_ctas : sm_count()) - a.reserve_sms;
   if (ctas <= 0) return cudaErrorNoDevice;
-  ctas = static_cast<int>(std::min<int64_t>(ctas, tiles));
-  // The TMA store needs a 16-bit C with a 16-byte aligned base and row stride.
-  const bool tma_store = a.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(a.c) % 16 == 0 &&
-                         a.ldc % 8 == 0 && !a.force_register_store;
   CUtensorMap map_c{};
   if (tma_store) {
     const CUtensorMapDataType c_type = a.c_dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     if (!make_map(&map_c, a.c, c_type, a.n, a.m, a.ldc, 64, 64)) return cudaErrorInvalidValue;
   }
-  if (a.in_dtype == DType::kF16) {
-    return launch_layout<true>(a.b_k_major, tma_store, map_a, map_b, map_c, p, ctas, stream);
+  // The own chunk's rows straight from the caller's A: [chunk rows, K] with row stride own_lda.
+  CUtensorMap map_a_own{};
+  p.own_chunk = -1;
+  if (a.own_a != nullptr && a.own_chunk >= 0) {
+    const int64_t rows = std::min(p.chunk_rows, a.m - a.own_chunk * p.chunk_rows);
+    if (!make_map(&map_a_own, a.own_a, type, a.k, rows, a.own_lda, kBK, kBM))
+      return cudaErrorInvalidValue;
+    p.own_chunk = a.own_chunk;
   }
-  return launch_layout<false>(a.b_k_major, tma_store, map_a, map_b, map_c, p, ctas, stream);
+  const Launch l{map_a, map_b, map_c, map_a_own, p, ctas, stream};
+  if (a.in_dtype == DType::kF16) return launch_layout<true>(a.b_k_major, tma_store, cluster, l);
+  return launch_layout<false>(a.b_k_major, tma_store, cluster, l);
 }
 
 cudaError_t reference_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {

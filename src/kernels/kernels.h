@@ -20,7 +20,8 @@ struct KTensor {
 
   int64_t numel() const {
     int64_t n = 1;
-    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    for (int i = 0; i < ndim; ++i)
+      n *= shape[i];
     return n;
   }
   bool contiguous() const {
@@ -57,8 +58,8 @@ cudaError_t put_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, Dev
 cudaError_t wait_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, DeviceErrorSlot* slot,
                         cudaStream_t stream);
 // pads: device array of every rank's signal pad (kNumChannels x world_size u32 flags each).
-cudaError_t barrier(uint32_t* const* pads, int rank, int world_size, int channel, uint64_t timeout_ns,
-                    DeviceErrorSlot* slot, cudaStream_t stream);
+cudaError_t barrier(uint32_t* const* pads, int rank, int world_size, int channel,
+                    uint64_t timeout_ns, DeviceErrorSlot* slot, cudaStream_t stream);
 
 // dst <- src (same shape, any strides, dtype conversion as the CPU backend does it).
 cudaError_t copy(const KTensor& dst, const KTensor& src, cudaStream_t stream);
@@ -69,8 +70,8 @@ cudaError_t unary(int op, const KTensor& dst, const KTensor& src, cudaStream_t s
 inline constexpr int kMaxReduceInputs = 64;
 // out = sum (avg: mean) of count inputs that all share `in_layout`'s shape, strides and dtype,
 // added in f32 in the order given and rounded once.
-cudaError_t reduce(const KTensor& out, const void* const* inputs, int count, const KTensor& in_layout,
-                   bool avg, cudaStream_t stream);
+cudaError_t reduce(const KTensor& out, const void* const* inputs, int count,
+                   const KTensor& in_layout, bool avg, cudaStream_t stream);
 
 // d[i, j] = src[i, j] * row_scale[i] * col_scale[j] over a [rows, cols] f32 source (contiguous),
 // written to d (row-major with leading dim ldd, dtype d_dtype). Scales: null = 1, or a single
@@ -110,15 +111,33 @@ struct AsyncGemmArgs {
   DeviceErrorSlot* slot = nullptr;
   int rank = 0;
   int max_ctas = 0;  // 0: one per SM
+  // SMs left free for kernels of other streams (a barrier beside the GEMM): the grid is
+  // max_ctas (or the SM count) minus this.
+  int reserve_sms = 0;
+  // The rows of chunk own_chunk as the caller holds them ([chunk rows, K], row stride own_lda):
+  // tiles wholly inside that chunk read them from here without waiting (the AG+MM own shard,
+  // used while its copy into the gathered buffer is still in flight).
+  const void* own_a = nullptr;
+  int64_t own_lda = 0;
+  int own_chunk = -1;
   // Shared-memory descriptor offsets of an N-major B (bytes; 0: the canonical values).
   uint32_t b_mn_lbo = 0, b_mn_sbo = 0;
   // Store C from registers even where the TMA store could be used (tests and measurements).
   bool force_register_store = false;
+  // CTAs per cluster: 1 (0: the default, 1), or 2 (pairs sharing each B tile through TMA
+  // multicast; only with the TMA store; correct but slower on H200 so far).
+  int cluster = 0;
 };
 
 // Why the kernel cannot run these arguments (dtype, alignment, strides), or nullptr.
 const char* async_gemm_unsupported(const AsyncGemmArgs& args);
 cudaError_t async_gemm(const AsyncGemmArgs& args, cudaStream_t stream);
+// How the last async_gemm launch of this process was shaped (CTAs, CTAs per cluster).
+struct AsyncGemmLaunch {
+  int ctas = 0;
+  int cluster = 0;
+};
+AsyncGemmLaunch async_gemm_last_launch();
 // The value done[c] reaches once every tile of chunk c is stored.
 uint32_t async_gemm_done_count(const AsyncGemmArgs& args, int chunk);
 // The obviously-correct reference for the tests: one thread per output, f32 accumulation.

@@ -237,15 +237,21 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
 
 // The native schedule on rank r of ws (row gather with no batch dims before g, bf16/f16):
 //
-//   compute: A_shard -> S_r[r] | ready[r] = 1 | barrier | native GEMM (walks chunks r, r+1, ...) |
-//   wait | barrier copy:                                               | pull S_p[p] -> S_r[p],
-//   ready[p] = 1 ... |
+//   compute: A_shard -> S_r[r] | ready[r] = 1 | barrier | native GEMM (chunks r, r+1, ...) | wait |
+//   barrier | ready = 0 copy:                                               | pull S_p[p] ->
+//   S_r[p], ready[p] = 1 ... |
 //
 // The symmetric buffer of every rank holds the whole gathered A, [ws x shard]: rank p publishes
 // its shard into slot p of its own buffer, and the others pull it into slot p of theirs, so the
-// one GEMM reads all of A from its own buffer and starts at once on the own chunk while the copy
-// engine lands the others and raises their ready flags (stream memory operations: no SM needed
-// while the GEMM holds them all).
+// one GEMM reads all of A from its own buffer, starting on the own chunk while the copy engine
+// lands the others and raises their ready flags (stream memory operations: no SM needed while
+// the GEMM holds them all). The flags are 0 between ops (zeroed when allocated and at the end
+// of every op, after the closing barrier, when nobody uses them any more).
+//
+// Tried and set aside (docs/PERFORMANCE.md): starting the GEMM at once, with the own chunk read
+// from A_shard in place (AsyncGemmArgs::own_a) and publication plus barrier on the copy stream
+// in an SM the GEMM leaves free (reserve_sms): the barrier kernel did not get that SM promptly,
+// eagerly up to 3x slower, and in a CUDA graph never.
 struct NativePlan {
   int64_t rows = 0;  // rows of the shard as a matrix
   int64_t k = 0;
@@ -294,7 +300,6 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   uint32_t* ready = ctx.flags(ws);
 
   be.copy(slot(rank, rank).view(c.a_shard.shape()), c.a_shard, compute);
-  be.zero_flags(ready, ws, compute);
   be.write_flag(ready + rank, 1, compute);
   sm.barrier(kBarrierChannel, compute);
   Event& published = ctx.event(0);
@@ -321,8 +326,9 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   Event& pulled = ctx.event(ws + 1);
   pulled.record(copy);
   pulled.block(compute);
-  // Nobody reads this rank's buffer (or its flags) any more once every rank is past this barrier.
+  // Nobody reads this rank's buffer or flags any more once every rank is past this barrier.
   sm.barrier(kBarrierChannel, compute);
+  be.zero_flags(ready, ws, compute);
 }
 
 void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {

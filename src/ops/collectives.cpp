@@ -6,8 +6,8 @@ namespace {
 
 void check_device(Context& ctx, const Tensor& t, const char* op, const char* name) {
   ASYNCTP_CHECK(t.defined(), "{}: {} is undefined", op, name);
-  ASYNCTP_CHECK(t.device() == ctx.backend().device(), "{}: {} is on {} but the context runs on {}", op,
-                name, t.device().to_string(), ctx.backend().device().to_string());
+  ASYNCTP_CHECK(t.device() == ctx.backend().device(), "{}: {} is on {} but the context runs on {}",
+                op, name, t.device().to_string(), ctx.backend().device().to_string());
 }
 
 // A contiguous version of t: t itself, or a copy in the given scratch.
@@ -28,9 +28,10 @@ void all_gather(Context& ctx, const Tensor& out, const Tensor& in, int dim) {
   const int ws = ctx.world_size();
   Dims expected = in.shape();
   expected[dim] *= ws;
-  ASYNCTP_CHECK(out.shape() == expected && out.dtype() == in.dtype(),
-                "all_gather: output must be {}{} for input {} gathered on dim {} over {} ranks, got {}",
-                in.dtype(), expected, in.describe(), dim, ws, out.describe());
+  ASYNCTP_CHECK(
+      out.shape() == expected && out.dtype() == in.dtype(),
+      "all_gather: output must be {}{} for input {} gathered on dim {} over {} ranks, got {}",
+      in.dtype(), expected, in.describe(), dim, ws, out.describe());
   const Tensor src = contiguous(ctx, in, Scratch::kCollectiveIn);
   if (dim == 0 && out.is_contiguous()) {
     ctx.communicator().all_gather(out, src, ctx.stream());
@@ -54,9 +55,10 @@ void reduce_scatter(Context& ctx, const Tensor& out, const Tensor& in, ReduceOp 
   ASYNCTP_CHECK(in.dim() >= 1, "reduce_scatter: input must have rank >= 1, got {}", in.describe());
   dim = in.wrap_dim(dim);
   const int ws = ctx.world_size();
-  ASYNCTP_CHECK(in.size(dim) % ws == 0,
-                "reduce_scatter: dim {} of the input (size {}) is not divisible by the world size {}",
-                dim, in.size(dim), ws);
+  ASYNCTP_CHECK(
+      in.size(dim) % ws == 0,
+      "reduce_scatter: dim {} of the input (size {}) is not divisible by the world size {}", dim,
+      in.size(dim), ws);
   Dims chunk = in.shape();
   chunk[dim] /= ws;
   ASYNCTP_CHECK(out.shape() == chunk && out.dtype() == in.dtype(),
@@ -72,10 +74,12 @@ void reduce_scatter(Context& ctx, const Tensor& out, const Tensor& in, ReduceOp 
     src = ctx.scratch(Scratch::kCollectiveIn, staged_shape, in.dtype());
     const int64_t s = chunk[dim];
     for (int r = 0; r < ws; ++r) {
-      ctx.backend().copy(src.narrow(0, r * chunk[0], chunk[0]), in.narrow(dim, r * s, s), ctx.stream());
+      ctx.backend().copy(src.narrow(0, r * chunk[0], chunk[0]), in.narrow(dim, r * s, s),
+                         ctx.stream());
     }
   }
-  const Tensor dst = out.is_contiguous() ? out : ctx.scratch(Scratch::kCollectiveOut, chunk, out.dtype());
+  const Tensor dst =
+      out.is_contiguous() ? out : ctx.scratch(Scratch::kCollectiveOut, chunk, out.dtype());
   ctx.communicator().reduce_scatter(dst, src, op, ctx.stream());
   if (dst.data() != out.data()) ctx.backend().copy(out, dst, ctx.stream());
 }

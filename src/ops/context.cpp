@@ -47,7 +47,8 @@ Context::Context(std::shared_ptr<Group> group, ContextOptions options)
   copy_stream_ = backend_->create_stream();
   aux_stream_ = backend_->create_stream();
   symm_allocator_ = make_symm_allocator(*backend_, *group_);
-  workspace_ = std::make_unique<SymmWorkspace>(*symm_allocator_, *backend_, options_.max_workspace_bytes);
+  workspace_ =
+      std::make_unique<SymmWorkspace>(*symm_allocator_, *backend_, options_.max_workspace_bytes);
 #ifdef ASYNCTP_WITH_CUDA
   if (backend_->device().is_cuda()) communicator_ = make_nccl_communicator(*backend_, *group_);
 #endif
@@ -63,12 +64,16 @@ Context::Context(std::shared_ptr<Group> group, ContextOptions options)
 }
 
 uint32_t* Context::flags(size_t count) {
-  const size_t bytes = std::max<size_t>(count, 1) * sizeof(uint32_t);
-  if (flags_.size() < bytes) {
-    ASYNCTP_CHECK(!backend_->capturing(), "the op's {} chunk flags must be allocated during CUDA-graph capture; "
-                  "run the op once before capturing it", count);
+  if (flags_.size() < std::max<size_t>(count, 1) * sizeof(uint32_t)) {
+    ASYNCTP_CHECK(!backend_->capturing(),
+                  "the op's {} chunk flags must be allocated during CUDA-graph capture; "
+                  "run the op once before capturing it",
+                  count);
     if (!flags_.empty()) backend_->synchronize();
-    flags_ = backend_->allocate(std::max<size_t>(bytes, 64 * sizeof(uint32_t)));
+    const size_t allocated = std::max<size_t>(count, 64);
+    flags_ = backend_->allocate(allocated * sizeof(uint32_t));
+    // The ops keep their flags at 0 between calls; they start that way.
+    backend_->zero_flags(static_cast<uint32_t*>(flags_.data()), allocated, stream());
   }
   return static_cast<uint32_t*>(flags_.data());
 }
@@ -81,7 +86,8 @@ Context::~Context() {
 }
 
 Event& Context::event(size_t index) {
-  while (events_.size() <= index) events_.push_back(backend_->create_event());
+  while (events_.size() <= index)
+    events_.push_back(backend_->create_event());
   return *events_[index];
 }
 
@@ -89,10 +95,11 @@ Tensor Context::scratch(Scratch purpose, Dims shape, DType dtype) {
   Buffer& buf = scratch_[static_cast<size_t>(purpose)];
   const size_t bytes = static_cast<size_t>(shape.product()) * element_size(dtype);
   if (buf.size() < bytes) {
-    ASYNCTP_CHECK(!backend_->capturing(),
-                  "scratch buffer {} must grow to {} bytes during CUDA-graph capture, where nothing "
-                  "may allocate; run the op once before capturing it",
-                  static_cast<int>(purpose), bytes);
+    ASYNCTP_CHECK(
+        !backend_->capturing(),
+        "scratch buffer {} must grow to {} bytes during CUDA-graph capture, where nothing "
+        "may allocate; run the op once before capturing it",
+        static_cast<int>(purpose), bytes);
     if (!buf.empty()) backend_->synchronize();  // in-flight work may still use the old one
     buf = backend_->allocate(bytes);
   }

@@ -77,8 +77,9 @@ class Context {
   Communicator& communicator() { return *communicator_; }
   Usage& usage() { return usage_; }
   Dispatcher& dispatcher() { return *dispatcher_; }
-  // `count` zeroed-by-the-caller u32 flags in device memory for one op's chunk signalling
-  // (ready / done flags of the native path). Valid until the next call; grows outside capture.
+  // `count` u32 flags in device memory for one op's chunk signalling (ready / done flags of the
+  // native path): 0 when handed out, and the op sets them back to 0 before it ends. Valid until
+  // the next call; grows outside capture.
   uint32_t* flags(size_t count);
 
   // A contiguous view of `shape` in the scratch buffer for `purpose`, grown on demand. Valid

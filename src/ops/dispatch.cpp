@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -102,21 +103,24 @@ void Dispatcher::disk_store(const std::string& key, const DispatchTiming& timing
 }
 
 std::vector<double> Dispatcher::sum_over_ranks(std::vector<double> values) {
-  Backend& be = ctx_.backend();
-  const int64_t n = static_cast<int64_t>(values.size());
-  OwnedTensor host = empty_host({n}, DType::kF32);
-  auto* h = static_cast<float*>(host->data());
-  for (int64_t i = 0; i < n; ++i)
-    h[i] = static_cast<float>(values[i]);
-  Buffer dev = be.allocate(static_cast<size_t>(n) * sizeof(float));
-  const Tensor d = dev.view({n}, DType::kF32);
-  be.copy(d, host, ctx_.stream());
-  ctx_.communicator().all_reduce(d, ReduceOp::kSum, ctx_.stream());
-  be.copy(host, d, ctx_.stream());
-  ctx_.stream().synchronize();
-  for (int64_t i = 0; i < n; ++i)
-    values[i] = h[i];
-  return values;
+  // Through the store, whose every wait is bounded by the group's timeout (a collective on the
+  // device would hang on a rank that never comes).
+  Group& group = ctx_.group();
+  const std::string key = group.next_key("dispatch/sum");
+  std::string mine;
+  for (double v : values)
+    mine += fmt::format("{:.17g} ", v);
+  group.store().set(fmt::format("{}/{}", key, group.rank()), mine);
+  std::vector<double> sums(values.size(), 0.0);
+  for (int r = 0; r < group.world_size(); ++r) {
+    std::istringstream in(group.store().get(fmt::format("{}/{}", key, r)));
+    for (double& s : sums) {
+      double v = 0;
+      in >> v;
+      s += v;
+    }
+  }
+  return sums;
 }
 
 Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& run) {

@@ -53,7 +53,7 @@ class Dispatcher {
  private:
   std::optional<Path> disk_lookup(const std::string& key);
   void disk_store(const std::string& key, const DispatchTiming& timing);
-  // All-reduce (sum) of a few doubles across the ranks; blocks.
+  // Sum of a few doubles over the ranks (through the store; blocks, bounded by the timeout).
   std::vector<double> sum_over_ranks(std::vector<double> values);
 
   Context& ctx_;

@@ -34,9 +34,11 @@ struct MatmulReduceScatterOptions {
 // The gathered shape of A_shard.
 Dims all_gather_shape(const Tensor& a_shard, int gather_dim, int world_size);
 // The shape of out_i for B_i.
-Dims all_gather_matmul_out_shape(const Tensor& a_shard, const Tensor& b, int gather_dim, int world_size);
+Dims all_gather_matmul_out_shape(const Tensor& a_shard, const Tensor& b, int gather_dim,
+                                 int world_size);
 // The shape of matmul_reduce_scatter's output.
-Dims matmul_reduce_scatter_out_shape(const Tensor& a, const Tensor& b, int scatter_dim, int world_size);
+Dims matmul_reduce_scatter_out_shape(const Tensor& a, const Tensor& b, int scatter_dim,
+                                     int world_size);
 
 // outs[i] = all_gather(A_shard, gather_dim) @ Bs[i], for one or several Bs sharing the gathered
 // A (Q/K/V, gate/up). A_shard: f32/bf16/f16, rank >= 2, any strides. Bs[i]: [K, N_i], A's

@@ -260,10 +260,10 @@ const Tensor& as_for_native(const ProductWriter& writer) {
 //   wait | barrier | reduce copy:            | wait done[r+1] >= all, push P[r+1] -> slot r of rank
 //   r+1 | wait done[r+2] ... |
 //
-// The GEMM publishes each finished chunk through its counter; the copy stream waits for it
-// (a stream memory operation: no SM needed while the GEMM holds them all) and pushes it while the
-// GEMM computes the next. The own chunk stays in P and is read there by the reduction, which adds
-// the ws partials in rank order in f32 as on the fused path.
+// The GEMM publishes each finished chunk through its counter; the copy stream waits for it (a
+// stream memory operation: no SM needed while the GEMM holds them all) and pushes it while the
+// GEMM computes the next. The counters are 0 between ops. The own chunk stays in P and is read
+// there by the reduction, which adds the ws partials in rank order in f32 as on the fused path.
 struct NativeRsPlan {
   int64_t m = 0, k = 0, n = 0;
 };
@@ -332,7 +332,6 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
 
   // Every owner has finished reading its slots in the previous op once all ranks are past this.
   sm.barrier(kBarrierChannel, compute);
-  be.zero_flags(done, ws, compute);
   Event& start = ctx.event(0);
   start.record(compute);
   start.block(copy);
@@ -352,6 +351,7 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   for (int src = 0; src < ws; ++src)
     parts.push_back(src == rank ? product_chunk(rank) : slot(rank, src));
   be.reduce(c.out, parts, options.reduce_op, compute);
+  be.zero_flags(done, ws, compute);
 }
 
 void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {

@@ -7,9 +7,12 @@ namespace asynctp {
 
 std::string_view path_name(Path path) {
   switch (path) {
-    case Path::kFused: return "fused";
-    case Path::kNative: return "native";
-    case Path::kFallback: return "fallback";
+    case Path::kFused:
+      return "fused";
+    case Path::kNative:
+      return "native";
+    case Path::kFallback:
+      return "fallback";
   }
   return "?";
 }
@@ -24,10 +27,14 @@ PathChoice parse_path_choice(std::string_view text) {
 
 std::string_view path_choice_name(PathChoice choice) {
   switch (choice) {
-    case PathChoice::kAuto: return "auto";
-    case PathChoice::kFused: return "fused";
-    case PathChoice::kFallback: return "fallback";
-    case PathChoice::kNative: return "native";
+    case PathChoice::kAuto:
+      return "auto";
+    case PathChoice::kFused:
+      return "fused";
+    case PathChoice::kFallback:
+      return "fallback";
+    case PathChoice::kNative:
+      return "native";
   }
   return "?";
 }
@@ -35,7 +42,8 @@ std::string_view path_choice_name(PathChoice choice) {
 void Usage::record(std::string_view op, Path path, std::string_view reason, bool warn) {
   ++counts_[{std::string(op), path}];
   last_[std::string(op)] = PathRecord{path, std::string(reason)};
-  if (warn && path == Path::kFallback && warned_.emplace(std::string(op), std::string(reason)).second) {
+  if (warn && path == Path::kFallback &&
+      warned_.emplace(std::string(op), std::string(reason)).second) {
     ASYNCTP_LOG_WARN("{} takes the unfused fallback: {}", op, reason);
   }
 }

@@ -28,7 +28,8 @@ Session Session::join(const std::string& backend) {
 }
 
 OwnedTensor alloc(Context& ctx, Dims shape, DType dtype) {
-  Buffer buffer = ctx.backend().allocate(static_cast<size_t>(shape.product()) * element_size(dtype));
+  Buffer buffer =
+      ctx.backend().allocate(static_cast<size_t>(shape.product()) * element_size(dtype));
   Tensor view = buffer.view(shape, dtype);
   return {std::move(buffer), view};
 }
@@ -67,7 +68,8 @@ std::vector<float> to_host_f32(Context& ctx, const Tensor& t) {
   dispatch_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* p = host->data_as<T>();
-    for (int64_t i = 0; i < t.numel(); ++i) out[i] = to_float(p[i]);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      out[i] = to_float(p[i]);
   });
   return out;
 }
@@ -89,7 +91,8 @@ double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int 
   ASYNCTP_CHECK(iters > 0 && warmup >= 0, "iters must be positive and warmup non-negative");
   auto start = ctx.backend().create_event(/*timing=*/true);
   auto stop = ctx.backend().create_event(/*timing=*/true);
-  for (int i = 0; i < warmup; ++i) fn();
+  for (int i = 0; i < warmup; ++i)
+    fn();
   ctx.backend().synchronize();
   ctx.group().barrier("bench");
   std::vector<double> times;
@@ -102,6 +105,45 @@ double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int 
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
+}
+
+std::vector<double> median_ms_interleaved(Context& ctx,
+                                          const std::vector<std::function<void()>>& fns, int warmup,
+                                          int iters) {
+  ASYNCTP_CHECK(iters > 0 && warmup >= 0, "iters must be positive and warmup non-negative");
+  auto start = ctx.backend().create_event(/*timing=*/true);
+  auto stop = ctx.backend().create_event(/*timing=*/true);
+  for (int i = 0; i < warmup; ++i) {
+    for (const auto& fn : fns)
+      fn();
+  }
+  ctx.backend().synchronize();
+  ctx.group().barrier("bench");
+  const bool symm = ctx.workspace().unavailable_reason().empty() && ctx.workspace().capacity() > 0;
+  auto align = [&] {
+    if (symm) {
+      ctx.workspace().get(ctx.workspace().capacity()).barrier(0, ctx.stream());
+    } else {
+      ctx.group().barrier("bench/align");
+    }
+  };
+  std::vector<std::vector<double>> times(fns.size());
+  for (int i = 0; i < iters; ++i) {
+    for (size_t f = 0; f < fns.size(); ++f) {
+      align();
+      start->record(ctx.stream());
+      fns[f]();
+      stop->record(ctx.stream());
+      stop->synchronize();
+      times[f].push_back(stop->elapsed_ms(*start));
+    }
+  }
+  std::vector<double> medians;
+  for (auto& t : times) {
+    std::sort(t.begin(), t.end());
+    medians.push_back(t[t.size() / 2]);
+  }
+  return medians;
 }
 
 double max_over_ranks(Group& group, double value) {
@@ -119,7 +161,8 @@ std::vector<int64_t> parse_shape(const std::string& text) {
   size_t start = 0;
   while (start <= text.size()) {
     const size_t x = text.find('x', start);
-    const std::string part = text.substr(start, x == std::string::npos ? std::string::npos : x - start);
+    const std::string part =
+        text.substr(start, x == std::string::npos ? std::string::npos : x - start);
     int64_t v = 0;
     auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
     ASYNCTP_CHECK(ec == std::errc() && ptr == part.data() + part.size() && v > 0,
@@ -128,7 +171,8 @@ std::vector<int64_t> parse_shape(const std::string& text) {
     if (x == std::string::npos) break;
     start = x + 1;
   }
-  ASYNCTP_CHECK(dims.size() == 3, "shape '{}' must be MxKxN (three sizes), got {}", text, dims.size());
+  ASYNCTP_CHECK(dims.size() == 3, "shape '{}' must be MxKxN (three sizes), got {}", text,
+                dims.size());
   return dims;
 }
 
@@ -144,12 +188,15 @@ double measure_peer_bandwidth(Context& ctx, size_t bytes_per_peer, int iters) {
   OwnedTensor dst = alloc(ctx, {ws, n}, DType::kF32);
   ctx.backend().fill(sm.buffer(ctx.rank(), {n}, DType::kF32), 1.0f, ctx.stream());
   sm.barrier(0, ctx.stream());
-  const double ms = median_ms(ctx, [&] {
-    for (int i = 1; i < ws; ++i) {
-      const int peer = (ctx.rank() + i) % ws;
-      ctx.backend().copy(dst->select(0, peer), sm.buffer(peer, {n}, DType::kF32), ctx.stream());
-    }
-  }, 1, iters);
+  const double ms = median_ms(
+      ctx,
+      [&] {
+        for (int i = 1; i < ws; ++i) {
+          const int peer = (ctx.rank() + i) % ws;
+          ctx.backend().copy(dst->select(0, peer), sm.buffer(peer, {n}, DType::kF32), ctx.stream());
+        }
+      },
+      1, iters);
   sm.barrier(0, ctx.stream());
   const double slowest = max_over_ranks(ctx.group(), ms);
   return static_cast<double>(n) * 4 * (ws - 1) / (slowest * 1e-3) / 1e9;

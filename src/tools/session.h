@@ -37,6 +37,14 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b);
 // Median milliseconds of `fn` over `iters` runs after `warmup`, timed with backend events around
 // each run; all ranks start each run together (host barrier through the store).
 double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int iters);
+// Medians of several variants timed round-robin (iteration i runs every variant once, each
+// timed on its own): slow drifts of the GPU's clocks (power, heat) hit every variant alike.
+// Before each timed run the ranks are aligned on the device (a symmetric-memory barrier, or the
+// group's barrier without symmetric memory), so that a variant with communication does not pay
+// for how far apart the ranks finished the previous one.
+std::vector<double> median_ms_interleaved(Context& ctx,
+                                          const std::vector<std::function<void()>>& fns, int warmup,
+                                          int iters);
 
 // The largest of every rank's value (each rank passes its own); the same result on every rank.
 double max_over_ranks(Group& group, double value);

@@ -88,6 +88,18 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
   k->timeout_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(args.timeout).count());
   k->rank = args.rank;
+  k->reserve_sms = args.reserve_sms;
+  if (args.own_a.defined()) {
+    const Tensor& o = args.own_a;
+    if (o.dim() != 2 || o.size(1) != a.size(1) || o.dtype() != a.dtype() ||
+        (o.stride(1) != 1 && o.size(1) != 1)) {
+      return fmt::format("own_a {} is not a [rows, {}] {} matrix with unit column stride",
+                         o.describe(), a.size(1), a.dtype());
+    }
+    k->own_a = o.data();
+    k->own_lda = o.stride(0);
+    k->own_chunk = args.own_chunk;
+  }
   return "";
 }
 

@@ -130,6 +130,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          Shape{2048, 768, 512}),
                        ::testing::Values(DType::kBF16, DType::kF16), ::testing::Bool()));
 
+// The three epilogue / cluster variants compute every tile in the same order: same bits.
 TEST(NativeGemm, RegisterStoreMatchesTmaStore) {
   SKIP_UNLESS_GPUS(1);
   Gpu gpu;
@@ -152,7 +153,12 @@ TEST(NativeGemm, RegisterStoreMatchesTmaStore) {
   k.c = d2->data();
   k.force_register_store = true;
   ASSERT_EQ(kernels::async_gemm(k, stream), cudaSuccess);
-  EXPECT_TRUE(same_bits(gpu.download(d1), gpu.download(d2)));
+  EXPECT_TRUE(same_bits(gpu.download(d1), gpu.download(d2))) << "register store";
+  k.force_register_store = false;
+  k.cluster = 2;  // CTA pairs sharing B through TMA multicast
+  gpu.be().fill(d2, std::nanf(""), gpu.stream());
+  ASSERT_EQ(kernels::async_gemm(k, stream), cudaSuccess);
+  EXPECT_TRUE(same_bits(gpu.download(d1), gpu.download(d2))) << "clusters of two";
 }
 
 TEST(NativeGemm, RejectsWhatTmaCannotAddress) {
@@ -180,11 +186,20 @@ TEST(NativeGemm, RejectsWhatTmaCannotAddress) {
 
 // The AG+MM pattern: the kernel starts with no chunk present; the copy stream lands chunk after
 // chunk (from first_chunk on) and raises its ready flag; the result equals the GEMM of the whole.
+//
+// With own_a (the AG+MM own shard read in place), the first chunk is never copied and never
+// flagged: its whole tiles come from own_a, and a tile straddling its edge (chunk_rows 250)
+// waits for the copy that does land it.
 TEST(NativeGemm, ConsumesChunksAsTheyLand) {
   SKIP_UNLESS_GPUS(1);
-  for (const auto& [m, chunk_rows, first] : std::vector<std::tuple<int64_t, int64_t, int>>{
-           {1024, 256, 2}, {1000, 250, 1}, {4096, 1024, 3}}) {
-    SCOPED_TRACE(fmt::format("m {} chunk_rows {} first {}", m, chunk_rows, first));
+  for (const auto& [m, chunk_rows, first, use_own] :
+       std::vector<std::tuple<int64_t, int64_t, int, bool>>{{1024, 256, 2, false},
+                                                            {1000, 250, 1, false},
+                                                            {4096, 1024, 3, false},
+                                                            {1024, 256, 2, true},
+                                                            {1000, 250, 1, true}}) {
+    SCOPED_TRACE(
+        fmt::format("m {} chunk_rows {} first {} own_a {}", m, chunk_rows, first, use_own));
     Gpu gpu;
     auto copy_stream = gpu.be().create_stream();
     const int chunks = static_cast<int>((m + chunk_rows - 1) / chunk_rows);
@@ -206,9 +221,20 @@ TEST(NativeGemm, ConsumesChunksAsTheyLand) {
     args.first_chunk = first;
     args.ready = ready;
     args.timeout = std::chrono::milliseconds(20'000);
+    const int64_t first_rows = std::min(chunk_rows, m - first * chunk_rows);
+    OwnedTensor own = gpu.empty({first_rows, 512}, DType::kBF16);
+    if (use_own) {
+      gpu.be().copy(own, src->narrow(0, first * chunk_rows, first_rows), gpu.stream());
+      args.own_a = own;
+      args.own_chunk = first;
+      args.reserve_sms = 1;
+    }
     gpu.be().native_gemm(args, gpu.stream());  // enqueued first: it waits for the copies below
     for (int i = 0; i < chunks; ++i) {
       const int c = (first + i) % chunks;
+      // Whole tiles of the own chunk never look at the gathered buffer; only a straddling tile
+      // (chunk_rows not a multiple of 128) needs the own chunk landed and flagged.
+      if (use_own && c == first && chunk_rows % 128 == 0) continue;
       const int64_t rows = std::min(chunk_rows, m - c * chunk_rows);
       gpu.be().copy(gathered->narrow(0, c * chunk_rows, rows), src->narrow(0, c * chunk_rows, rows),
                     *copy_stream);
