@@ -31,7 +31,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <mutex>
 #include <type_traits>
 
@@ -52,17 +51,15 @@ constexpr int kStageBBytes = kBN * kBK * 2;
 // 16-bit C staged for the TMA store: half a tile's columns at a time (each consumer 64 x 128).
 constexpr int kCBytes = kBM * (kBN / 2) * 2;
 
-// Four stages fit beside the staging area (227 KiB of shared memory per block).
-template <bool kTmaStore>
-constexpr int stages() {
-  return 4;
-}
-static_assert(4 * (kStageABytes + kStageBBytes) + kCBytes + 2 * 4 * 8 + 1024 <= 227 * 1024);
+// Four stages fit beside the staging area (227 KiB of shared memory per block): stages, the
+// staging area of the TMA-store epilogue, the full/empty barriers, 1 KiB for the alignment.
+constexpr int kStages = 4;
 template <bool kTmaStore>
 constexpr int smem_bytes() {
-  return stages<kTmaStore>() * (kStageABytes + kStageBBytes) + (kTmaStore ? kCBytes : 0) +
-         2 * stages<kTmaStore>() * 8 + 1024;
+  return kStages * (kStageABytes + kStageBBytes) + (kTmaStore ? kCBytes : 0) + 2 * kStages * 8 +
+         1024;
 }
+static_assert(smem_bytes<true>() <= 227 * 1024);
 
 struct Params {
   int64_t m, n, k;
@@ -70,7 +67,6 @@ struct Params {
   int64_t ldc;
   int c_dtype;  // 0 f32, 1 bf16, 2 f16
   int64_t chunk_rows;
-  int num_chunks;
   int first_chunk;
   const uint32_t* ready;
   uint32_t* done;
@@ -341,7 +337,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ CUtensorMap map_b,
                       const __grid_constant__ CUtensorMap map_c,
                       const __grid_constant__ CUtensorMap map_a_own, const Params p) {
-  constexpr int kStages = stages<kTmaStore>();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -537,9 +532,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Host side.
 
-// The grid (CTAs * 16 + cluster size) of the last launch, for diagnostics.
-std::atomic<int> g_last_launch{0};
-
 using EncodeTiled = decltype(&cuTensorMapEncodeTiled);
 
 EncodeTiled encode_tiled() {
@@ -613,8 +605,6 @@ cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUt
   const int64_t clusters = std::min<int64_t>({max_clusters, max_ctas / kCluster, tiles});
   if (clusters <= 0) return cudaErrorInvalidConfiguration;
   config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
-  g_last_launch.store(static_cast<int>(clusters * kCluster) * 16 + kCluster,
-                      std::memory_order_relaxed);
   return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, map_a_own, p);
 }
 
@@ -707,11 +697,6 @@ const char* async_gemm_unsupported(const AsyncGemmArgs& a) {
   return nullptr;
 }
 
-AsyncGemmLaunch async_gemm_last_launch() {
-  const int v = g_last_launch.load(std::memory_order_relaxed);
-  return {v / 16, v % 16};
-}
-
 uint32_t async_gemm_done_count(const AsyncGemmArgs& a, int chunk) {
   const int64_t rows = chunk_rows_of(a);
   const int64_t first = chunk * rows;
@@ -744,7 +729,6 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   p.ldc = a.ldc;
   p.c_dtype = out_code(a.c_dtype);
   p.chunk_rows = chunk_rows_of(a);
-  p.num_chunks = static_cast<int>((a.m + p.chunk_rows - 1) / p.chunk_rows);
   p.first_chunk = a.first_chunk;
   p.ready = a.ready;
   p.done = a.done;

@@ -83,7 +83,7 @@ cudaError_t scale_epilogue(void* d, DType d_dtype, int64_t ldd, const float* src
 // ---- The async-input GEMM (async_gemm.cu) ----
 //
 // C[M, N] = A[M, K] @ B, f32 accumulation, in one persistent warp-specialized sm_90a kernel
-// (TMA loads, wgmma, 128x256x64 tiles, 4-stage pipeline). A's rows form `num_chunks` chunks of
+// (TMA loads, wgmma, 128x256x64 tiles, 4-stage pipeline). A's rows form chunks of
 // `chunk_rows` rows (the last may be shorter); the tiles are walked chunk by chunk starting at
 // `first_chunk`, and
 //   - ready (optional, AG+MM): before loading A rows of chunk c the producer waits until
@@ -132,12 +132,6 @@ struct AsyncGemmArgs {
 // Why the kernel cannot run these arguments (dtype, alignment, strides), or nullptr.
 const char* async_gemm_unsupported(const AsyncGemmArgs& args);
 cudaError_t async_gemm(const AsyncGemmArgs& args, cudaStream_t stream);
-// How the last async_gemm launch of this process was shaped (CTAs, CTAs per cluster).
-struct AsyncGemmLaunch {
-  int ctas = 0;
-  int cluster = 0;
-};
-AsyncGemmLaunch async_gemm_last_launch();
 // The value done[c] reaches once every tile of chunk c is stored.
 uint32_t async_gemm_done_count(const AsyncGemmArgs& args, int chunk);
 // The obviously-correct reference for the tests: one thread per output, f32 accumulation.

@@ -192,6 +192,22 @@ void run_fallback(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   reduce_scatter(ctx, c.out, product, options.reduce_op, c.g);
 }
 
+// The symmetric buffer both overlapped paths push into: on every rank, ws slots of one output
+// chunk each; slot s of rank d holds rank s's partial of d's chunk.
+struct Slots {
+  Slots(Context& ctx, const Tensor& out)
+      : chunk(out.shape()),
+        dtype(out.dtype()),
+        bytes(static_cast<size_t>(chunk.product()) * element_size(dtype)),
+        sm(ctx.workspace().get(ctx.world_size() * bytes)) {}
+  Tensor at(int owner, int src) const { return sm.buffer(owner, chunk, dtype, src * bytes); }
+
+  Dims chunk;
+  DType dtype;
+  size_t bytes;
+  SymmetricMemory& sm;
+};
+
 void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
                const MatmulReduceScatterOptions& options) {
   Backend& be = ctx.backend();
@@ -200,11 +216,9 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   const int ws = ctx.world_size();
   const int rank = ctx.rank();
   const Dims chunk = c.out.shape();
-  const size_t chunk_bytes = static_cast<size_t>(chunk.product()) * element_size(c.out.dtype());
-  SymmetricMemory& sm = ctx.workspace().get(ws * chunk_bytes);
-  auto slot = [&](int owner, int src) {
-    return sm.buffer(owner, chunk, c.out.dtype(), src * chunk_bytes);
-  };
+  const Slots slots(ctx, c.out);
+  SymmetricMemory& sm = slots.sm;
+  auto slot = [&](int owner, int src) { return slots.at(owner, src); };
 
   Dims staging_shape = chunk;
   staging_shape.insert(0, std::max(ws - 1, 1));
@@ -247,10 +261,6 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   for (int src = 0; src < ws; ++src)
     parts.push_back(slot(rank, src));
   be.reduce(c.out, parts, options.reduce_op, compute);
-}
-
-const Tensor& as_for_native(const ProductWriter& writer) {
-  return writer.a0();
 }
 
 // The native schedule on rank r of ws (one bf16/f16 product, scatter on a dim with no batch dims
@@ -321,11 +331,9 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   const int rank = ctx.rank();
   const Dims chunk = c.out.shape();
   const int64_t rows = plan.m / ws;
-  const size_t chunk_bytes = static_cast<size_t>(chunk.product()) * element_size(c.out.dtype());
-  SymmetricMemory& sm = ctx.workspace().get(ws * chunk_bytes);
-  auto slot = [&](int owner, int src) {
-    return sm.buffer(owner, chunk, c.out.dtype(), src * chunk_bytes);
-  };
+  const Slots slots(ctx, c.out);
+  SymmetricMemory& sm = slots.sm;
+  auto slot = [&](int owner, int src) { return slots.at(owner, src); };
   const Tensor product = ctx.scratch(Scratch::kPartial, {plan.m, plan.n}, c.out.dtype());
   auto product_chunk = [&](int d) { return product.narrow(0, d * rows, rows).view(chunk); };
   uint32_t* done = ctx.flags(ws);
@@ -367,7 +375,7 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
       static_cast<size_t>(c.out.numel()) * ctx.world_size() * c.out.element_size();
   detail::NativeOption native;
   const std::optional<NativeRsPlan> plan = native_rs_plan(c, &native.unsupported);
-  const Tensor a0 = as_for_native(writer);
+  const Tensor a0 = writer.a0();
   if (plan) {
     native.symm_bytes = symm_bytes;
     if (plan->m % ctx.world_size() != 0) {

@@ -87,29 +87,12 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b) 
   return std::sqrt(num / den);
 }
 
-double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int iters) {
-  ASYNCTP_CHECK(iters > 0 && warmup >= 0, "iters must be positive and warmup non-negative");
-  auto start = ctx.backend().create_event(/*timing=*/true);
-  auto stop = ctx.backend().create_event(/*timing=*/true);
-  for (int i = 0; i < warmup; ++i)
-    fn();
-  ctx.backend().synchronize();
-  ctx.group().barrier("bench");
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    start->record(ctx.stream());
-    fn();
-    stop->record(ctx.stream());
-    stop->synchronize();
-    times.push_back(stop->elapsed_ms(*start));
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
+namespace {
 
-std::vector<double> median_ms_interleaved(Context& ctx,
-                                          const std::vector<std::function<void()>>& fns, int warmup,
-                                          int iters) {
+// Warm-up, then `iters` rounds in which every variant runs once, timed on its own with CUDA
+// events (host clocks on the CPU backend) after `align` (if any); the median per variant.
+std::vector<double> round_robin_medians(Context& ctx, const std::vector<std::function<void()>>& fns,
+                                        int warmup, int iters, const std::function<void()>& align) {
   ASYNCTP_CHECK(iters > 0 && warmup >= 0, "iters must be positive and warmup non-negative");
   auto start = ctx.backend().create_event(/*timing=*/true);
   auto stop = ctx.backend().create_event(/*timing=*/true);
@@ -119,18 +102,10 @@ std::vector<double> median_ms_interleaved(Context& ctx,
   }
   ctx.backend().synchronize();
   ctx.group().barrier("bench");
-  const bool symm = ctx.workspace().unavailable_reason().empty() && ctx.workspace().capacity() > 0;
-  auto align = [&] {
-    if (symm) {
-      ctx.workspace().get(ctx.workspace().capacity()).barrier(0, ctx.stream());
-    } else {
-      ctx.group().barrier("bench/align");
-    }
-  };
   std::vector<std::vector<double>> times(fns.size());
   for (int i = 0; i < iters; ++i) {
     for (size_t f = 0; f < fns.size(); ++f) {
-      align();
+      if (align) align();
       start->record(ctx.stream());
       fns[f]();
       stop->record(ctx.stream());
@@ -144,6 +119,25 @@ std::vector<double> median_ms_interleaved(Context& ctx,
     medians.push_back(t[t.size() / 2]);
   }
   return medians;
+}
+
+}  // namespace
+
+double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int iters) {
+  return round_robin_medians(ctx, {fn}, warmup, iters, {})[0];
+}
+
+std::vector<double> median_ms_interleaved(Context& ctx,
+                                          const std::vector<std::function<void()>>& fns, int warmup,
+                                          int iters) {
+  const bool symm = ctx.workspace().unavailable_reason().empty() && ctx.workspace().capacity() > 0;
+  return round_robin_medians(ctx, fns, warmup, iters, [&] {
+    if (symm) {
+      ctx.workspace().get(ctx.workspace().capacity()).barrier(0, ctx.stream());
+    } else {
+      ctx.group().barrier("bench/align");
+    }
+  });
 }
 
 double max_over_ranks(Group& group, double value) {

@@ -168,6 +168,10 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     ASYNCTP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_slot_device_),
                                                 error_slot_host_, 0));
     gemm_ = std::make_unique<cuda::LtGemm>();
+    // Asked once: part of the key of every dispatched op call (cudaGetDeviceProperties is slow).
+    cudaDeviceProp prop{};
+    hardware_ =
+        cudaGetDeviceProperties(&prop, device_) == cudaSuccess ? std::string(prop.name) : "cuda";
   }
 
   ~CudaBackend() override {
@@ -178,11 +182,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   }
 
   std::string_view name() const override { return "cuda"; }
-  std::string hardware() const override {
-    cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess) return "cuda";
-    return prop.name;
-  }
+  std::string hardware() const override { return hardware_; }
   Device device() const override { return Device::cuda(device_); }
 
   Buffer allocate(size_t bytes) override {
@@ -313,8 +313,8 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
 
   uint32_t native_gemm_done_count(const ChunkedGemmArgs& args, int chunk) override {
     kernels::AsyncGemmArgs k;
-    ASYNCTP_CHECK(to_async_gemm(args, &k).empty(), "native_gemm_done_count: {}",
-                  to_async_gemm(args, &k));
+    const std::string why = to_async_gemm(args, &k);
+    ASYNCTP_CHECK(why.empty(), "native_gemm_done_count: {}", why);
     return kernels::async_gemm_done_count(k, chunk);
   }
 
@@ -355,6 +355,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
 
  private:
   int device_;
+  std::string hardware_;
   std::unique_ptr<CudaStream> stream_;
   kernels::DeviceErrorSlot* error_slot_host_ = nullptr;
   kernels::DeviceErrorSlot* error_slot_device_ = nullptr;
