@@ -30,6 +30,26 @@ fi
 
 step() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
+# SM clocks, power and temperature every 200 ms while the benchmarks run (clocks.csv): timings of
+# two runs, or of ours and PyTorch's, compare only at the same clocks.
+sample_clocks() {
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv,noheader -lms 200 >> "$OUT/clocks.csv" 2>/dev/null &
+  SAMPLER=$!
+}
+stop_clocks() { kill "$SAMPLER" 2>/dev/null; wait "$SAMPLER" 2>/dev/null; }
+summarize_clocks() {  # $1: label; the samples from line $2 of clocks.csv on
+  python3 - "$OUT/clocks.csv" "$2" "$1" <<'PY'
+import statistics, sys
+rows = [l.split(", ") for l in open(sys.argv[1]).read().splitlines()[int(sys.argv[2]) - 1:]]
+mhz = [float(r[2].split()[0]) for r in rows if len(r) > 4]
+watts = [float(r[3].split()[0]) for r in rows if len(r) > 4]
+if mhz:
+    print(f"== clocks during {sys.argv[3]}: SM MHz median {statistics.median(mhz):.0f} "
+          f"(min {min(mhz):.0f}), mean power {statistics.mean(watts):.0f} W, {len(mhz)} samples")
+PY
+}
+
 if step env; then
   { date; nvidia-smi; nvidia-smi topo -m; ldd "$BIN/asynctp"; } > "$OUT/env.txt" 2>&1
   echo "== $NGPU GPUs: $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c)"
@@ -58,7 +78,7 @@ if step sanitize; then
     for tool in racecheck synccheck; do
       echo "== compute-sanitizer --tool $tool (native GEMM)"
       "$CS" --tool "$tool" --error-exitcode 9 "$BIN/test_device_gpu" --gtest_brief=1 \
-        --gtest_filter='NativeGemm.ConsumesChunksAsTheyLand:NativeGemm.PublishesFinishedChunks:NativeGemm.RegisterStoreMatchesTmaStore' \
+        --gtest_filter='NativeGemm.ConsumesChunksAsTheyLand:NativeGemm.PublishesFinishedChunks:NativeGemm.RegisterStoreMatchesTmaStore:NativeGemm.TailSplitMatchesUnsplitAndRepeatsBitForBit' \
         > "$OUT/sanitize_$tool.log" 2>&1
       rc=$?
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/sanitize_$tool.log" | tail -4
@@ -71,6 +91,7 @@ fi
 
 if step bench; then
   echo "== asynctp bench --suite anchors ($NGPU ranks)"
+  from=$(( $(cat "$OUT/clocks.csv" 2>/dev/null | wc -l) + 1 )); sample_clocks
   "$BIN/asynctp" launch --nproc "$NGPU" --timeout 500 -- "$BIN/asynctp" bench --suite anchors --json \
     > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || status=1
   python3 - "$OUT/bench.jsonl" <<'PY' | tee "$OUT/bench.txt"
@@ -88,6 +109,7 @@ for line in open(sys.argv[1]):
               f"{u(r['split_path_ms'])} {u(nat)} {u(r['fused_ms'])} {u(r['fused_graph_ms'])} {u(r['floor_ms'])} {r['fused_over_floor']:7.3f} "
               f"{(nat/r['floor_ms'] if nat else 0):7.3f} {r['baseline_over_fused']:6.3f} {r['rel_error_fused']:8.1e} {r['path']}")
 PY
+  stop_clocks; summarize_clocks "asynctp bench" "$from"
   tail -5 "$OUT/bench.err"
 fi
 
@@ -100,7 +122,9 @@ fi
 if step torch; then
   echo "== PyTorch anchors ($TORCH_BENCH, $NGPU processes)"
   if [ -f "$TORCH_BENCH" ]; then
+    from=$(( $(cat "$OUT/clocks.csv" 2>/dev/null | wc -l) + 1 )); sample_clocks
     OUT="$OUT" timeout 900 torchrun --nproc-per-node "$NGPU" "$TORCH_BENCH" > "$OUT/torch.log" 2>&1 || status=1
+    stop_clocks; summarize_clocks "PyTorch anchors" "$from"
     python3 - "$OUT/anchor.jsonl" <<'PY' | tee "$OUT/torch.txt"
 import json, sys
 def f(v): return f"{v:8.1f}" if isinstance(v, (int, float)) else f"{'err':>8}"

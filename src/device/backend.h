@@ -84,11 +84,16 @@ struct ChunkedGemmArgs {
   std::chrono::milliseconds timeout{60'000};
   int rank = 0;
   // Chunk own_chunk's rows as the caller holds them ([rows of that chunk, k], unit column
-  // stride): read from here, without waiting for ready[own_chunk] (where the whole tile fits).
+  // stride): read from here, without waiting for ready[own_chunk], by every tile wholly inside
+  // the chunk (all of them unless native_gemm_own_needs_ready says otherwise).
   Tensor own_a;
   int own_chunk = -1;
   // SMs the kernel leaves free, for a kernel of another stream to run beside it (0 to 8).
   int reserve_sms = 0;
+  // Tiles of a mostly idle last wave cut into K-ranges for the idle SMs (their f32 partial sums
+  // added in a fixed order: the same bits every run): 0 where the backend sees fit, 1 never, n >= 2
+  // at most n ranges.
+  int tail_split = 0;
 };
 
 class Backend {
@@ -128,7 +133,11 @@ class Backend {
   virtual std::string native_gemm_unsupported(const ChunkedGemmArgs& args);
   virtual void native_gemm(const ChunkedGemmArgs& args, Stream& stream);
   virtual uint32_t native_gemm_done_count(const ChunkedGemmArgs& args, int chunk);
-  // Stream-ordered operations on u32 flags in device memory, carried out by the stream's front
+  // With own_a given: whether some tile still reads own_chunk's rows from `a` (the chunk's edges
+  // are off the kernel's tile grid), so that they must be there too and ready[own_chunk] raised.
+  virtual bool native_gemm_own_needs_ready(const ChunkedGemmArgs& args);
+  // Stream-ordered operations on u32 flags in device memory (this device's, or a peer's mapped
+  // into this process), carried out by the stream's front
   // end (no SM needed, so they progress beside a kernel that holds every SM): set *flag (after
   // all earlier work of the stream, whose writes it makes visible), and hold later work of the
   // stream until *flag >= value. zero_flags sets count flags to 0.

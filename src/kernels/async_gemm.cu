@@ -20,6 +20,20 @@
 // of kGroupM m-tiles the m index runs fastest (B panels stay in L2). CTA i takes tiles i, i+grid,
 // ...: all SMs work on the chunk that landed first while the copy engine brings the next ones.
 //
+// Tail split: with T tiles on G CTAs, the last wave holds T mod G tiles; where that is at most
+// half of G, each of its tiles is cut into s <= 4 K-ranges (s = G / tail, at least 4 k-blocks
+// each), one per otherwise idle CTA. Work units in loop order, for CTA i: units i, i+G, ...
+//
+//   units [0, T - tail):        whole tiles, as without the split
+//   units [T - tail, T + (s-1) tail): part p = v / tail of tail tile v mod tail
+//
+//   parts 0 .. s-2: main loop over their K-range | f32 accumulators -> workspace | count++
+//   part s-1:       main loop over its K-range   | wait count = s-1 | += parts 0 .. s-2 in order
+//                   | epilogue (store, done counter) | count = 0 for the next launch
+//
+// All tail units fit in one wave, at most one per CTA, so a last part never waits for a CTA
+// that is not running; the sum order is fixed, so the result is the same on every run.
+//
 // Shared-memory layouts, as TMA writes them and wgmma reads them (bf16/f16, 128-byte rows):
 //   A stage:            128 rows (m) x 64 k               K-major, 8-row groups 1024 B apart
 //   B stage, K-major:   256 rows (n) x 64 k               same
@@ -75,7 +89,33 @@ struct Params {
   int rank;
   uint32_t b_lbo, b_sbo;
   int own_chunk;  // chunk whose whole tiles come from map_a_own (no wait), or -1
+  // The tail split (see the file comment): tiles [0, full_tiles) are computed whole, each of the
+  // others in `split` K-ranges by different CTAs. partials: f32 accumulators of the parts but
+  // the last, [tail tile][part < split - 1][consumer][32 float4][128 threads]; split_flags:
+  // [tail tile][consumer] counters of published parts, 0 between launches.
+  int full_tiles;
+  int split;
+  float* partials;
+  uint32_t* split_flags;
 };
+
+// Work unit u of the persistent loop: a whole tile, or one K-range (part) of a tail tile.
+struct Unit {
+  int t;         // tile number in the walk
+  int kb0, kb1;  // k-blocks [kb0, kb1)
+  int part;      // -1: whole tile; else 0 .. split-1 (the last one finishes the tile)
+  int tail;      // index of the tail tile (t - full_tiles)
+};
+
+__device__ __forceinline__ Unit unit_at(int u, const Params& p, int num_tiles, int k_blocks) {
+  if (u < p.full_tiles) return {u, 0, k_blocks, -1, 0};
+  const int tails = num_tiles - p.full_tiles;
+  const int v = u - p.full_tiles;
+  const int tail = v % tails;
+  const int part = v / tails;
+  return {p.full_tiles + tail, part * k_blocks / p.split, (part + 1) * k_blocks / p.split, part,
+          tail};
+}
 
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0,
                                              int c1) {
@@ -246,6 +286,29 @@ __device__ bool wait_chunks_ready(const Params& p, int m0) {
   return true;
 }
 
+// The last part of a tail tile waits for the others (CTAs of this launch, all resident: the
+// tail units fit in one wave, at most one per CTA). Bounded all the same: a timeout is recorded
+// as what = 4 and the tile is finished with what has arrived.
+__device__ void wait_split_parts(const Params& p, const uint32_t* flag, uint32_t parts) {
+  if (load_acquire(flag) >= parts) return;
+  const uint64_t start = global_timer_ns();
+  const uint64_t limit = p.timeout_ns != 0 ? p.timeout_ns : 10'000'000'000ull;
+  while (load_acquire(flag) < parts) {
+    if (global_timer_ns() - start > limit) {
+      if (p.slot != nullptr && atomicCAS_system(const_cast<int*>(&p.slot->flagged), 0, 1) == 0) {
+        p.slot->rank = p.rank;
+        p.slot->peer = -1;
+        p.slot->channel = -1;
+        p.slot->what = 4;
+        p.slot->timeout_ns = limit;
+        __threadfence_system();
+      }
+      return;
+    }
+    __nanosleep(32);
+  }
+}
+
 template <typename Out>
 __device__ __forceinline__ void store_pair(Out* row, int64_t col, int64_t n, float x, float y) {
   if constexpr (sizeof(Out) == 4) {
@@ -370,14 +433,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_tiles = tiles_m * tiles_n;
   const int k_blocks = static_cast<int>((p.k + kBK - 1) / kBK);
   const int pivot_m = static_cast<int>(p.first_chunk * p.chunk_rows / height);
+  const int num_units = p.full_tiles + (num_tiles - p.full_tiles) * p.split;
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x == 0) {
       bool waiting = p.ready != nullptr;
       int it = 0;
-      for (int t = cluster_id; t < num_tiles; t += clusters) {
-        const Tile tile = tile_at(t, tiles_m, tiles_n, pivot_m, height);
+      for (int u = cluster_id; u < num_units; u += clusters) {
+        const Unit w = unit_at(u, p, num_tiles, k_blocks);
+        const Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height);
         const int m0 = tile.m0 + kBM * static_cast<int>(cta);
         // A tile wholly inside the own chunk is read from the caller's A (always there);
         // any other waits for its chunks to land.
@@ -387,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (waiting && !own) waiting = wait_chunks_ready(p, m0);
         const CUtensorMap* a_map = own ? &map_a_own : &map_a;
         const int a_row = own ? static_cast<int>(m0 - own_first) : m0;
-        for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+        for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
           const int s = it % kStages;
           mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);
           mbar_expect_tx(&full[s], kStageABytes + kStageBBytes);
@@ -436,11 +501,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive(&empty[s]);
     }
   };
-  for (int t = cluster_id; t < num_tiles; t += clusters) {
-    Tile tile = tile_at(t, tiles_m, tiles_n, pivot_m, height);
+  for (int u = cluster_id; u < num_units; u += clusters) {
+    const Unit w = unit_at(u, p, num_tiles, k_blocks);
+    Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height);
     tile.m0 += kBM * static_cast<int>(cta);
     int prev_stage = -1;
-    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+    for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
       const int s = it % kStages;
       mbar_wait(&full[s], (it / kStages) & 1);
       const uint32_t a_addr = smem_u32(smem_a + s * kStageABytes + consumer * (64 * 128));
@@ -450,10 +516,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kBK / 16; ++kk) {
         const uint64_t da = smem_desc(a_addr + kk * 32, 16, 1024);
         if constexpr (kBKMajor) {
-          wgmma<kF16, 0>(acc, da, smem_desc(b_addr + kk * 32, 16, 1024), kb > 0 || kk > 0);
+          wgmma<kF16, 0>(acc, da, smem_desc(b_addr + kk * 32, 16, 1024), kb > w.kb0 || kk > 0);
         } else {
           wgmma<kF16, 1>(acc, da, smem_desc(b_addr + kk * 2048, p.b_lbo, p.b_sbo),
-                         kb > 0 || kk > 0);
+                         kb > w.kb0 || kk > 0);
         }
       }
       wgmma_commit();
@@ -464,6 +530,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_wait<0>();
     if (leader && prev_stage >= 0) release(prev_stage);
+    if (w.part >= 0) {
+      // A tail tile's K-range. Parts but the last leave their f32 accumulator in the workspace
+      // and count it; the last one waits for them and adds them in part order (the same bits on
+      // every run), then stores the tile as usual.
+      const int tid = threadIdx.x % 128;
+      uint32_t* flag = p.split_flags + 2 * w.tail + consumer;
+      auto partial = [&](int part) {
+        return reinterpret_cast<float4*>(p.partials) +
+               ((static_cast<int64_t>(w.tail) * (p.split - 1) + part) * 2 + consumer) * (32 * 128) +
+               tid;
+      };
+      if (w.part < p.split - 1) {
+        float4* dst = partial(w.part);
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          __stcg(dst + i * 128,
+                 make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
+        if (leader) {
+          __threadfence();
+          atomicAdd(flag, 1u);
+        }
+        continue;
+      }
+      if (leader) wait_split_parts(p, flag, static_cast<uint32_t>(p.split - 1));
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
+      for (int part = 0; part < p.split - 1; ++part) {
+        const float4* src = partial(part);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const float4 v = __ldcg(src + i * 128);
+          acc[4 * i] += v.x;
+          acc[4 * i + 1] += v.y;
+          acc[4 * i + 2] += v.z;
+          acc[4 * i + 3] += v.w;
+        }
+      }
+      if (leader) *flag = 0;  // every part of this launch has been counted; 0 for the next one
+    }
 
     const int r0 = tile.m0 + 64 * consumer;
     if constexpr (kTmaStore) {
@@ -705,6 +810,62 @@ uint32_t async_gemm_done_count(const AsyncGemmArgs& a, int chunk) {
   return static_cast<uint32_t>(halves * ((a.n + kBN - 1) / kBN));
 }
 
+namespace {
+
+constexpr int kMaxSplit = 4;
+constexpr int kMinSplitKBlocks = 4;  // k-blocks per part at least (the pipeline must fill)
+constexpr size_t kPartialBytes = 2 * 32 * 128 * sizeof(float4);  // one tile's f32 accumulators
+
+size_t split_flag_bytes(int ctas) {
+  return (static_cast<size_t>(ctas) * 2 * sizeof(uint32_t) + 255) / 256 * 256;
+}
+
+int ctas_of(const AsyncGemmArgs& a) {
+  return (a.max_ctas > 0 ? a.max_ctas : sm_count()) - a.reserve_sms;
+}
+
+// Parts per tail tile: as many as the idle CTAs of the last wave can take, each part at least
+// kMinSplitKBlocks deep. The tail units then fit in one wave, at most one per CTA, so the last
+// part of a tile never waits for a CTA that is not running.
+int tail_split_of(const AsyncGemmArgs& a, int ctas, bool clustered) {
+  // More CTAs than SMs could leave a part's CTA waiting for an SM that its partner holds.
+  if (a.split_workspace == nullptr || a.tail_split == 1 || clustered || ctas <= 0 ||
+      ctas > sm_count()) {
+    return 1;
+  }
+  const int64_t tiles = ((a.m + kBM - 1) / kBM) * ((a.n + kBN - 1) / kBN);
+  const int tail = static_cast<int>(tiles % ctas);
+  if (tail == 0) return 1;
+  const int64_t k_blocks = (a.k + kBK - 1) / kBK;
+  int split = static_cast<int>(std::min<int64_t>(ctas / tail, k_blocks / kMinSplitKBlocks));
+  split = std::min(split, a.tail_split >= 2 ? a.tail_split : kMaxSplit);
+  return split >= 2 ? split : 1;
+}
+
+bool uses_cluster(const AsyncGemmArgs& a) {
+  return a.cluster == 2 && a.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(a.c) % 16 == 0 &&
+         a.ldc % 8 == 0 && !a.force_register_store;
+}
+
+}  // namespace
+
+size_t async_gemm_split_workspace_bytes() {
+  const int ctas = sm_count();
+  return split_flag_bytes(ctas) + static_cast<size_t>(ctas) * kPartialBytes;
+}
+
+int async_gemm_tail_split(const AsyncGemmArgs& a) {
+  return tail_split_of(a, ctas_of(a), uses_cluster(a));
+}
+
+bool async_gemm_own_needs_ready(const AsyncGemmArgs& a) {
+  if (a.own_a == nullptr || a.own_chunk < 0) return false;
+  const int64_t rows = chunk_rows_of(a);
+  const int64_t first = a.own_chunk * rows;
+  const int64_t last = std::min(a.m, first + rows);
+  return first % kBM != 0 || (last - first) % kBM != 0;
+}
+
 cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   if (async_gemm_unsupported(a) != nullptr) return cudaErrorInvalidValue;
   const CUtensorMapDataType type = a.in_dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
@@ -714,7 +875,7 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   // run at half the speed of single CTAs (docs/PERFORMANCE.md), for reasons not yet found.
   const bool tma_store = a.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(a.c) % 16 == 0 &&
                          a.ldc % 8 == 0 && !a.force_register_store;
-  const int cluster = tma_store && a.cluster == 2 ? 2 : 1;
+  const int cluster = uses_cluster(a) ? 2 : 1;
   CUtensorMap map_a{}, map_b{};
   if (!make_map(&map_a, a.a, type, a.k, a.m, a.lda, kBK, kBM)) return cudaErrorInvalidValue;
   // K-major B: one box of the CTA's share of the tile's rows; N-major: 64 x 64 boxes.
@@ -737,8 +898,16 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   p.rank = a.rank;
   p.b_lbo = a.b_mn_lbo != 0 ? a.b_mn_lbo : 8192;
   p.b_sbo = a.b_mn_sbo != 0 ? a.b_mn_sbo : 1024;
-  const int ctas = (a.max_ctas > 0 ? a.max_ctas : sm_count()) - a.reserve_sms;
+  const int ctas = ctas_of(a);
   if (ctas <= 0) return cudaErrorNoDevice;
+  const int64_t tiles = ((a.m + kBM * cluster - 1) / (kBM * cluster)) * ((a.n + kBN - 1) / kBN);
+  p.split = tail_split_of(a, ctas, cluster == 2);
+  p.full_tiles = static_cast<int>(p.split > 1 ? tiles - tiles % ctas : tiles);
+  if (p.split > 1) {
+    p.split_flags = static_cast<uint32_t*>(a.split_workspace);
+    p.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(a.split_workspace) +
+                                          split_flag_bytes(sm_count()));
+  }
   CUtensorMap map_c{};
   if (tma_store) {
     const CUtensorMapDataType c_type = a.c_dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16

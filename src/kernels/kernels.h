@@ -127,6 +127,14 @@ struct AsyncGemmArgs {
   // CTAs per cluster: 1 (0: the default, 1), or 2 (pairs sharing each B tile through TMA
   // multicast; only with the TMA store; correct but slower on H200 so far).
   int cluster = 0;
+  // The tail split: when the tiles leave the last wave mostly idle (tiles % CTAs small), each
+  // tile of that wave is cut into up to 4 K-ranges computed by otherwise idle CTAs, the last
+  // one adding the others' f32 partials in a fixed order (same bits every run). Needs a
+  // workspace of async_gemm_split_workspace_bytes() (zeroed once when allocated; kept at 0
+  // between launches; one launch at a time may use it) and single CTAs (cluster 1).
+  // tail_split: 0 chosen here, 1 off, n >= 2 at most n parts.
+  void* split_workspace = nullptr;
+  int tail_split = 0;
 };
 
 // Why the kernel cannot run these arguments (dtype, alignment, strides), or nullptr.
@@ -134,6 +142,14 @@ const char* async_gemm_unsupported(const AsyncGemmArgs& args);
 cudaError_t async_gemm(const AsyncGemmArgs& args, cudaStream_t stream);
 // The value done[c] reaches once every tile of chunk c is stored.
 uint32_t async_gemm_done_count(const AsyncGemmArgs& args, int chunk);
+// Bytes of the tail-split workspace for the current device.
+size_t async_gemm_split_workspace_bytes();
+// The number of K-ranges each tile of the last wave is cut into for these arguments (1: none).
+int async_gemm_tail_split(const AsyncGemmArgs& args);
+// Whether, with own_a given, some tile still reads rows of own_chunk from `a` (one that
+// straddles the chunk's first or last row: chunk edges off the 128-row tile grid) and so waits
+// for ready[own_chunk] and needs those rows in `a`.
+bool async_gemm_own_needs_ready(const AsyncGemmArgs& args);
 // The obviously-correct reference for the tests: one thread per output, f32 accumulation.
 cudaError_t reference_gemm(const AsyncGemmArgs& args, cudaStream_t stream);
 

@@ -237,21 +237,34 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
 
 // The native schedule on rank r of ws (row gather with no batch dims before g, bf16/f16):
 //
-//   compute: A_shard -> S_r[r] | ready[r] = 1 | barrier | native GEMM (chunks r, r+1, ...) | wait |
-//   barrier | ready = 0 copy:                                               | pull S_p[p] ->
-//   S_r[p], ready[p] = 1 ... |
+//   compute: native GEMM: own chunk from A_shard, then chunks r+1, r+2, ... as they land | wait |
+//            ready = 0 | barrier
+//   copy:    A_shard -> S_{r+1}[r], ready_{r+1}[r] = 1 | A_shard -> S_{r+2}[r], ... |
 //
-// The symmetric buffer of every rank holds the whole gathered A, [ws x shard]: rank p publishes
-// its shard into slot p of its own buffer, and the others pull it into slot p of theirs, so the
-// one GEMM reads all of A from its own buffer, starting on the own chunk while the copy engine
-// lands the others and raises their ready flags (stream memory operations: no SM needed while
-// the GEMM holds them all). The flags are 0 between ops (zeroed when allocated and at the end
-// of every op, after the closing barrier, when nobody uses them any more).
+// The symmetric buffer S_p of every rank holds the whole gathered A, [ws x shard], and its
+// ready flags are flags [kReadyChannel][0..ws) of its signal pad. Every rank pushes its shard
+// straight from A_shard into slot r of every peer's buffer and then raises that peer's flag r
+// (a stream memory write over NVLink, ordered after the copy: no SM needed while the GEMM holds
+// them all), starting at r+1 so that at each step every rank is written by exactly one peer. The
+// one GEMM starts at once on the own chunk, read in place from A_shard, and waits (with the
+// group's timeout) for each other chunk's flag before it loads that chunk's tiles. So nothing
+// but the GEMM itself stands before the first tile: no publication copy, no opening barrier.
 //
-// Tried and set aside (docs/PERFORMANCE.md): starting the GEMM at once, with the own chunk read
-// from A_shard in place (AsyncGemmArgs::own_a) and publication plus barrier on the copy stream
-// in an SM the GEMM leaves free (reserve_sms): the barrier kernel did not get that SM promptly,
-// eagerly up to 3x slower, and in a CUDA graph never.
+// The closing barrier makes the pushes of the next op safe: each rank enters it after its GEMM
+// has read every chunk and after it has set its flags back to 0, and a rank pushes again only
+// in the next op, whose copy stream starts behind this barrier. The buffer is the context's
+// push workspace, which no other op uses: in the shared one a peer could still be busy with
+// the previous op (the final reduction of a matmul_reduce_scatter) when this one pushes. Where a
+// tile straddles the own chunk's edges (chunk rows off the GEMM's tile grid) or A_shard cannot be
+// read in place, the own shard is also copied into the own slot, with its flag.
+//
+// Tried and set aside (docs/PERFORMANCE.md): pulling instead of pushing, with the own shard
+// published into the own slot and an opening barrier, on the compute stream before the GEMM (1-7%
+// slower than the split path at ws 2) or on the copy stream in an SM the GEMM leaves free
+// (reserve_sms: the barrier kernel did not get that SM promptly, eagerly up to 3x slower, and
+// in a CUDA graph never).
+constexpr int kReadyChannel = 1;  // see NOTE [signal pads and channels]
+
 struct NativePlan {
   int64_t rows = 0;  // rows of the shard as a matrix
   int64_t k = 0;
@@ -284,6 +297,20 @@ std::optional<NativePlan> native_plan(const AgMmCall& c, std::string* why) {
   return plan;
 }
 
+ChunkedGemmArgs native_args(Context& ctx, const NativePlan& plan, const Tensor& a, const Tensor& b,
+                            const Tensor& out) {
+  const int ws = ctx.world_size();
+  ChunkedGemmArgs args;
+  args.a = a;
+  args.b = b;
+  args.d = out.view({ws * plan.rows, b.size(1)});
+  args.chunk_rows = plan.rows;
+  args.first_chunk = ctx.rank();
+  args.timeout = ctx.group().timeout();
+  args.rank = ctx.rank();
+  return args;
+}
+
 void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
@@ -292,43 +319,81 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   const int rank = ctx.rank();
   const DType dtype = c.a_shard.dtype();
   const size_t shard_bytes = c.a_shard.nbytes();
-  SymmetricMemory& sm = ctx.workspace().get(ws * shard_bytes);
+  // Not the shared workspace: a peer may still be reading its copy of that when this op starts
+  // pushing (see Context::push_workspace).
+  SymmetricMemory& sm = ctx.push_workspace().get(ws * shard_bytes);
   auto slot = [&](int owner, int p) {
-    return sm.buffer(owner, {plan.rows, plan.k}, dtype, p * shard_bytes);
+    return sm.buffer(owner, {plan.rows, plan.k}, dtype, p * shard_bytes).view(c.a_shard.shape());
   };
+  auto ready_of = [&](int owner) { return sm.signal_pad_ptr(owner) + kReadyChannel * ws; };
+  uint32_t* ready = ready_of(rank);
   const Tensor gathered = sm.buffer(rank, {ws * plan.rows, plan.k}, dtype);
-  uint32_t* ready = ctx.flags(ws);
 
-  be.copy(slot(rank, rank).view(c.a_shard.shape()), c.a_shard, compute);
-  be.write_flag(ready + rank, 1, compute);
-  sm.barrier(kBarrierChannel, compute);
-  Event& published = ctx.event(0);
-  published.record(compute);
-  published.block(copy);
+  // The own chunk is read in place where the GEMM can address A_shard (contiguous, aligned).
+  std::vector<ChunkedGemmArgs> gemms;
+  bool in_place = c.a_shard.is_contiguous();
   for (size_t j = 0; j < c.bs.size(); ++j) {
-    ChunkedGemmArgs args;
-    args.a = gathered;
-    args.b = c.bs[j];
-    args.d = c.outs[j].view({ws * plan.rows, c.bs[j].size(1)});
-    args.chunk_rows = plan.rows;
-    args.first_chunk = rank;
-    args.ready = ready;
-    args.timeout = ctx.group().timeout();
-    args.rank = rank;
-    be.native_gemm(args, compute);
+    gemms.push_back(native_args(ctx, plan, gathered, c.bs[j], c.outs[j]));
+    gemms.back().ready = ready;
+    if (in_place) {
+      gemms.back().own_a = c.a_shard.view({plan.rows, plan.k});
+      gemms.back().own_chunk = rank;
+      in_place = be.native_gemm_unsupported(gemms.back()).empty();
+    }
   }
+  if (!in_place) {
+    for (ChunkedGemmArgs& args : gemms) {
+      args.own_a = Tensor();
+      args.own_chunk = -1;
+    }
+  }
+  const bool own_slot = !in_place || be.native_gemm_own_needs_ready(gemms[0]);
+
+  // The copy stream starts behind the caller's writes of A_shard and the previous op's barrier.
+  Event& start = ctx.event(0);
+  start.record(compute);
+  start.block(copy);
+  auto fill_own_slot = [&] {
+    be.copy(slot(rank, rank), c.a_shard, copy);
+    be.write_flag(ready + rank, 1, copy);
+  };
+  if (!in_place) fill_own_slot();  // the GEMM starts on the own chunk
+  for (const ChunkedGemmArgs& args : gemms)
+    be.native_gemm(args, compute);
   for (int i = 1; i < ws; ++i) {
     const int p = (rank + i) % ws;
-    be.copy(slot(rank, p), slot(p, p), copy);
-    be.write_flag(ready + p, 1, copy);
+    be.copy(slot(p, rank), c.a_shard, copy);
+    be.write_flag(ready_of(p) + rank, 1, copy);
   }
-  if (c.a_out.defined()) be.copy(c.a_out.view({ws * plan.rows, plan.k}), gathered, copy);
-  Event& pulled = ctx.event(ws + 1);
-  pulled.record(copy);
-  pulled.block(compute);
-  // Nobody reads this rank's buffer or flags any more once every rank is past this barrier.
-  sm.barrier(kBarrierChannel, compute);
+  if (in_place && own_slot) fill_own_slot();
+  Tensor a_out;
+  if (c.a_out.defined()) {
+    a_out = c.a_out.view({ws * plan.rows, plan.k});
+    if (!own_slot) {
+      be.copy(a_out.narrow(0, rank * plan.rows, plan.rows).view(c.a_shard.shape()), c.a_shard,
+              copy);
+    }
+  }
+  Event& pushed = ctx.event(ws + 1);
+  pushed.record(copy);
+  if (a_out.defined()) {
+    // Every chunk has landed once the GEMMs are through (they waited for each flag).
+    if (own_slot) {
+      be.copy(a_out, gathered, compute);
+    } else {
+      const int64_t r = plan.rows;
+      if (rank > 0) be.copy(a_out.narrow(0, 0, rank * r), gathered.narrow(0, 0, rank * r), compute);
+      if (rank + 1 < ws) {
+        const int64_t rest = (ws - rank - 1) * r;
+        be.copy(a_out.narrow(0, (rank + 1) * r, rest), gathered.narrow(0, (rank + 1) * r, rest),
+                compute);
+      }
+    }
+  }
+  pushed.block(compute);
   be.zero_flags(ready, ws, compute);
+  // Past this barrier no rank reads any buffer of this op, and every flag is back to 0.
+  sm.barrier(kBarrierChannel, compute);
 }
 
 void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
@@ -350,11 +415,9 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
     native.symm_bytes = ctx.world_size() * c.a_shard.nbytes();
     const int64_t m = ctx.world_size() * plan->rows;
     for (size_t j = 0; j < c.bs.size() && native.unsupported.empty(); ++j) {
-      ChunkedGemmArgs args;
-      args.a = detail::shape_only_matrix(c.a_shard.dtype(), m, plan->k, c.a_shard.device());
-      args.b = detail::shape_only(c.bs[j]);
-      args.d = detail::shape_only(c.outs[j].view({m, c.bs[j].size(1)}));
-      args.chunk_rows = plan->rows;
+      const ChunkedGemmArgs args = native_args(
+          ctx, *plan, detail::shape_only_matrix(c.a_shard.dtype(), m, plan->k, c.a_shard.device()),
+          detail::shape_only(c.bs[j]), detail::shape_only(c.outs[j]));
       native.unsupported = ctx.backend().native_gemm_unsupported(args);
     }
     native.key =

@@ -49,6 +49,8 @@ Context::Context(std::shared_ptr<Group> group, ContextOptions options)
   symm_allocator_ = make_symm_allocator(*backend_, *group_);
   workspace_ =
       std::make_unique<SymmWorkspace>(*symm_allocator_, *backend_, options_.max_workspace_bytes);
+  push_workspace_ =
+      std::make_unique<SymmWorkspace>(*symm_allocator_, *backend_, options_.max_workspace_bytes);
 #ifdef ASYNCTP_WITH_CUDA
   if (backend_->device().is_cuda()) communicator_ = make_nccl_communicator(*backend_, *group_);
 #endif

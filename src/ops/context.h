@@ -74,6 +74,12 @@ class Context {
   Event& event(size_t index);
 
   SymmWorkspace& workspace() { return *workspace_; }
+  // A second symmetric buffer (same limit), for ops into which peers write with no handshake
+  // first: the native all_gather_matmul pushes its shard into every peer's copy as soon as it
+  // starts. In the shared workspace a peer could still be reading its own copy then (the final
+  // reduction of a matmul_reduce_scatter runs after that op's last barrier); here every op ends
+  // with a barrier after its last access, so the next one finds every peer's copy free.
+  SymmWorkspace& push_workspace() { return *push_workspace_; }
   Communicator& communicator() { return *communicator_; }
   Usage& usage() { return usage_; }
   Dispatcher& dispatcher() { return *dispatcher_; }
@@ -97,6 +103,7 @@ class Context {
   std::vector<std::unique_ptr<Event>> events_;
   std::unique_ptr<SymmAllocator> symm_allocator_;
   std::unique_ptr<SymmWorkspace> workspace_;
+  std::unique_ptr<SymmWorkspace> push_workspace_;
   std::unique_ptr<Communicator> communicator_;
   std::array<Buffer, static_cast<size_t>(Scratch::kCount)> scratch_;
   Buffer flags_;

@@ -156,7 +156,10 @@ Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& r
   auto stop = be.create_event(true);
   std::vector<double> fused, native;
   for (int i = 0; i < kTuneRuns; ++i) {
-    for (Path p : {Path::kFused, Path::kNative}) {
+    // Alternating which path goes first: neither always follows the other.
+    const bool fused_first = i % 2 == 0;
+    for (Path p :
+         {fused_first ? Path::kFused : Path::kNative, fused_first ? Path::kNative : Path::kFused}) {
       start->record(s);
       run(p);
       stop->record(s);

@@ -9,8 +9,8 @@
 //      runs), the per-path medians are averaged over the ranks, and the faster path is taken
 //      (local rank 0 writes it to the cache).
 // Later calls reuse the decision without any communication. Under CUDA-graph capture nothing can
-// be measured or agreed on: an unknown problem then takes the native path (the faster one on
-// every shape measured so far, docs/PERFORMANCE.md) and says so in the log.
+// be measured or agreed on: an unknown problem then takes the native path and says so in the
+// log (run the op once before capturing it to have the choice measured).
 //
 // The cache: $ASYNCTP_CACHE_DIR/dispatch.json, else $XDG_CACHE_HOME/asynctp/dispatch.json, else
 // ~/.cache/asynctp/dispatch.json; ContextOptions::dispatch_cache overrides it ("off": none).
@@ -37,7 +37,7 @@ struct DispatchTiming {
 
 class Dispatcher {
  public:
-  static constexpr int kTuneRuns = 5;
+  static constexpr int kTuneRuns = 15;
 
   Dispatcher(Context& ctx, std::string cache_path);
 

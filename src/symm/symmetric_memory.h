@@ -11,9 +11,12 @@
 //                         (acquire: everything src wrote before its put_signal is visible).
 //   barrier(ch):          put_signal to every peer, then wait_signal from every peer.
 // A flag goes 0 -> 1 -> 0 once per handshake, so a channel can be reused by the next op without
-// any reset; ops that need two independent handshakes in flight use two channels. Every wait is
-// bounded by the group's timeout and fails with a TimeoutError that names this rank, the peer
-// and the channel.
+// any reset; ops that need two independent handshakes in flight use two channels.
+// Channels in use: 0 the barriers of every op; 1 the native all_gather_matmul's chunk-ready
+// flags, which are not handshakes: a peer raises flag [1][src] with a stream memory write after
+// its push, the GEMM reads it, and the owner sets it back to 0 before the op's closing barrier.
+// Every wait is bounded by the group's timeout and fails with a TimeoutError that names this rank,
+// the peer and the channel.
 //
 // On the CPU backend these calls act immediately (streams are eager); on CUDA they are enqueued
 // on the given stream.
@@ -37,7 +40,8 @@ inline constexpr int kNumChannels = 8;
 // rounded up to a page so that the data region stays page-aligned.
 constexpr size_t signal_pad_bytes(int world_size) {
   constexpr size_t kAlign = 4096;
-  return (sizeof(uint32_t) * kNumChannels * static_cast<size_t>(world_size) + kAlign - 1) / kAlign * kAlign;
+  return (sizeof(uint32_t) * kNumChannels * static_cast<size_t>(world_size) + kAlign - 1) / kAlign *
+         kAlign;
 }
 
 class SymmetricMemory {

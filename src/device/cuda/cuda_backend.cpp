@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <unordered_map>
 #include <vector>
 
 #include "core/log.h"
@@ -89,6 +90,7 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
       std::chrono::duration_cast<std::chrono::nanoseconds>(args.timeout).count());
   k->rank = args.rank;
   k->reserve_sms = args.reserve_sms;
+  k->tail_split = args.tail_split;
   if (args.own_a.defined()) {
     const Tensor& o = args.own_a;
     if (o.dim() != 2 || o.size(1) != a.size(1) || o.dtype() != a.dtype() ||
@@ -308,6 +310,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     ASYNCTP_CHECK(unsupported == nullptr, "native GEMM of a {} by b {} into d {}: {}",
                   args.a.describe(), args.b.describe(), args.d.describe(), unsupported);
     k.slot = error_slot_device_;
+    k.split_workspace = split_workspace(raw(stream));
     ASYNCTP_CUDA_CHECK(kernels::async_gemm(k, raw(stream)));
   }
 
@@ -316,6 +319,13 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     const std::string why = to_async_gemm(args, &k);
     ASYNCTP_CHECK(why.empty(), "native_gemm_done_count: {}", why);
     return kernels::async_gemm_done_count(k, chunk);
+  }
+
+  bool native_gemm_own_needs_ready(const ChunkedGemmArgs& args) override {
+    kernels::AsyncGemmArgs k;
+    const std::string why = to_async_gemm(args, &k);
+    ASYNCTP_CHECK(why.empty(), "native_gemm_own_needs_ready: {}", why);
+    return kernels::async_gemm_own_needs_ready(k);
   }
 
   void write_flag(uint32_t* flag, uint32_t value, Stream& stream) override {
@@ -339,6 +349,12 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     if (error_slot_host_->flagged == 0) return;
     const kernels::DeviceErrorSlot slot = *const_cast<kernels::DeviceErrorSlot*>(error_slot_host_);
     error_slot_host_->flagged = 0;
+    if (slot.what == 4) {
+      ASYNCTP_TIMEOUT(
+          "rank {}: the native GEMM on cuda:{} waited {:g} s for the partial sums of its own "
+          "split tiles (an internal error: CTAs of one launch that should all be running)",
+          slot.rank, device_, static_cast<double>(slot.timeout_ns) / 1e9);
+    }
     if (slot.what == 3) {
       ASYNCTP_TIMEOUT(
           "rank {}: the native GEMM waited {:g} s on cuda:{} for chunk {} of A to land (the copy "
@@ -354,8 +370,23 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   }
 
  private:
+  // The native GEMM's tail-split workspace of `stream` (one per stream: launches on different
+  // streams may overlap), allocated and zeroed on the stream's first launch outside capture;
+  // null during capture before that (the GEMM then runs without the split).
+  void* split_workspace(cudaStream_t stream) {
+    if (auto it = split_workspaces_.find(stream); it != split_workspaces_.end())
+      return it->second.data();
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    ASYNCTP_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+    if (status != cudaStreamCaptureStatusNone) return nullptr;
+    Buffer buf = allocate(kernels::async_gemm_split_workspace_bytes());
+    ASYNCTP_CUDA_CHECK(cudaMemsetAsync(buf.data(), 0, buf.size(), stream));
+    return split_workspaces_.emplace(stream, std::move(buf)).first->second.data();
+  }
+
   int device_;
   std::string hardware_;
+  std::unordered_map<cudaStream_t, Buffer> split_workspaces_;
   std::unique_ptr<CudaStream> stream_;
   kernels::DeviceErrorSlot* error_slot_host_ = nullptr;
   kernels::DeviceErrorSlot* error_slot_device_ = nullptr;

@@ -229,12 +229,16 @@ TEST(NativeGemm, ConsumesChunksAsTheyLand) {
       args.own_chunk = first;
       args.reserve_sms = 1;
     }
+    // Whole tiles of the own chunk never look at the gathered buffer; only a straddling tile
+    // (chunk edges off the 128-row tile grid) needs the own chunk landed and flagged.
+    const bool own_needs_ready = gpu.be().native_gemm_own_needs_ready(args);
+    const int64_t own_last = std::min(m, (first + 1) * chunk_rows);
+    EXPECT_EQ(own_needs_ready, use_own && ((first * chunk_rows) % 128 != 0 ||
+                                           (own_last - first * chunk_rows) % 128 != 0));
     gpu.be().native_gemm(args, gpu.stream());  // enqueued first: it waits for the copies below
     for (int i = 0; i < chunks; ++i) {
       const int c = (first + i) % chunks;
-      // Whole tiles of the own chunk never look at the gathered buffer; only a straddling tile
-      // (chunk_rows not a multiple of 128) needs the own chunk landed and flagged.
-      if (use_own && c == first && chunk_rows % 128 == 0) continue;
+      if (use_own && c == first && !own_needs_ready) continue;
       const int64_t rows = std::min(chunk_rows, m - c * chunk_rows);
       gpu.be().copy(gathered->narrow(0, c * chunk_rows, rows), src->narrow(0, c * chunk_rows, rows),
                     *copy_stream);
@@ -280,6 +284,56 @@ TEST(NativeGemm, ChunkThatNeverLandsTimesOutNamingIt) {
 
 // The MM+RS pattern: the kernel counts finished rows per chunk; a copy stream waits for each
 // chunk's count and copies it out while later chunks are still being computed.
+// The tail split: tiles of a mostly idle last wave cut into K-ranges whose f32 partials the last
+// range adds in a fixed order. Same result as the unsplit GEMM to f32 rounding, the same bits
+// on every run, and every output dtype; the parts chosen follow the rule in kernels.h.
+TEST(NativeGemm, TailSplitMatchesUnsplitAndRepeatsBitForBit) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1024, 1024, 2048}, {300, 520, 1000}, {2048, 3072, 512}}) {
+    OwnedTensor a = gpu.upload({m, k}, DType::kBF16, 31);
+    OwnedTensor b = gpu.upload({k, n}, DType::kBF16, 32);
+    for (DType out : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(fmt::format("{}x{}x{} out {}", m, n, k, out));
+      auto run = [&](int tail_split) {
+        OwnedTensor d = gpu.empty({m, n}, out);
+        gpu.be().fill(d, std::nanf(""), gpu.stream());
+        ChunkedGemmArgs args;
+        args.a = a;
+        args.b = b;
+        args.d = d;
+        args.tail_split = tail_split;
+        gpu.be().native_gemm(args, gpu.stream());
+        return gpu.download(d);
+      };
+      const OwnedTensor whole = run(1);
+      const OwnedTensor split = run(0);
+      // f32 sums of the same products in another order: rounding noise of f32.
+      EXPECT_LT(rel_diff(split, whole), out == DType::kF32 ? 1e-5 : 4e-3);
+      EXPECT_TRUE(same_bits(split, run(0))) << "two runs differ";
+      EXPECT_LT(rel_diff(run(2), whole), out == DType::kF32 ? 1e-5 : 4e-3);
+    }
+    // The rule: as many parts as the idle CTAs of the last wave take, 4 k-blocks deep at least,
+    // 4 at most.
+    kernels::AsyncGemmArgs kargs;
+    kargs.m = m;
+    kargs.n = n;
+    kargs.k = k;
+    kargs.c_dtype = DType::kBF16;
+    kargs.split_workspace = reinterpret_cast<void*>(uintptr_t{1} << 20);
+    int sms = 0;
+    ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    const int64_t tiles = ((m + 127) / 128) * ((n + 255) / 256);
+    const int64_t tail = tiles % sms;
+    int64_t expected = tail == 0 ? 1 : std::min<int64_t>({sms / tail, (k + 63) / 64 / 4, 4});
+    if (expected < 2) expected = 1;
+    EXPECT_EQ(kernels::async_gemm_tail_split(kargs), expected);
+    kargs.tail_split = 1;
+    EXPECT_EQ(kernels::async_gemm_tail_split(kargs), 1);
+  }
+}
+
 TEST(NativeGemm, PublishesFinishedChunks) {
   SKIP_UNLESS_GPUS(1);
   for (DType out : {DType::kBF16, DType::kF32}) {
@@ -288,8 +342,10 @@ TEST(NativeGemm, PublishesFinishedChunks) {
     auto copy_stream = gpu.be().create_stream();
     const int64_t m = 1024, chunk_rows = 256;
     const int chunks = 4, first = 1;
-    OwnedTensor a = gpu.upload({m, 384}, DType::kBF16, 21);
-    OwnedTensor b = gpu.upload({384, 520}, DType::kBF16, 22);
+    // K deep enough for the tail split (24 tiles leave the last wave mostly idle): only the last
+    // part of a split tile stores and counts it.
+    OwnedTensor a = gpu.upload({m, 1024}, DType::kBF16, 21);
+    OwnedTensor b = gpu.upload({1024, 520}, DType::kBF16, 22);
     OwnedTensor d = gpu.empty({m, 520}, out);
     OwnedTensor copied = gpu.empty({m, 520}, out);
     gpu.be().fill(copied, std::nanf(""), gpu.stream());

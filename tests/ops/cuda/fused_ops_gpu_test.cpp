@@ -177,6 +177,8 @@ std::vector<AgCase> ag_cases() {
         {ws, {512, 256}, 0, DType::kBF16, 1, false});  // big enough for real chunk GEMMs
     cases.push_back(
         {ws, {300, 136}, 0, DType::kF16, 2, true});  // chunks that straddle 128-row tiles
+    // Whole tiles: the native path reads the own chunk in place and returns A from the pushes.
+    cases.push_back({ws, {256, 64}, 0, DType::kBF16, 2, true});
   }
   return cases;
 }
@@ -520,6 +522,65 @@ TEST(FusedOpsGpu, CaptureRefusesToGrowTheWorkspace) {
   EXPECT_RANKS_OK(statuses);
 }
 
+// ---- tensor-parallel layers back to back --------------------------------------------------------
+
+// A column-parallel layer (all_gather_matmul) after a row-parallel one (matmul_reduce_scatter),
+// several times over with no synchronization in between, on every path pair: each op's symmetric
+// buffers must be free for the next op of any kind (the native all-gather pushes into its peers'
+// buffers the moment it starts, while a peer may still be in the final reduction of the
+// reduce-scatter before it).
+TEST(FusedOpsGpu, LayersBackToBackOnEveryPath) {
+  SKIP_UNLESS_GPUS(2);
+  auto statuses = run_ranks(
+      2,
+      [&](Context& ctx) {
+        const int ws = ctx.world_size();
+        const uint64_t me = static_cast<uint64_t>(ctx.rank());
+        const Dims shard{256, 256}, a2_shape{512, 384};
+        const int64_t n1 = 512, k2 = 384, n2 = 256;
+        std::vector<std::vector<float>> shards;
+        std::vector<double> total(512 * n2, 0.0);
+        for (int r = 0; r < ws; ++r) {
+          const uint64_t u = static_cast<uint64_t>(r);
+          shards.push_back(values_of(shard, DType::kBF16, seed_of({5, u}), Values::kRandom));
+          host_gemm_add(values_of(a2_shape, DType::kBF16, seed_of({7, u}), Values::kRandom),
+                        values_of({k2, n2}, DType::kBF16, seed_of({8, u}), Values::kRandom), total,
+                        512, k2, n2);
+        }
+        std::vector<double> expected_ag(512 * n1, 0.0);
+        host_gemm_add(gather_host(shards, shard, 0),
+                      values_of({256, n1}, DType::kBF16, seed_of({6}), Values::kRandom),
+                      expected_ag, 512, 256, n1);
+        const auto expected_rs = chunk_host(total, {512, n2}, 0, ws, ctx.rank());
+
+        DeviceTensor a1 =
+            upload_seeded(ctx, shard, DType::kBF16, seed_of({5, me}), Values::kRandom);
+        DeviceTensor b1 =
+            upload_seeded(ctx, {256, n1}, DType::kBF16, seed_of({6}), Values::kRandom);
+        DeviceTensor a2 =
+            upload_seeded(ctx, a2_shape, DType::kBF16, seed_of({7, me}), Values::kRandom);
+        DeviceTensor b2 =
+            upload_seeded(ctx, {k2, n2}, DType::kBF16, seed_of({8, me}), Values::kRandom);
+        const Tensor b1s[] = {*b1};
+        const PathChoice paths[] = {PathChoice::kNative, PathChoice::kFused};
+        std::vector<OwnedTensor> ag_outs, rs_outs;
+        for (int i = 0; i < 8; ++i) {
+          ag_outs.push_back(device_empty(ctx, {512, n1}, DType::kBF16));
+          rs_outs.push_back(device_empty(ctx, {256, n2}, DType::kBF16));
+          const Tensor outs[] = {ag_outs.back().tensor};
+          all_gather_matmul(ctx, *a1, b1s, outs, Tensor(), {.path = paths[i % 2]});
+          matmul_reduce_scatter(ctx, *a2, *b2, rs_outs.back(), {.path = paths[(i / 2) % 2]});
+        }
+        for (int i = 0; i < 8; ++i) {
+          SCOPED_TRACE(fmt::format("layer pair {}", i));
+          EXPECT_LT(rel_error(download(ctx, ag_outs[i]), expected_ag), 1e-2);
+          EXPECT_LT(rel_error(download(ctx, rs_outs[i]), expected_rs), 1e-2);
+        }
+      },
+      gpu_options());
+  EXPECT_RANKS_OK(statuses);
+}
+
 // ---- failures -------------------------------------------------------------------------------
 
 TEST(FusedOpsGpu, RankThatNeverJoinsMakesTheOthersTimeOut) {
@@ -532,18 +593,52 @@ TEST(FusedOpsGpu, RankThatNeverJoinsMakesTheOthersTimeOut) {
         OwnedTensor out = device_empty(ctx, {128, 64}, DType::kBF16);
         const Tensor bs[] = {*b};
         const Tensor outs[] = {out.tensor};
-        all_gather_matmul(ctx, *a, bs, outs);  // both ranks: the workspace exists
+        // The split path, whose first wait is the barrier (the native one's is its GEMM's wait
+        // for the peer's chunk: NativeAllGatherNamesTheChunkThatNeverLands).
+        const AllGatherMatmulOptions split{.path = PathChoice::kFused};
+        all_gather_matmul(ctx, *a, bs, outs, Tensor(), split);  // both ranks: the workspace exists
         ctx.backend().synchronize();
         ctx.group().barrier("joined once");
         if (ctx.rank() == 1) return;  // rank 1 never joins the second op
         try {
-          all_gather_matmul(ctx, *a, bs, outs);
+          all_gather_matmul(ctx, *a, bs, outs, Tensor(), split);
           ctx.backend().synchronize();
           ADD_FAILURE() << "rank 0 did not time out";
         } catch (const TimeoutError& e) {
           EXPECT_THAT(e.what(), ::testing::HasSubstr("rank 0"));
           EXPECT_THAT(e.what(), ::testing::HasSubstr("peer 1"));
           EXPECT_THAT(e.what(), ::testing::HasSubstr("channel 0"));
+        }
+      },
+      gpu_options(Millis(2'000)));
+  EXPECT_RANKS_OK(statuses);
+}
+
+// The native all_gather_matmul's GEMM waits for the peer's pushed chunk: it names that chunk.
+TEST(FusedOpsGpu, NativeAllGatherNamesTheChunkThatNeverLands) {
+  SKIP_UNLESS_GPUS(2);
+  auto statuses = run_ranks(
+      2,
+      [&](Context& ctx) {
+        DeviceTensor a =
+            upload_seeded(ctx, {128, 64}, DType::kBF16, seed_of({43}), Values::kRandom);
+        DeviceTensor b = upload_seeded(ctx, {64, 64}, DType::kBF16, seed_of({44}), Values::kRandom);
+        OwnedTensor out = device_empty(ctx, {256, 64}, DType::kBF16);
+        const Tensor bs[] = {*b};
+        const Tensor outs[] = {out.tensor};
+        const AllGatherMatmulOptions native{.path = PathChoice::kNative};
+        all_gather_matmul(ctx, *a, bs, outs, Tensor(), native);
+        ctx.backend().synchronize();
+        ASSERT_EQ(ctx.usage().last("all_gather_matmul")->path, Path::kNative);
+        ctx.group().barrier("joined once");
+        if (ctx.rank() == 1) return;
+        try {
+          all_gather_matmul(ctx, *a, bs, outs, Tensor(), native);
+          ctx.backend().synchronize();
+          ADD_FAILURE() << "rank 0 did not time out";
+        } catch (const TimeoutError& e) {
+          EXPECT_THAT(e.what(), ::testing::HasSubstr("rank 0"));
+          EXPECT_THAT(e.what(), ::testing::HasSubstr("chunk 1"));
         }
       },
       gpu_options(Millis(2'000)));
