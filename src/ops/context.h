@@ -21,7 +21,8 @@ namespace asynctp {
 struct ContextOptions {
   // "cpu" or "cuda".
   std::string backend = "cpu";
-  // Largest symmetric workspace per rank; an op needing more takes the fallback.
+  // Largest symmetric workspace per rank (each of the two: the shared one and the native
+  // all_gather_matmul's push workspace); an op needing more takes the fallback.
   // ASYNCTP_MAX_WORKSPACE_MB overrides the default of 2048 MiB.
   size_t max_workspace_bytes = default_max_workspace_bytes();
   // Default path for every op (an op's own options may override it). ASYNCTP_PATH sets it.

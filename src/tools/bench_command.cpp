@@ -4,6 +4,8 @@
 //   collective  the collective alone (NCCL on CUDA)
 //   baseline    collective + GEMM (or GEMM + collective), in the same process
 //   ngemm       the native async-input GEMM alone, every chunk present (CUDA on Hopper only)
+//   (json only: native_gemm_signalled_ms, the same kernel as the native path launches it, with
+//   its chunk walk and flags but no communication)
 //   split       the fused op on the split-GEMM pipeline (path fused)
 //   native      the fused op on the native path (one async-input GEMM), where it can run
 //   auto        the fused op as the dispatcher chooses (the path it took is printed)
@@ -18,6 +20,7 @@
 // f32 copies of the inputs), fused against baseline, and for mm-rs two fused runs bit for bit.
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -74,6 +77,13 @@ struct Result {
   double gemm_ms = 0, split_gemm_ms = 0, collective_ms = 0, baseline_ms = 0, fused_ms = 0,
          graph_ms = NAN, floor_ms = 0;
   double native_gemm_ms = NAN, split_ms = NAN, native_ms = NAN;
+  // The native kernel as the native path launches it (chunk walk from the path's pivot, own
+  // chunk in place and every ready flag already up for AG+MM, completion counters for MM+RS),
+  // without the communication: what the path adds to the GEMM is native - this.
+  double native_gemm_signalled_ms = NAN;
+  // Median host time of each timed call, slowest rank (json only): where a path's enqueueing
+  // takes longer than the GPU needs to reach its first kernel, the GPU waits for the host.
+  std::map<std::string, double> host_us;
   double err_split = NAN, err_native = NAN;
   double comm_bytes = 0;
 };
@@ -169,6 +179,27 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   native_alone.b = b;
   native_alone.d = ag ? base_out : product;
   const bool native_gemm_ok = ctx.backend().native_gemm_unsupported(native_alone).empty();
+  ChunkedGemmArgs native_signalled = native_alone;
+  native_signalled.chunk_rows = rows;
+  native_signalled.first_chunk = ag ? s.rank() : (s.rank() + 1) % ws;
+  native_signalled.rank = s.rank();
+  Buffer flag_buf;
+  bool native_signalled_ok = false;
+  if (native_gemm_ok) {  // a backend with the native GEMM has the flag operations
+    flag_buf = ctx.backend().allocate(ws * sizeof(uint32_t));
+    auto* flags = static_cast<uint32_t*>(flag_buf.data());
+    ctx.backend().zero_flags(flags, ws, ctx.stream());
+    if (ag) {
+      for (int p = 0; p < ws; ++p)
+        ctx.backend().write_flag(flags + p, 1, ctx.stream());
+      native_signalled.ready = flags;
+      native_signalled.own_a = a;
+      native_signalled.own_chunk = s.rank();
+    } else {
+      native_signalled.done = flags;  // only ever incremented: no reset between runs needed
+    }
+    native_signalled_ok = ctx.backend().native_gemm_unsupported(native_signalled).empty();
+  }
   base_fn = ag ? std::function<void()>([&] {
     coll_fn();
     gemm_fn();
@@ -238,13 +269,22 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
       gemm_fn, split_fn, coll_fn, base_fn, fused_fn, [&] { fused_with(PathChoice::kFused); }};
   std::vector<double*> slots{&r.gemm_ms,     &r.split_gemm_ms, &r.collective_ms,
                              &r.baseline_ms, &r.fused_ms,      &r.split_ms};
+  std::vector<std::string> slot_names{"gemm",     "split_gemm", "collective",
+                                      "baseline", "auto",       "split_path"};
   if (!std::isnan(r.err_native)) {
     fns.push_back([&] { fused_with(PathChoice::kNative); });
     slots.push_back(&r.native_ms);
+    slot_names.push_back("native_path");
   }
   if (native_gemm_ok) {
     fns.push_back([&] { ctx.backend().native_gemm(native_alone, ctx.stream()); });
     slots.push_back(&r.native_gemm_ms);
+    slot_names.push_back("native_gemm");
+  }
+  if (native_signalled_ok) {
+    fns.push_back([&] { ctx.backend().native_gemm(native_signalled, ctx.stream()); });
+    slots.push_back(&r.native_gemm_signalled_ms);
+    slot_names.push_back("native_gemm_signalled");
   }
 #ifdef ASYNCTP_WITH_CUDA
   std::optional<cuda::Graph> graph;
@@ -255,11 +295,15 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     graph->end_capture();
     fns.push_back([&] { graph->replay(ctx.stream()); });
     slots.push_back(&r.graph_ms);
+    slot_names.push_back("graph");
   }
 #endif
-  const std::vector<double> medians = median_ms_interleaved(ctx, fns, o.warmup, o.iters);
-  for (size_t i = 0; i < slots.size(); ++i)
+  std::vector<double> host_ms;
+  const std::vector<double> medians = median_ms_interleaved(ctx, fns, o.warmup, o.iters, &host_ms);
+  for (size_t i = 0; i < slots.size(); ++i) {
     *slots[i] = max_over_ranks(*s.group, medians[i]);
+    r.host_us[slot_names[i]] = max_over_ranks(*s.group, host_ms[i]) * 1e3;
+  }
   const double comm_ms = bandwidth_gbps > 0 ? r.comm_bytes / (bandwidth_gbps * 1e9) * 1e3 : 0.0;
   r.floor_ms = std::max(r.gemm_ms, comm_ms);
   return r;
@@ -283,6 +327,8 @@ nlohmann::json to_json(const Result& r) {
           {"baseline_ms", r.baseline_ms},
           {"fused_ms", r.fused_ms},
           {"native_gemm_ms", num(r.native_gemm_ms)},
+          {"native_gemm_signalled_ms", num(r.native_gemm_signalled_ms)},
+          {"host_us", r.host_us},
           {"split_path_ms", num(r.split_ms)},
           {"native_path_ms", num(r.native_ms)},
           {"rel_error_split_path", num(r.err_split)},

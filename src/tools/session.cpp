@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
+#include <numeric>
+#include <random>
 
 #ifdef ASYNCTP_WITH_CUDA
 #include "device/cuda/cuda_backend.h"
@@ -92,7 +95,8 @@ namespace {
 // Warm-up, then `iters` rounds in which every variant runs once, timed on its own with CUDA
 // events (host clocks on the CPU backend) after `align` (if any); the median per variant.
 std::vector<double> round_robin_medians(Context& ctx, const std::vector<std::function<void()>>& fns,
-                                        int warmup, int iters, const std::function<void()>& align) {
+                                        int warmup, int iters, const std::function<void()>& align,
+                                        std::vector<double>* host_ms = nullptr) {
   ASYNCTP_CHECK(iters > 0 && warmup >= 0, "iters must be positive and warmup non-negative");
   auto start = ctx.backend().create_event(/*timing=*/true);
   auto stop = ctx.backend().create_event(/*timing=*/true);
@@ -102,24 +106,40 @@ std::vector<double> round_robin_medians(Context& ctx, const std::vector<std::fun
   }
   ctx.backend().synchronize();
   ctx.group().barrier("bench");
-  std::vector<std::vector<double>> times(fns.size());
+  std::vector<std::vector<double>> times(fns.size()), host(fns.size());
+  // Each round runs the variants in a fresh order, the same on every rank (a fixed seed; the ops
+  // are collective): what runs just before a variant, and the state it leaves in L2, clocks and
+  // copy engines, changes from round to round. (A fixed order, even rotated, let one variant
+  // always follow the same neighbour: 2% on identical code.)
+  std::mt19937 order_rng(0x5eed);
+  std::vector<size_t> order(fns.size());
+  std::iota(order.begin(), order.end(), size_t{0});
   for (int i = 0; i < iters; ++i) {
-    // Each round starts at the next column: a column's neighbour (what ran just before it, and
-    // what state that left in L2, clocks and the copy engines) changes from round to round.
-    for (size_t j = 0; j < fns.size(); ++j) {
-      const size_t f = (i + j) % fns.size();
+    std::shuffle(order.begin(), order.end(), order_rng);
+    for (const size_t f : order) {
       if (align) align();
       start->record(ctx.stream());
+      const auto called = std::chrono::steady_clock::now();
       fns[f]();
+      host[f].push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - called)
+              .count());
       stop->record(ctx.stream());
       stop->synchronize();
       times[f].push_back(stop->elapsed_ms(*start));
     }
   }
-  std::vector<double> medians;
-  for (auto& t : times) {
+  auto median = [](std::vector<double>& t) {
     std::sort(t.begin(), t.end());
-    medians.push_back(t[t.size() / 2]);
+    return t[t.size() / 2];
+  };
+  std::vector<double> medians;
+  for (auto& t : times)
+    medians.push_back(median(t));
+  if (host_ms != nullptr) {
+    host_ms->clear();
+    for (auto& t : host)
+      host_ms->push_back(median(t));
   }
   return medians;
 }
@@ -132,15 +152,18 @@ double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int 
 
 std::vector<double> median_ms_interleaved(Context& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
-                                          int iters) {
+                                          int iters, std::vector<double>* host_ms) {
   const bool symm = ctx.workspace().unavailable_reason().empty() && ctx.workspace().capacity() > 0;
-  return round_robin_medians(ctx, fns, warmup, iters, [&] {
-    if (symm) {
-      ctx.workspace().get(ctx.workspace().capacity()).barrier(0, ctx.stream());
-    } else {
-      ctx.group().barrier("bench/align");
-    }
-  });
+  return round_robin_medians(
+      ctx, fns, warmup, iters,
+      [&] {
+        if (symm) {
+          ctx.workspace().get(ctx.workspace().capacity()).barrier(0, ctx.stream());
+        } else {
+          ctx.group().barrier("bench/align");
+        }
+      },
+      host_ms);
 }
 
 double max_over_ranks(Group& group, double value) {

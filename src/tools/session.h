@@ -37,14 +37,16 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b);
 // Median milliseconds of `fn` over `iters` runs after `warmup`, timed with backend events around
 // each run; all ranks start each run together (host barrier through the store).
 double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int iters);
-// Medians of several variants timed round-robin (iteration i runs every variant once, each
-// timed on its own): slow drifts of the GPU's clocks (power, heat) hit every variant alike.
-// Before each timed run the ranks are aligned on the device (a symmetric-memory barrier, or the
-// group's barrier without symmetric memory), so that a variant with communication does not pay
-// for how far apart the ranks finished the previous one.
+// Medians of several variants timed round-robin (every round runs every variant once, in a
+// shuffled order that is the same on every rank, each timed on its own): slow drifts of the
+// GPU's clocks (power, heat) hit every variant alike, and no variant always follows the same
+// one. Before each timed run the ranks are aligned on the device (a symmetric-memory barrier,
+// or the group's barrier without symmetric memory), so that a variant with communication does
+// not pay for how far apart the ranks finished the previous one. host_ms (optional): the median
+// host time each variant's call took to return (its enqueueing, on an asynchronous backend).
 std::vector<double> median_ms_interleaved(Context& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
-                                          int iters);
+                                          int iters, std::vector<double>* host_ms = nullptr);
 
 // The largest of every rank's value (each rank passes its own); the same result on every rank.
 double max_over_ranks(Group& group, double value);
