@@ -20,7 +20,10 @@ class Error : public std::runtime_error {
 };
 
 // A wait (store, signal, barrier, rank startup) that ran past its deadline. The message names the
-// rank that waited and, where there is one, the peer and channel it waited on.
+// rank that waited and, where there is one, the peer and channel it waited on. After one from a
+// device wait (signal, barrier, chunk flag) the ranks' signal pads and chunk flags no longer
+// agree — a late peer may still raise one — so the op's group cannot be trusted for further
+// collective work: drop its Context (and Group) and start anew.
 class TimeoutError : public Error {
  public:
   using Error::Error;
@@ -36,12 +39,12 @@ std::string_view short_path(const char* file);
 }  // namespace asynctp
 
 // ASYNCTP_CHECK(cond, "format {}", args...): throws asynctp::Error when cond is false.
-#define ASYNCTP_CHECK(cond, ...)                                                      \
-  do {                                                                                \
-    if (!(cond)) [[unlikely]] {                                                       \
-      ::asynctp::detail::throw_check_failure(__FILE__, __LINE__, #cond,               \
-                                             ::fmt::format(__VA_ARGS__));             \
-    }                                                                                 \
+#define ASYNCTP_CHECK(cond, ...)                                          \
+  do {                                                                    \
+    if (!(cond)) [[unlikely]] {                                           \
+      ::asynctp::detail::throw_check_failure(__FILE__, __LINE__, #cond,   \
+                                             ::fmt::format(__VA_ARGS__)); \
+    }                                                                     \
   } while (0)
 
 // ASYNCTP_FAIL("format {}", args...): unconditional failure with the same context.
@@ -53,12 +56,12 @@ std::string_view short_path(const char* file);
   ::asynctp::detail::throw_timeout(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__))
 
 // ASYNCTP_SYSCHECK(expr, "context"): for POSIX calls returning -1 on failure; adds errno text.
-#define ASYNCTP_SYSCHECK(expr, ...)                                                     \
-  do {                                                                                  \
-    if ((expr) == -1) [[unlikely]] {                                                    \
-      int saved_errno_ = errno;                                                         \
-      ::asynctp::detail::throw_check_failure(                                           \
-          __FILE__, __LINE__, #expr,                                                    \
+#define ASYNCTP_SYSCHECK(expr, ...)                                                          \
+  do {                                                                                       \
+    if ((expr) == -1) [[unlikely]] {                                                         \
+      int saved_errno_ = errno;                                                              \
+      ::asynctp::detail::throw_check_failure(                                                \
+          __FILE__, __LINE__, #expr,                                                         \
           ::fmt::format("{}: {}", ::fmt::format(__VA_ARGS__), std::strerror(saved_errno_))); \
-    }                                                                                   \
+    }                                                                                        \
   } while (0)

@@ -208,9 +208,17 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
+// Acquire loads of flags: gpu scope for the tail split's counters (written by CTAs of this
+// launch), system scope for the ready flags (raised by a peer GPU's stream write over NVLink).
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -263,9 +271,9 @@ __device__ __forceinline__ void cluster_sync() {
 __device__ bool wait_chunks_ready(const Params& p, int m0) {
   const int64_t last_row = (p.m < m0 + kBM ? p.m : m0 + kBM) - 1;
   for (int64_t c = m0 / p.chunk_rows; c <= last_row / p.chunk_rows; ++c) {
-    if (load_acquire(p.ready + c) != 0) continue;
+    if (load_acquire_sys(p.ready + c) != 0) continue;
     const uint64_t start = global_timer_ns();
-    while (load_acquire(p.ready + c) == 0) {
+    while (load_acquire_sys(p.ready + c) == 0) {
       if (global_timer_ns() - start > p.timeout_ns) {
         if (p.slot != nullptr && atomicCAS_system(const_cast<int*>(&p.slot->flagged), 0, 1) == 0) {
           p.slot->rank = p.rank;
@@ -707,7 +715,10 @@ cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUt
   if (max_clusters <= 0) return cudaErrorInvalidConfiguration;
   const int64_t height = int64_t{kBM} * kCluster;
   const int64_t tiles = ((p.m + height - 1) / height) * ((p.n + kBN - 1) / kBN);
-  const int64_t clusters = std::min<int64_t>({max_clusters, max_ctas / kCluster, tiles});
+  // One CTA per work unit at most: a tile, or one part of a split tile (split tiles exist only
+  // with single CTAs; with fewer tiles than SMs every part gets its own CTA).
+  const int64_t units = p.full_tiles + (tiles - p.full_tiles) * p.split;
+  const int64_t clusters = std::min<int64_t>({max_clusters, max_ctas / kCluster, units});
   if (clusters <= 0) return cudaErrorInvalidConfiguration;
   config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
   return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, map_a_own, p);
@@ -838,7 +849,7 @@ int tail_split_of(const AsyncGemmArgs& a, int ctas, bool clustered) {
   if (tail == 0) return 1;
   const int64_t k_blocks = (a.k + kBK - 1) / kBK;
   int split = static_cast<int>(std::min<int64_t>(ctas / tail, k_blocks / kMinSplitKBlocks));
-  split = std::min(split, a.tail_split >= 2 ? a.tail_split : kMaxSplit);
+  split = std::min(split, a.tail_split >= 2 ? std::min(a.tail_split, kMaxSplit) : kMaxSplit);
   return split >= 2 ? split : 1;
 }
 

@@ -132,7 +132,7 @@ struct AsyncGemmArgs {
   // one adding the others' f32 partials in a fixed order (same bits every run). Needs a
   // workspace of async_gemm_split_workspace_bytes() (zeroed once when allocated; kept at 0
   // between launches; one launch at a time may use it) and single CTAs (cluster 1).
-  // tail_split: 0 chosen here, 1 off, n >= 2 at most n parts.
+  // tail_split: 0 chosen here, 1 off, n >= 2 at most n parts (never more than 4).
   void* split_workspace = nullptr;
   int tail_split = 0;
 };

@@ -255,8 +255,9 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
 // in the next op, whose copy stream starts behind this barrier. The buffer is the context's
 // push workspace, which no other op uses: in the shared one a peer could still be busy with
 // the previous op (the final reduction of a matmul_reduce_scatter) when this one pushes. Where a
-// tile straddles the own chunk's edges (chunk rows off the GEMM's tile grid) or A_shard cannot be
-// read in place, the own shard is also copied into the own slot, with its flag.
+// tile straddles the own chunk's edges (chunk rows off the GEMM's tile grid) the own shard is
+// also copied into the own slot, with its flag; where A_shard cannot be read in place (strided,
+// misaligned) it is copied there first, on the compute stream, and pushed from there.
 //
 // Tried and set aside (docs/PERFORMANCE.md): pulling instead of pushing, with the own shard
 // published into the own slot and an opening barrier, on the compute stream before the GEMM (1-7%
@@ -323,7 +324,7 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   // pushing (see Context::push_workspace).
   SymmetricMemory& sm = ctx.push_workspace().get(ws * shard_bytes);
   auto slot = [&](int owner, int p) {
-    return sm.buffer(owner, {plan.rows, plan.k}, dtype, p * shard_bytes).view(c.a_shard.shape());
+    return sm.buffer(owner, {plan.rows, plan.k}, dtype, p * shard_bytes);
   };
   auto ready_of = [&](int owner) { return sm.signal_pad_ptr(owner) + kReadyChannel * ws; };
   uint32_t* ready = ready_of(rank);
@@ -349,30 +350,34 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   }
   const bool own_slot = !in_place || be.native_gemm_own_needs_ready(gemms[0]);
 
+  // The copy stream moves only contiguous matrices (copy engine, beside a GEMM that holds every
+  // SM and waits for those copies: a copy kernel there would never get an SM). A shard the GEMM
+  // cannot read in place is first gathered into the own slot on the compute stream, before the
+  // GEMM (a strided copy may take a kernel), and pushed from there.
+  if (!in_place) {
+    be.copy(slot(rank, rank).view(c.a_shard.shape()), c.a_shard, compute);
+    be.write_flag(ready + rank, 1, compute);
+  }
+  const Tensor source = in_place ? c.a_shard.view({plan.rows, plan.k}) : slot(rank, rank);
   // The copy stream starts behind the caller's writes of A_shard and the previous op's barrier.
   Event& start = ctx.event(0);
   start.record(compute);
   start.block(copy);
-  auto fill_own_slot = [&] {
-    be.copy(slot(rank, rank), c.a_shard, copy);
-    be.write_flag(ready + rank, 1, copy);
-  };
-  if (!in_place) fill_own_slot();  // the GEMM starts on the own chunk
   for (const ChunkedGemmArgs& args : gemms)
     be.native_gemm(args, compute);
   for (int i = 1; i < ws; ++i) {
     const int p = (rank + i) % ws;
-    be.copy(slot(p, rank), c.a_shard, copy);
+    be.copy(slot(p, rank), source, copy);
     be.write_flag(ready_of(p) + rank, 1, copy);
   }
-  if (in_place && own_slot) fill_own_slot();
+  if (in_place && own_slot) {
+    be.copy(slot(rank, rank), source, copy);
+    be.write_flag(ready + rank, 1, copy);
+  }
   Tensor a_out;
   if (c.a_out.defined()) {
     a_out = c.a_out.view({ws * plan.rows, plan.k});
-    if (!own_slot) {
-      be.copy(a_out.narrow(0, rank * plan.rows, plan.rows).view(c.a_shard.shape()), c.a_shard,
-              copy);
-    }
+    if (!own_slot) be.copy(a_out.narrow(0, rank * plan.rows, plan.rows), source, copy);
   }
   Event& pushed = ctx.event(ws + 1);
   pushed.record(copy);

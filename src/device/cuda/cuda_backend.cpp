@@ -110,6 +110,7 @@ class CudaStream final : public Stream {
   CudaStream(cudaStream_t stream, CudaBackendInternals* owner, bool owned)
       : stream_(stream), owner_(owner), owned_(owned) {}
   ~CudaStream() override {
+    owner_->forget_stream(stream_);
     if (owned_) cudaStreamDestroy(stream_);
   }
   void synchronize() override {
@@ -349,6 +350,13 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     ASYNCTP_CUDA_CHECK(cudaMemsetAsync(flags, 0, count * sizeof(uint32_t), raw(stream)));
   }
 
+  void forget_stream(cudaStream_t stream) override {
+    auto it = split_workspaces_.find(stream);
+    if (it == split_workspaces_.end()) return;
+    cudaStreamSynchronize(stream);  // a GEMM still running there may use it
+    split_workspaces_.erase(it);
+  }
+
   int device_index() const override { return device_; }
   kernels::DeviceErrorSlot* device_error_slot() override { return error_slot_device_; }
 
@@ -356,6 +364,11 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     if (error_slot_host_->flagged == 0) return;
     const kernels::DeviceErrorSlot slot = *const_cast<kernels::DeviceErrorSlot*>(error_slot_host_);
     error_slot_host_->flagged = 0;
+    // A native GEMM that gave up may have left tail-split counters off 0 (a part counted after
+    // the last one stopped waiting): zero them, in order on each workspace's stream, so that
+    // later GEMMs of this backend start clean.
+    for (auto& [stream, buf] : split_workspaces_)
+      cudaMemsetAsync(buf.data(), 0, buf.size(), stream);
     if (slot.what == 4) {
       ASYNCTP_TIMEOUT(
           "rank {}: the native GEMM on cuda:{} waited {:g} s for the partial sums of its own "
@@ -378,8 +391,10 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
 
  private:
   // The native GEMM's tail-split workspace of `stream` (one per stream: launches on different
-  // streams may overlap), allocated and zeroed on the stream's first launch outside capture;
-  // null during capture before that (the GEMM then runs without the split).
+  // streams may overlap), allocated and zeroed on the stream's first launch outside capture and
+  // freed with the stream; null during capture before that (the GEMM then runs without the
+  // split). A CUDA graph keeps using the workspace of the stream it was captured on: replays
+  // must not overlap native GEMMs launched on that stream (replaying on it does that).
   void* split_workspace(cudaStream_t stream) {
     if (auto it = split_workspaces_.find(stream); it != split_workspaces_.end())
       return it->second.data();

@@ -26,6 +26,8 @@ class CudaBackendInternals {
   virtual kernels::DeviceErrorSlot* device_error_slot() = 0;
   // Throws TimeoutError if a device wait has reported a timeout since the last check.
   virtual void check_device_errors() = 0;
+  // A stream of this backend is going away: what the backend keeps per stream goes with it.
+  virtual void forget_stream(cudaStream_t stream) = 0;
   static CudaBackendInternals& of(Backend& backend);
 };
 

@@ -286,7 +286,9 @@ TEST(NativeGemm, ChunkThatNeverLandsTimesOutNamingIt) {
 // chunk's count and copies it out while later chunks are still being computed.
 // The tail split: tiles of a mostly idle last wave cut into K-ranges whose f32 partials the last
 // range adds in a fixed order. Same result as the unsplit GEMM to f32 rounding, the same bits
-// on every run, and every output dtype; the parts chosen follow the rule in kernels.h.
+// on every run, and every output dtype; the parts chosen follow the rule in kernels.h. Shapes:
+// fewer tiles than SMs (every part on its own CTA, 4 parts) and a last wave 45% full (2 parts).
+// The backend's workspace is per stream: on another stream the same bits.
 TEST(NativeGemm, TailSplitMatchesUnsplitAndRepeatsBitForBit) {
   SKIP_UNLESS_GPUS(1);
   Gpu gpu;
@@ -296,7 +298,7 @@ TEST(NativeGemm, TailSplitMatchesUnsplitAndRepeatsBitForBit) {
     OwnedTensor b = gpu.upload({k, n}, DType::kBF16, 32);
     for (DType out : {DType::kF32, DType::kBF16}) {
       SCOPED_TRACE(fmt::format("{}x{}x{} out {}", m, n, k, out));
-      auto run = [&](int tail_split) {
+      auto run = [&](int tail_split, Stream* stream = nullptr) {
         OwnedTensor d = gpu.empty({m, n}, out);
         gpu.be().fill(d, std::nanf(""), gpu.stream());
         ChunkedGemmArgs args;
@@ -304,14 +306,26 @@ TEST(NativeGemm, TailSplitMatchesUnsplitAndRepeatsBitForBit) {
         args.b = b;
         args.d = d;
         args.tail_split = tail_split;
-        gpu.be().native_gemm(args, gpu.stream());
+        if (stream != nullptr) {
+          gpu.be().synchronize();
+          gpu.be().native_gemm(args, *stream);
+          stream->synchronize();
+        } else {
+          gpu.be().native_gemm(args, gpu.stream());
+        }
         return gpu.download(d);
       };
       const OwnedTensor whole = run(1);
       const OwnedTensor split = run(0);
-      // f32 sums of the same products in another order: rounding noise of f32.
+      // f32 sums of the same products in another order: rounding noise of f32, and not nothing
+      // (the split did run: some of a million f32 sums come out in other bits).
       EXPECT_LT(rel_diff(split, whole), out == DType::kF32 ? 1e-5 : 4e-3);
+      if (out == DType::kF32) EXPECT_FALSE(same_bits(split, whole)) << "the tail split did not run";
       EXPECT_TRUE(same_bits(split, run(0))) << "two runs differ";
+      {
+        auto other = gpu.be().create_stream();  // its own workspace, freed with it
+        EXPECT_TRUE(same_bits(split, run(0, other.get()))) << "another stream differs";
+      }
       EXPECT_LT(rel_diff(run(2), whole), out == DType::kF32 ? 1e-5 : 4e-3);
     }
     // The rule: as many parts as the idle CTAs of the last wave take, 4 k-blocks deep at least,

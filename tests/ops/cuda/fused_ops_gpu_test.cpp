@@ -143,6 +143,10 @@ TEST_P(AllGatherMatmulGpu, MatchesHostReference) {
         if (rows_only) paths.push_back(PathChoice::kNative);
         for (PathChoice path : paths) {
           SCOPED_TRACE(fmt::format("path {}", path_choice_name(path)));
+          // NaN first: a path that leaves rows unwritten must not pass on the previous path's.
+          for (const Tensor& o : out_views)
+            ctx.backend().fill(o, std::nanf(""), ctx.stream());
+          if (c.return_a) ctx.backend().fill(a_out, std::nanf(""), ctx.stream());
           all_gather_matmul(ctx, *a, b_views, out_views, c.return_a ? a_out.tensor : Tensor(),
                             {.gather_dim = c.gather_dim, .path = path});
           EXPECT_EQ(ctx.usage().last("all_gather_matmul")->path,
@@ -263,6 +267,8 @@ TEST_P(MatmulReduceScatterGpu, MatchesHostReferenceAndIsDeterministic) {
           SCOPED_TRACE(fmt::format("path {}", path_choice_name(path)));
           const MatmulReduceScatterOptions options{
               .reduce_op = c.op, .scatter_dim = c.scatter_dim, .path = path};
+          ctx.backend().fill(out, std::nanf(""), ctx.stream());
+          ctx.backend().fill(again, std::nanf(""), ctx.stream());
           matmul_reduce_scatter(ctx, a_views, b_views, out, options);
           matmul_reduce_scatter(ctx, a_views, b_views, again, options);
           EXPECT_EQ(ctx.usage().last("matmul_reduce_scatter")->path,
@@ -519,6 +525,49 @@ TEST(FusedOpsGpu, CaptureRefusesToGrowTheWorkspace) {
                     ::testing::HasSubstr("during CUDA-graph capture"));
       },
       gpu_options());
+  EXPECT_RANKS_OK(statuses);
+}
+
+// A strided A_shard (a transposed view) on the native path: the GEMM cannot read it in place, so
+// it is gathered into the own slot before the GEMM; every copy beside the GEMM stays a
+// copy-engine copy (a copy kernel there would wait for an SM the GEMM never frees).
+TEST(FusedOpsGpu, NativeAllGatherTakesAStridedShard) {
+  SKIP_UNLESS_GPUS(2);
+  auto statuses = run_ranks(
+      2,
+      [&](Context& ctx) {
+        const int ws = ctx.world_size();
+        const int64_t rows = 256, k = 64, n = 96;
+        std::vector<std::vector<float>> shards;
+        for (int r = 0; r < ws; ++r) {
+          // Rank r's storage is [k, rows]; its shard is the transposed view [rows, k].
+          const auto stored = values_of({k, rows}, DType::kBF16,
+                                        seed_of({9, static_cast<uint64_t>(r)}), Values::kRandom);
+          std::vector<float> shard(rows * k);
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < k; ++j)
+              shard[i * k + j] = stored[j * rows + i];
+          shards.push_back(shard);
+        }
+        std::vector<double> expected(ws * rows * n, 0.0);
+        host_gemm_add(gather_host(shards, {rows, k}, 0),
+                      values_of({k, n}, DType::kBF16, seed_of({10}), Values::kRandom), expected,
+                      ws * rows, k, n);
+        DeviceTensor stored =
+            upload_seeded(ctx, {k, rows}, DType::kBF16,
+                          seed_of({9, static_cast<uint64_t>(ctx.rank())}), Values::kRandom);
+        DeviceTensor b = upload_seeded(ctx, {k, n}, DType::kBF16, seed_of({10}), Values::kRandom);
+        OwnedTensor out = device_empty(ctx, {ws * rows, n}, DType::kBF16);
+        OwnedTensor a_out = device_empty(ctx, {ws * rows, k}, DType::kBF16);
+        ctx.backend().fill(out, std::nanf(""), ctx.stream());
+        const Tensor bs[] = {*b};
+        const Tensor outs[] = {out.tensor};
+        all_gather_matmul(ctx, (*stored).t(), bs, outs, a_out, {.path = PathChoice::kNative});
+        EXPECT_EQ(ctx.usage().last("all_gather_matmul")->path, Path::kNative);
+        EXPECT_LT(rel_error(download(ctx, out), expected), 1e-2);
+        EXPECT_EQ(to_vector(download(ctx, a_out)), gather_host(shards, {rows, k}, 0));
+      },
+      gpu_options(Millis(20'000)));
   EXPECT_RANKS_OK(statuses);
 }
 
