@@ -45,6 +45,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <type_traits>
 
@@ -675,11 +676,16 @@ bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType type, int6
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// SMs of the current device, asked once per device (several calls per launch need it).
 int sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> counts[kMaxDevices] = {};
   int device = 0, count = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (device >= 0 && device < kMaxDevices && (count = counts[device].load()) > 0) return count;
   if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     return 0;
+  if (device >= 0 && device < kMaxDevices) counts[device].store(count);
   return count;
 }
 
@@ -853,9 +859,16 @@ int tail_split_of(const AsyncGemmArgs& a, int ctas, bool clustered) {
   return split >= 2 ? split : 1;
 }
 
+// The TMA store needs a 16-bit C with a 16-byte aligned base and row stride; clusters of two
+// (B multicast) only come with it, and only when asked for: on the H200 they are correct but
+// run at half the speed of single CTAs (docs/PERFORMANCE.md), for reasons not yet found.
+bool uses_tma_store(const AsyncGemmArgs& a) {
+  return a.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(a.c) % 16 == 0 && a.ldc % 8 == 0 &&
+         !a.force_register_store;
+}
+
 bool uses_cluster(const AsyncGemmArgs& a) {
-  return a.cluster == 2 && a.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(a.c) % 16 == 0 &&
-         a.ldc % 8 == 0 && !a.force_register_store;
+  return a.cluster == 2 && uses_tma_store(a);
 }
 
 }  // namespace
@@ -881,11 +894,7 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   if (async_gemm_unsupported(a) != nullptr) return cudaErrorInvalidValue;
   const CUtensorMapDataType type = a.in_dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  // The TMA store needs a 16-bit C with a 16-byte aligned base and row stride; clusters of two
-  // (B multicast) only come with it, and only when asked for: on the H200 they are correct but
-  // run at half the speed of single CTAs (docs/PERFORMANCE.md), for reasons not yet found.
-  const bool tma_store = a.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(a.c) % 16 == 0 &&
-                         a.ldc % 8 == 0 && !a.force_register_store;
+  const bool tma_store = uses_tma_store(a);
   const int cluster = uses_cluster(a) ? 2 : 1;
   CUtensorMap map_a{}, map_b{};
   if (!make_map(&map_a, a.a, type, a.k, a.m, a.lda, kBK, kBM)) return cudaErrorInvalidValue;

@@ -330,22 +330,21 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   uint32_t* ready = ready_of(rank);
   const Tensor gathered = sm.buffer(rank, {ws * plan.rows, plan.k}, dtype);
 
-  // The own chunk is read in place where the GEMM can address A_shard (contiguous, aligned).
+  // The own chunk is read in place where the GEMM can address A_shard (contiguous, aligned:
+  // the same for every B).
   std::vector<ChunkedGemmArgs> gemms;
-  bool in_place = c.a_shard.is_contiguous();
   for (size_t j = 0; j < c.bs.size(); ++j) {
     gemms.push_back(native_args(ctx, plan, gathered, c.bs[j], c.outs[j]));
     gemms.back().ready = ready;
-    if (in_place) {
-      gemms.back().own_a = c.a_shard.view({plan.rows, plan.k});
-      gemms.back().own_chunk = rank;
-      in_place = be.native_gemm_unsupported(gemms.back()).empty();
-    }
   }
-  if (!in_place) {
+  ChunkedGemmArgs probe = gemms[0];
+  probe.own_a = c.a_shard.is_contiguous() ? c.a_shard.view({plan.rows, plan.k}) : Tensor();
+  probe.own_chunk = rank;
+  const bool in_place = probe.own_a.defined() && be.native_gemm_unsupported(probe).empty();
+  if (in_place) {
     for (ChunkedGemmArgs& args : gemms) {
-      args.own_a = Tensor();
-      args.own_chunk = -1;
+      args.own_a = probe.own_a;
+      args.own_chunk = rank;
     }
   }
   const bool own_slot = !in_place || be.native_gemm_own_needs_ready(gemms[0]);

@@ -632,66 +632,49 @@ TEST(FusedOpsGpu, LayersBackToBackOnEveryPath) {
 
 // ---- failures -------------------------------------------------------------------------------
 
-TEST(FusedOpsGpu, RankThatNeverJoinsMakesTheOthersTimeOut) {
-  SKIP_UNLESS_GPUS(2);
+// Both ranks run one all_gather_matmul on `path` (the workspace exists), then rank 1 never joins
+// the second: rank 0 must fail with a TimeoutError whose message holds every one of `names`.
+void expect_missing_rank_times_out(PathChoice path, int64_t shard_rows,
+                                   std::initializer_list<const char*> names) {
   auto statuses = run_ranks(
       2,
       [&](Context& ctx) {
-        DeviceTensor a = upload_seeded(ctx, {64, 64}, DType::kBF16, seed_of({41}), Values::kRandom);
+        DeviceTensor a =
+            upload_seeded(ctx, {shard_rows, 64}, DType::kBF16, seed_of({41}), Values::kRandom);
         DeviceTensor b = upload_seeded(ctx, {64, 64}, DType::kBF16, seed_of({42}), Values::kRandom);
-        OwnedTensor out = device_empty(ctx, {128, 64}, DType::kBF16);
+        OwnedTensor out = device_empty(ctx, {2 * shard_rows, 64}, DType::kBF16);
         const Tensor bs[] = {*b};
         const Tensor outs[] = {out.tensor};
-        // The split path, whose first wait is the barrier (the native one's is its GEMM's wait
-        // for the peer's chunk: NativeAllGatherNamesTheChunkThatNeverLands).
-        const AllGatherMatmulOptions split{.path = PathChoice::kFused};
-        all_gather_matmul(ctx, *a, bs, outs, Tensor(), split);  // both ranks: the workspace exists
+        const AllGatherMatmulOptions options{.path = path};
+        all_gather_matmul(ctx, *a, bs, outs, Tensor(), options);
         ctx.backend().synchronize();
+        ASSERT_EQ(ctx.usage().last("all_gather_matmul")->path,
+                  path == PathChoice::kNative ? Path::kNative : Path::kFused);
         ctx.group().barrier("joined once");
         if (ctx.rank() == 1) return;  // rank 1 never joins the second op
         try {
-          all_gather_matmul(ctx, *a, bs, outs, Tensor(), split);
+          all_gather_matmul(ctx, *a, bs, outs, Tensor(), options);
           ctx.backend().synchronize();
           ADD_FAILURE() << "rank 0 did not time out";
         } catch (const TimeoutError& e) {
-          EXPECT_THAT(e.what(), ::testing::HasSubstr("rank 0"));
-          EXPECT_THAT(e.what(), ::testing::HasSubstr("peer 1"));
-          EXPECT_THAT(e.what(), ::testing::HasSubstr("channel 0"));
+          for (const char* name : names)
+            EXPECT_THAT(e.what(), ::testing::HasSubstr(name));
         }
       },
       gpu_options(Millis(2'000)));
   EXPECT_RANKS_OK(statuses);
 }
 
+// The split path's first wait is its barrier: the error names the peer and the channel.
+TEST(FusedOpsGpu, RankThatNeverJoinsMakesTheOthersTimeOut) {
+  SKIP_UNLESS_GPUS(2);
+  expect_missing_rank_times_out(PathChoice::kFused, 64, {"rank 0", "peer 1", "channel 0"});
+}
+
 // The native all_gather_matmul's GEMM waits for the peer's pushed chunk: it names that chunk.
 TEST(FusedOpsGpu, NativeAllGatherNamesTheChunkThatNeverLands) {
   SKIP_UNLESS_GPUS(2);
-  auto statuses = run_ranks(
-      2,
-      [&](Context& ctx) {
-        DeviceTensor a =
-            upload_seeded(ctx, {128, 64}, DType::kBF16, seed_of({43}), Values::kRandom);
-        DeviceTensor b = upload_seeded(ctx, {64, 64}, DType::kBF16, seed_of({44}), Values::kRandom);
-        OwnedTensor out = device_empty(ctx, {256, 64}, DType::kBF16);
-        const Tensor bs[] = {*b};
-        const Tensor outs[] = {out.tensor};
-        const AllGatherMatmulOptions native{.path = PathChoice::kNative};
-        all_gather_matmul(ctx, *a, bs, outs, Tensor(), native);
-        ctx.backend().synchronize();
-        ASSERT_EQ(ctx.usage().last("all_gather_matmul")->path, Path::kNative);
-        ctx.group().barrier("joined once");
-        if (ctx.rank() == 1) return;
-        try {
-          all_gather_matmul(ctx, *a, bs, outs, Tensor(), native);
-          ctx.backend().synchronize();
-          ADD_FAILURE() << "rank 0 did not time out";
-        } catch (const TimeoutError& e) {
-          EXPECT_THAT(e.what(), ::testing::HasSubstr("rank 0"));
-          EXPECT_THAT(e.what(), ::testing::HasSubstr("chunk 1"));
-        }
-      },
-      gpu_options(Millis(2'000)));
-  EXPECT_RANKS_OK(statuses);
+  expect_missing_rank_times_out(PathChoice::kNative, 128, {"rank 0", "chunk 1"});
 }
 
 // ---- the unfused paths on CUDA (NCCL + cuBLASLt) ----------------------------------------------
