@@ -27,7 +27,8 @@ class SymmCommunicator final : public Communicator {
       sm.barrier(kChannel, stream);
       for (int i = 0; i < world_size_; ++i) {
         const int peer = (rank_ + i) % world_size_;
-        backend_.copy(dst.narrow(0, peer * n + start, len), sm.buffer(peer, {len}, in.dtype()), stream);
+        backend_.copy(dst.narrow(0, peer * n + start, len), sm.buffer(peer, {len}, in.dtype()),
+                      stream);
       }
       sm.barrier(kChannel, stream);
     });
@@ -57,14 +58,16 @@ class SymmCommunicator final : public Communicator {
   }
 
   void all_reduce(const Tensor& inout, ReduceOp op, Stream& stream) override {
-    ASYNCTP_CHECK(inout.is_contiguous(), "all_reduce: tensor {} must be contiguous", inout.describe());
+    ASYNCTP_CHECK(inout.is_contiguous(), "all_reduce: tensor {} must be contiguous",
+                  inout.describe());
     const Tensor flat = inout.flatten();
     for_each_piece(flat.numel(), 1, [&](int64_t start, int64_t len) {
       SymmetricMemory& sm = workspace_.get(len * inout.element_size());
       backend_.copy(sm.buffer(rank_, {len}, inout.dtype()), flat.narrow(0, start, len), stream);
       sm.barrier(kChannel, stream);
       std::vector<Tensor> parts;
-      for (int peer = 0; peer < world_size_; ++peer) parts.push_back(sm.buffer(peer, {len}, inout.dtype()));
+      for (int peer = 0; peer < world_size_; ++peer)
+        parts.push_back(sm.buffer(peer, {len}, inout.dtype()));
       backend_.reduce(flat.narrow(0, start, len), parts, op, stream);
       sm.barrier(kChannel, stream);
     });
@@ -77,9 +80,11 @@ class SymmCommunicator final : public Communicator {
     ASYNCTP_CHECK(workspace_.unavailable_reason().empty(), "symmetric-memory collectives: {}",
                   workspace_.unavailable_reason());
     const int64_t max_elems = static_cast<int64_t>(workspace_.max_bytes() / (slots * 4));
-    ASYNCTP_CHECK(max_elems > 0, "the symmetric workspace limit {} is too small", workspace_.max_bytes());
+    ASYNCTP_CHECK(max_elems > 0, "the symmetric workspace limit {} is too small",
+                  workspace_.max_bytes());
     if (n == 0) return;
-    for (int64_t start = 0; start < n; start += max_elems) fn(start, std::min(max_elems, n - start));
+    for (int64_t start = 0; start < n; start += max_elems)
+      fn(start, std::min(max_elems, n - start));
   }
 
   Backend& backend_;

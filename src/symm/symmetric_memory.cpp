@@ -23,8 +23,8 @@ void SymmetricMemory::check_peer(int peer, const char* what) const {
 }
 
 void SymmetricMemory::check_channel(int channel, const char* what) const {
-  ASYNCTP_CHECK(channel >= 0 && channel < kNumChannels, "{}: channel {} out of range [0, {})",
-                what, channel, kNumChannels);
+  ASYNCTP_CHECK(channel >= 0 && channel < kNumChannels, "{}: channel {} out of range [0, {})", what,
+                channel, kNumChannels);
 }
 
 std::unique_ptr<SymmAllocator> make_symm_allocator(Backend& backend, Group& group) {

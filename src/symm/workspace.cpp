@@ -9,13 +9,15 @@ SymmWorkspace::SymmWorkspace(SymmAllocator& allocator, Backend& backend, size_t 
 
 SymmetricMemory& SymmWorkspace::get(size_t bytes) {
   if (memory_ && memory_->size() >= bytes) return *memory_;
-  ASYNCTP_CHECK(bytes <= max_bytes_,
-                "the symmetric workspace would need {} bytes; its limit is {} (ASYNCTP_MAX_WORKSPACE_MB)",
-                bytes, max_bytes_);
-  ASYNCTP_CHECK(!backend_.capturing(),
-                "the symmetric workspace must grow to {} bytes (it has {}) during CUDA-graph capture, "
-                "where nothing may allocate or rendezvous; run the op once before capturing it",
-                bytes, capacity());
+  ASYNCTP_CHECK(
+      bytes <= max_bytes_,
+      "the symmetric workspace would need {} bytes; its limit is {} (ASYNCTP_MAX_WORKSPACE_MB)",
+      bytes, max_bytes_);
+  ASYNCTP_CHECK(
+      !backend_.capturing(),
+      "the symmetric workspace must grow to {} bytes (it has {}) during CUDA-graph capture, "
+      "where nothing may allocate or rendezvous; run the op once before capturing it",
+      bytes, capacity());
   // Grow geometrically so that a sequence of slightly larger requests reallocates rarely.
   constexpr size_t kGranule = size_t{1} << 20;
   size_t target = std::max(bytes, std::min(max_bytes_, capacity() * 2));

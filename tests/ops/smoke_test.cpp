@@ -11,8 +11,10 @@ TEST(OpsSmoke, AllGatherMatmulRunsFusedOnFourRanks) {
     OwnedTensor a = empty_host({2, 3}, DType::kF32);
     OwnedTensor b = empty_host({3, 2}, DType::kF32);
     OwnedTensor out = empty_host({8, 2}, DType::kF32);
-    for (int i = 0; i < 6; ++i) a->data_as<float>()[i] = static_cast<float>(ctx.rank() * 6 + i);
-    for (int i = 0; i < 6; ++i) b->data_as<float>()[i] = static_cast<float>(i == 0 || i == 3);
+    for (int i = 0; i < 6; ++i)
+      a->data_as<float>()[i] = static_cast<float>(ctx.rank() * 6 + i);
+    for (int i = 0; i < 6; ++i)
+      b->data_as<float>()[i] = static_cast<float>(i == 0 || i == 3);
     const Tensor bs[] = {b.tensor};
     const Tensor outs[] = {out.tensor};
     all_gather_matmul(ctx, a, bs, outs);

@@ -179,8 +179,9 @@ TEST(Patterns, Float8TensorwiseAndRowwise) {
     const Result res = run(b.build());
     EXPECT_EQ(outcome(res, ag), passes::Outcome::kFused) << detail(res, ag);
     EXPECT_EQ(outcome(res, rs), passes::Outcome::kFused) << detail(res, rs);
-    if (rowwise)
+    if (rowwise) {
       EXPECT_EQ(outcome(res, ag_scale), passes::Outcome::kFused) << detail(res, ag_scale);
+    }
     EXPECT_EQ(count_target(res.g, kAgScaledMm), 1);
     EXPECT_EQ(count_target(res.g, kScaledMmRs), 1);
     EXPECT_EQ(count_target(res.g, kAllGather), 0);

@@ -23,7 +23,7 @@ std::string shared_dir() {
   if (const char* env = std::getenv("ASYNCTP_SHARED_DIR"); env != nullptr && *env != '\0') {
     return std::string(env) + "/graphs";
   }
-  for (const std::string dir : {std::string(ASYNCTP_SHARED_GRAPHS_DIR), std::string("/work/shared/graphs")}) {
+  for (const std::string& dir : {std::string(ASYNCTP_SHARED_GRAPHS_DIR), std::string("/work/shared/graphs")}) {
     if (std::filesystem::exists(dir + "/mlp_2d.pre.json")) return dir;
   }
   return ASYNCTP_SHARED_GRAPHS_DIR;
@@ -47,8 +47,9 @@ TEST_P(SampleTest, FusesAtLeastWhatPyTorchFusesAndRunsEqual) {
   EXPECT_GE(report.count(passes::Outcome::kFused), pytorch_fused) << report.text();
   EXPECT_EQ(static_cast<int>(report.entries().size()), collectives_of(pre))
       << "one line per collective";
-  if (s.all_fused)
+  if (s.all_fused) {
     EXPECT_EQ(report.count(passes::Outcome::kFused), collectives_of(pre)) << report.text();
+  }
   EXPECT_EQ(collectives_of(ours), collectives_of(pre) - report.count(passes::Outcome::kFused));
   EXPECT_TRUE(passes::is_topologically_sorted(ours));
   // The written graph reads back the same.

@@ -61,7 +61,8 @@ int recv_fd(int conn, int* sender, const Deadline& deadline) {
   const ssize_t n = ::recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
   ASYNCTP_CHECK(n == sizeof(*sender), "malformed file-descriptor message ({} bytes)", n);
   cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-  ASYNCTP_CHECK(cmsg != nullptr && cmsg->cmsg_type == SCM_RIGHTS, "message carried no file descriptor");
+  ASYNCTP_CHECK(cmsg != nullptr && cmsg->cmsg_type == SCM_RIGHTS,
+                "message carried no file descriptor");
   int fd = -1;
   std::memcpy(&fd, CMSG_DATA(cmsg), sizeof(int));
   return fd;
@@ -92,8 +93,8 @@ std::vector<int> exchange_fds(Group& group, const std::string& tag, int my_fd) {
       for (int served = 0; served < ws - 1; ++served) {
         pollfd p{listener.get(), POLLIN, 0};
         ASYNCTP_CHECK(::poll(&p, 1, deadline.remaining_ms()) == 1,
-                      "rank {}: only {} of {} peers fetched the descriptor within {}", rank, served, ws - 1,
-                      deadline.describe());
+                      "rank {}: only {} of {} peers fetched the descriptor within {}", rank, served,
+                      ws - 1, deadline.describe());
         net::Fd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
         ASYNCTP_SYSCHECK(conn.get(), "accept");
         send_fd(conn.get(), my_fd, rank);
@@ -112,7 +113,8 @@ std::vector<int> exchange_fds(Group& group, const std::string& tag, int my_fd) {
                        "rank {}: connecting to peer {}'s descriptor socket", rank, peer);
       int sender = -1;
       const int fd = recv_fd(conn.get(), &sender, deadline);
-      ASYNCTP_CHECK(sender == peer, "expected a descriptor from rank {}, got one from {}", peer, sender);
+      ASYNCTP_CHECK(sender == peer, "expected a descriptor from rank {}, got one from {}", peer,
+                    sender);
       fds[peer] = fd;
     }
   } catch (...) {

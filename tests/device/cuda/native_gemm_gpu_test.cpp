@@ -320,7 +320,9 @@ TEST(NativeGemm, TailSplitMatchesUnsplitAndRepeatsBitForBit) {
       // f32 sums of the same products in another order: rounding noise of f32, and not nothing
       // (the split did run: some of a million f32 sums come out in other bits).
       EXPECT_LT(rel_diff(split, whole), out == DType::kF32 ? 1e-5 : 4e-3);
-      if (out == DType::kF32) EXPECT_FALSE(same_bits(split, whole)) << "the tail split did not run";
+      if (out == DType::kF32) {
+        EXPECT_FALSE(same_bits(split, whole)) << "the tail split did not run";
+      }
       EXPECT_TRUE(same_bits(split, run(0))) << "two runs differ";
       {
         auto other = gpu.be().create_stream();  // its own workspace, freed with it
