@@ -58,8 +58,10 @@ cudaError_t put_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, Dev
 cudaError_t wait_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, DeviceErrorSlot* slot,
                         cudaStream_t stream);
 // pads: device array of every rank's signal pad (kNumChannels x world_size u32 flags each).
+// reset (optional): `reset_count` u32 flags set to 0 first, visible to every peer past the barrier.
 cudaError_t barrier(uint32_t* const* pads, int rank, int world_size, int channel,
-                    uint64_t timeout_ns, DeviceErrorSlot* slot, cudaStream_t stream);
+                    uint64_t timeout_ns, DeviceErrorSlot* slot, cudaStream_t stream,
+                    uint32_t* reset = nullptr, int reset_count = 0);
 
 // dst <- src (same shape, any strides, dtype conversion as the CPU backend does it).
 cudaError_t copy(const KTensor& dst, const KTensor& src, cudaStream_t stream);

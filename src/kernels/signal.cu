@@ -49,9 +49,12 @@ __global__ void wait_signal_kernel(uint32_t* flag, SignalSite site, uint64_t tim
   __threadfence_system();  // acquire
 }
 
-// One thread per peer: signal it, then wait for its signal.
+// First the flags to reset (every thread), then one thread per peer: signal it, then wait for its
+// signal. The CTA barrier orders the resets before every thread's release fence.
 __global__ void barrier_kernel(uint32_t* const* pads, int rank, int world_size, int channel, uint64_t timeout_ns,
-                               DeviceErrorSlot* slot) {
+                               DeviceErrorSlot* slot, uint32_t* reset, int reset_count) {
+  for (int i = threadIdx.x; i < reset_count; i += blockDim.x) reset[i] = 0;
+  __syncthreads();
   const int peer = threadIdx.x;
   if (peer >= world_size || peer == rank) return;
   __threadfence_system();
@@ -81,9 +84,10 @@ cudaError_t wait_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, De
 }
 
 cudaError_t barrier(uint32_t* const* pads, int rank, int world_size, int channel, uint64_t timeout_ns,
-                    DeviceErrorSlot* slot, cudaStream_t stream) {
-  if (world_size > 1024) return cudaErrorInvalidValue;
-  barrier_kernel<<<1, ((world_size + 31) / 32) * 32, 0, stream>>>(pads, rank, world_size, channel, timeout_ns, slot);
+                    DeviceErrorSlot* slot, cudaStream_t stream, uint32_t* reset, int reset_count) {
+  if (world_size > 1024 || reset_count < 0 || (reset_count > 0 && reset == nullptr)) return cudaErrorInvalidValue;
+  barrier_kernel<<<1, ((world_size + 31) / 32) * 32, 0, stream>>>(pads, rank, world_size, channel, timeout_ns, slot,
+                                                                   reset, reset_count);
   return cudaGetLastError();
 }
 

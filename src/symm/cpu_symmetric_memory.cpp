@@ -24,7 +24,9 @@ void futex_wait(uint32_t* addr, uint32_t expected, int timeout_ms) {
   ::syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, nullptr, 0);
 }
 
-void futex_wake(uint32_t* addr) { ::syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
+void futex_wake(uint32_t* addr) {
+  ::syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
 
 // Moves *flag from `from` to `to` once it holds `from`; false if the deadline passes first.
 bool transition(uint32_t* flag, uint32_t from, uint32_t to, const Deadline& deadline) {
@@ -48,8 +50,11 @@ struct Mapping {
 
 class CpuSymmetricMemory final : public SymmetricMemory {
  public:
-  CpuSymmetricMemory(int rank, int world_size, size_t size, std::vector<Mapping> maps, Millis timeout)
-      : SymmetricMemory(rank, world_size, size, Device::cpu()), maps_(std::move(maps)), timeout_(timeout) {}
+  CpuSymmetricMemory(int rank, int world_size, size_t size, std::vector<Mapping> maps,
+                     Millis timeout)
+      : SymmetricMemory(rank, world_size, size, Device::cpu()),
+        maps_(std::move(maps)),
+        timeout_(timeout) {}
 
   ~CpuSymmetricMemory() override {
     for (auto& m : maps_) {
@@ -66,15 +71,30 @@ class CpuSymmetricMemory final : public SymmetricMemory {
     return static_cast<uint32_t*>(maps_[peer].base);
   }
 
-  void put_signal(int peer, int channel, Stream&) override { put(peer, channel, Deadline(timeout_)); }
-  void wait_signal(int peer, int channel, Stream&) override { wait(peer, channel, Deadline(timeout_)); }
+  void put_signal(int peer, int channel, Stream&) override {
+    put(peer, channel, Deadline(timeout_));
+  }
+  void wait_signal(int peer, int channel, Stream&) override {
+    wait(peer, channel, Deadline(timeout_));
+  }
+
+  void reset_and_barrier(uint32_t* flags, int count, int channel, Stream& stream) override {
+    ASYNCTP_CHECK(count >= 0 && (count == 0 || flags != nullptr),
+                  "reset_and_barrier: {} flags at {}", count, static_cast<void*>(flags));
+    // Peers read these flags from other threads (the ranks of a CPU group share the process).
+    for (int i = 0; i < count; ++i)
+      std::atomic_ref<uint32_t>(flags[i]).store(0, std::memory_order_release);
+    barrier(channel, stream);
+  }
 
   // One deadline for the whole barrier: it never blocks longer than the group's timeout.
   void barrier(int channel, Stream&) override {
     check_channel(channel, "barrier");
     const Deadline deadline(timeout_);
-    for (int i = 1; i < world_size_; ++i) put((rank_ + i) % world_size_, channel, deadline);
-    for (int i = 1; i < world_size_; ++i) wait((rank_ + i) % world_size_, channel, deadline);
+    for (int i = 1; i < world_size_; ++i)
+      put((rank_ + i) % world_size_, channel, deadline);
+    for (int i = 1; i < world_size_; ++i)
+      wait((rank_ + i) % world_size_, channel, deadline);
   }
 
  private:
@@ -82,9 +102,10 @@ class CpuSymmetricMemory final : public SymmetricMemory {
     check_peer(peer, "put_signal");
     check_channel(channel, "put_signal");
     if (!transition(flag(peer, channel, rank_), 0, 1, deadline)) {
-      ASYNCTP_TIMEOUT("rank {}: put_signal to peer {} on channel {} timed out after {}: the peer "
-                      "never consumed the previous signal (is it alive and in the same op?)",
-                      rank_, peer, channel, deadline.describe());
+      ASYNCTP_TIMEOUT(
+          "rank {}: put_signal to peer {} on channel {} timed out after {}: the peer "
+          "never consumed the previous signal (is it alive and in the same op?)",
+          rank_, peer, channel, deadline.describe());
     }
   }
 
@@ -92,9 +113,10 @@ class CpuSymmetricMemory final : public SymmetricMemory {
     check_peer(peer, "wait_signal");
     check_channel(channel, "wait_signal");
     if (!transition(flag(rank_, channel, peer), 1, 0, deadline)) {
-      ASYNCTP_TIMEOUT("rank {}: wait_signal from peer {} on channel {} timed out after {}: the "
-                      "peer never signalled (is it alive and in the same op?)",
-                      rank_, peer, channel, deadline.describe());
+      ASYNCTP_TIMEOUT(
+          "rank {}: wait_signal from peer {} on channel {} timed out after {}: the "
+          "peer never signalled (is it alive and in the same op?)",
+          rank_, peer, channel, deadline.describe());
     }
   }
 
@@ -112,7 +134,8 @@ class CpuSymmAllocator final : public SymmAllocator {
   explicit CpuSymmAllocator(Group& group) : group_(group) {
     if (!group.single_node()) {
       int nodes = 0;
-      for (int r = 0; r < group.world_size(); ++r) nodes = std::max(nodes, group.node_of(r) + 1);
+      for (int r = 0; r < group.world_size(); ++r)
+        nodes = std::max(nodes, group.node_of(r) + 1);
       reason_ = fmt::format("the group spans {} nodes; shared memory reaches one node only", nodes);
     }
   }
@@ -148,7 +171,8 @@ class CpuSymmAllocator final : public SymmAllocator {
       ::close(fd);
       if (base == MAP_FAILED) {
         ::shm_unlink(name.c_str());
-        ASYNCTP_FAIL("rank {}: mmap of '{}' ({} bytes) failed: {}", rank, name, total, std::strerror(errno));
+        ASYNCTP_FAIL("rank {}: mmap of '{}' ({} bytes) failed: {}", rank, name, total,
+                     std::strerror(errno));
       }
       maps[rank] = {base, total};
     }
@@ -164,16 +188,18 @@ class CpuSymmAllocator final : public SymmAllocator {
         const auto space = info.rfind(' ');
         peer_names[peer] = info.substr(0, space);
         const size_t peer_bytes = std::stoull(info.substr(space + 1));
-        ASYNCTP_CHECK(peer_bytes == bytes,
-                      "symmetric allocation {}: rank {} asked for {} bytes but rank {} for {}; every "
-                      "rank must allocate the same sizes in the same order",
-                      key, rank, bytes, peer, peer_bytes);
+        ASYNCTP_CHECK(
+            peer_bytes == bytes,
+            "symmetric allocation {}: rank {} asked for {} bytes but rank {} for {}; every "
+            "rank must allocate the same sizes in the same order",
+            key, rank, bytes, peer, peer_bytes);
       }
       for (int peer = 0; peer < ws; ++peer) {
         if (peer == rank) continue;
         const std::string& peer_name = peer_names[peer];
         const int fd = ::shm_open(peer_name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-        ASYNCTP_SYSCHECK(fd, "rank {}: opening peer {}'s shared memory '{}'", rank, peer, peer_name);
+        ASYNCTP_SYSCHECK(fd, "rank {}: opening peer {}'s shared memory '{}'", rank, peer,
+                         peer_name);
         void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         ::close(fd);
         ASYNCTP_CHECK(base != MAP_FAILED, "rank {}: mmap of peer {}'s '{}' failed: {}", rank, peer,

@@ -66,6 +66,41 @@ TEST_P(SymmWorldTest, EveryRankSeesEveryPeersWrites) {
   EXPECT_RANKS_OK(statuses);
 }
 
+// reset_and_barrier: the flags a rank owns (peers raise them, as the native all-gather's ready
+// flags) read 0 on every peer past the barrier, and nothing else on the pad changes.
+TEST_P(SymmWorldTest, ResetAndBarrierClearsTheOwnFlagsForEveryPeer) {
+  auto statuses = testing::run_ranks(world_size(), [](Context& ctx) {
+    auto allocator = make_cpu_symm_allocator(ctx.group());
+    auto sm = allocator->allocate(64);
+    const int rank = ctx.rank(), ws = ctx.world_size();
+    constexpr int kFlagChannel = 1;
+    Stream& stream = ctx.stream();
+    for (int round = 0; round < 3; ++round) {
+      // Every rank raises flag [1][rank] on every peer's pad (and its own).
+      for (int peer = 0; peer < ws; ++peer) {
+        std::atomic_ref<uint32_t>(sm->signal_pad_ptr(peer)[kFlagChannel * ws + rank])
+            .store(round + 1, std::memory_order_release);
+      }
+      sm->barrier(0, stream);
+      uint32_t* mine = sm->signal_pad_ptr(rank) + kFlagChannel * ws;
+      for (int src = 0; src < ws; ++src)
+        EXPECT_EQ(std::atomic_ref<uint32_t>(mine[src]).load(), round + 1u) << "from " << src;
+      sm->reset_and_barrier(mine, ws, 0, stream);
+      for (int peer = 0; peer < ws; ++peer) {
+        uint32_t* theirs = sm->signal_pad_ptr(peer) + kFlagChannel * ws;
+        for (int src = 0; src < ws; ++src) {
+          EXPECT_EQ(std::atomic_ref<uint32_t>(theirs[src]).load(), 0u)
+              << "round " << round << ": flag " << src << " of rank " << peer;
+        }
+      }
+      sm->barrier(0, stream);  // everyone has checked before the next round raises them again
+    }
+    EXPECT_THAT(error_of([&] { sm->reset_and_barrier(nullptr, 2, 0, stream); }),
+                HasSubstr("reset_and_barrier: 2 flags"));
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
 TEST_P(SymmWorldTest, SignalHandshakesOnSeveralChannelsWithoutReset) {
   auto statuses = testing::run_ranks(world_size(), [](Context& ctx) {
     auto allocator = make_cpu_symm_allocator(ctx.group());

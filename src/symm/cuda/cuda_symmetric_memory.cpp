@@ -16,7 +16,9 @@ namespace asynctp {
 
 namespace {
 
-cudaStream_t raw(Stream& s) { return static_cast<cudaStream_t>(s.native_handle()); }
+cudaStream_t raw(Stream& s) {
+  return static_cast<cudaStream_t>(s.native_handle());
+}
 
 struct Mapping {
   CUmemGenericAllocationHandle handle = 0;
@@ -25,8 +27,9 @@ struct Mapping {
 
 class CudaSymmetricMemory final : public SymmetricMemory {
  public:
-  CudaSymmetricMemory(CudaBackendInternals& backend, int rank, int world_size, size_t size, size_t mapped_bytes,
-                      std::vector<Mapping> maps, uint32_t** pads_device, Millis timeout)
+  CudaSymmetricMemory(CudaBackendInternals& backend, int rank, int world_size, size_t size,
+                      size_t mapped_bytes, std::vector<Mapping> maps, uint32_t** pads_device,
+                      Millis timeout)
       : SymmetricMemory(rank, world_size, size, Device::cuda(backend.device_index())),
         backend_(backend),
         mapped_bytes_(mapped_bytes),
@@ -61,8 +64,8 @@ class CudaSymmetricMemory final : public SymmetricMemory {
     check_channel(channel, "put_signal");
     backend_.check_device_errors();
     ASYNCTP_CUDA_CHECK(kernels::put_signal(signal_pad_ptr(peer) + channel * world_size_ + rank_,
-                                           {rank_, peer, channel}, timeout_ns_, backend_.device_error_slot(),
-                                           raw(stream)));
+                                           {rank_, peer, channel}, timeout_ns_,
+                                           backend_.device_error_slot(), raw(stream)));
   }
 
   void wait_signal(int peer, int channel, Stream& stream) override {
@@ -70,16 +73,26 @@ class CudaSymmetricMemory final : public SymmetricMemory {
     check_channel(channel, "wait_signal");
     backend_.check_device_errors();
     ASYNCTP_CUDA_CHECK(kernels::wait_signal(signal_pad_ptr(rank_) + channel * world_size_ + peer,
-                                            {rank_, peer, channel}, timeout_ns_, backend_.device_error_slot(),
-                                            raw(stream)));
+                                            {rank_, peer, channel}, timeout_ns_,
+                                            backend_.device_error_slot(), raw(stream)));
   }
 
   void barrier(int channel, Stream& stream) override {
+    reset_and_barrier(nullptr, 0, channel, stream);
+  }
+
+  void reset_and_barrier(uint32_t* flags, int count, int channel, Stream& stream) override {
     check_channel(channel, "barrier");
+    ASYNCTP_CHECK(count >= 0 && (count == 0 || flags != nullptr),
+                  "reset_and_barrier: {} flags at {}", count, static_cast<void*>(flags));
     backend_.check_device_errors();
-    if (world_size_ == 1) return;
+    if (world_size_ == 1) {
+      if (count > 0)
+        ASYNCTP_CUDA_CHECK(cudaMemsetAsync(flags, 0, count * sizeof(uint32_t), raw(stream)));
+      return;
+    }
     ASYNCTP_CUDA_CHECK(kernels::barrier(pads_device_, rank_, world_size_, channel, timeout_ns_,
-                                        backend_.device_error_slot(), raw(stream)));
+                                        backend_.device_error_slot(), raw(stream), flags, count));
   }
 
  private:
@@ -115,16 +128,21 @@ class CudaSymmAllocator final : public SymmAllocator {
     prop.location.id = device_;
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     size_t granularity = 0;
-    ASYNCTP_CU_CHECK(drv.mem_get_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-    const size_t mapped = (signal_pad_bytes(ws) + std::max<size_t>(bytes, 1) + granularity - 1) / granularity * granularity;
+    ASYNCTP_CU_CHECK(
+        drv.mem_get_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    const size_t mapped = (signal_pad_bytes(ws) + std::max<size_t>(bytes, 1) + granularity - 1) /
+                          granularity * granularity;
 
     // Every rank must ask for the same size (the store says who differs).
     group_.store().set(fmt::format("{}/size/{}", key, rank), std::to_string(bytes));
     for (int peer = 0; peer < ws; ++peer) {
-      const size_t peer_bytes = std::stoull(group_.store().get(fmt::format("{}/size/{}", key, peer)));
-      ASYNCTP_CHECK(peer_bytes == bytes,
-                    "symmetric allocation {}: rank {} asked for {} bytes but rank {} for {}; every rank "
-                    "must allocate the same sizes in the same order", key, rank, bytes, peer, peer_bytes);
+      const size_t peer_bytes =
+          std::stoull(group_.store().get(fmt::format("{}/size/{}", key, peer)));
+      ASYNCTP_CHECK(
+          peer_bytes == bytes,
+          "symmetric allocation {}: rank {} asked for {} bytes but rank {} for {}; every rank "
+          "must allocate the same sizes in the same order",
+          key, rank, bytes, peer, peer_bytes);
     }
 
     std::vector<Mapping> maps(ws);
@@ -142,7 +160,8 @@ class CudaSymmAllocator final : public SymmAllocator {
     try {
       ASYNCTP_CU_CHECK(drv.mem_create(&maps[rank].handle, mapped, &prop, 0));
       int my_fd = -1;
-      ASYNCTP_CU_CHECK(drv.mem_export(&my_fd, maps[rank].handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+      ASYNCTP_CU_CHECK(
+          drv.mem_export(&my_fd, maps[rank].handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
       std::vector<int> fds;
       try {
         fds = exchange_fds(group_, tag, my_fd);
@@ -153,8 +172,9 @@ class CudaSymmAllocator final : public SymmAllocator {
       ::close(my_fd);
       for (int peer = 0; peer < ws; ++peer) {
         if (peer == rank) continue;
-        const CUresult res = drv.mem_import(&maps[peer].handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[peer])),
-                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        const CUresult res = drv.mem_import(
+            &maps[peer].handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[peer])),
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         ::close(fds[peer]);
         fds[peer] = -1;
         ASYNCTP_CU_CHECK(res);
@@ -169,19 +189,23 @@ class CudaSymmAllocator final : public SymmAllocator {
         ASYNCTP_CU_CHECK(drv.mem_set_access(maps[peer].ptr, mapped, &access, 1));
       }
       // Zero this rank's signal pad before anyone can signal into it.
-      ASYNCTP_CUDA_CHECK(cudaMemset(reinterpret_cast<void*>(maps[rank].ptr), 0, signal_pad_bytes(ws)));
+      ASYNCTP_CUDA_CHECK(
+          cudaMemset(reinterpret_cast<void*>(maps[rank].ptr), 0, signal_pad_bytes(ws)));
       std::vector<uint32_t*> pads(ws);
-      for (int peer = 0; peer < ws; ++peer) pads[peer] = reinterpret_cast<uint32_t*>(maps[peer].ptr);
-      ASYNCTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&pads_device), ws * sizeof(uint32_t*)));
-      ASYNCTP_CUDA_CHECK(cudaMemcpy(pads_device, pads.data(), ws * sizeof(uint32_t*), cudaMemcpyHostToDevice));
+      for (int peer = 0; peer < ws; ++peer)
+        pads[peer] = reinterpret_cast<uint32_t*>(maps[peer].ptr);
+      ASYNCTP_CUDA_CHECK(
+          cudaMalloc(reinterpret_cast<void**>(&pads_device), ws * sizeof(uint32_t*)));
+      ASYNCTP_CUDA_CHECK(
+          cudaMemcpy(pads_device, pads.data(), ws * sizeof(uint32_t*), cudaMemcpyHostToDevice));
       ASYNCTP_CUDA_CHECK(cudaDeviceSynchronize());
       group_.barrier(key + "/mapped");
     } catch (...) {
       release_all();
       throw;
     }
-    return std::make_unique<CudaSymmetricMemory>(backend_, rank, ws, bytes, mapped, std::move(maps), pads_device,
-                                                 group_.timeout());
+    return std::make_unique<CudaSymmetricMemory>(backend_, rank, ws, bytes, mapped, std::move(maps),
+                                                 pads_device, group_.timeout());
   }
 
  private:
@@ -189,13 +213,18 @@ class CudaSymmAllocator final : public SymmAllocator {
   std::string check_capabilities() {
     const int rank = group_.rank();
     const int ws = group_.world_size();
-    if (!group_.single_node()) return "the group spans several nodes; NVLink symmetric memory reaches one node only";
+    if (!group_.single_node())
+      return "the group spans several nodes; NVLink symmetric memory reaches one node only";
     std::string mine;
     int vmm = 0, posix = 0;
     const auto& drv = cuda::driver();
-    drv.device_get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device_);
-    drv.device_get_attribute(&posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device_);
-    if (!vmm || !posix) mine = fmt::format("cuda:{} supports no VMM allocations exported as file descriptors", device_);
+    drv.device_get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                             device_);
+    drv.device_get_attribute(
+        &posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device_);
+    if (!vmm || !posix)
+      mine =
+          fmt::format("cuda:{} supports no VMM allocations exported as file descriptors", device_);
     // Every rank publishes its device; each checks peer access to every other rank's device.
     const std::string key = group_.next_key("symm/cuda/caps");
     group_.store().set(fmt::format("{}/device/{}", key, rank), std::to_string(device_));
@@ -208,8 +237,9 @@ class CudaSymmAllocator final : public SymmAllocator {
       }
       int can = 0;
       ASYNCTP_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, device_, peer_device));
-      if (!can) mine = fmt::format("cuda:{} (rank {}) has no peer access to cuda:{} (rank {})", device_, rank,
-                                   peer_device, peer);
+      if (!can)
+        mine = fmt::format("cuda:{} (rank {}) has no peer access to cuda:{} (rank {})", device_,
+                           rank, peer_device, peer);
     }
     group_.store().set(fmt::format("{}/verdict/{}", key, rank), mine);
     for (int peer = 0; peer < ws; ++peer) {
