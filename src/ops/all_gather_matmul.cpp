@@ -158,13 +158,18 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
   // 1. Publish this rank's shard; after the barrier every shard is readable. The barrier kernel
   //    runs on the compute stream before any GEMM: a kernel queued on the copy stream would wait
   //    for an SM until the running GEMM (which holds them all) ends.
+  ctx.mark("start", compute);
   be.copy(peer_shard(rank), c.a_shard, compute);
   if (c.rowwise()) be.copy(peer_scale(rank), c.a_scale, compute);
   sm.barrier(kBarrierChannel, compute);
+  ctx.mark("published", compute);
   Event& published = ctx.event(0);
   published.record(compute);
   const bool own_first = !c.k_gather() && own_direct;
-  if (own_first) multiply_rows(rank, compute);  // enqueued first: the GPU starts it at once
+  if (own_first) {
+    multiply_rows(rank, compute);  // enqueued first: the GPU starts it at once
+    if (ctx.tracing()) ctx.mark(fmt::format("gemm {}", rank), compute);
+  }
   published.block(copy);
   Stream& aux = ctx.gemm_stream(1);
   published.block(aux);
@@ -175,6 +180,7 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
     be.copy(slice(a, p), peer_shard(p), copy);
     if (c.rowwise()) be.copy(slice(scale, p), peer_scale(p), copy);
     ctx.event(1 + p).record(copy);
+    if (ctx.tracing()) ctx.mark(fmt::format("pulled {}", p), copy);
   }
   if (own_direct && c.a_out.defined()) be.copy(slice(a, rank), c.a_shard, copy);
   Event& pulled = ctx.event(ws + 1);
@@ -193,6 +199,7 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
       Stream& stream = ctx.gemm_stream(i);
       if (p != rank) ctx.event(1 + p).block(stream);
       multiply_rows(p, stream);
+      if (ctx.tracing()) ctx.mark(fmt::format("gemm {}", p), stream);
     }
     if (&aux != &compute) {
       Event& aux_done = ctx.event(ws + 2);
@@ -232,21 +239,30 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
   // 4. Nobody reads any buffer of this op any more once every rank is past this barrier (on the
   //    compute stream, after the last GEMM: no kernel of the op competes with a GEMM for SMs).
   pulled.block(compute);
+  ctx.mark("joined", compute);
   sm.barrier(kBarrierChannel, compute);
+  ctx.mark("end", compute);
 }
 
 // The native schedule on rank r of ws (row gather with no batch dims before g, bf16/f16):
 //
 //   compute: native GEMM: own chunk from A_shard, then chunks r+1, r+2, ... as they land | wait |
-//            ready = 0 | barrier
-//   copy:    A_shard -> S_{r+1}[r], ready_{r+1}[r] = 1 | A_shard -> S_{r+2}[r], ... |
+//            barrier (which also sets ready back to 0)
+//   copy:    A_shard -> S_{r-1}[r], ready_{r-1}[r] = 1 | A_shard -> S_{r-2}[r], ... |
+//
+//   ws 4, step i = the i-th push of every rank (arrows: who writes whose slot):
+//     step 1: 1->0, 2->1, 3->2, 0->3   each rank gets the chunk its GEMM takes after its own
+//     step 2: 2->0, 3->1, 0->2, 1->3   ... then the next one
+//     step 3: 3->0, 0->1, 1->2, 2->3
 //
 // The symmetric buffer S_p of every rank holds the whole gathered A, [ws x shard], and its
 // ready flags are flags [kReadyChannel][0..ws) of its signal pad. Every rank pushes its shard
 // straight from A_shard into slot r of every peer's buffer and then raises that peer's flag r
 // (a stream memory write over NVLink, ordered after the copy: no SM needed while the GEMM holds
-// them all), starting at r+1 so that at each step every rank is written by exactly one peer. The
-// one GEMM starts at once on the own chunk, read in place from A_shard, and waits (with the
+// them all), starting at r-1 so that at each step every rank is written by exactly one peer and
+// receives the chunk its GEMM needs next (pushing to r+1 first, as before, delivered the chunk
+// each GEMM needs first last of all: at ws 4 the native path was 14-31% slower than the split one).
+// The one GEMM starts at once on the own chunk, read in place from A_shard, and waits (with the
 // group's timeout) for each other chunk's flag before it loads that chunk's tiles. So nothing
 // but the GEMM itself stands before the first tile: no publication copy, no opening barrier.
 //
@@ -353,6 +369,7 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   // SM and waits for those copies: a copy kernel there would never get an SM). A shard the GEMM
   // cannot read in place is first gathered into the own slot on the compute stream, before the
   // GEMM (a strided copy may take a kernel), and pushed from there.
+  ctx.mark("start", compute);
   if (!in_place) {
     be.copy(slot(rank, rank).view(c.a_shard.shape()), c.a_shard, compute);
     be.write_flag(ready + rank, 1, compute);
@@ -364,10 +381,14 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   start.block(copy);
   for (const ChunkedGemmArgs& args : gemms)
     be.native_gemm(args, compute);
+  ctx.mark("gemm", compute);
+  // Pushes to r-1 first: rank q's GEMM wants chunk q+1 right after its own, and so on, so the
+  // chunk that q+i pushes to q lands at step i, the step q's GEMM reaches it.
   for (int i = 1; i < ws; ++i) {
-    const int p = (rank + i) % ws;
+    const int p = (rank - i + ws) % ws;
     be.copy(slot(p, rank), source, copy);
     be.write_flag(ready_of(p) + rank, 1, copy);
+    if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", p), copy);
   }
   if (in_place && own_slot) {
     be.copy(slot(rank, rank), source, copy);
@@ -395,9 +416,11 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
     }
   }
   pushed.block(compute);
-  be.zero_flags(ready, ws, compute);
-  // Past this barrier no rank reads any buffer of this op, and every flag is back to 0.
-  sm.barrier(kBarrierChannel, compute);
+  ctx.mark("joined", compute);
+  // Past this barrier no rank reads any buffer of this op, and every flag is back to 0 (reset in
+  // the barrier's kernel: separate stream writes cost ~10 us at ws 4).
+  sm.reset_and_barrier(ready, ws, kBarrierChannel, compute);
+  ctx.mark("end", compute);
 }
 
 void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {

@@ -28,7 +28,7 @@ PathChoice ContextOptions::default_path_choice() {
 
 int ContextOptions::default_gemm_streams() {
   const char* env = std::getenv("ASYNCTP_GEMM_STREAMS");
-  if (env == nullptr || *env == '\0') return 2;
+  if (env == nullptr || *env == '\0') return 1;
   ASYNCTP_CHECK(std::string_view(env) == "1" || std::string_view(env) == "2",
                 "ASYNCTP_GEMM_STREAMS must be 1 or 2, got '{}'", env);
   return env[0] - '0';

@@ -12,6 +12,7 @@
 #include "device/backend.h"
 #include "device/communicator.h"
 #include "ops/dispatch.h"
+#include "ops/trace.h"
 #include "ops/usage.h"
 #include "runtime/group.h"
 #include "symm/workspace.h"
@@ -28,7 +29,11 @@ struct ContextOptions {
   // Default path for every op (an op's own options may override it). ASYNCTP_PATH sets it.
   PathChoice path = default_path_choice();
   // Streams the chunk GEMMs of a fused op alternate between (1 or 2): with 2, the tail of one
-  // chunk's GEMM overlaps the start of the next. ASYNCTP_GEMM_STREAMS sets it.
+  // chunk's GEMM may overlap the start of the next, but two chunk GEMMs can also share the SMs
+  // from the start and finish together, which delays the first push. 1 by default: at ws 2 the
+  // two were within noise; at ws 4 (4 x H200) 2 streams made the split matmul_reduce_scatter
+  // 3% slower on three shapes and 14-36% slower and erratic on 8192x2048x8192, and the split
+  // all_gather_matmul 1.5-4.5% slower. ASYNCTP_GEMM_STREAMS sets it.
   int gemm_streams = default_gemm_streams();
   // Where the measured path choices are kept between runs (see ops/dispatch.h): "" the default
   // location, "off" none.
@@ -93,6 +98,13 @@ class Context {
   // until the next call for the same purpose.
   Tensor scratch(Scratch purpose, Dims shape, DType dtype);
 
+  // Diagnosis (ops/trace.h): while a trace is attached, ops mark their steps in it.
+  void set_trace(OpTrace* trace) { trace_ = trace; }
+  bool tracing() { return trace_ != nullptr && !backend_->capturing(); }
+  void mark(std::string_view label, Stream& stream) {
+    if (tracing()) trace_->mark(label, stream);
+  }
+
  private:
   Context(std::shared_ptr<Group> group, ContextOptions options);
 
@@ -110,6 +122,7 @@ class Context {
   Buffer flags_;
   Usage usage_;
   std::unique_ptr<Dispatcher> dispatcher_;
+  OpTrace* trace_ = nullptr;
 };
 
 }  // namespace asynctp

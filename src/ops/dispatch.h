@@ -6,8 +6,10 @@
 //   1. every rank looks the problem up in the on-disk cache; the ranks agree (one small
 //      all-reduce) and use the cached path if they all found the same one;
 //   2. otherwise every rank runs both paths (one warm-up each, then kTuneRuns interleaved timed
-//      runs), the per-path medians are averaged over the ranks, and the faster path is taken
-//      (local rank 0 writes it to the cache).
+//      runs, each after a device barrier and followed by an idle pause as long as the run
+//      (kTunePace); kCloseCallRuns more when the two are within
+//      kCloseCall), the per-path medians are averaged over the ranks, and the faster path is
+//      taken (local rank 0 writes it to the cache).
 // Later calls reuse the decision without any communication. Under CUDA-graph capture nothing can
 // be measured or agreed on: an unknown problem then takes the native path and says so in the
 // log (run the op once before capturing it to have the choice measured).
@@ -38,6 +40,15 @@ struct DispatchTiming {
 class Dispatcher {
  public:
   static constexpr int kTuneRuns = 15;
+  // Paths whose mean medians differ by less than this fraction get kCloseCallRuns more rounds.
+  static constexpr double kCloseCall = 0.03;
+  static constexpr int kCloseCallRuns = 30;
+  // After each tuning run the host idles kTunePace x that run's time. Back to back, an H200
+  // reaches its power cap within a few hundred ms and runs at 1400-1650 MHz instead of 1980,
+  // and there the ranking of the paths can flip: at ws 4 on 8192x8192x14336 the native path
+  // measured 1% faster back to back but 18% slower at full clocks, where the bench (paced the
+  // same way) and PyTorch's anchor script measure.
+  static constexpr double kTunePace = 1.0;
 
   Dispatcher(Context& ctx, std::string cache_path);
 

@@ -225,7 +225,9 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   const Tensor staging = ctx.scratch(Scratch::kStaging, staging_shape, c.out.dtype());
   // Every owner has finished reading its slots in the previous op once all ranks are past this
   // barrier; only then may anyone push into them.
+  ctx.mark("start", compute);
   sm.barrier(kBarrierChannel, compute);
+  ctx.mark("opened", compute);
   // Chunk GEMMs alternate between the GEMM streams (one chunk's tail overlaps the next one's
   // start) unless several products share the accumulator.
   const bool two_streams = writer.single_product() && ctx.options().gemm_streams == 2;
@@ -241,12 +243,15 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
     const Tensor part = staging.select(0, i - 1);
     Stream& stream = stream_of(i - 1);
     writer.write(dst, part, stream);
+    if (ctx.tracing()) ctx.mark(fmt::format("gemm {}", dst), stream);
     Event& done = ctx.event(i);
     done.record(stream);
     done.block(copy);
     be.copy(slot(dst, rank), part, copy);  // copy engine, beside the next GEMM
+    if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", dst), copy);
   }
   writer.write(rank, slot(rank, rank), stream_of(ws - 1));
+  if (ctx.tracing()) ctx.mark(fmt::format("gemm {}", rank), stream_of(ws - 1));
   if (two_streams) {
     Event& aux_done = ctx.event(ws + 2);
     aux_done.record(aux);
@@ -256,19 +261,23 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   pushed.record(copy);
   pushed.block(compute);
   // Every rank's pushes have landed once all are past this barrier.
+  ctx.mark("joined", compute);
   sm.barrier(kBarrierChannel, compute);
+  ctx.mark("barrier", compute);
   std::vector<Tensor> parts;
   for (int src = 0; src < ws; ++src)
     parts.push_back(slot(rank, src));
   be.reduce(c.out, parts, options.reduce_op, compute);
+  ctx.mark("end", compute);
 }
 
 // The native schedule on rank r of ws (one bf16/f16 product, scatter on a dim with no batch dims
 // before it, so that every owner's chunk is a row range of P = A @ B as a matrix):
 //
-//   compute: barrier | native GEMM -> P (chunks r+1, r+2, ..., r; done[d] counts rows stored) |
-//   wait | barrier | reduce copy:            | wait done[r+1] >= all, push P[r+1] -> slot r of rank
-//   r+1 | wait done[r+2] ... |
+//   compute: barrier | native GEMM -> P (chunks r+1, r+2, ..., r; done[d] counts rows) | wait |
+//            barrier (done back to 0) | reduce
+//   copy:              | wait done[r+1] >= all, push P[r+1] -> slot r of rank r+1 |
+//                        wait done[r+2] >= all, push P[r+2] ... |
 //
 // The GEMM publishes each finished chunk through its counter; the copy stream waits for it (a
 // stream memory operation: no SM needed while the GEMM holds them all) and pushes it while the
@@ -339,27 +348,35 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   uint32_t* done = ctx.flags(ws);
 
   // Every owner has finished reading its slots in the previous op once all ranks are past this.
+  ctx.mark("start", compute);
   sm.barrier(kBarrierChannel, compute);
+  ctx.mark("opened", compute);
   Event& start = ctx.event(0);
   start.record(compute);
   start.block(copy);
   ChunkedGemmArgs args = native_rs_args(ctx, a.view({plan.m, plan.k}), c.bs[0], product);
   args.done = done;
   be.native_gemm(args, compute);
+  ctx.mark("gemm", compute);
   for (int i = 1; i < ws; ++i) {
     const int d = (rank + i) % ws;
     be.wait_flag(done + d, be.native_gemm_done_count(args, d), copy);
+    if (ctx.tracing()) ctx.mark(fmt::format("chunk {} done", d), copy);
     be.copy(slot(d, rank), product_chunk(d), copy);
+    if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", d), copy);
   }
   Event& pushed = ctx.event(ws);
   pushed.record(copy);
   pushed.block(compute);
-  sm.barrier(kBarrierChannel, compute);
+  ctx.mark("joined", compute);
+  // The copy stream's waits on the counters are behind us: they go back to 0 in the barrier.
+  sm.reset_and_barrier(done, ws, kBarrierChannel, compute);
+  ctx.mark("barrier", compute);
   std::vector<Tensor> parts;
   for (int src = 0; src < ws; ++src)
     parts.push_back(src == rank ? product_chunk(rank) : slot(rank, src));
   be.reduce(c.out, parts, options.reduce_op, compute);
-  be.zero_flags(done, ws, compute);
+  ctx.mark("end", compute);
 }
 
 void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {

@@ -173,8 +173,8 @@ TEST_P(AllGatherMatmulTest, F32MatchesUnfusedBitForBit) {
   run_cases(cases);
 }
 
-TEST_P(AllGatherMatmulTest, OneGemmStream) {
-  // ASYNCTP_GEMM_STREAMS=1: every chunk GEMM on the compute stream.
+TEST_P(AllGatherMatmulTest, TwoGemmStreams) {
+  // ASYNCTP_GEMM_STREAMS=2: chunk GEMMs alternate between the compute stream and a second one.
   std::vector<AgCase> cases;
   for (const auto& [shard, g] : shapes_and_dims()) {
     AgCase c;
@@ -185,7 +185,7 @@ TEST_P(AllGatherMatmulTest, OneGemmStream) {
     cases.push_back(c);
   }
   HarnessOptions options;
-  options.context.gemm_streams = 1;
+  options.context.gemm_streams = 2;
   run_cases(cases, options);
 }
 

@@ -176,8 +176,8 @@ TEST_P(MatmulReduceScatterTest, F32MatchesUnfusedBitForBit) {
   run_cases(cases);
 }
 
-TEST_P(MatmulReduceScatterTest, OneGemmStream) {
-  // ASYNCTP_GEMM_STREAMS=1: every chunk GEMM on the compute stream.
+TEST_P(MatmulReduceScatterTest, TwoGemmStreams) {
+  // ASYNCTP_GEMM_STREAMS=2: chunk GEMMs alternate between the compute stream and a second one.
   std::vector<RsCase> cases;
   for (const auto& [chunk, g] : chunks_and_dims()) {
     RsCase c;
@@ -187,7 +187,7 @@ TEST_P(MatmulReduceScatterTest, OneGemmStream) {
     cases.push_back(c);
   }
   HarnessOptions options;
-  options.context.gemm_streams = 1;
+  options.context.gemm_streams = 2;
   run_cases(cases, options);
 }
 

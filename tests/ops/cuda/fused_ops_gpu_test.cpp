@@ -288,7 +288,8 @@ std::vector<RsCase> rs_cases() {
     for (DType dt : {DType::kBF16, DType::kF16}) {
       cases.push_back({ws, {128, 96}, 64, 0, dt, ReduceOp::kSum, 1});
       cases.push_back({ws, {64, 96}, 128, 1, dt, ReduceOp::kAvg, 1});  // output-column scatter
-      cases.push_back({ws, {2, 64, 48}, 80, 0, dt, ReduceOp::kSum, 1});
+      // The scattered outer dim must divide by the world size: as many batches as ranks.
+      cases.push_back({ws, {ws, 64, 48}, 80, 0, dt, ReduceOp::kSum, 1});
       cases.push_back({ws, {2, 64, 48}, 80, 1, dt, ReduceOp::kAvg, 2});  // sum of two products
       cases.push_back({ws, {2, 32, 48}, 128, 2, dt, ReduceOp::kSum, 1});
     }
@@ -580,54 +581,61 @@ TEST(FusedOpsGpu, NativeAllGatherTakesAStridedShard) {
 // reduce-scatter before it).
 TEST(FusedOpsGpu, LayersBackToBackOnEveryPath) {
   SKIP_UNLESS_GPUS(2);
-  auto statuses = run_ranks(
-      2,
-      [&](Context& ctx) {
-        const int ws = ctx.world_size();
-        const uint64_t me = static_cast<uint64_t>(ctx.rank());
-        const Dims shard{256, 256}, a2_shape{512, 384};
-        const int64_t n1 = 512, k2 = 384, n2 = 256;
-        std::vector<std::vector<float>> shards;
-        std::vector<double> total(512 * n2, 0.0);
-        for (int r = 0; r < ws; ++r) {
-          const uint64_t u = static_cast<uint64_t>(r);
-          shards.push_back(values_of(shard, DType::kBF16, seed_of({5, u}), Values::kRandom));
-          host_gemm_add(values_of(a2_shape, DType::kBF16, seed_of({7, u}), Values::kRandom),
-                        values_of({k2, n2}, DType::kBF16, seed_of({8, u}), Values::kRandom), total,
-                        512, k2, n2);
-        }
-        std::vector<double> expected_ag(512 * n1, 0.0);
-        host_gemm_add(gather_host(shards, shard, 0),
-                      values_of({256, n1}, DType::kBF16, seed_of({6}), Values::kRandom),
-                      expected_ag, 512, 256, n1);
-        const auto expected_rs = chunk_host(total, {512, n2}, 0, ws, ctx.rank());
+  // Both settings of ContextOptions::gemm_streams (the split paths' chunk GEMMs on one stream or
+  // alternating between two).
+  for (const int gemm_streams : {1, 2}) {
+    SCOPED_TRACE(fmt::format("gemm_streams {}", gemm_streams));
+    HarnessOptions options = gpu_options();
+    options.context.gemm_streams = gemm_streams;
+    auto statuses = run_ranks(
+        2,
+        [&](Context& ctx) {
+          const int ws = ctx.world_size();
+          const uint64_t me = static_cast<uint64_t>(ctx.rank());
+          const Dims shard{256, 256}, a2_shape{512, 384};
+          const int64_t n1 = 512, k2 = 384, n2 = 256;
+          std::vector<std::vector<float>> shards;
+          std::vector<double> total(512 * n2, 0.0);
+          for (int r = 0; r < ws; ++r) {
+            const uint64_t u = static_cast<uint64_t>(r);
+            shards.push_back(values_of(shard, DType::kBF16, seed_of({5, u}), Values::kRandom));
+            host_gemm_add(values_of(a2_shape, DType::kBF16, seed_of({7, u}), Values::kRandom),
+                          values_of({k2, n2}, DType::kBF16, seed_of({8, u}), Values::kRandom),
+                          total, 512, k2, n2);
+          }
+          std::vector<double> expected_ag(512 * n1, 0.0);
+          host_gemm_add(gather_host(shards, shard, 0),
+                        values_of({256, n1}, DType::kBF16, seed_of({6}), Values::kRandom),
+                        expected_ag, 512, 256, n1);
+          const auto expected_rs = chunk_host(total, {512, n2}, 0, ws, ctx.rank());
 
-        DeviceTensor a1 =
-            upload_seeded(ctx, shard, DType::kBF16, seed_of({5, me}), Values::kRandom);
-        DeviceTensor b1 =
-            upload_seeded(ctx, {256, n1}, DType::kBF16, seed_of({6}), Values::kRandom);
-        DeviceTensor a2 =
-            upload_seeded(ctx, a2_shape, DType::kBF16, seed_of({7, me}), Values::kRandom);
-        DeviceTensor b2 =
-            upload_seeded(ctx, {k2, n2}, DType::kBF16, seed_of({8, me}), Values::kRandom);
-        const Tensor b1s[] = {*b1};
-        const PathChoice paths[] = {PathChoice::kNative, PathChoice::kFused};
-        std::vector<OwnedTensor> ag_outs, rs_outs;
-        for (int i = 0; i < 8; ++i) {
-          ag_outs.push_back(device_empty(ctx, {512, n1}, DType::kBF16));
-          rs_outs.push_back(device_empty(ctx, {256, n2}, DType::kBF16));
-          const Tensor outs[] = {ag_outs.back().tensor};
-          all_gather_matmul(ctx, *a1, b1s, outs, Tensor(), {.path = paths[i % 2]});
-          matmul_reduce_scatter(ctx, *a2, *b2, rs_outs.back(), {.path = paths[(i / 2) % 2]});
-        }
-        for (int i = 0; i < 8; ++i) {
-          SCOPED_TRACE(fmt::format("layer pair {}", i));
-          EXPECT_LT(rel_error(download(ctx, ag_outs[i]), expected_ag), 1e-2);
-          EXPECT_LT(rel_error(download(ctx, rs_outs[i]), expected_rs), 1e-2);
-        }
-      },
-      gpu_options());
-  EXPECT_RANKS_OK(statuses);
+          DeviceTensor a1 =
+              upload_seeded(ctx, shard, DType::kBF16, seed_of({5, me}), Values::kRandom);
+          DeviceTensor b1 =
+              upload_seeded(ctx, {256, n1}, DType::kBF16, seed_of({6}), Values::kRandom);
+          DeviceTensor a2 =
+              upload_seeded(ctx, a2_shape, DType::kBF16, seed_of({7, me}), Values::kRandom);
+          DeviceTensor b2 =
+              upload_seeded(ctx, {k2, n2}, DType::kBF16, seed_of({8, me}), Values::kRandom);
+          const Tensor b1s[] = {*b1};
+          const PathChoice paths[] = {PathChoice::kNative, PathChoice::kFused};
+          std::vector<OwnedTensor> ag_outs, rs_outs;
+          for (int i = 0; i < 8; ++i) {
+            ag_outs.push_back(device_empty(ctx, {512, n1}, DType::kBF16));
+            rs_outs.push_back(device_empty(ctx, {256, n2}, DType::kBF16));
+            const Tensor outs[] = {ag_outs.back().tensor};
+            all_gather_matmul(ctx, *a1, b1s, outs, Tensor(), {.path = paths[i % 2]});
+            matmul_reduce_scatter(ctx, *a2, *b2, rs_outs.back(), {.path = paths[(i / 2) % 2]});
+          }
+          for (int i = 0; i < 8; ++i) {
+            SCOPED_TRACE(fmt::format("layer pair {}", i));
+            EXPECT_LT(rel_error(download(ctx, ag_outs[i]), expected_ag), 1e-2);
+            EXPECT_LT(rel_error(download(ctx, rs_outs[i]), expected_rs), 1e-2);
+          }
+        },
+        options);
+    EXPECT_RANKS_OK(statuses);
+  }
 }
 
 // ---- failures -------------------------------------------------------------------------------

@@ -1,0 +1,71 @@
+// OpTrace (ops/trace.h): the step marks of the split paths, in the order the op takes its steps,
+// and none while no trace is attached.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "ops/context.h"
+#include "ops/fused_matmul.h"
+#include "support/multiprocess.h"
+
+namespace asynctp {
+namespace {
+
+using ::testing::ElementsAre;
+
+std::vector<std::string> labels_of(const std::vector<std::pair<std::string, double>>& marks) {
+  std::vector<std::string> out;
+  for (const auto& m : marks)
+    out.push_back(m.first);
+  return out;
+}
+
+TEST(OpTrace, MarksTheStepsOfBothSplitPathsInOrder) {
+  auto statuses = testing::run_ranks(3, [](Context& ctx) {
+    const int r = ctx.rank();
+    OwnedTensor a_shard = empty_host({2, 4}, DType::kF32);
+    OwnedTensor b = empty_host({4, 3}, DType::kF32);
+    OwnedTensor gathered_out = empty_host({6, 3}, DType::kF32);
+    OwnedTensor a = empty_host({6, 4}, DType::kF32);
+    OwnedTensor scattered = empty_host({2, 3}, DType::kF32);
+    for (OwnedTensor* t : {&a_shard, &b, &a}) {
+      for (int64_t i = 0; i < (*t)->numel(); ++i)
+        (*t)->data_as<float>()[i] = static_cast<float>((i + r) % 5);
+    }
+    const Tensor bs[] = {b.tensor};
+    const Tensor outs[] = {gathered_out.tensor};
+
+    OpTrace trace(ctx.backend());
+    all_gather_matmul(ctx, a_shard, bs, outs);  // no trace attached: no marks
+    EXPECT_TRUE(trace.read().empty());
+
+    ctx.set_trace(&trace);
+    all_gather_matmul(ctx, a_shard, bs, outs);
+    ctx.set_trace(nullptr);
+    const auto ag = trace.read();
+    const int p1 = (r + 1) % 3, p2 = (r + 2) % 3;
+    // The CPU backend runs every stream eagerly, in the order the op enqueues.
+    EXPECT_THAT(labels_of(ag), ElementsAre("start", "published", fmt::format("gemm {}", r),
+                                           fmt::format("pulled {}", p1),
+                                           fmt::format("pulled {}", p2), fmt::format("gemm {}", p1),
+                                           fmt::format("gemm {}", p2), "joined", "end"));
+    EXPECT_EQ(ag.front().second, 0.0);
+    for (size_t i = 1; i < ag.size(); ++i)
+      EXPECT_GE(ag[i].second, ag[i - 1].second) << ag[i].first;
+
+    trace.clear();
+    ctx.set_trace(&trace);
+    matmul_reduce_scatter(ctx, a, b, scattered);
+    ctx.set_trace(nullptr);
+    EXPECT_THAT(
+        labels_of(trace.read()),
+        ElementsAre("start", "opened", fmt::format("gemm {}", p1), fmt::format("pushed to {}", p1),
+                    fmt::format("gemm {}", p2), fmt::format("pushed to {}", p2),
+                    fmt::format("gemm {}", r), "joined", "barrier", "end"));
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
+}  // namespace
+}  // namespace asynctp
