@@ -7,6 +7,7 @@
 #   STEPS="env tests sanitize bench demo torch"  (default: all of them, in that order)
 #   TORCH_BENCH=path/to/torch_asynctp_bench.py (the anchor script; default .carry/torch_asynctp_bench.py)
 #   GTEST_FILTER=...                        (passed to the GPU test binary)
+#   BENCH_ARGS="--pace 0 ..."               (more options for asynctp bench)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Never NVLink multicast on the shared machines.
@@ -92,7 +93,8 @@ fi
 if step bench; then
   echo "== asynctp bench --suite anchors ($NGPU ranks)"
   from=$(( $(cat "$OUT/clocks.csv" 2>/dev/null | wc -l) + 1 )); sample_clocks
-  "$BIN/asynctp" launch --nproc "$NGPU" --timeout 500 -- "$BIN/asynctp" bench --suite anchors --json \
+  # The dispatcher logs its measurements (info) to bench.err.
+  ASYNCTP_LOG_LEVEL=info "$BIN/asynctp" launch --nproc "$NGPU" --timeout 500 -- "$BIN/asynctp" bench --suite anchors --json ${BENCH_ARGS:-} \
     > "$OUT/bench.jsonl" 2> "$OUT/bench.err" || status=1
   python3 - "$OUT/bench.jsonl" <<'PY' | tee "$OUT/bench.txt"
 import json, sys

@@ -18,6 +18,7 @@
 //
 // Validation: the fused result and the baseline against an f32 reference (the unfused path on
 // f32 copies of the inputs), fused against baseline, and for mm-rs two fused runs bit for bit.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -45,8 +46,11 @@ struct BenchOptions {
   std::string backend = "auto";
   int iters = 30;
   int warmup = 5;
+  double warmup_ms = 0;
+  double pace = 1;
   bool json = false;
   bool graph = true;
+  bool trace = false;
 };
 
 struct Shape {
@@ -95,6 +99,40 @@ void gemm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& d,
   args.b = b;
   args.d = d;
   ctx.backend().gemm(args, stream != nullptr ? *stream : ctx.stream());
+}
+
+// The op's own step marks (ops/trace.h), median over runs started together, printed by every
+// rank: where the time of one path goes.
+void print_trace(Context& ctx, int rank, const std::string& what,
+                 const std::function<void()>& run) {
+  constexpr int kRuns = 15;
+  OpTrace trace(ctx.backend());
+  SymmetricMemory& pad = ctx.workspace().get(ctx.workspace().capacity());
+  std::vector<std::string> labels;
+  std::vector<std::vector<double>> times;
+  for (int i = 0; i < kRuns; ++i) {
+    pad.barrier(0, ctx.stream());
+    trace.clear();
+    ctx.set_trace(&trace);
+    run();
+    ctx.set_trace(nullptr);
+    const auto marks = trace.read();
+    if (i == 0) {
+      for (const auto& m : marks)
+        labels.push_back(m.first);
+      times.resize(marks.size());
+    }
+    for (size_t j = 0; j < marks.size() && j < times.size(); ++j)
+      times[j].push_back(marks[j].second);
+  }
+  std::string line;
+  for (size_t j = 0; j < labels.size(); ++j) {
+    std::sort(times[j].begin(), times[j].end());
+    line +=
+        fmt::format("{}{} {:.1f}", j ? " | " : "", labels[j], 1e3 * times[j][times[j].size() / 2]);
+  }
+  std::fprintf(stderr, "trace rank %d %s (us after start, median of %d): %s\n", rank, what.c_str(),
+               kRuns, line.c_str());
 }
 
 bool bitwise_equal(Context& ctx, const Tensor& x, const Tensor& y) {
@@ -299,13 +337,22 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   }
 #endif
   std::vector<double> host_ms;
-  const std::vector<double> medians = median_ms_interleaved(ctx, fns, o.warmup, o.iters, &host_ms);
+  const bool gpu = ctx.backend().device().is_cuda();
+  const std::vector<double> medians = median_ms_interleaved(
+      ctx, fns, o.warmup, o.iters, &host_ms, gpu ? o.warmup_ms : 0.0, gpu ? o.pace : 0.0);
   for (size_t i = 0; i < slots.size(); ++i) {
     *slots[i] = max_over_ranks(*s.group, medians[i]);
     r.host_us[slot_names[i]] = max_over_ranks(*s.group, host_ms[i]) * 1e3;
   }
   const double comm_ms = bandwidth_gbps > 0 ? r.comm_bytes / (bandwidth_gbps * 1e9) * 1e3 : 0.0;
   r.floor_ms = std::max(r.gemm_ms, comm_ms);
+  if (o.trace && gpu) {
+    std::vector<std::pair<const char*, PathChoice>> paths{{"split", PathChoice::kFused}};
+    if (!std::isnan(r.err_native)) paths.push_back({"native", PathChoice::kNative});
+    for (const auto& [name, path] : paths)
+      print_trace(ctx, s.rank(), fmt::format("{} {} {}", shape.op, shape.label, name),
+                  [&, path = path] { fused_with(path); });
+  }
   return r;
 }
 
@@ -396,6 +443,8 @@ int run_bench(const BenchOptions& o) {
                        {"backend", std::string(ctx.backend().name())},
                        {"dtype", std::string(dtype_name(dtype))},
                        {"iters", o.iters},
+                       {"pace", o.pace},
+                       {"warmup_ms", o.warmup_ms},
                        {"peer_bandwidth_GBps", bandwidth},
                        {"results", rows}};
     std::printf("%s\n", doc.dump().c_str());
@@ -428,8 +477,22 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--warmup", o->warmup, "untimed runs first")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--warmup-ms", o->warmup_ms,
+                  "on a GPU, keep warming up (whole rounds) until this many milliseconds have "
+                  "passed per shape")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--pace", o->pace,
+                  "on a GPU, idle this many times each timed run's duration after it: 1 keeps an "
+                  "H200 under its power cap, at the clocks of short bursts (as PyTorch's anchor "
+                  "script measures); 0 runs back to back (sustained load, power-capped clocks)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
   cmd->add_flag("!--no-graph", o->graph, "skip the CUDA-graph replay");
+  cmd->add_flag("--trace", o->trace,
+                "on a GPU, after timing, print each rank's timeline of the split and native "
+                "paths (the ops' own step marks, median of 15 runs) to stderr");
   cmd->footer(
       "Examples:\n  asynctp launch --nproc 4 -- asynctp bench ag-mm --shape 4096x8192x3584\n"
       "  asynctp launch --nproc 4 -- asynctp bench --suite anchors --json");

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #ifdef ASYNCTP_WITH_CUDA
 #include "device/cuda/cuda_backend.h"
@@ -96,15 +97,38 @@ namespace {
 // events (host clocks on the CPU backend) after `align` (if any); the median per variant.
 std::vector<double> round_robin_medians(Context& ctx, const std::vector<std::function<void()>>& fns,
                                         int warmup, int iters, const std::function<void()>& align,
-                                        std::vector<double>* host_ms = nullptr) {
-  ASYNCTP_CHECK(iters > 0 && warmup >= 0, "iters must be positive and warmup non-negative");
+                                        std::vector<double>* host_ms = nullptr,
+                                        double warmup_ms = 0, double pace = 0) {
+  ASYNCTP_CHECK(iters > 0 && warmup >= 0 && warmup_ms >= 0,
+                "iters must be positive, warmup and warmup_ms non-negative (got {}, {}, {})", iters,
+                warmup, warmup_ms);
   auto start = ctx.backend().create_event(/*timing=*/true);
   auto stop = ctx.backend().create_event(/*timing=*/true);
-  for (int i = 0; i < warmup; ++i) {
+  auto round = [&] {
     for (const auto& fn : fns)
       fn();
-  }
+  };
+  const auto began = std::chrono::steady_clock::now();
+  for (int i = 0; i < warmup; ++i)
+    round();
   ctx.backend().synchronize();
+  if (warmup_ms > 0) {
+    // Keep the GPU busy for warmup_ms in all: a GPU that comes out of a pause (validation, the
+    // previous shape's set-up) runs its first few hundred milliseconds of heavy work at reduced
+    // clocks (seen on the H200s: 1400-1500 MHz, "SW power cap", at 250-500 W, then 1980 MHz).
+    // The ranks agree on the number of rounds: every round is collective.
+    const auto t0 = std::chrono::steady_clock::now();
+    round();
+    ctx.backend().synchronize();
+    const auto t1 = std::chrono::steady_clock::now();
+    const double per_round = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    const double left = warmup_ms - std::chrono::duration<double, std::milli>(t1 - began).count();
+    const double mine = left <= 0 ? 0.0 : std::min(10000.0, std::ceil(left / per_round));
+    const int more = static_cast<int>(max_over_ranks(ctx.group(), mine));
+    for (int i = 0; i < more; ++i)
+      round();
+    ctx.backend().synchronize();
+  }
   ctx.group().barrier("bench");
   std::vector<std::vector<double>> times(fns.size()), host(fns.size());
   // Each round runs the variants in a fresh order, the same on every rank (a fixed seed; the ops
@@ -127,6 +151,10 @@ std::vector<double> round_robin_medians(Context& ctx, const std::vector<std::fun
       stop->record(ctx.stream());
       stop->synchronize();
       times[f].push_back(stop->elapsed_ms(*start));
+      if (pace > 0) {
+        std::this_thread::sleep_for(
+            std::chrono::duration<double, std::milli>(pace * times[f].back()));
+      }
     }
   }
   auto median = [](std::vector<double>& t) {
@@ -152,7 +180,8 @@ double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int 
 
 std::vector<double> median_ms_interleaved(Context& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
-                                          int iters, std::vector<double>* host_ms) {
+                                          int iters, std::vector<double>* host_ms, double warmup_ms,
+                                          double pace) {
   const bool symm = ctx.workspace().unavailable_reason().empty() && ctx.workspace().capacity() > 0;
   return round_robin_medians(
       ctx, fns, warmup, iters,
@@ -163,7 +192,7 @@ std::vector<double> median_ms_interleaved(Context& ctx,
           ctx.group().barrier("bench/align");
         }
       },
-      host_ms);
+      host_ms, warmup_ms, pace);
 }
 
 double max_over_ranks(Group& group, double value) {
@@ -208,15 +237,17 @@ double measure_peer_bandwidth(Context& ctx, size_t bytes_per_peer, int iters) {
   OwnedTensor dst = alloc(ctx, {ws, n}, DType::kF32);
   ctx.backend().fill(sm.buffer(ctx.rank(), {n}, DType::kF32), 1.0f, ctx.stream());
   sm.barrier(0, ctx.stream());
-  const double ms = median_ms(
-      ctx,
-      [&] {
+  // Every rank starts each run together (device barrier): unaligned, a rank's pulls overlapped
+  // a varying share of its peers' and the result moved between 214 and 324 GB/s at ws 4 (the
+  // pattern alone, aligned, gives 350).
+  const double ms = median_ms_interleaved(
+      ctx, {[&] {
         for (int i = 1; i < ws; ++i) {
           const int peer = (ctx.rank() + i) % ws;
           ctx.backend().copy(dst->select(0, peer), sm.buffer(peer, {n}, DType::kF32), ctx.stream());
         }
-      },
-      1, iters);
+      }},
+      3, iters)[0];
   sm.barrier(0, ctx.stream());
   const double slowest = max_over_ranks(ctx.group(), ms);
   return static_cast<double>(n) * 4 * (ws - 1) / (slowest * 1e-3) / 1e9;

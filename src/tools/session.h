@@ -44,9 +44,15 @@ double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int 
 // or the group's barrier without symmetric memory), so that a variant with communication does
 // not pay for how far apart the ranks finished the previous one. host_ms (optional): the median
 // host time each variant's call took to return (its enqueueing, on an asynchronous backend).
+// warmup_ms: after the `warmup` rounds, more rounds until that much time has passed (the same
+// number on every rank). pace: after each timed run the host idles pace x that run's time, so
+// the GPU works at most 1/(1+pace) of the time: back to back (pace 0) an H200 reaches its 700 W
+// cap within a few hundred ms and drops its SM clock from 1980 to 1400-1650 MHz, while short
+// bursts from idle (PyTorch's anchor script: 35 runs per column) stay at 1980 MHz.
 std::vector<double> median_ms_interleaved(Context& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
-                                          int iters, std::vector<double>* host_ms = nullptr);
+                                          int iters, std::vector<double>* host_ms = nullptr,
+                                          double warmup_ms = 0, double pace = 0);
 
 // The largest of every rank's value (each rank passes its own); the same result on every rank.
 double max_over_ranks(Group& group, double value);
