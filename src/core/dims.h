@@ -14,11 +14,11 @@
 
 namespace asynctp {
 
-
 class Dims {
  public:
   Dims() = default;
-  Dims(std::initializer_list<int64_t> values) : Dims(std::span<const int64_t>(values.begin(), values.size())) {}
+  Dims(std::initializer_list<int64_t> values)
+      : Dims(std::span<const int64_t>(values.begin(), values.size())) {}
   explicit Dims(std::span<const int64_t> values) {
     ASYNCTP_CHECK(values.size() <= kMaxDims, "at most {} dims are supported, got {}", kMaxDims,
                   values.size());
@@ -26,7 +26,8 @@ class Dims {
     std::copy(values.begin(), values.end(), data_.begin());
   }
   static Dims filled(int size, int64_t value) {
-    ASYNCTP_CHECK(size >= 0 && size <= kMaxDims, "dims size {} out of range [0, {}]", size, kMaxDims);
+    ASYNCTP_CHECK(size >= 0 && size <= kMaxDims, "dims size {} out of range [0, {}]", size,
+                  kMaxDims);
     Dims d;
     d.size_ = size;
     std::fill_n(d.data_.begin(), size, value);
@@ -61,7 +62,8 @@ class Dims {
 
   int64_t product() const {
     int64_t p = 1;
-    for (int i = 0; i < size_; ++i) p *= data_[i];
+    for (int i = 0; i < size_; ++i)
+      p *= data_[i];
     return p;
   }
   std::string to_string() const { return fmt::format("[{}]", fmt::join(span(), ", ")); }

@@ -51,8 +51,12 @@ struct Float8E5M2 {
   uint8_t bits;
 };
 
-inline float bits_to_float(uint32_t bits) { return std::bit_cast<float>(bits); }
-inline uint32_t float_to_bits(float value) { return std::bit_cast<uint32_t>(value); }
+inline float bits_to_float(uint32_t bits) {
+  return std::bit_cast<float>(bits);
+}
+inline uint32_t float_to_bits(float value) {
+  return std::bit_cast<uint32_t>(value);
+}
 
 uint16_t float_to_bf16_bits(float value);
 float bf16_bits_to_float(uint16_t bits);
@@ -67,11 +71,21 @@ inline constexpr float kF8E4M3Max = 448.0f;
 inline constexpr float kF8E5M2Max = 57344.0f;
 
 // to_float / from_float over the storage types, for templated CPU loops.
-inline float to_float(float v) { return v; }
-inline float to_float(BFloat16 v) { return bf16_bits_to_float(v.bits); }
-inline float to_float(Float16 v) { return f16_bits_to_float(v.bits); }
-inline float to_float(Float8E4M3 v) { return f8e4m3_bits_to_float(v.bits); }
-inline float to_float(Float8E5M2 v) { return f8e5m2_bits_to_float(v.bits); }
+inline float to_float(float v) {
+  return v;
+}
+inline float to_float(BFloat16 v) {
+  return bf16_bits_to_float(v.bits);
+}
+inline float to_float(Float16 v) {
+  return f16_bits_to_float(v.bits);
+}
+inline float to_float(Float8E4M3 v) {
+  return f8e4m3_bits_to_float(v.bits);
+}
+inline float to_float(Float8E5M2 v) {
+  return f8e5m2_bits_to_float(v.bits);
+}
 
 template <typename T>
 T from_float(float v) {
@@ -116,11 +130,16 @@ struct StorageOf<DType::kF8E5M2> {
 template <typename Fn>
 decltype(auto) dispatch_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::kF32: return fn(float{});
-    case DType::kBF16: return fn(BFloat16{});
-    case DType::kF16: return fn(Float16{});
-    case DType::kF8E4M3: return fn(Float8E4M3{});
-    case DType::kF8E5M2: return fn(Float8E5M2{});
+    case DType::kF32:
+      return fn(float{});
+    case DType::kBF16:
+      return fn(BFloat16{});
+    case DType::kF16:
+      return fn(Float16{});
+    case DType::kF8E4M3:
+      return fn(Float8E4M3{});
+    case DType::kF8E5M2:
+      return fn(Float8E5M2{});
   }
   ASYNCTP_FAIL("unknown dtype {}", static_cast<int>(dtype));
 }

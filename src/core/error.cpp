@@ -13,8 +13,7 @@ std::string_view short_path(const char* file) {
   return path;
 }
 
-void throw_check_failure(const char* file, int line, const char* expr,
-                         const std::string& message) {
+void throw_check_failure(const char* file, int line, const char* expr, const std::string& message) {
   if (expr == nullptr) {
     throw Error(fmt::format("{} ({}:{})", message, short_path(file), line));
   }

@@ -61,7 +61,9 @@ ASYNCTP_HD uint16_t float_to_bf16(float value) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-ASYNCTP_HD float bf16_to_float(uint16_t b) { return f32_from(static_cast<uint32_t>(b) << 16); }
+ASYNCTP_HD float bf16_to_float(uint16_t b) {
+  return f32_from(static_cast<uint32_t>(b) << 16);
+}
 
 ASYNCTP_HD uint16_t float_to_f16(float value) {
   const uint32_t u = f32_bits(value);

@@ -10,8 +10,8 @@ namespace asynctp {
 
 namespace {
 std::shared_ptr<spdlog::logger> make_logger() {
-  auto logger = std::make_shared<spdlog::logger>(
-      "asynctp", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  auto logger = std::make_shared<spdlog::logger>("asynctp",
+                                                 std::make_shared<spdlog::sinks::stderr_sink_mt>());
   logger->set_pattern("asynctp %L: %v");
   auto level = spdlog::level::warn;
   if (const char* env = std::getenv("ASYNCTP_LOG_LEVEL"); env != nullptr && *env != '\0') {

@@ -13,11 +13,14 @@ enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kF8E5M2 };
 
 constexpr size_t element_size(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
+    case DType::kF32:
+      return 4;
     case DType::kBF16:
-    case DType::kF16: return 2;
+    case DType::kF16:
+      return 2;
     case DType::kF8E4M3:
-    case DType::kF8E5M2: return 1;
+    case DType::kF8E5M2:
+      return 1;
   }
   return 0;
 }

@@ -22,7 +22,12 @@ Tensor::Tensor(void* data, DType dtype, Dims shape, Device device)
     : Tensor(data, dtype, shape, contiguous_strides(shape), device) {}
 
 Tensor::Tensor(void* data, DType dtype, Dims shape, Dims strides, Device device)
-    : data_(data), dtype_(dtype), device_(device), shape_(shape), strides_(strides), defined_(true) {
+    : data_(data),
+      dtype_(dtype),
+      device_(device),
+      shape_(shape),
+      strides_(strides),
+      defined_(true) {
   ASYNCTP_CHECK(shape.size() == strides.size(), "shape {} and strides {} differ in rank", shape,
                 strides);
   for (int i = 0; i < shape.size(); ++i) {
@@ -36,8 +41,8 @@ Tensor::Tensor(void* data, DType dtype, Dims shape, Dims strides, Device device)
 
 int Tensor::wrap_dim(int d) const {
   const int n = dim();
-  ASYNCTP_CHECK(d >= -n && d < n && n > 0, "dim {} out of range for a tensor of rank {} ({})", d,
-                n, describe());
+  ASYNCTP_CHECK(d >= -n && d < n && n > 0, "dim {} out of range for a tensor of rank {} ({})", d, n,
+                describe());
   return d < 0 ? d + n : d;
 }
 
@@ -55,7 +60,8 @@ bool Tensor::is_contiguous() const {
 size_t Tensor::extent_bytes() const {
   if (numel() == 0) return 0;
   int64_t last = 0;
-  for (int i = 0; i < dim(); ++i) last += (shape_[i] - 1) * strides_[i];
+  for (int i = 0; i < dim(); ++i)
+    last += (shape_[i] - 1) * strides_[i];
   return static_cast<size_t>(last + 1) * element_size();
 }
 
@@ -134,11 +140,14 @@ Tensor Tensor::flatten(int start_dim, int end_dim) const {
   end_dim = wrap_dim(end_dim);
   ASYNCTP_CHECK(start_dim <= end_dim, "flatten start_dim {} > end_dim {}", start_dim, end_dim);
   Dims shape;
-  for (int i = 0; i < start_dim; ++i) shape.push_back(shape_[i]);
+  for (int i = 0; i < start_dim; ++i)
+    shape.push_back(shape_[i]);
   int64_t merged = 1;
-  for (int i = start_dim; i <= end_dim; ++i) merged *= shape_[i];
+  for (int i = start_dim; i <= end_dim; ++i)
+    merged *= shape_[i];
   shape.push_back(merged);
-  for (int i = end_dim + 1; i < dim(); ++i) shape.push_back(shape_[i]);
+  for (int i = end_dim + 1; i < dim(); ++i)
+    shape.push_back(shape_[i]);
   return view(shape);
 }
 
@@ -196,8 +205,8 @@ Tensor Tensor::view(Dims shape) const {
                 describe(), numel(), shape, shape.product());
   Dims strides;
   ASYNCTP_CHECK(compute_view_strides(shape_, strides_, shape, &strides),
-                "cannot view {} as {}: its strides are not compatible (copy it first)",
-                describe(), shape);
+                "cannot view {} as {}: its strides are not compatible (copy it first)", describe(),
+                shape);
   Tensor out = *this;
   out.shape_ = shape;
   out.strides_ = strides;

@@ -9,15 +9,19 @@ namespace asynctp {
 void validate_all_gather(const Tensor& out, const Tensor& in, int world_size) {
   ASYNCTP_CHECK(in.defined() && out.defined(), "all_gather: input and output must be given");
   ASYNCTP_CHECK(in.is_contiguous() && out.is_contiguous(),
-                "all_gather: input {} and output {} must be contiguous", in.describe(), out.describe());
+                "all_gather: input {} and output {} must be contiguous", in.describe(),
+                out.describe());
   ASYNCTP_CHECK(in.dtype() == out.dtype(), "all_gather: input is {} but output is {}", in.dtype(),
                 out.dtype());
-  ASYNCTP_CHECK(in.dim() >= 1 && out.dim() == in.dim(), "all_gather: input {} and output {} must "
-                "have the same rank (>= 1)", in.describe(), out.describe());
+  ASYNCTP_CHECK(in.dim() >= 1 && out.dim() == in.dim(),
+                "all_gather: input {} and output {} must "
+                "have the same rank (>= 1)",
+                in.describe(), out.describe());
   Dims expected = in.shape();
   expected[0] *= world_size;
-  ASYNCTP_CHECK(out.shape() == expected, "all_gather: output must be {} for input {} on {} ranks, got {}",
-                expected, in.describe(), world_size, out.describe());
+  ASYNCTP_CHECK(out.shape() == expected,
+                "all_gather: output must be {} for input {} on {} ranks, got {}", expected,
+                in.describe(), world_size, out.describe());
 }
 
 void validate_reduce_scatter(const Tensor& out, const Tensor& in, int world_size) {
@@ -31,8 +35,8 @@ void validate_reduce_scatter(const Tensor& out, const Tensor& in, int world_size
                 "reduce_scatter: input {} and output {} must have the same rank (>= 1)",
                 in.describe(), out.describe());
   ASYNCTP_CHECK(in.size(0) % world_size == 0,
-                "reduce_scatter: input dim 0 ({}) is not divisible by the world size {}", in.size(0),
-                world_size);
+                "reduce_scatter: input dim 0 ({}) is not divisible by the world size {}",
+                in.size(0), world_size);
   Dims expected = in.shape();
   expected[0] /= world_size;
   ASYNCTP_CHECK(out.shape() == expected, "reduce_scatter: output must be {} for input {}, got {}",
@@ -61,8 +65,9 @@ class StoreCommunicator final : public Communicator {
     const auto chunks = out.chunk(group_.world_size(), 0);
     for (int r = 0; r < group_.world_size(); ++r) {
       const std::string data = group_.store().get(fmt::format("{}/{}", key, r));
-      ASYNCTP_CHECK(data.size() == chunks[r].nbytes(), "all_gather: rank {} sent {} bytes, expected {}",
-                    r, data.size(), chunks[r].nbytes());
+      ASYNCTP_CHECK(data.size() == chunks[r].nbytes(),
+                    "all_gather: rank {} sent {} bytes, expected {}", r, data.size(),
+                    chunks[r].nbytes());
       std::memcpy(chunks[r].data(), data.data(), data.size());
     }
     finish(key);
@@ -77,15 +82,19 @@ class StoreCommunicator final : public Communicator {
     for (int dst = 0; dst < ws; ++dst) {
       group_.store().set(fmt::format("{}/{}/{}", key, rank, dst), bytes_of(chunks[dst]));
     }
-    reduce_from(key, [&](int src) { return fmt::format("{}/{}/{}", key, src, rank); }, out, op, stream);
-    for (int dst = 0; dst < ws; ++dst) group_.store().erase(fmt::format("{}/{}/{}", key, rank, dst));
+    reduce_from(
+        key, [&](int src) { return fmt::format("{}/{}/{}", key, src, rank); }, out, op, stream);
+    for (int dst = 0; dst < ws; ++dst)
+      group_.store().erase(fmt::format("{}/{}/{}", key, rank, dst));
   }
 
   void all_reduce(const Tensor& inout, ReduceOp op, Stream& stream) override {
-    ASYNCTP_CHECK(inout.is_contiguous(), "all_reduce: tensor {} must be contiguous", inout.describe());
+    ASYNCTP_CHECK(inout.is_contiguous(), "all_reduce: tensor {} must be contiguous",
+                  inout.describe());
     const std::string key = group_.next_key("coll/all_reduce");
     group_.store().set(fmt::format("{}/{}", key, group_.rank()), bytes_of(inout));
-    reduce_from(key, [&](int src) { return fmt::format("{}/{}", key, src); }, inout, op, stream);
+    reduce_from(
+        key, [&](int src) { return fmt::format("{}/{}", key, src); }, inout, op, stream);
     group_.store().erase(fmt::format("{}/{}", key, group_.rank()));
   }
 
@@ -99,8 +108,9 @@ class StoreCommunicator final : public Communicator {
     data.reserve(group_.world_size());
     for (int src = 0; src < group_.world_size(); ++src) {
       data.push_back(group_.store().get(key_of(src)));
-      ASYNCTP_CHECK(data.back().size() == out.nbytes(), "reduce: rank {} sent {} bytes, expected {}",
-                    src, data.back().size(), out.nbytes());
+      ASYNCTP_CHECK(data.back().size() == out.nbytes(),
+                    "reduce: rank {} sent {} bytes, expected {}", src, data.back().size(),
+                    out.nbytes());
       inputs.push_back(out.with_data(data.back().data()));
     }
     backend_.reduce(out, inputs, op, stream);

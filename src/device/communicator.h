@@ -21,8 +21,7 @@ class Communicator {
   // out [world * n, ...] <- every rank's in [n, ...], in rank order.
   virtual void all_gather(const Tensor& out, const Tensor& in, Stream& stream) = 0;
   // out [n, ...] <- op over ranks of in[rank * n : (rank + 1) * n].
-  virtual void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op,
-                              Stream& stream) = 0;
+  virtual void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, Stream& stream) = 0;
   virtual void all_reduce(const Tensor& inout, ReduceOp op, Stream& stream) = 0;
 };
 

@@ -43,24 +43,30 @@ void check_host(const Tensor& t, const char* what) {
 }
 
 // Loads n elements of a strided row as f32.
-void load_row(DType dtype, const void* base, int64_t offset, int64_t stride, int64_t n, float* out) {
+void load_row(DType dtype, const void* base, int64_t offset, int64_t stride, int64_t n,
+              float* out) {
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* p = static_cast<const T*>(base) + offset;
-    for (int64_t j = 0; j < n; ++j) out[j] = to_float(p[j * stride]);
+    for (int64_t j = 0; j < n; ++j)
+      out[j] = to_float(p[j * stride]);
   });
 }
 
-void store_row(DType dtype, void* base, int64_t offset, int64_t stride, int64_t n, const float* in) {
+void store_row(DType dtype, void* base, int64_t offset, int64_t stride, int64_t n,
+               const float* in) {
   dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     T* p = static_cast<T*>(base) + offset;
-    for (int64_t j = 0; j < n; ++j) p[j * stride] = from_float<T>(in[j]);
+    for (int64_t j = 0; j < n; ++j)
+      p[j * stride] = from_float<T>(in[j]);
   });
 }
 
 // Views a 2-D or 3-D GEMM operand as 3-D (batch 1 for 2-D; batch stride 0 when shared).
-Tensor as_batched(const Tensor& t) { return t.dim() == 3 ? t : t.unsqueeze(0); }
+Tensor as_batched(const Tensor& t) {
+  return t.dim() == 3 ? t : t.unsqueeze(0);
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -97,7 +103,8 @@ class CpuBackend final : public Backend {
         if (ds == 1 && ss == 1) {
           std::memmove(dp, sp, n * esize);
         } else {
-          for (int64_t j = 0; j < n; ++j) std::memcpy(dp + j * ds * esize, sp + j * ss * esize, esize);
+          for (int64_t j = 0; j < n; ++j)
+            std::memcpy(dp + j * ds * esize, sp + j * ss * esize, esize);
         }
       } else {
         load_row(s.dtype(), s.data(), off[1], ss, n, row.data());
@@ -118,7 +125,8 @@ class CpuBackend final : public Backend {
 
   void gemm(const GemmArgs& args, Stream&) override {
     validate_gemm(args);
-    for (const Tensor* t : {&args.a, &args.b, &args.d}) check_host(*t, "a GEMM operand");
+    for (const Tensor* t : {&args.a, &args.b, &args.d})
+      check_host(*t, "a GEMM operand");
     const Tensor a = as_batched(args.a);
     const Tensor b = as_batched(args.b);
     const Tensor d = as_batched(args.d);
@@ -143,7 +151,8 @@ class CpuBackend final : public Backend {
         }
       }
       for (int64_t i = 0; i < m; ++i) {
-        load_row(a.dtype(), a.data(), bi * a.stride(0) + i * a.stride(1), a.stride(2), k, a_row.data());
+        load_row(a.dtype(), a.data(), bi * a.stride(0) + i * a.stride(1), a.stride(2), k,
+                 a_row.data());
         const int64_t d_off = bi * d.stride(0) + i * d.stride(1);
         if (args.accumulate) {
           load_row(d.dtype(), d.data(), d_off, d.stride(2), n, acc.data());
@@ -154,12 +163,15 @@ class CpuBackend final : public Backend {
         for (int64_t kk = 0; kk < k; ++kk) {
           const float av = a_row[kk];
           const float* brow = b_panel.data() + kk * n;
-          for (int64_t j = 0; j < n; ++j) acc[j] += av * brow[j];
+          for (int64_t j = 0; j < n; ++j)
+            acc[j] += av * brow[j];
         }
         if (scaled) {
           float sa_i = sa_all;
-          if (sa.defined()) load_row(sa.dtype(), sa.data(), bi * sa.stride(0) + i * sa.stride(1), 1, 1, &sa_i);
-          for (int64_t j = 0; j < n; ++j) acc[j] = acc[j] * sa_i * sb_row[j];
+          if (sa.defined())
+            load_row(sa.dtype(), sa.data(), bi * sa.stride(0) + i * sa.stride(1), 1, 1, &sa_i);
+          for (int64_t j = 0; j < n; ++j)
+            acc[j] = acc[j] * sa_i * sb_row[j];
         }
         store_row(d.dtype(), d.data(), d_off, d.stride(2), n, acc.data());
       }
@@ -177,7 +189,8 @@ class CpuBackend final : public Backend {
     if (out.numel() == 0) return;
     const Tensor o = out.dim() == 0 ? out.unsqueeze(0) : out;
     std::vector<Tensor> ins;
-    for (const auto& t : inputs) ins.push_back(t.dim() == 0 ? t.unsqueeze(0) : t);
+    for (const auto& t : inputs)
+      ins.push_back(t.dim() == 0 ? t.unsqueeze(0) : t);
     const int64_t n = o.size(-1);
     std::vector<float> acc(n), row(n);
     const float count = static_cast<float>(ins.size());
@@ -188,16 +201,20 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < rows; ++r) {
       auto offset_of = [&](const Tensor& t) {
         int64_t off = 0;
-        for (int dd = 0; dd < rows_rank; ++dd) off += index[dd] * t.stride(dd);
+        for (int dd = 0; dd < rows_rank; ++dd)
+          off += index[dd] * t.stride(dd);
         return off;
       };
       load_row(ins[0].dtype(), ins[0].data(), offset_of(ins[0]), ins[0].stride(-1), n, acc.data());
       for (size_t i = 1; i < ins.size(); ++i) {
-        load_row(ins[i].dtype(), ins[i].data(), offset_of(ins[i]), ins[i].stride(-1), n, row.data());
-        for (int64_t j = 0; j < n; ++j) acc[j] += row[j];
+        load_row(ins[i].dtype(), ins[i].data(), offset_of(ins[i]), ins[i].stride(-1), n,
+                 row.data());
+        for (int64_t j = 0; j < n; ++j)
+          acc[j] += row[j];
       }
       if (op == ReduceOp::kAvg) {
-        for (int64_t j = 0; j < n; ++j) acc[j] /= count;
+        for (int64_t j = 0; j < n; ++j)
+          acc[j] /= count;
       }
       store_row(o.dtype(), o.data(), offset_of(o), o.stride(-1), n, acc.data());
       for (int dd = rows_rank - 1; dd >= 0; --dd) {
@@ -221,9 +238,15 @@ class CpuBackend final : public Backend {
       load_row(x.dtype(), x.data(), off[1], x.stride(-1), n, row.data());
       for (float& v : row) {
         switch (op) {
-          case UnaryOp::kSilu: v = v / (1.0f + std::exp(-v)); break;
-          case UnaryOp::kRelu: v = v > 0.0f ? v : (std::isnan(v) ? v : 0.0f); break;
-          case UnaryOp::kGelu: v = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f)); break;
+          case UnaryOp::kSilu:
+            v = v / (1.0f + std::exp(-v));
+            break;
+          case UnaryOp::kRelu:
+            v = v > 0.0f ? v : (std::isnan(v) ? v : 0.0f);
+            break;
+          case UnaryOp::kGelu:
+            v = 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
+            break;
         }
       }
       store_row(o.dtype(), o.data(), off[0], o.stride(-1), n, row.data());
@@ -242,6 +265,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
 
 }  // namespace asynctp

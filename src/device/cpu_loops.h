@@ -25,9 +25,11 @@ void for_each_row(const Dims& shape, const std::array<const Dims*, N>& strides, 
     int d = outer - 1;
     for (; d >= 0; --d) {
       ++index[d];
-      for (size_t t = 0; t < N; ++t) offsets[t] += (*strides[t])[d];
+      for (size_t t = 0; t < N; ++t)
+        offsets[t] += (*strides[t])[d];
       if (index[d] < shape[d]) break;
-      for (size_t t = 0; t < N; ++t) offsets[t] -= (*strides[t])[d] * shape[d];
+      for (size_t t = 0; t < N; ++t)
+        offsets[t] -= (*strides[t])[d] * shape[d];
       index[d] = 0;
     }
     if (d < 0) return;

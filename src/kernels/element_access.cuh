@@ -11,22 +11,37 @@ namespace asynctp::kernels::detail {
 
 __device__ __forceinline__ float load_f32(const void* base, DType dtype, int64_t i) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(base)[i];
-    case DType::kBF16: return bits::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF16: return bits::f16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::kF8E4M3: return bits::f8e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
-    case DType::kF8E5M2: return bits::f8e5m2_to_float(static_cast<const uint8_t*>(base)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kBF16:
+      return bits::bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF16:
+      return bits::f16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::kF8E4M3:
+      return bits::f8e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
+    case DType::kF8E5M2:
+      return bits::f8e5m2_to_float(static_cast<const uint8_t*>(base)[i]);
   }
   return 0.0f;
 }
 
 __device__ __forceinline__ void store_f32(void* base, DType dtype, int64_t i, float v) {
   switch (dtype) {
-    case DType::kF32: static_cast<float*>(base)[i] = v; return;
-    case DType::kBF16: static_cast<uint16_t*>(base)[i] = bits::float_to_bf16(v); return;
-    case DType::kF16: static_cast<uint16_t*>(base)[i] = bits::float_to_f16(v); return;
-    case DType::kF8E4M3: static_cast<uint8_t*>(base)[i] = bits::float_to_f8e4m3(v, false); return;
-    case DType::kF8E5M2: static_cast<uint8_t*>(base)[i] = bits::float_to_f8e5m2(v, false); return;
+    case DType::kF32:
+      static_cast<float*>(base)[i] = v;
+      return;
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[i] = bits::float_to_bf16(v);
+      return;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[i] = bits::float_to_f16(v);
+      return;
+    case DType::kF8E4M3:
+      static_cast<uint8_t*>(base)[i] = bits::float_to_f8e4m3(v, false);
+      return;
+    case DType::kF8E5M2:
+      static_cast<uint8_t*>(base)[i] = bits::float_to_f8e5m2(v, false);
+      return;
   }
 }
 

@@ -13,7 +13,8 @@ using detail::store_f32;
 constexpr int kThreads = 256;
 
 __global__ void copy_kernel(KTensor dst, KTensor src, int64_t n, bool dst_contig, bool src_contig) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const float v = load_f32(src.data, src.dtype, src_contig ? i : offset_of(src, i));
     store_f32(dst.data, dst.dtype, dst_contig ? i : offset_of(dst, i), v);
   }
@@ -22,37 +23,47 @@ __global__ void copy_kernel(KTensor dst, KTensor src, int64_t n, bool dst_contig
 // Same dtype: move raw bytes (no rounding), element size 1, 2 or 4.
 template <typename T>
 __global__ void raw_copy_kernel(KTensor dst, KTensor src, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    static_cast<T*>(dst.data)[offset_of(dst, i)] = static_cast<const T*>(src.data)[offset_of(src, i)];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    static_cast<T*>(dst.data)[offset_of(dst, i)] =
+        static_cast<const T*>(src.data)[offset_of(src, i)];
   }
 }
 
 __global__ void fill_kernel(KTensor dst, float value, int64_t n, bool contig) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     store_f32(dst.data, dst.dtype, contig ? i : offset_of(dst, i), value);
   }
 }
 
 __device__ __forceinline__ float apply_unary(int op, float v) {
   switch (op) {
-    case 0: return v / (1.0f + expf(-v));
-    case 1: return v > 0.0f ? v : (isnan(v) ? v : 0.0f);
-    default: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    case 0:
+      return v / (1.0f + expf(-v));
+    case 1:
+      return v > 0.0f ? v : (isnan(v) ? v : 0.0f);
+    default:
+      return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
   }
 }
 
-__global__ void unary_kernel(int op, KTensor dst, KTensor src, int64_t n, bool dst_contig, bool src_contig) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+__global__ void unary_kernel(int op, KTensor dst, KTensor src, int64_t n, bool dst_contig,
+                             bool src_contig) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const float v = load_f32(src.data, src.dtype, src_contig ? i : offset_of(src, i));
     store_f32(dst.data, dst.dtype, dst_contig ? i : offset_of(dst, i), apply_unary(op, v));
   }
 }
 
-__global__ void scale_epilogue_kernel(void* d, DType d_dtype, int64_t ldd, const float* src, int64_t rows,
-                                      int64_t cols, const float* row_scale, bool row_broadcast,
-                                      const float* col_scale, bool col_broadcast) {
+__global__ void scale_epilogue_kernel(void* d, DType d_dtype, int64_t ldd, const float* src,
+                                      int64_t rows, int64_t cols, const float* row_scale,
+                                      bool row_broadcast, const float* col_scale,
+                                      bool col_broadcast) {
   const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / cols, c = i % cols;
     float v = src[i];
     if (row_scale != nullptr) v = v * row_scale[row_broadcast ? 0 : r];
@@ -69,9 +80,15 @@ cudaError_t copy(const KTensor& dst, const KTensor& src, cudaStream_t stream) {
   const int grid = detail::grid_for(n, kThreads);
   if (dst.dtype == src.dtype) {
     switch (element_size(dst.dtype)) {
-      case 1: raw_copy_kernel<uint8_t><<<grid, kThreads, 0, stream>>>(dst, src, n); break;
-      case 2: raw_copy_kernel<uint16_t><<<grid, kThreads, 0, stream>>>(dst, src, n); break;
-      default: raw_copy_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(dst, src, n); break;
+      case 1:
+        raw_copy_kernel<uint8_t><<<grid, kThreads, 0, stream>>>(dst, src, n);
+        break;
+      case 2:
+        raw_copy_kernel<uint16_t><<<grid, kThreads, 0, stream>>>(dst, src, n);
+        break;
+      default:
+        raw_copy_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(dst, src, n);
+        break;
     }
   } else {
     copy_kernel<<<grid, kThreads, 0, stream>>>(dst, src, n, dst.contiguous(), src.contiguous());
@@ -82,15 +99,16 @@ cudaError_t copy(const KTensor& dst, const KTensor& src, cudaStream_t stream) {
 cudaError_t fill(const KTensor& dst, float value, cudaStream_t stream) {
   const int64_t n = dst.numel();
   if (n == 0) return cudaSuccess;
-  fill_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(dst, value, n, dst.contiguous());
+  fill_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(dst, value, n,
+                                                                      dst.contiguous());
   return cudaGetLastError();
 }
 
 cudaError_t unary(int op, const KTensor& dst, const KTensor& src, cudaStream_t stream) {
   const int64_t n = dst.numel();
   if (n == 0) return cudaSuccess;
-  unary_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(op, dst, src, n, dst.contiguous(),
-                                                                        src.contiguous());
+  unary_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(
+      op, dst, src, n, dst.contiguous(), src.contiguous());
   return cudaGetLastError();
 }
 

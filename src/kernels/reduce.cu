@@ -29,8 +29,10 @@ struct alignas(16) Vec {
 template <DType D>
 __device__ __forceinline__ float vec_load(const uint8_t* v, int k) {
   if constexpr (D == DType::kF32) return reinterpret_cast<const float*>(v)[k];
-  if constexpr (D == DType::kBF16) return bits::bf16_to_float(reinterpret_cast<const uint16_t*>(v)[k]);
-  if constexpr (D == DType::kF16) return bits::f16_to_float(reinterpret_cast<const uint16_t*>(v)[k]);
+  if constexpr (D == DType::kBF16)
+    return bits::bf16_to_float(reinterpret_cast<const uint16_t*>(v)[k]);
+  if constexpr (D == DType::kF16)
+    return bits::f16_to_float(reinterpret_cast<const uint16_t*>(v)[k]);
   if constexpr (D == DType::kF8E4M3) return bits::f8e4m3_to_float(v[k]);
   if constexpr (D == DType::kF8E5M2) return bits::f8e5m2_to_float(v[k]);
   return 0.0f;
@@ -52,45 +54,54 @@ constexpr int elem_bytes() {
 
 // Same dtype in and out, contiguous, 16-byte aligned, numel a multiple of the vector width.
 template <DType D>
-__global__ void reduce_vec_kernel(void* out, InputPointers in, int count, int64_t vectors, bool avg) {
+__global__ void reduce_vec_kernel(void* out, InputPointers in, int count, int64_t vectors,
+                                  bool avg) {
   constexpr int kPer = 16 / elem_bytes<D>();
-  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vectors; v += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vectors;
+       v += int64_t(gridDim.x) * blockDim.x) {
     float acc[kPer];
     Vec x = reinterpret_cast<const Vec*>(in.ptr[0])[v];
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) acc[k] = vec_load<D>(x.b, k);
+    for (int k = 0; k < kPer; ++k)
+      acc[k] = vec_load<D>(x.b, k);
     for (int j = 1; j < count; ++j) {
       x = reinterpret_cast<const Vec*>(in.ptr[j])[v];
 #pragma unroll
-      for (int k = 0; k < kPer; ++k) acc[k] += vec_load<D>(x.b, k);
+      for (int k = 0; k < kPer; ++k)
+        acc[k] += vec_load<D>(x.b, k);
     }
     Vec y;
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) vec_store<D>(y.b, k, avg ? acc[k] / static_cast<float>(count) : acc[k]);
+    for (int k = 0; k < kPer; ++k)
+      vec_store<D>(y.b, k, avg ? acc[k] / static_cast<float>(count) : acc[k]);
     reinterpret_cast<Vec*>(out)[v] = y;
   }
 }
 
-__global__ void reduce_generic_kernel(KTensor out, InputPointers in, int count, KTensor layout, int64_t n,
-                                      bool avg) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+__global__ void reduce_generic_kernel(KTensor out, InputPointers in, int count, KTensor layout,
+                                      int64_t n, bool avg) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t off = offset_of(layout, i);
     float acc = load_f32(in.ptr[0], layout.dtype, off);
-    for (int j = 1; j < count; ++j) acc += load_f32(in.ptr[j], layout.dtype, off);
+    for (int j = 1; j < count; ++j)
+      acc += load_f32(in.ptr[j], layout.dtype, off);
     if (avg) acc /= static_cast<float>(count);
     store_f32(out.data, out.dtype, offset_of(out, i), acc);
   }
 }
 
 template <DType D>
-void launch_vec(void* out, const InputPointers& in, int count, int64_t vectors, bool avg, cudaStream_t stream) {
-  reduce_vec_kernel<D><<<detail::grid_for(vectors, kThreads), kThreads, 0, stream>>>(out, in, count, vectors, avg);
+void launch_vec(void* out, const InputPointers& in, int count, int64_t vectors, bool avg,
+                cudaStream_t stream) {
+  reduce_vec_kernel<D>
+      <<<detail::grid_for(vectors, kThreads), kThreads, 0, stream>>>(out, in, count, vectors, avg);
 }
 
 }  // namespace
 
-cudaError_t reduce(const KTensor& out, const void* const* inputs, int count, const KTensor& in_layout,
-                   bool avg, cudaStream_t stream) {
+cudaError_t reduce(const KTensor& out, const void* const* inputs, int count,
+                   const KTensor& in_layout, bool avg, cudaStream_t stream) {
   if (count < 1 || count > kMaxReduceInputs) return cudaErrorInvalidValue;
   const int64_t n = out.numel();
   if (n == 0) return cudaSuccess;
@@ -101,19 +112,30 @@ cudaError_t reduce(const KTensor& out, const void* const* inputs, int count, con
     aligned = aligned && reinterpret_cast<uintptr_t>(inputs[j]) % 16 == 0;
   }
   const int64_t esize = static_cast<int64_t>(element_size(out.dtype));
-  const bool vec = aligned && out.dtype == in_layout.dtype && out.contiguous() && in_layout.contiguous() &&
-                   (n * esize) % 16 == 0;
+  const bool vec = aligned && out.dtype == in_layout.dtype && out.contiguous() &&
+                   in_layout.contiguous() && (n * esize) % 16 == 0;
   if (vec) {
     const int64_t vectors = n * esize / 16;
     switch (out.dtype) {
-      case DType::kF32: launch_vec<DType::kF32>(out.data, in, count, vectors, avg, stream); break;
-      case DType::kBF16: launch_vec<DType::kBF16>(out.data, in, count, vectors, avg, stream); break;
-      case DType::kF16: launch_vec<DType::kF16>(out.data, in, count, vectors, avg, stream); break;
-      case DType::kF8E4M3: launch_vec<DType::kF8E4M3>(out.data, in, count, vectors, avg, stream); break;
-      case DType::kF8E5M2: launch_vec<DType::kF8E5M2>(out.data, in, count, vectors, avg, stream); break;
+      case DType::kF32:
+        launch_vec<DType::kF32>(out.data, in, count, vectors, avg, stream);
+        break;
+      case DType::kBF16:
+        launch_vec<DType::kBF16>(out.data, in, count, vectors, avg, stream);
+        break;
+      case DType::kF16:
+        launch_vec<DType::kF16>(out.data, in, count, vectors, avg, stream);
+        break;
+      case DType::kF8E4M3:
+        launch_vec<DType::kF8E4M3>(out.data, in, count, vectors, avg, stream);
+        break;
+      case DType::kF8E5M2:
+        launch_vec<DType::kF8E5M2>(out.data, in, count, vectors, avg, stream);
+        break;
     }
   } else {
-    reduce_generic_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(out, in, count, in_layout, n, avg);
+    reduce_generic_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(
+        out, in, count, in_layout, n, avg);
   }
   return cudaGetLastError();
 }

@@ -15,7 +15,8 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
-__device__ void report_timeout(DeviceErrorSlot* slot, SignalSite site, int what, uint64_t timeout_ns) {
+__device__ void report_timeout(DeviceErrorSlot* slot, SignalSite site, int what,
+                               uint64_t timeout_ns) {
   if (slot == nullptr) return;
   if (atomicCAS_system(const_cast<int*>(&slot->flagged), 0, 1) == 0) {
     slot->rank = site.rank;
@@ -39,21 +40,25 @@ __device__ bool transition(uint32_t* flag, uint32_t from, uint32_t to, uint64_t 
   return true;
 }
 
-__global__ void put_signal_kernel(uint32_t* flag, SignalSite site, uint64_t timeout_ns, DeviceErrorSlot* slot) {
+__global__ void put_signal_kernel(uint32_t* flag, SignalSite site, uint64_t timeout_ns,
+                                  DeviceErrorSlot* slot) {
   __threadfence_system();  // release: everything this rank wrote before is visible to the peer
   if (!transition(flag, 0, 1, timeout_ns)) report_timeout(slot, site, 0, timeout_ns);
 }
 
-__global__ void wait_signal_kernel(uint32_t* flag, SignalSite site, uint64_t timeout_ns, DeviceErrorSlot* slot) {
+__global__ void wait_signal_kernel(uint32_t* flag, SignalSite site, uint64_t timeout_ns,
+                                   DeviceErrorSlot* slot) {
   if (!transition(flag, 1, 0, timeout_ns)) report_timeout(slot, site, 1, timeout_ns);
   __threadfence_system();  // acquire
 }
 
 // First the flags to reset (every thread), then one thread per peer: signal it, then wait for its
 // signal. The CTA barrier orders the resets before every thread's release fence.
-__global__ void barrier_kernel(uint32_t* const* pads, int rank, int world_size, int channel, uint64_t timeout_ns,
-                               DeviceErrorSlot* slot, uint32_t* reset, int reset_count) {
-  for (int i = threadIdx.x; i < reset_count; i += blockDim.x) reset[i] = 0;
+__global__ void barrier_kernel(uint32_t* const* pads, int rank, int world_size, int channel,
+                               uint64_t timeout_ns, DeviceErrorSlot* slot, uint32_t* reset,
+                               int reset_count) {
+  for (int i = threadIdx.x; i < reset_count; i += blockDim.x)
+    reset[i] = 0;
   __syncthreads();
   const int peer = threadIdx.x;
   if (peer >= world_size || peer == rank) return;
@@ -83,11 +88,13 @@ cudaError_t wait_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, De
   return cudaGetLastError();
 }
 
-cudaError_t barrier(uint32_t* const* pads, int rank, int world_size, int channel, uint64_t timeout_ns,
-                    DeviceErrorSlot* slot, cudaStream_t stream, uint32_t* reset, int reset_count) {
-  if (world_size > 1024 || reset_count < 0 || (reset_count > 0 && reset == nullptr)) return cudaErrorInvalidValue;
-  barrier_kernel<<<1, ((world_size + 31) / 32) * 32, 0, stream>>>(pads, rank, world_size, channel, timeout_ns, slot,
-                                                                   reset, reset_count);
+cudaError_t barrier(uint32_t* const* pads, int rank, int world_size, int channel,
+                    uint64_t timeout_ns, DeviceErrorSlot* slot, cudaStream_t stream,
+                    uint32_t* reset, int reset_count) {
+  if (world_size > 1024 || reset_count < 0 || (reset_count > 0 && reset == nullptr))
+    return cudaErrorInvalidValue;
+  barrier_kernel<<<1, ((world_size + 31) / 32) * 32, 0, stream>>>(
+      pads, rank, world_size, channel, timeout_ns, slot, reset, reset_count);
   return cudaGetLastError();
 }
 

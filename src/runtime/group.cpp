@@ -23,8 +23,10 @@ std::optional<std::string> env(const char* name) {
 
 int env_int(const char* name, int min_value) {
   auto v = env(name);
-  ASYNCTP_CHECK(v.has_value(), "environment variable {} is not set (it is set by torchrun or "
-                "`asynctp launch`)", name);
+  ASYNCTP_CHECK(v.has_value(),
+                "environment variable {} is not set (it is set by torchrun or "
+                "`asynctp launch`)",
+                name);
   int value = 0;
   auto [ptr, ec] = std::from_chars(v->data(), v->data() + v->size(), value);
   ASYNCTP_CHECK(ec == std::errc() && ptr == v->data() + v->size() && value >= min_value,
@@ -35,7 +37,8 @@ int env_int(const char* name, int min_value) {
 std::string random_hex(size_t digits) {
   std::random_device rd;
   std::string out;
-  while (out.size() < digits) out += fmt::format("{:08x}", rd());
+  while (out.size() < digits)
+    out += fmt::format("{:08x}", rd());
   return out.substr(0, digits);
 }
 
@@ -107,15 +110,16 @@ Group::Group(const RendezvousInfo& info, GroupOptions options)
   const std::string host = options_.host_id.value_or(local_host_id());
   store_->set(fmt::format("asynctp/host/{}", info.rank), host);
   std::vector<std::string> hosts;
-  for (int r = 0; r < info.world_size; ++r) hosts.push_back(store_->get(fmt::format("asynctp/host/{}", r)));
+  for (int r = 0; r < info.world_size; ++r)
+    hosts.push_back(store_->get(fmt::format("asynctp/host/{}", r)));
   std::vector<std::string> nodes;  // distinct host ids in order of first appearance
   for (const auto& h : hosts) {
     auto it = std::find(nodes.begin(), nodes.end(), h);
     if (it == nodes.end()) it = nodes.insert(nodes.end(), h);
     node_of_rank_.push_back(static_cast<int>(it - nodes.begin()));
   }
-  single_node_ = std::all_of(node_of_rank_.begin(), node_of_rank_.end(),
-                             [](int n) { return n == 0; });
+  single_node_ =
+      std::all_of(node_of_rank_.begin(), node_of_rank_.end(), [](int n) { return n == 0; });
 }
 
 Group::~Group() {

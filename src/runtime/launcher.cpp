@@ -129,7 +129,8 @@ int launch(const LaunchOptions& options) {
   restore.fd = sig_fd;
 
   std::vector<char*> argv;
-  for (const auto& a : options.command) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& a : options.command)
+    argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
 
   std::vector<Rank> ranks(options.nproc);
@@ -184,13 +185,15 @@ int launch(const LaunchOptions& options) {
     exit_code = code;
     write_fd(STDERR_FILENO, "asynctp launch: " + why + "\n");
     signal_all(SIGTERM);
-    kill_at = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.grace_s * 1000));
+    kill_at =
+        Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.grace_s * 1000));
   };
-  auto prefix = [&](int r) { return options.tag_output ? fmt::format("[rank {}] ", r) : std::string(); };
+  auto prefix = [&](int r) {
+    return options.tag_output ? fmt::format("[rank {}] ", r) : std::string();
+  };
 
-  while (live > 0 || std::any_of(ranks.begin(), ranks.end(), [](const Rank& rk) {
-           return rk.out_fd >= 0 || rk.err_fd >= 0;
-         })) {
+  while (live > 0 || std::any_of(ranks.begin(), ranks.end(),
+                                 [](const Rank& rk) { return rk.out_fd >= 0 || rk.err_fd >= 0; })) {
     std::vector<pollfd> fds{{sig_fd, POLLIN, 0}};
     std::vector<std::pair<int, bool>> owners{{-1, false}};
     for (int r = 0; r < options.nproc; ++r) {
@@ -233,8 +236,9 @@ int launch(const LaunchOptions& options) {
         } else {
           stopping = true;
           exit_code = 128 + sig;
-          write_fd(STDERR_FILENO, fmt::format("asynctp launch: got SIG{}, forwarding it to every rank\n",
-                                              sigabbrev_np(sig)));
+          write_fd(STDERR_FILENO,
+                   fmt::format("asynctp launch: got SIG{}, forwarding it to every rank\n",
+                               sigabbrev_np(sig)));
           signal_all(sig);
           kill_at = Clock::now() +
                     std::chrono::milliseconds(static_cast<int64_t>(options.grace_s * 1000));
@@ -253,8 +257,9 @@ int launch(const LaunchOptions& options) {
       ::kill(-rk.pid, SIGKILL);  // whatever the rank left running in its process group goes too
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (failed && !stopping) {
-        stop_all(status_exit_code(status), fmt::format("rank {} (pid {}) {}; stopping the other ranks",
-                                                       r, rk.pid, describe_status(status)));
+        stop_all(status_exit_code(status),
+                 fmt::format("rank {} (pid {}) {}; stopping the other ranks", r, rk.pid,
+                             describe_status(status)));
       }
     }
     const auto now = Clock::now();
@@ -283,7 +288,8 @@ int launch(const LaunchOptions& options) {
   const int removed = remove_shm_of_run(run_id);
   if (removed > 0) {
     write_fd(STDERR_FILENO,
-             fmt::format("asynctp launch: removed {} shared-memory segment(s) left by the job\n", removed));
+             fmt::format("asynctp launch: removed {} shared-memory segment(s) left by the job\n",
+                         removed));
   }
   return exit_code;
 }

@@ -14,9 +14,9 @@ struct LaunchOptions {
   std::vector<std::string> command;
   std::optional<double> timeout_s;  // whole-job limit; none = no limit
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;      // 0: a free port
-  bool tag_output = true;   // prefix every output line with "[rank R] "
-  double grace_s = 5.0;     // SIGTERM, then SIGKILL after this long
+  int master_port = 0;     // 0: a free port
+  bool tag_output = true;  // prefix every output line with "[rank R] "
+  double grace_s = 5.0;    // SIGTERM, then SIGKILL after this long
 };
 
 // Runs the job; returns the launcher's exit code: 0 when every rank exits 0; the failing rank's

@@ -38,7 +38,8 @@ Fd tcp_listen(const std::string& host, int port, int* bound_port);
 
 // Connects to host:port, retrying while the server is not up yet, until the deadline.
 // `what` names the caller in the timeout message.
-Fd tcp_connect(const std::string& host, int port, const Deadline& deadline, const std::string& what);
+Fd tcp_connect(const std::string& host, int port, const Deadline& deadline,
+               const std::string& what);
 
 // Writes all bytes (blocking socket); throws on a closed peer.
 void send_all(int fd, const void* data, size_t size);

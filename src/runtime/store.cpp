@@ -23,7 +23,9 @@ enum Command : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kCheck = 5, kE
 enum Status : uint8_t { kOk = 0, kFailed = 1 };
 constexpr uint32_t kMaxFrame = 1u << 30;
 
-void put_u32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
+void put_u32(std::string* out, uint32_t v) {
+  out->append(reinterpret_cast<const char*>(&v), 4);
+}
 
 // [u32 payload length][u8 code][u32 count]{[u32 len][bytes]}...
 std::string encode_frame(uint8_t code, const std::vector<std::string>& fields) {
@@ -78,7 +80,8 @@ class ServerLoop {
       fds.clear();
       fds.push_back({wake_, POLLIN, 0});
       fds.push_back({listener_, POLLIN, 0});
-      for (const auto& [fd, buf] : clients_) fds.push_back({fd, POLLIN, 0});
+      for (const auto& [fd, buf] : clients_)
+        fds.push_back({fd, POLLIN, 0});
       const int rc = ::poll(fds.data(), fds.size(), -1);
       if (rc < 0) {
         if (errno == EINTR) continue;
@@ -95,7 +98,8 @@ class ServerLoop {
   }
 
   ~ServerLoop() {
-    for (auto& [fd, buf] : clients_) ::close(fd);
+    for (auto& [fd, buf] : clients_)
+      ::close(fd);
   }
 
  private:
@@ -314,7 +318,9 @@ void Store::set(const std::string& key, const std::string& value) {
   request(kSet, {key, value}, timeout_, fmt::format("set('{}')", key));
 }
 
-std::string Store::get(const std::string& key) { return get(key, timeout_); }
+std::string Store::get(const std::string& key) {
+  return get(key, timeout_);
+}
 
 std::string Store::get(const std::string& key, Millis timeout) {
   auto reply = request(kGet, {key}, timeout, fmt::format("get('{}')", key));
@@ -322,12 +328,15 @@ std::string Store::get(const std::string& key, Millis timeout) {
   return std::move(reply[0]);
 }
 
-void Store::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+void Store::wait(const std::vector<std::string>& keys) {
+  wait(keys, timeout_);
+}
 
 void Store::wait(const std::vector<std::string>& keys, Millis timeout) {
   ASYNCTP_CHECK(!keys.empty(), "store wait() needs at least one key");
   request(kWait, keys, timeout,
-          fmt::format("wait('{}'{})", keys[0], keys.size() > 1 ? fmt::format(" and {} more", keys.size() - 1) : ""));
+          fmt::format("wait('{}'{})", keys[0],
+                      keys.size() > 1 ? fmt::format(" and {} more", keys.size() - 1) : ""));
 }
 
 int64_t Store::add(const std::string& key, int64_t delta) {

@@ -44,7 +44,8 @@ int run_demo(const DemoOptions& o) {
   const DType dtype = parse_dtype(o.dtype);
   ASYNCTP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
                 "--dtype must be f32, bf16 or f16, got {}", o.dtype);
-  ASYNCTP_CHECK(o.tokens % ws == 0, "--tokens {} is not divisible by the world size {}", o.tokens, ws);
+  ASYNCTP_CHECK(o.tokens % ws == 0, "--tokens {} is not divisible by the world size {}", o.tokens,
+                ws);
   ASYNCTP_CHECK(o.ffn % ws == 0, "--ffn {} is not divisible by the world size {}", o.ffn, ws);
   const int64_t t = o.tokens, h = o.hidden, f = o.ffn / ws;
 
@@ -90,8 +91,10 @@ int run_demo(const DemoOptions& o) {
   // Correctness first: one block each way on the same inputs.
   unfused_block();
   fused_block();
-  const double err_hidden = max_over_ranks(*s.group, relative_error(to_host_f32(ctx, hid2), to_host_f32(ctx, hid)));
-  const double err_out = max_over_ranks(*s.group, relative_error(to_host_f32(ctx, out), to_host_f32(ctx, out_ref)));
+  const double err_hidden =
+      max_over_ranks(*s.group, relative_error(to_host_f32(ctx, hid2), to_host_f32(ctx, hid)));
+  const double err_out =
+      max_over_ranks(*s.group, relative_error(to_host_f32(ctx, out), to_host_f32(ctx, out_ref)));
   const double tol = o.tolerance >= 0 ? o.tolerance : (dtype == DType::kF32 ? 1e-5 : 1e-2);
   const bool ok = err_hidden <= tol && err_out <= tol;
 
@@ -110,7 +113,8 @@ int run_demo(const DemoOptions& o) {
   rows.push_back({"matmul_reduce_scatter", path_of("matmul_reduce_scatter"),
                   max_over_ranks(*s.group, median_ms(ctx, unfused_mm_rs, o.warmup, o.iters)),
                   max_over_ranks(*s.group, median_ms(ctx, fused_mm_rs, o.warmup, o.iters))});
-  rows.push_back({"mlp_block", "-", max_over_ranks(*s.group, median_ms(ctx, unfused_block, o.warmup, o.iters)),
+  rows.push_back({"mlp_block", "-",
+                  max_over_ranks(*s.group, median_ms(ctx, unfused_block, o.warmup, o.iters)),
                   max_over_ranks(*s.group, median_ms(ctx, fused_block, o.warmup, o.iters))});
 
   if (s.rank() == 0) {
@@ -124,20 +128,26 @@ int run_demo(const DemoOptions& o) {
       doc["rel_error"] = {{"hidden", err_hidden}, {"out", err_out}, {"tolerance", tol}};
       nlohmann::json ops = nlohmann::json::array();
       for (const auto& r : rows) {
-        ops.push_back({{"op", r.op}, {"path", r.path}, {"unfused_ms", r.unfused_ms}, {"fused_ms", r.fused_ms}});
+        ops.push_back({{"op", r.op},
+                       {"path", r.path},
+                       {"unfused_ms", r.unfused_ms},
+                       {"fused_ms", r.fused_ms}});
       }
       doc["ops"] = ops;
       std::printf("%s\n", doc.dump().c_str());
     } else {
       std::printf("sequence-parallel MLP forward: T=%ld H=%ld F/ws=%ld, %s, %d ranks, backend %s\n",
                   static_cast<long>(t), static_cast<long>(h), static_cast<long>(f),
-                  std::string(dtype_name(dtype)).c_str(), ws, std::string(ctx.backend().name()).c_str());
+                  std::string(dtype_name(dtype)).c_str(), ws,
+                  std::string(ctx.backend().name()).c_str());
       std::printf("%-24s %-9s %12s %12s\n", "op", "path", "unfused ms", "fused ms");
       for (const auto& r : rows) {
-        std::printf("%-24s %-9s %12.3f %12.3f\n", r.op.c_str(), r.path.c_str(), r.unfused_ms, r.fused_ms);
+        std::printf("%-24s %-9s %12.3f %12.3f\n", r.op.c_str(), r.path.c_str(), r.unfused_ms,
+                    r.fused_ms);
       }
-      std::printf("relative error fused vs unfused: hidden %.3g, output %.3g (tolerance %.3g): %s\n",
-                  err_hidden, err_out, tol, ok ? "OK" : "MISMATCH");
+      std::printf(
+          "relative error fused vs unfused: hidden %.3g, output %.3g (tolerance %.3g): %s\n",
+          err_hidden, err_out, tol, ok ? "OK" : "MISMATCH");
     }
     std::fflush(stdout);
   }
@@ -151,14 +161,25 @@ Command add_demo_command(CLI::App& app) {
                                  "Run a sequence-parallel MLP forward unfused and fused, compare "
                                  "the results and time each op (run it under `asynctp launch`).");
   auto o = std::make_shared<DemoOptions>();
-  cmd->add_option("--tokens", o->tokens, "tokens T (divisible by the world size)")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--hidden", o->hidden, "hidden size H")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--ffn", o->ffn, "FFN size F over all ranks (divisible by the world size)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--tokens", o->tokens, "tokens T (divisible by the world size)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--hidden", o->hidden, "hidden size H")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--ffn", o->ffn, "FFN size F over all ranks (divisible by the world size)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
-  cmd->add_option("--iters", o->iters, "timed runs per measurement (median reported)")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", o->warmup, "untimed runs before timing")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--tolerance", o->tolerance, "largest relative error accepted (default: 1e-5 for f32, 1e-2 otherwise)");
+  cmd->add_option("--iters", o->iters, "timed runs per measurement (median reported)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", o->warmup, "untimed runs before timing")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--tolerance", o->tolerance,
+                  "largest relative error accepted (default: 1e-5 for f32, 1e-2 otherwise)");
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
   return {cmd, [o] { return run_demo(*o); }};
 }

@@ -12,22 +12,27 @@ Command add_launch_command(CLI::App& app) {
   auto options = std::make_shared<LaunchOptions>();
   auto no_prefix = std::make_shared<bool>(false);
   auto timeout = std::make_shared<double>(0);
-  cmd->add_option("--nproc,-n", options->nproc, "number of ranks to start")->required()->check(CLI::Range(1, 4096));
+  cmd->add_option("--nproc,-n", options->nproc, "number of ranks to start")
+      ->required()
+      ->check(CLI::Range(1, 4096));
   cmd->add_option("--timeout", *timeout, "seconds after which every rank is stopped (exit 124)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--master-addr", options->master_addr, "address of rank 0's store")->capture_default_str();
-  cmd->add_option("--master-port", options->master_port, "port of rank 0's store (default: a free one)");
-  cmd->add_option("--grace", options->grace_s, "seconds between SIGTERM and SIGKILL when stopping ranks")
+  cmd->add_option("--master-addr", options->master_addr, "address of rank 0's store")
+      ->capture_default_str();
+  cmd->add_option("--master-port", options->master_port,
+                  "port of rank 0's store (default: a free one)");
+  cmd->add_option("--grace", options->grace_s,
+                  "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str();
   cmd->add_flag("--no-prefix", *no_prefix, "do not prefix output lines with [rank R]");
   cmd->add_option("command", options->command, "the command to run, after --")->required();
   cmd->positionals_at_end();
   cmd->footer("Example: asynctp launch --nproc 4 -- asynctp demo");
   return {cmd, [options, no_prefix, timeout] {
-    options->tag_output = !*no_prefix;
-    if (*timeout > 0) options->timeout_s = *timeout;
-    return launch(*options);
-  }};
+            options->tag_output = !*no_prefix;
+            if (*timeout > 0) options->timeout_s = *timeout;
+            return launch(*options);
+          }};
 }
 
 }  // namespace asynctp::tools

@@ -12,10 +12,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "asynctp 0.1.0");
   const std::vector<asynctp::tools::Command> commands{
-      asynctp::tools::add_launch_command(app),
-      asynctp::tools::add_bench_command(app),
-      asynctp::tools::add_demo_command(app),
-      asynctp::tools::add_passes_command(app),
+      asynctp::tools::add_launch_command(app), asynctp::tools::add_bench_command(app),
+      asynctp::tools::add_demo_command(app),   asynctp::tools::add_passes_command(app),
       asynctp::tools::add_run_command(app),
   };
   try {

@@ -23,7 +23,8 @@ std::string shared_dir() {
   if (const char* env = std::getenv("ASYNCTP_SHARED_DIR"); env != nullptr && *env != '\0') {
     return std::string(env) + "/graphs";
   }
-  for (const std::string& dir : {std::string(ASYNCTP_SHARED_GRAPHS_DIR), std::string("/work/shared/graphs")}) {
+  for (const std::string& dir :
+       {std::string(ASYNCTP_SHARED_GRAPHS_DIR), std::string("/work/shared/graphs")}) {
     if (std::filesystem::exists(dir + "/mlp_2d.pre.json")) return dir;
   }
   return ASYNCTP_SHARED_GRAPHS_DIR;

@@ -18,9 +18,9 @@ namespace asynctp::testing {
 
 struct RankStatus {
   int rank = 0;
-  bool exited = false;   // exited normally (else killed by a signal, or by the harness timeout)
-  int exit_code = -1;    // when exited
-  int signal = 0;        // when killed
+  bool exited = false;  // exited normally (else killed by a signal, or by the harness timeout)
+  int exit_code = -1;   // when exited
+  int signal = 0;       // when killed
   bool timed_out = false;
 
   bool ok() const { return exited && exit_code == 0; }

@@ -16,11 +16,16 @@ namespace {
 
 cudaDataType_t data_type(DType d) {
   switch (d) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    case DType::kF8E4M3: return CUDA_R_8F_E4M3;
-    case DType::kF8E5M2: return CUDA_R_8F_E5M2;
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kF8E4M3:
+      return CUDA_R_8F_E4M3;
+    case DType::kF8E5M2:
+      return CUDA_R_8F_E5M2;
   }
   return CUDA_R_32F;
 }
@@ -58,7 +63,9 @@ Operand as_lt_b(const Tensor& a3) {
   return {true, m, k, std::max<int64_t>(sk, m), bs};
 }
 
-Tensor batched(const Tensor& t) { return t.dim() == 3 ? t : t.unsqueeze(0); }
+Tensor batched(const Tensor& t) {
+  return t.dim() == 3 ? t : t.unsqueeze(0);
+}
 
 struct Key {
   int64_t v[24];
@@ -67,7 +74,8 @@ struct Key {
 struct KeyHash {
   size_t operator()(const Key& k) const {
     size_t h = 1469598103934665603ull;
-    for (int64_t x : k.v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
+    for (int64_t x : k.v)
+      h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
     return h;
   }
 };
@@ -87,16 +95,16 @@ struct Plan {
   }
 };
 
-cublasLtMatrixLayout_t make_layout(DType dtype, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
-                                   int64_t batch_stride) {
+cublasLtMatrixLayout_t make_layout(DType dtype, int64_t rows, int64_t cols, int64_t ld,
+                                   int64_t batch, int64_t batch_stride) {
   cublasLtMatrixLayout_t layout;
   ASYNCTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, data_type(dtype), rows, cols, ld));
   if (batch > 1) {
     int32_t count = static_cast<int32_t>(batch);
-    ASYNCTP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                                                          sizeof(count)));
-    ASYNCTP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                          &batch_stride, sizeof(batch_stride)));
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof(batch_stride)));
   }
   return layout;
 }
@@ -139,7 +147,8 @@ struct LtGemm::Impl {
     plans.clear();
     for (auto& [stream, state] : streams) {
       cudaFree(state.workspace);
-      for (void* p : state.scratch) cudaFree(p);
+      for (void* p : state.scratch)
+        cudaFree(p);
     }
     cudaFree(one);
     cublasLtDestroy(handle);
@@ -148,7 +157,8 @@ struct LtGemm::Impl {
   PerStream& state_of(cudaStream_t stream, bool capturing) {
     auto it = streams.find(stream);
     if (it != streams.end()) return it->second;
-    ASYNCTP_CHECK(!capturing, "a GEMM's first use of a stream is during CUDA-graph capture, where its "
+    ASYNCTP_CHECK(!capturing,
+                  "a GEMM's first use of a stream is during CUDA-graph capture, where its "
                   "workspace cannot be allocated; run the op once before capturing it");
     PerStream state;
     ASYNCTP_CUDA_CHECK(cudaMalloc(&state.workspace, workspace_bytes));
@@ -158,8 +168,10 @@ struct LtGemm::Impl {
   void* scratch_for(Slot slot, size_t bytes, cudaStream_t stream, bool capturing) {
     PerStream& st = state_of(stream, capturing);
     if (bytes <= st.scratch_bytes[slot]) return st.scratch[slot];
-    ASYNCTP_CHECK(!capturing, "the float8 GEMM needs {} bytes of staging during CUDA-graph capture; run "
-                  "the op once before capturing it", bytes);
+    ASYNCTP_CHECK(!capturing,
+                  "the float8 GEMM needs {} bytes of staging during CUDA-graph capture; run "
+                  "the op once before capturing it",
+                  bytes);
     ASYNCTP_CUDA_CHECK(cudaStreamSynchronize(stream));
     cudaFree(st.scratch[slot]);
     st.scratch[slot] = nullptr;
@@ -169,10 +181,11 @@ struct LtGemm::Impl {
   }
 
   // Picks (and caches) the algorithm for this problem; times the candidates once.
-  Plan& plan(const Key& key, DType a_dt, DType b_dt, DType d_dt, const Operand& la, const Operand& lb,
-             int64_t m_rows, int64_t n_cols, int64_t ldd, int64_t batch, int64_t d_batch_stride,
-             ScaleMode scale_a, ScaleMode scale_b, const GemmArgs& args, cudaStream_t stream, bool capturing,
-             const void* lt_a, const void* lt_b, void* d_ptr, bool* found) {
+  Plan& plan(const Key& key, DType a_dt, DType b_dt, DType d_dt, const Operand& la,
+             const Operand& lb, int64_t m_rows, int64_t n_cols, int64_t ldd, int64_t batch,
+             int64_t d_batch_stride, ScaleMode scale_a, ScaleMode scale_b, const GemmArgs& args,
+             cudaStream_t stream, bool capturing, const void* lt_a, const void* lt_b, void* d_ptr,
+             bool* found) {
     auto it = plans.find(key);
     if (it != plans.end()) {
       *found = true;
@@ -180,16 +193,21 @@ struct LtGemm::Impl {
     }
     auto p = std::make_unique<Plan>();
     const bool f32_in = a_dt == DType::kF32;
-    const cublasComputeType_t compute = f32_in && allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const cublasComputeType_t compute =
+        f32_in && allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F));
     const cublasOperation_t ta = la.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = lb.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    ASYNCTP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    ASYNCTP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     if (scale_a == ScaleMode::kVector || scale_b == ScaleMode::kVector) {
       const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-      ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
-      ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+      ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+      ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
     }
     p->a = make_layout(b_dt, la.rows, la.cols, la.ld, batch, la.batch_stride);
     p->b = make_layout(a_dt, lb.rows, lb.cols, lb.ld, batch, lb.batch_stride);
@@ -197,20 +215,21 @@ struct LtGemm::Impl {
 
     cublasLtMatmulPreference_t pref;
     ASYNCTP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                              &workspace_bytes, sizeof(workspace_bytes)));
-    for (auto [attr, ptr] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, lt_a},
-                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, lt_b},
-                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<const void*>(d_ptr)},
-                             std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<const void*>(d_ptr)}}) {
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes)));
+    for (auto [attr, ptr] :
+         {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, lt_a},
+          std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, lt_b},
+          std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<const void*>(d_ptr)},
+          std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<const void*>(d_ptr)}}) {
       const uint32_t align = static_cast<uint32_t>(alignment_of(ptr));
       ASYNCTP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
     }
     constexpr int kCandidates = 16;
     cublasLtMatmulHeuristicResult_t results[kCandidates];
     int returned = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->d, p->d, pref,
-                                                             kCandidates, results, &returned);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        handle, p->desc, p->a, p->b, p->d, p->d, pref, kCandidates, results, &returned);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || returned == 0) {
       *found = false;
@@ -218,7 +237,8 @@ struct LtGemm::Impl {
       return none;
     }
     int best = 0;
-    if (autotune && !capturing && returned > 1) best = tune(*p, results, returned, lt_a, lt_b, args, stream);
+    if (autotune && !capturing && returned > 1)
+      best = tune(*p, results, returned, lt_a, lt_b, args, stream);
     p->algo = results[best].algo;
     p->workspace = results[best].workspaceSize;
     *found = true;
@@ -228,8 +248,8 @@ struct LtGemm::Impl {
   }
 
   // Times each candidate (1 warm-up, then the median of kRuns) into a scratch output.
-  int tune(Plan& p, const cublasLtMatmulHeuristicResult_t* results, int count, const void* lt_a, const void* lt_b,
-           const GemmArgs& args, cudaStream_t stream) {
+  int tune(Plan& p, const cublasLtMatmulHeuristicResult_t* results, int count, const void* lt_a,
+           const void* lt_b, const GemmArgs& args, cudaStream_t stream) {
     constexpr int kRuns = 5;
     const size_t d_bytes = args.d.extent_bytes() + 256;
     void* d_tmp = nullptr;
@@ -249,9 +269,9 @@ struct LtGemm::Impl {
       bool ok = true;
       for (int r = -1; r < kRuns && ok; ++r) {
         ASYNCTP_CUDA_CHECK(cudaEventRecord(start, stream));
-        ok = cublasLtMatmul(handle, p.desc, &alpha, lt_a, p.a, lt_b, p.b, &beta, d_tmp, p.d, d_tmp, p.d,
-                            &results[c].algo, state_of(stream, false).workspace, workspace_bytes,
-                            stream) == CUBLAS_STATUS_SUCCESS;
+        ok = cublasLtMatmul(handle, p.desc, &alpha, lt_a, p.a, lt_b, p.b, &beta, d_tmp, p.d, d_tmp,
+                            p.d, &results[c].algo, state_of(stream, false).workspace,
+                            workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
         ASYNCTP_CUDA_CHECK(cudaEventRecord(stop, stream));
         ASYNCTP_CUDA_CHECK(cudaEventSynchronize(stop));
         if (r >= 0) ASYNCTP_CUDA_CHECK(cudaEventElapsedTime(&times[r], start, stop));
@@ -259,14 +279,15 @@ struct LtGemm::Impl {
       if (!ok) continue;
       std::sort(times, times + kRuns);
       const float median = times[kRuns / 2];
-      if (logger().should_log(spdlog::level::debug)) report += fmt::format(" {}:{:.1f}us", describe(results[c].algo), median * 1e3f);
+      if (logger().should_log(spdlog::level::debug))
+        report += fmt::format(" {}:{:.1f}us", describe(results[c].algo), median * 1e3f);
       if (median < best_ms) {
         best_ms = median;
         best = c;
       }
     }
-    ASYNCTP_LOG_DEBUG("gemm {} @ {} -> {}: picked #{} of {}:{}", args.a.describe(), args.b.describe(),
-                      args.d.describe(), best, count, report);
+    ASYNCTP_LOG_DEBUG("gemm {} @ {} -> {}: picked #{} of {}:{}", args.a.describe(),
+                      args.b.describe(), args.d.describe(), best, count, report);
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
     cudaFree(d_tmp);
@@ -276,10 +297,14 @@ struct LtGemm::Impl {
   // "t<tile>s<stages>c<cluster>k<splits>": the algorithm's configuration, for the logs.
   static std::string describe(const cublasLtMatmulAlgo_t& algo) {
     int32_t tile = 0, stages = 0, cluster = 0, splits = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), nullptr);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), nullptr);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster), nullptr);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits), nullptr);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                         nullptr);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                         sizeof(stages), nullptr);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                         sizeof(cluster), nullptr);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                         sizeof(splits), nullptr);
     return fmt::format("t{}s{}c{}k{}", tile, stages, cluster, splits);
   }
 };
@@ -291,7 +316,8 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
   Tensor a = batched(args.a), b = batched(args.b), d = batched(args.d);
   const int64_t batch = d.size(0), m = d.size(1), n = d.size(2), k = a.size(2);
   if (m == 0 || n == 0) return;
-  ASYNCTP_CHECK(d.stride(2) == 1 || n == 1, "the cuda GEMM needs a row-major output, got {}", args.d.describe());
+  ASYNCTP_CHECK(d.stride(2) == 1 || n == 1, "the cuda GEMM needs a row-major output, got {}",
+                args.d.describe());
   const bool f8 = is_float8(a.dtype());
   const bool rowwise = f8 && args.a_scale.numel() != 1;
   const bool colwise = f8 && args.b_scale.numel() != 1;
@@ -299,14 +325,16 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
   if (f8) {
     // cuBLASLt's float8 kernels take our A row-major and our B column-major: stage otherwise.
     if (!(a.stride(2) == 1 || k == 1)) {
-      void* p = impl_->scratch_for(Impl::kStagedA, static_cast<size_t>(a.numel()), stream, capturing);
+      void* p =
+          impl_->scratch_for(Impl::kStagedA, static_cast<size_t>(a.numel()), stream, capturing);
       const Tensor staged(p, a.dtype(), {batch, m, k}, a.device());
       ASYNCTP_CUDA_CHECK(kernels::copy(to_kernel(staged), to_kernel(a), stream));
       a = staged;
     }
     if (!(b.stride(1) == 1 || k == 1)) {
       const int64_t bb = b.size(0);
-      void* p = impl_->scratch_for(Impl::kStagedB, static_cast<size_t>(b.numel()), stream, capturing);
+      void* p =
+          impl_->scratch_for(Impl::kStagedB, static_cast<size_t>(b.numel()), stream, capturing);
       const Tensor staged(p, b.dtype(), {bb, k, n}, {k * n, 1, k}, b.device());
       ASYNCTP_CUDA_CHECK(kernels::copy(to_kernel(staged), to_kernel(b), stream));
       b = staged;
@@ -315,12 +343,14 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
       // Row-/column-wise scales: the unscaled product in f32, then one epilogue applies both
       // scales in the CPU backend's order ((acc * a_scale[row]) * b_scale[col]).
       ASYNCTP_CHECK(!rowwise || args.a_scale.stride(-2) == 1 || m == 1,
-                    "row-wise a_scale must be contiguous along the rows, got {}", args.a_scale.describe());
+                    "row-wise a_scale must be contiguous along the rows, got {}",
+                    args.a_scale.describe());
       ASYNCTP_CHECK(!colwise || args.b_scale.stride(1) == 1 || n == 1,
                     "column-wise b_scale must be contiguous, got {}", args.b_scale.describe());
       float* acc = static_cast<float*>(
           impl_->scratch_for(Impl::kProduct, static_cast<size_t>(m * n) * 4, stream, capturing));
-      const Tensor sa = batched(args.a_scale.numel() == 1 ? args.a_scale.view({1, 1, 1}) : args.a_scale);
+      const Tensor sa =
+          batched(args.a_scale.numel() == 1 ? args.a_scale.view({1, 1, 1}) : args.a_scale);
       for (int64_t bi = 0; bi < batch; ++bi) {
         GemmArgs unscaled;
         unscaled.a = a.narrow(0, bi, 1);
@@ -331,9 +361,9 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
         run(unscaled, stream, capturing);
         const float* row = static_cast<const float*>(sa.data()) + (rowwise ? bi * sa.stride(0) : 0);
         void* d_i = static_cast<char*>(d.data()) + bi * d.stride(0) * d.element_size();
-        ASYNCTP_CUDA_CHECK(kernels::scale_epilogue(d_i, d.dtype(), d.stride(1), acc, m, n, row, !rowwise,
-                                                   static_cast<const float*>(args.b_scale.data()), !colwise,
-                                                   stream));
+        ASYNCTP_CUDA_CHECK(kernels::scale_epilogue(
+            d_i, d.dtype(), d.stride(1), acc, m, n, row, !rowwise,
+            static_cast<const float*>(args.b_scale.data()), !colwise, stream));
       }
       return;
     }
@@ -348,29 +378,49 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
   const int64_t d_batch_stride = batch > 1 ? d.stride(0) : 0;
   const ScaleMode sa = f8 ? ScaleMode::kScalar : ScaleMode::kNone;
   Key key{};
-  const int64_t fields[] = {static_cast<int64_t>(a.dtype()), static_cast<int64_t>(b.dtype()),
-                            static_cast<int64_t>(d.dtype()), la.transposed, lb.transposed, la.rows, la.cols,
-                            la.ld, la.batch_stride, lb.rows, lb.cols, lb.ld, lb.batch_stride, m, n, ldd, batch,
-                            d_batch_stride, args.accumulate, static_cast<int64_t>(sa),
-                            alignment_of(a.data()), alignment_of(b.data()), alignment_of(d.data()), 0};
+  const int64_t fields[] = {static_cast<int64_t>(a.dtype()),
+                            static_cast<int64_t>(b.dtype()),
+                            static_cast<int64_t>(d.dtype()),
+                            la.transposed,
+                            lb.transposed,
+                            la.rows,
+                            la.cols,
+                            la.ld,
+                            la.batch_stride,
+                            lb.rows,
+                            lb.cols,
+                            lb.ld,
+                            lb.batch_stride,
+                            m,
+                            n,
+                            ldd,
+                            batch,
+                            d_batch_stride,
+                            args.accumulate,
+                            static_cast<int64_t>(sa),
+                            alignment_of(a.data()),
+                            alignment_of(b.data()),
+                            alignment_of(d.data()),
+                            0};
   std::copy(std::begin(fields), std::end(fields), key.v);
   bool found = false;
-  Plan& p = impl_->plan(key, a.dtype(), b.dtype(), d.dtype(), la, lb, m, n, ldd, batch, d_batch_stride, sa, sa,
-                        args, stream, capturing, b.data(), a.data(), d.data(), &found);
+  Plan& p =
+      impl_->plan(key, a.dtype(), b.dtype(), d.dtype(), la, lb, m, n, ldd, batch, d_batch_stride,
+                  sa, sa, args, stream, capturing, b.data(), a.data(), d.data(), &found);
   ASYNCTP_CHECK(found, "cuBLASLt has no algorithm for {} @ {} -> {} (m={}, n={}, k={}, batch={})",
                 args.a.describe(), args.b.describe(), args.d.describe(), m, n, k, batch);
   if (f8) {
     const void* a_scale_lt = args.b_scale.data();  // cuBLASLt's A is our B
     const void* b_scale_lt = args.a_scale.data();
-    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale_lt,
-                                                        sizeof(a_scale_lt)));
-    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale_lt,
-                                                        sizeof(b_scale_lt)));
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale_lt, sizeof(a_scale_lt)));
+    ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale_lt, sizeof(b_scale_lt)));
   }
   const float alpha = 1.0f, beta = args.accumulate ? 1.0f : 0.0f;
-  ASYNCTP_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, p.desc, &alpha, b.data(), p.a, a.data(), p.b, &beta, d.data(),
-                                      p.d, d.data(), p.d, &p.algo, impl_->state_of(stream, capturing).workspace,
-                                      impl_->workspace_bytes, stream));
+  ASYNCTP_CUBLAS_CHECK(cublasLtMatmul(
+      impl_->handle, p.desc, &alpha, b.data(), p.a, a.data(), p.b, &beta, d.data(), p.d, d.data(),
+      p.d, &p.algo, impl_->state_of(stream, capturing).workspace, impl_->workspace_bytes, stream));
 }
 
 }  // namespace asynctp::cuda

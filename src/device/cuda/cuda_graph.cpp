@@ -38,7 +38,8 @@ void Graph::end_capture() {
 
 void Graph::replay(Stream& stream) {
   ASYNCTP_CHECK(impl_->exec != nullptr, "replay of a graph that was never captured");
-  ASYNCTP_CUDA_CHECK(cudaGraphLaunch(impl_->exec, static_cast<cudaStream_t>(stream.native_handle())));
+  ASYNCTP_CUDA_CHECK(
+      cudaGraphLaunch(impl_->exec, static_cast<cudaStream_t>(stream.native_handle())));
 }
 
 }  // namespace asynctp::cuda

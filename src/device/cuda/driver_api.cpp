@@ -12,7 +12,8 @@ template <typename Fn>
 void resolve(const char* symbol, Fn* out) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult status{};
-  const cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &status);
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &status);
   ASYNCTP_CHECK(err == cudaSuccess && status == cudaDriverEntryPointSuccess && fn != nullptr,
                 "cannot resolve the CUDA driver function {} ({}, status {})", symbol,
                 cudaGetErrorString(err), static_cast<int>(status));

@@ -28,10 +28,10 @@ inline int visible_gpus() {
   return cached;
 }
 
-#define SKIP_UNLESS_GPUS(n)                                                                    \
-  do {                                                                                         \
-    const int have_ = ::asynctp::testing::visible_gpus();                                      \
-    if (have_ < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, " << have_ << " visible";       \
+#define SKIP_UNLESS_GPUS(n)                                                               \
+  do {                                                                                    \
+    const int have_ = ::asynctp::testing::visible_gpus();                                 \
+    if (have_ < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, " << have_ << " visible"; \
   } while (0)
 
 // A device tensor plus the host copy it was made from.
@@ -41,7 +41,8 @@ struct DeviceTensor {
   const Tensor& operator*() const { return device.tensor; }
 };
 
-inline DeviceTensor upload_seeded(Context& ctx, Dims shape, DType dtype, uint64_t seed, Values kind) {
+inline DeviceTensor upload_seeded(Context& ctx, Dims shape, DType dtype, uint64_t seed,
+                                  Values kind) {
   DeviceTensor t;
   t.host = empty_host(shape, dtype);
   fill_seeded(t.host, seed, kind);
@@ -77,12 +78,14 @@ inline double rel_error(const Tensor& actual_host, const std::vector<double>& ex
 }
 
 // f64 C[m, n] += A[m, k] @ B[k, n] over row-major value vectors.
-inline void host_gemm_add(const std::vector<float>& a, const std::vector<float>& b, std::vector<double>& c,
-                          int64_t m, int64_t k, int64_t n, double scale = 1.0) {
+inline void host_gemm_add(const std::vector<float>& a, const std::vector<float>& b,
+                          std::vector<double>& c, int64_t m, int64_t k, int64_t n,
+                          double scale = 1.0) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t kk = 0; kk < k; ++kk) {
       const double av = a[i * k + kk] * scale;
-      for (int64_t j = 0; j < n; ++j) c[i * n + j] += av * b[kk * n + j];
+      for (int64_t j = 0; j < n; ++j)
+        c[i * n + j] += av * b[kk * n + j];
     }
   }
 }
