@@ -6,17 +6,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/random.h"
 
 namespace asynctp::graph {
 
 namespace {
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
@@ -51,8 +45,7 @@ Inputs random_inputs(const Graph& graph, int rank, uint64_t seed) {
         seed * 0x2545F4914F6CDD1Dull ^ fnv1a(node.name) ^ (static_cast<uint64_t>(rank) << 48);
     std::vector<float> values(static_cast<size_t>(t.t.numel()));
     for (float& v : values) {
-      const double u = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
-      v = static_cast<float>(2.0 * u - 1.0);
+      v = static_cast<float>(2.0 * uniform01(state) - 1.0);
     }
     store_f32(t.t, values);  // rounds to bf16/f16/float8 as the dtype requires
     inputs.emplace(node.name, t);

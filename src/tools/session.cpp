@@ -8,6 +8,8 @@
 #include <random>
 #include <thread>
 
+#include "core/random.h"
+
 #ifdef ASYNCTP_WITH_CUDA
 #include "device/cuda/cuda_backend.h"
 #endif
@@ -38,15 +40,6 @@ OwnedTensor alloc(Context& ctx, Dims shape, DType dtype) {
   return {std::move(buffer), view};
 }
 
-namespace {
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-}  // namespace
-
 void fill_random(Context& ctx, const Tensor& t, uint64_t seed, float scale) {
   // Values are made (and rounded to t's dtype) on the host, then copied as they are: a backend
   // copy between host and device memory does not convert.
@@ -56,8 +49,7 @@ void fill_random(Context& ctx, const Tensor& t, uint64_t seed, float scale) {
     using T = decltype(tag);
     T* p = host->data_as<T>();
     for (int64_t i = 0; i < t.numel(); ++i) {
-      const double u = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
-      p[i] = from_float<T>(static_cast<float>((2.0 * u - 1.0) * scale));
+      p[i] = from_float<T>(static_cast<float>((2.0 * uniform01(state) - 1.0) * scale));
     }
   });
   ctx.backend().copy(t, host.tensor, ctx.stream());

@@ -14,15 +14,13 @@
 
 #include "core/buffer.h"
 #include "core/error.h"
+#include "core/random.h"
 
 namespace asynctp::testing {
 
-// splitmix64: a well-mixed hash of one 64-bit word.
+// A well-mixed hash of one 64-bit word (one splitmix64 step from state x).
 inline uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
+  return splitmix64(x);
 }
 
 // One seed from several parts (test case, tensor, rank, ...).
