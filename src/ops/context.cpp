@@ -87,6 +87,15 @@ Context::~Context() {
   }
 }
 
+void Context::align_ranks() {
+  SymmWorkspace& symm = workspace();
+  if (symm.unavailable_reason().empty() && symm.capacity() > 0) {
+    symm.get(symm.capacity()).barrier(0, stream());
+  } else {
+    group().barrier("align");
+  }
+}
+
 Event& Context::event(size_t index) {
   while (events_.size() <= index)
     events_.push_back(backend_->create_event());

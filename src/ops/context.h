@@ -98,6 +98,11 @@ class Context {
   // until the next call for the same purpose.
   Tensor scratch(Scratch purpose, Dims shape, DType dtype);
 
+  // Lines the ranks up on the device: a barrier on the symmetric workspace's pad (channel 0),
+  // or the group's host barrier where there is no symmetric memory yet. For measurements that
+  // must start together on every rank (the dispatcher's tuning runs, the bench).
+  void align_ranks();
+
   // Diagnosis (ops/trace.h): while a trace is attached, ops mark their steps in it.
   void set_trace(OpTrace* trace) { trace_ = trace; }
   bool tracing() { return trace_ != nullptr && !backend_->capturing(); }

@@ -15,7 +15,6 @@
 
 #include "core/log.h"
 #include "ops/context.h"
-#include "symm/symmetric_memory.h"
 
 namespace asynctp {
 
@@ -161,7 +160,6 @@ Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& r
   Stream& s = ctx_.stream();
   auto start = be.create_event(true);
   auto stop = be.create_event(true);
-  SymmetricMemory& pad = ctx_.workspace().get(ctx_.workspace().capacity());
   std::vector<double> fused, native;
   auto measure = [&](int rounds) {
     for (int i = 0; i < rounds; ++i) {
@@ -169,7 +167,7 @@ Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& r
       const bool fused_first = (fused.size() % 2) == 0;
       for (Path p : {fused_first ? Path::kFused : Path::kNative,
                      fused_first ? Path::kNative : Path::kFused}) {
-        pad.barrier(0, s);
+        ctx_.align_ranks();
         start->record(s);
         run(p);
         stop->record(s);

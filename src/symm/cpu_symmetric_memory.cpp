@@ -79,9 +79,8 @@ class CpuSymmetricMemory final : public SymmetricMemory {
   }
 
   void reset_and_barrier(uint32_t* flags, int count, int channel, Stream& stream) override {
-    ASYNCTP_CHECK(count >= 0 && (count == 0 || flags != nullptr),
-                  "reset_and_barrier: {} flags at {}", count, static_cast<void*>(flags));
-    // Peers read these flags from other threads (the ranks of a CPU group share the process).
+    check_reset(flags, count);
+    // Peers read these flags from their own processes, through the shared mapping.
     for (int i = 0; i < count; ++i)
       std::atomic_ref<uint32_t>(flags[i]).store(0, std::memory_order_release);
     barrier(channel, stream);

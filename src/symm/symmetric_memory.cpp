@@ -27,6 +27,11 @@ void SymmetricMemory::check_channel(int channel, const char* what) const {
                 channel, kNumChannels);
 }
 
+void SymmetricMemory::check_reset(const uint32_t* flags, int count) const {
+  ASYNCTP_CHECK(count >= 0 && (count == 0 || flags != nullptr), "reset_and_barrier: {} flags at {}",
+                count, static_cast<const void*>(flags));
+}
+
 std::unique_ptr<SymmAllocator> make_symm_allocator(Backend& backend, Group& group) {
   if (backend.device().is_cpu()) return make_cpu_symm_allocator(group);
 #ifdef ASYNCTP_WITH_CUDA

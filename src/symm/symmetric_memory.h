@@ -75,6 +75,8 @@ class SymmetricMemory {
       : rank_(rank), world_size_(world_size), size_(size), device_(device) {}
   void check_peer(int peer, const char* what) const;
   void check_channel(int channel, const char* what) const;
+  // reset_and_barrier's flags: none, or `count` of them at a non-null address.
+  void check_reset(const uint32_t* flags, int count) const;
 
   int rank_;
   int world_size_;

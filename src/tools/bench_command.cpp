@@ -107,11 +107,10 @@ void print_trace(Context& ctx, int rank, const std::string& what,
                  const std::function<void()>& run) {
   constexpr int kRuns = 15;
   OpTrace trace(ctx.backend());
-  SymmetricMemory& pad = ctx.workspace().get(ctx.workspace().capacity());
   std::vector<std::string> labels;
   std::vector<std::vector<double>> times;
   for (int i = 0; i < kRuns; ++i) {
-    pad.barrier(0, ctx.stream());
+    ctx.align_ranks();
     trace.clear();
     ctx.set_trace(&trace);
     run();

@@ -174,17 +174,8 @@ std::vector<double> median_ms_interleaved(Context& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
                                           int iters, std::vector<double>* host_ms, double warmup_ms,
                                           double pace) {
-  const bool symm = ctx.workspace().unavailable_reason().empty() && ctx.workspace().capacity() > 0;
   return round_robin_medians(
-      ctx, fns, warmup, iters,
-      [&] {
-        if (symm) {
-          ctx.workspace().get(ctx.workspace().capacity()).barrier(0, ctx.stream());
-        } else {
-          ctx.group().barrier("bench/align");
-        }
-      },
-      host_ms, warmup_ms, pace);
+      ctx, fns, warmup, iters, [&] { ctx.align_ranks(); }, host_ms, warmup_ms, pace);
 }
 
 double max_over_ranks(Group& group, double value) {

@@ -83,8 +83,7 @@ class CudaSymmetricMemory final : public SymmetricMemory {
 
   void reset_and_barrier(uint32_t* flags, int count, int channel, Stream& stream) override {
     check_channel(channel, "barrier");
-    ASYNCTP_CHECK(count >= 0 && (count == 0 || flags != nullptr),
-                  "reset_and_barrier: {} flags at {}", count, static_cast<void*>(flags));
+    check_reset(flags, count);
     backend_.check_device_errors();
     if (world_size_ == 1) {
       if (count > 0)
