@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "core/error.h"
 
@@ -25,6 +26,17 @@ Millis default_timeout() {
     return Millis(std::max<int64_t>(1, std::llround(std::min(seconds, kMaxSeconds) * 1000.0)));
   }
   return Millis(300'000);
+}
+
+void pause_host(std::chrono::duration<double, std::micro> length, HostPause how) {
+  if (length.count() <= 0) return;
+  if (how == HostPause::kSleep) {
+    std::this_thread::sleep_for(length);
+    return;
+  }
+  const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(length);
+  while (Clock::now() < until) {
+  }
 }
 
 }  // namespace asynctp

@@ -80,6 +80,10 @@ struct ChunkedGemmArgs {
   int64_t chunk_rows = 0;  // 0: a single chunk
   int first_chunk = 0;
   const uint32_t* ready = nullptr;
+  // Chunks that land in pieces: piece j (ready_rows rows; the last of a chunk may be shorter) of
+  // chunk c is flagged by ready[j * ready_stride + c]. 0: one flag per chunk, ready[c].
+  int64_t ready_rows = 0;
+  int64_t ready_stride = 0;
   uint32_t* done = nullptr;
   std::chrono::milliseconds timeout{60'000};
   int rank = 0;

@@ -84,6 +84,8 @@ struct Params {
   int64_t chunk_rows;
   int first_chunk;
   const uint32_t* ready;
+  int64_t ready_rows;    // rows per ready flag (<= chunk_rows)
+  int64_t ready_stride;  // piece j of chunk c: ready[j * ready_stride + c]
   uint32_t* done;
   uint64_t timeout_ns;
   DeviceErrorSlot* slot;
@@ -268,18 +270,24 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
-// Waits until every chunk overlapping rows [m0, m0 + kBM) is ready. False on timeout (reported).
+// Waits until every piece of a chunk overlapping rows [m0, m0 + kBM) is ready. False on timeout
+// (reported).
 __device__ bool wait_chunks_ready(const Params& p, int m0) {
-  const int64_t last_row = (p.m < m0 + kBM ? p.m : m0 + kBM) - 1;
-  for (int64_t c = m0 / p.chunk_rows; c <= last_row / p.chunk_rows; ++c) {
-    if (load_acquire_sys(p.ready + c) != 0) continue;
+  const int64_t end_row = p.m < m0 + kBM ? p.m : m0 + kBM;
+  for (int64_t row = m0; row < end_row;) {
+    const int64_t c = row / p.chunk_rows;
+    const int64_t j = (row - c * p.chunk_rows) / p.ready_rows;
+    const int64_t piece_end = (j + 1) * p.ready_rows;
+    row = c * p.chunk_rows + (piece_end < p.chunk_rows ? piece_end : p.chunk_rows);
+    const uint32_t* flag = p.ready + j * p.ready_stride + c;
+    if (load_acquire_sys(flag) != 0) continue;
     const uint64_t start = global_timer_ns();
-    while (load_acquire_sys(p.ready + c) == 0) {
+    while (load_acquire_sys(flag) == 0) {
       if (global_timer_ns() - start > p.timeout_ns) {
         if (p.slot != nullptr && atomicCAS_system(const_cast<int*>(&p.slot->flagged), 0, 1) == 0) {
           p.slot->rank = p.rank;
           p.slot->peer = static_cast<int>(c);
-          p.slot->channel = -1;
+          p.slot->channel = static_cast<int>(j);
           p.slot->what = 3;
           p.slot->timeout_ns = p.timeout_ns;
           __threadfence_system();
@@ -757,6 +765,10 @@ int64_t chunk_rows_of(const AsyncGemmArgs& a) {
   return a.chunk_rows > 0 ? a.chunk_rows : a.m;
 }
 
+int64_t ready_rows_of(const AsyncGemmArgs& a) {
+  return a.ready_rows > 0 ? a.ready_rows : chunk_rows_of(a);
+}
+
 int out_code(DType d) {
   return d == DType::kF32 ? 0 : d == DType::kBF16 ? 1 : 2;
 }
@@ -807,6 +819,10 @@ const char* async_gemm_unsupported(const AsyncGemmArgs& a) {
   if (a.done != nullptr && rows % kBM != 0)
     return "publishing per-chunk completion needs chunk_rows % 128 == 0";
   if (a.ready != nullptr && a.timeout_ns == 0) return "waiting for chunks needs a timeout";
+  if (a.ready_rows < 0 || a.ready_rows > rows)
+    return "ready_rows is out of range (0 to chunk_rows)";
+  if (ready_rows_of(a) < rows && a.ready_stride < (a.m + rows - 1) / rows)
+    return "ready_stride is smaller than the number of chunks (pieces' flags would overlap)";
   if (a.own_a != nullptr) {
     if (a.own_chunk < 0 || a.own_chunk * rows >= a.m) return "own_chunk is out of range";
     if (misaligned(a.own_a, 16) || a.own_lda % 8 != 0 || a.own_lda < a.k) {
@@ -912,6 +928,8 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   p.chunk_rows = chunk_rows_of(a);
   p.first_chunk = a.first_chunk;
   p.ready = a.ready;
+  p.ready_rows = ready_rows_of(a);
+  p.ready_stride = a.ready_stride;
   p.done = a.done;
   p.timeout_ns = a.timeout_ns;
   p.slot = a.slot;

@@ -90,7 +90,10 @@ cudaError_t scale_epilogue(void* d, DType d_dtype, int64_t ldd, const float* src
 // `first_chunk`, and
 //   - ready (optional, AG+MM): before loading A rows of chunk c the producer waits until
 //     ready[c] != 0 (acquire, bounded by timeout_ns; a timeout is recorded in `slot` with
-//     peer = c, channel = -1, what = 3 and the kernel finishes with garbage rather than hang);
+//     peer = c, channel = the piece (below), what = 3 and the kernel finishes with garbage
+//     rather than hang). With ready_rows < chunk_rows a chunk lands in pieces of ready_rows rows
+//     (the last may be shorter), piece j of chunk c flagged by ready[j * ready_stride + c], and
+//     a tile waits only for the pieces its rows overlap;
 //   - done (optional, MM+RS): after the stores of each 64-row half tile of chunk c, done[c] is
 //     incremented (release, system scope); chunk c is complete when done[c] reaches
 //     async_gemm_done_count(args, c). Needs chunk_rows % 128 == 0.
@@ -108,6 +111,8 @@ struct AsyncGemmArgs {
   int64_t chunk_rows = 0;  // 0: one chunk of M rows
   int first_chunk = 0;
   const uint32_t* ready = nullptr;
+  int64_t ready_rows = 0;    // rows per ready flag; 0: chunk_rows (one flag per chunk)
+  int64_t ready_stride = 0;  // flags between piece j and j+1 of a chunk (>= the chunk count)
   uint32_t* done = nullptr;
   uint64_t timeout_ns = 0;
   DeviceErrorSlot* slot = nullptr;

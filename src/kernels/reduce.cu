@@ -59,16 +59,26 @@ __global__ void reduce_vec_kernel(void* out, InputPointers in, int count, int64_
   constexpr int kPer = 16 / elem_bytes<D>();
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vectors;
        v += int64_t(gridDim.x) * blockDim.x) {
+    // Up to kBatch inputs' vectors are loaded before any is added (one load in flight per
+    // thread at a time reached ~3.3 TB/s at ws 4 on an H200); the adds stay in input order.
+    constexpr int kBatch = 8;
     float acc[kPer];
-    Vec x = reinterpret_cast<const Vec*>(in.ptr[0])[v];
 #pragma unroll
     for (int k = 0; k < kPer; ++k)
-      acc[k] = vec_load<D>(x.b, k);
-    for (int j = 1; j < count; ++j) {
-      x = reinterpret_cast<const Vec*>(in.ptr[j])[v];
+      acc[k] = 0.0f;
+    for (int j0 = 0; j0 < count; j0 += kBatch) {
+      Vec x[kBatch];
 #pragma unroll
-      for (int k = 0; k < kPer; ++k)
-        acc[k] += vec_load<D>(x.b, k);
+      for (int b = 0; b < kBatch; ++b) {
+        if (j0 + b < count) x[b] = reinterpret_cast<const Vec*>(in.ptr[j0 + b])[v];
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (j0 + b >= count) break;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k)
+          acc[k] = (j0 + b == 0) ? vec_load<D>(x[b].b, k) : acc[k] + vec_load<D>(x[b].b, k);
+      }
     }
     Vec y;
 #pragma unroll

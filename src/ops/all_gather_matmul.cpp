@@ -255,9 +255,12 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
 //     step 2: 2->0, 3->1, 0->2, 1->3   ... then the next one
 //     step 3: 3->0, 0->1, 1->2, 2->3
 //
+// Big shards may go in up to 4 pieces of at least ContextOptions::push_piece_bytes (whole 128-row
+// tiles; off by default), each flagged: a tile of the next chunk waits for its piece only.
+//
 // The symmetric buffer S_p of every rank holds the whole gathered A, [ws x shard], and its
-// ready flags are flags [kReadyChannel][0..ws) of its signal pad. Every rank pushes its shard
-// straight from A_shard into slot r of every peer's buffer and then raises that peer's flag r
+// ready flags are flags [kReadyChannel + piece][0..ws) of its signal pad. Every rank pushes its
+// shard straight from A_shard into slot r of every peer's buffer and then raises that peer's flag r
 // (a stream memory write over NVLink, ordered after the copy: no SM needed while the GEMM holds
 // them all), starting at r-1 so that at each step every rank is written by exactly one peer and
 // receives the chunk its GEMM needs next (pushing to r+1 first, as before, delivered the chunk
@@ -280,12 +283,14 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
 // slower than the split path at ws 2) or on the copy stream in an SM the GEMM leaves free
 // (reserve_sms: the barrier kernel did not get that SM promptly, eagerly up to 3x slower, and
 // in a CUDA graph never).
-constexpr int kReadyChannel = 1;  // see NOTE [signal pads and channels]
+constexpr int kReadyChannel = 1;  // to 1 + kMaxPushPieces - 1: see NOTE [signal pads and channels]
 
 struct NativePlan {
   int64_t rows = 0;  // rows of the shard as a matrix
   int64_t k = 0;
 };
+
+static_assert(kReadyChannel + detail::kMaxPushPieces <= kNumChannels);
 
 std::optional<NativePlan> native_plan(const AgMmCall& c, std::string* why) {
   if (c.scaled) {
@@ -342,9 +347,24 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   auto slot = [&](int owner, int p) {
     return sm.buffer(owner, {plan.rows, plan.k}, dtype, p * shard_bytes);
   };
+  // Piece q of chunk s is flagged by [kReadyChannel + q][s] of the owner's pad.
+  const detail::PushPieces pieces =
+      detail::push_pieces(plan.rows, shard_bytes, ctx.options().push_piece_bytes);
   auto ready_of = [&](int owner) { return sm.signal_pad_ptr(owner) + kReadyChannel * ws; };
   uint32_t* ready = ready_of(rank);
+  const int flags = ws * pieces.count;
   const Tensor gathered = sm.buffer(rank, {ws * plan.rows, plan.k}, dtype);
+  auto piece_of = [&](const Tensor& chunk, int q) {
+    const int64_t begin = q * pieces.rows;
+    return chunk.narrow(0, begin, std::min(pieces.rows, plan.rows - begin));
+  };
+  // Copies chunk `src` (or one piece of it) into `owner`'s slot and raises its flags.
+  auto land = [&](int owner, const Tensor& from, Stream& stream, int first_piece, int end_piece) {
+    for (int q = first_piece; q < end_piece; ++q) {
+      be.copy(piece_of(slot(owner, rank), q), piece_of(from, q), stream);
+      be.write_flag(ready_of(owner) + q * ws + rank, 1, stream);
+    }
+  };
 
   // The own chunk is read in place where the GEMM can address A_shard (contiguous, aligned:
   // the same for every B).
@@ -352,6 +372,8 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   for (size_t j = 0; j < c.bs.size(); ++j) {
     gemms.push_back(native_args(ctx, plan, gathered, c.bs[j], c.outs[j]));
     gemms.back().ready = ready;
+    gemms.back().ready_rows = pieces.rows;
+    gemms.back().ready_stride = ws;
   }
   ChunkedGemmArgs probe = gemms[0];
   probe.own_a = c.a_shard.is_contiguous() ? c.a_shard.view({plan.rows, plan.k}) : Tensor();
@@ -372,28 +394,32 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   ctx.mark("start", compute);
   if (!in_place) {
     be.copy(slot(rank, rank).view(c.a_shard.shape()), c.a_shard, compute);
-    be.write_flag(ready + rank, 1, compute);
+    for (int q = 0; q < pieces.count; ++q)
+      be.write_flag(ready + q * ws + rank, 1, compute);
   }
   const Tensor source = in_place ? c.a_shard.view({plan.rows, plan.k}) : slot(rank, rank);
   // The copy stream starts behind the caller's writes of A_shard and the previous op's barrier.
   Event& start = ctx.event(0);
   start.record(compute);
   start.block(copy);
+  // Pushes to r-1 first: rank q's GEMM wants chunk q+1 right after its own, and so on, so the
+  // chunk that q+i pushes to q lands at step i, the step q's GEMM reaches it.
+  auto push = [&](int i, int first_piece, int end_piece) {
+    const int p = (rank - i + ws) % ws;
+    land(p, source, copy, first_piece, end_piece);
+    if (ctx.tracing() && end_piece == pieces.count) ctx.mark(fmt::format("pushed to {}", p), copy);
+  };
+  // The first piece of the first push is enqueued before the GEMM: r-1's GEMM needs it right
+  // after its own chunk, and enqueueing the GEMM (tensor maps, launch) would otherwise delay it
+  // by that much host time when the op is not replayed from a graph.
+  if (ws > 1) push(1, 0, 1);
   for (const ChunkedGemmArgs& args : gemms)
     be.native_gemm(args, compute);
   ctx.mark("gemm", compute);
-  // Pushes to r-1 first: rank q's GEMM wants chunk q+1 right after its own, and so on, so the
-  // chunk that q+i pushes to q lands at step i, the step q's GEMM reaches it.
-  for (int i = 1; i < ws; ++i) {
-    const int p = (rank - i + ws) % ws;
-    be.copy(slot(p, rank), source, copy);
-    be.write_flag(ready_of(p) + rank, 1, copy);
-    if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", p), copy);
-  }
-  if (in_place && own_slot) {
-    be.copy(slot(rank, rank), source, copy);
-    be.write_flag(ready + rank, 1, copy);
-  }
+  if (ws > 1) push(1, 1, pieces.count);
+  for (int i = 2; i < ws; ++i)
+    push(i, 0, pieces.count);
+  if (in_place && own_slot) land(rank, source, copy, 0, pieces.count);
   Tensor a_out;
   if (c.a_out.defined()) {
     a_out = c.a_out.view({ws * plan.rows, plan.k});
@@ -419,7 +445,7 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   ctx.mark("joined", compute);
   // Past this barrier no rank reads any buffer of this op, and every flag is back to 0 (reset in
   // the barrier's kernel: separate stream writes cost ~10 us at ws 4).
-  sm.reset_and_barrier(ready, ws, kBarrierChannel, compute);
+  sm.reset_and_barrier(ready, flags, kBarrierChannel, compute);
   ctx.mark("end", compute);
 }
 

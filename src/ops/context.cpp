@@ -34,6 +34,18 @@ int ContextOptions::default_gemm_streams() {
   return env[0] - '0';
 }
 
+size_t ContextOptions::default_push_piece_bytes() {
+  const char* env = std::getenv("ASYNCTP_PUSH_PIECE_BYTES");
+  if (env == nullptr || *env == '\0') return 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  ASYNCTP_CHECK(end != env && *end == '\0' && env[0] != '-',
+                "ASYNCTP_PUSH_PIECE_BYTES must be a number of bytes (0: one piece per shard), "
+                "got '{}'",
+                env);
+  return static_cast<size_t>(v);
+}
+
 std::unique_ptr<Context> Context::create(std::shared_ptr<Group> group, ContextOptions options) {
   ASYNCTP_CHECK(group != nullptr, "Context::create needs a group");
   return std::unique_ptr<Context>(new Context(std::move(group), std::move(options)));

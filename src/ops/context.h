@@ -35,6 +35,13 @@ struct ContextOptions {
   // 3% slower on three shapes and 14-36% slower and erratic on 8192x2048x8192, and the split
   // all_gather_matmul 1.5-4.5% slower. ASYNCTP_GEMM_STREAMS sets it.
   int gemm_streams = default_gemm_streams();
+  // The native all_gather_matmul pushes each shard in up to 4 pieces of at least this many bytes,
+  // each with its own ready flag, so that a peer's GEMM starts on the first rows of a shard before
+  // the whole shard has landed (the first wave's tiles of the next chunk wait for one piece, not
+  // for the shard). 0: one piece per shard. Each piece costs two more host calls (copy, flag).
+  // ASYNCTP_PUSH_PIECE_BYTES sets it. Default 0: on 4 x H200 pieces of 8 MiB (2 for seed-4096 and
+  // l3-8b-ffn-up, 4 for l3-70b-qkv) measured no faster (docs/PERFORMANCE.md, fourth session).
+  size_t push_piece_bytes = default_push_piece_bytes();
   // Where the measured path choices are kept between runs (see ops/dispatch.h): "" the default
   // location, "off" none.
   std::string dispatch_cache;
@@ -42,6 +49,7 @@ struct ContextOptions {
   static size_t default_max_workspace_bytes();
   static PathChoice default_path_choice();
   static int default_gemm_streams();
+  static size_t default_push_piece_bytes();
 };
 
 // Local (non-symmetric) scratch buffers, one per purpose, so that buffers in use at the same

@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "core/deadline.h"
 #include "core/log.h"
 #include "ops/context.h"
 
@@ -174,8 +174,8 @@ Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& r
         stop->synchronize();
         const double us = 1000.0 * stop->elapsed_ms(*start);
         (p == Path::kFused ? fused : native).push_back(us);
-        // Idle as long as the run took (see kTunePace).
-        std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(kTunePace * us));
+        // Idle as long as the run took (see kTunePace), spinning: the bench's default.
+        pause_host(std::chrono::duration<double, std::micro>(kTunePace * us), HostPause::kSpin);
       }
     }
   };

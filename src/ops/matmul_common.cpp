@@ -1,5 +1,7 @@
 #include "ops/matmul_common.h"
 
+#include <algorithm>
+
 namespace asynctp::detail {
 
 std::optional<Tensor> as_gemm_3d(const Tensor& t, int split) {
@@ -139,6 +141,20 @@ void check_b_scale(const Tensor& scale, int64_t n, const char* op, const std::st
       scale.shape() == Dims({1, n}),
       "{}: {} must hold one element (tensor-wise) or have shape [1, {}] (column-wise), got {}", op,
       name, n, scale.describe());
+}
+
+PushPieces push_pieces(int64_t rows, size_t bytes, size_t piece_bytes) {
+  constexpr int64_t kTileRows = 128;
+  PushPieces p{1, rows};
+  if (piece_bytes == 0 || rows <= kTileRows) return p;
+  const int64_t wanted =
+      std::min<int64_t>(kMaxPushPieces, static_cast<int64_t>(bytes / piece_bytes));
+  if (wanted <= 1) return p;
+  const int64_t per = (rows + wanted - 1) / wanted;
+  p.rows = (per + kTileRows - 1) / kTileRows * kTileRows;
+  p.count = static_cast<int>((rows + p.rows - 1) / p.rows);
+  if (p.count <= 1) p.rows = rows;
+  return p;
 }
 
 }  // namespace asynctp::detail

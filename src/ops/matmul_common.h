@@ -57,6 +57,18 @@ void check_a_scale(const Tensor& scale, const Tensor& like, const char* op,
                    const std::string& name);
 void check_b_scale(const Tensor& scale, int64_t n, const char* op, const std::string& name);
 
+// How the native all_gather_matmul pushes a shard of `rows` rows and `bytes` bytes: `count`
+// pieces of `rows` rows each (the last may be shorter), each at least piece_bytes (see
+// ContextOptions::push_piece_bytes) and a multiple of 128 rows (the native GEMM's tile height,
+// so that a tile waits for one piece), at most kMaxPushPieces. One piece where that leaves no
+// room (piece_bytes 0, small or short shards).
+inline constexpr int kMaxPushPieces = 4;
+struct PushPieces {
+  int count = 1;
+  int64_t rows = 0;
+};
+PushPieces push_pieces(int64_t rows, size_t bytes, size_t piece_bytes);
+
 inline size_t align_up(size_t v, size_t a) {
   return (v + a - 1) / a * a;
 }

@@ -12,10 +12,10 @@
 //   barrier(ch):          put_signal to every peer, then wait_signal from every peer.
 // A flag goes 0 -> 1 -> 0 once per handshake, so a channel can be reused by the next op without
 // any reset; ops that need two independent handshakes in flight use two channels.
-// Channels in use: 0 the barriers of every op; 1 the native all_gather_matmul's chunk-ready
-// flags, which are not handshakes: a peer raises flag [1][src] with a stream memory write after
-// its push, the GEMM reads it, and the owner sets it back to 0 in the op's closing barrier
-// (reset_and_barrier).
+// Channels in use: 0 the barriers of every op; 1 to 4 the native all_gather_matmul's
+// chunk-ready flags, which are not handshakes: a peer raises flag [1 + q][src] with a stream
+// memory write after pushing piece q of its shard, the GEMM reads it, and the owner sets it
+// back to 0 in the op's closing barrier (reset_and_barrier).
 // Every wait is bounded by the group's timeout and fails with a TimeoutError that names this rank,
 // the peer and the channel.
 //

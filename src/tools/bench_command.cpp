@@ -48,6 +48,7 @@ struct BenchOptions {
   int warmup = 5;
   double warmup_ms = 0;
   double pace = 1;
+  bool pace_sleep = false;
   bool json = false;
   bool graph = true;
   bool trace = false;
@@ -338,7 +339,8 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   std::vector<double> host_ms;
   const bool gpu = ctx.backend().device().is_cuda();
   const std::vector<double> medians = median_ms_interleaved(
-      ctx, fns, o.warmup, o.iters, &host_ms, gpu ? o.warmup_ms : 0.0, gpu ? o.pace : 0.0);
+      ctx, fns, o.warmup, o.iters, &host_ms, gpu ? o.warmup_ms : 0.0, gpu ? o.pace : 0.0,
+      o.pace_sleep ? HostPause::kSleep : HostPause::kSpin);
   for (size_t i = 0; i < slots.size(); ++i) {
     *slots[i] = max_over_ranks(*s.group, medians[i]);
     r.host_us[slot_names[i]] = max_over_ranks(*s.group, host_ms[i]) * 1e3;
@@ -443,6 +445,7 @@ int run_bench(const BenchOptions& o) {
                        {"dtype", std::string(dtype_name(dtype))},
                        {"iters", o.iters},
                        {"pace", o.pace},
+                       {"pace_host", o.pace_sleep ? "sleep" : "spin"},
                        {"warmup_ms", o.warmup_ms},
                        {"peer_bandwidth_GBps", bandwidth},
                        {"results", rows}};
@@ -487,6 +490,9 @@ Command add_bench_command(CLI::App& app) {
                   "script measures); 0 runs back to back (sustained load, power-capped clocks)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--pace-sleep", o->pace_sleep,
+                "sleep through the pace instead of spinning (a core that idled enqueues the next "
+                "run more slowly, as the JSON's host_us shows)");
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
   cmd->add_flag("!--no-graph", o->graph, "skip the CUDA-graph replay");
   cmd->add_flag("--trace", o->trace,

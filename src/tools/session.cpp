@@ -90,7 +90,8 @@ namespace {
 std::vector<double> round_robin_medians(Context& ctx, const std::vector<std::function<void()>>& fns,
                                         int warmup, int iters, const std::function<void()>& align,
                                         std::vector<double>* host_ms = nullptr,
-                                        double warmup_ms = 0, double pace = 0) {
+                                        double warmup_ms = 0, double pace = 0,
+                                        HostPause pause = HostPause::kSpin) {
   ASYNCTP_CHECK(iters > 0 && warmup >= 0 && warmup_ms >= 0,
                 "iters must be positive, warmup and warmup_ms non-negative (got {}, {}, {})", iters,
                 warmup, warmup_ms);
@@ -143,10 +144,8 @@ std::vector<double> round_robin_medians(Context& ctx, const std::vector<std::fun
       stop->record(ctx.stream());
       stop->synchronize();
       times[f].push_back(stop->elapsed_ms(*start));
-      if (pace > 0) {
-        std::this_thread::sleep_for(
-            std::chrono::duration<double, std::milli>(pace * times[f].back()));
-      }
+      if (pace > 0)
+        pause_host(std::chrono::duration<double, std::milli>(pace * times[f].back()), pause);
     }
   }
   auto median = [](std::vector<double>& t) {
@@ -173,9 +172,9 @@ double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int 
 std::vector<double> median_ms_interleaved(Context& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
                                           int iters, std::vector<double>* host_ms, double warmup_ms,
-                                          double pace) {
+                                          double pace, HostPause pause) {
   return round_robin_medians(
-      ctx, fns, warmup, iters, [&] { ctx.align_ranks(); }, host_ms, warmup_ms, pace);
+      ctx, fns, warmup, iters, [&] { ctx.align_ranks(); }, host_ms, warmup_ms, pace, pause);
 }
 
 double max_over_ranks(Group& group, double value) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/deadline.h"
 #include "ops/context.h"
 
 namespace asynctp::tools {
@@ -48,11 +49,13 @@ double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int 
 // number on every rank). pace: after each timed run the host idles pace x that run's time, so
 // the GPU works at most 1/(1+pace) of the time: back to back (pace 0) an H200 reaches its 700 W
 // cap within a few hundred ms and drops its SM clock from 1980 to 1400-1650 MHz, while short
-// bursts from idle (PyTorch's anchor script: 35 runs per column) stay at 1980 MHz.
+// bursts from idle (PyTorch's anchor script: 35 runs per column) stay at 1980 MHz. pause: how
+// the host idles (core/deadline.h).
 std::vector<double> median_ms_interleaved(Context& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
                                           int iters, std::vector<double>* host_ms = nullptr,
-                                          double warmup_ms = 0, double pace = 0);
+                                          double warmup_ms = 0, double pace = 0,
+                                          HostPause pause = HostPause::kSpin);
 
 // The largest of every rank's value (each rank passes its own); the same result on every rank.
 double max_over_ranks(Group& group, double value);

@@ -85,6 +85,8 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
   k->chunk_rows = args.chunk_rows;
   k->first_chunk = args.first_chunk;
   k->ready = args.ready;
+  k->ready_rows = args.ready_rows;
+  k->ready_stride = args.ready_stride;
   k->done = args.done;
   k->timeout_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(args.timeout).count());
@@ -377,9 +379,11 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     }
     if (slot.what == 3) {
       ASYNCTP_TIMEOUT(
-          "rank {}: the native GEMM waited {:g} s on cuda:{} for chunk {} of A to land (the copy "
-          "of rank {}'s shard never completed: is that peer alive and in the same op?)",
-          slot.rank, static_cast<double>(slot.timeout_ns) / 1e9, device_, slot.peer, slot.peer);
+          "rank {}: the native GEMM waited {:g} s on cuda:{} for chunk {} of A (piece {}) to "
+          "land (the copy of rank {}'s shard never completed: is that peer alive and in the same "
+          "op?)",
+          slot.rank, static_cast<double>(slot.timeout_ns) / 1e9, device_, slot.peer, slot.channel,
+          slot.peer);
     }
     static constexpr const char* kWhat[] = {"put_signal to", "wait_signal from", "barrier with"};
     ASYNCTP_TIMEOUT(

@@ -1,8 +1,8 @@
 // The native async-input GEMM on one GPU (label gpu): against the obviously-correct reference
 // kernel and cuBLASLt over odd shapes, both B layouts and every output dtype; chunks that land
 // one by one while the kernel runs (ready flags set by the copy stream); a chunk that never lands
-// (timeout error naming it); per-chunk completion counters that a copy stream waits on. Skips,
-// saying why, without a GPU.
+// (timeout error naming it); per-chunk completion counters that a copy stream waits on. And the
+// CUDA partial-sum reduction against the CPU backend's bits. Skips, saying why, without a GPU.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -249,6 +249,97 @@ TEST(NativeGemm, ConsumesChunksAsTheyLand) {
   }
 }
 
+// Chunks that land in pieces (ready_rows < chunk_rows, the AG+MM's pushes of big shards): each
+// tile waits only for the pieces its rows overlap. Pieces off the 128-row tile grid and a short
+// last piece; within each chunk the pieces land last to first (a tile over two pieces must wait
+// for both); a flag array with room to spare (ready_stride above the chunk count). Then a piece
+// that never lands: the timeout names its chunk and piece.
+TEST(NativeGemm, ConsumesChunksLandingInPieces) {
+  SKIP_UNLESS_GPUS(1);
+  for (const auto& [m, chunk_rows, ready_rows, first] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t, int>>{
+           {1000, 250, 96, 1}, {4096, 1024, 256, 3}, {1024, 512, 512, 0}}) {
+    SCOPED_TRACE(fmt::format("m {} chunk_rows {} ready_rows {}", m, chunk_rows, ready_rows));
+    Gpu gpu;
+    auto copy_stream = gpu.be().create_stream();
+    const int chunks = static_cast<int>((m + chunk_rows - 1) / chunk_rows);
+    const int pieces = static_cast<int>((chunk_rows + ready_rows - 1) / ready_rows);
+    const int stride = chunks + 3;
+    OwnedTensor src = gpu.upload({m, 512}, DType::kBF16, 21);
+    OwnedTensor b = gpu.upload({512, 640}, DType::kBF16, 22);
+    OwnedTensor gathered = gpu.empty({m, 512}, DType::kBF16);
+    gpu.be().fill(gathered, std::nanf(""), gpu.stream());
+    Buffer flags = gpu.be().allocate(pieces * stride * sizeof(uint32_t));
+    auto* ready = static_cast<uint32_t*>(flags.data());
+    gpu.be().zero_flags(ready, pieces * stride, gpu.stream());
+    OwnedTensor d = gpu.empty({m, 640}, DType::kF32);
+    gpu.be().synchronize();
+
+    ChunkedGemmArgs args;
+    args.a = gathered;
+    args.b = b;
+    args.d = d;
+    args.chunk_rows = chunk_rows;
+    args.first_chunk = first;
+    args.ready = ready;
+    args.ready_rows = ready_rows;
+    args.ready_stride = stride;
+    args.timeout = std::chrono::milliseconds(20'000);
+    gpu.be().native_gemm(args, gpu.stream());  // enqueued first: it waits for the copies below
+    auto land = [&](int c, int j) {
+      const int64_t begin = c * chunk_rows + j * ready_rows;
+      const int64_t end = std::min({m, (c + 1) * chunk_rows, begin + ready_rows});
+      gpu.be().copy(gathered->narrow(0, begin, end - begin), src->narrow(0, begin, end - begin),
+                    *copy_stream);
+      gpu.be().write_flag(ready + j * stride + c, 1, *copy_stream);
+    };
+    for (int i = 0; i < chunks; ++i) {
+      for (int j = pieces - 1; j >= 0; --j)
+        land((first + i) % chunks, j);
+    }
+    OwnedTensor got = gpu.download(d);
+    EXPECT_LT(rel_diff(got, gpu.download(reference(gpu, src, b))), 1e-5);
+
+    // Every flag up but one piece of chunk (first + 1): the timeout names chunk and piece.
+    if (pieces > 1) {
+      const int c = (first + 1) % chunks;
+      gpu.be().zero_flags(ready + (pieces - 1) * stride + c, 1, gpu.stream());
+      args.timeout = std::chrono::milliseconds(200);
+      args.rank = 3;
+      gpu.be().native_gemm(args, gpu.stream());
+      try {
+        gpu.be().synchronize();
+        FAIL() << "expected a TimeoutError";
+      } catch (const TimeoutError& e) {
+        EXPECT_THAT(e.what(),
+                    ::testing::HasSubstr(fmt::format("chunk {} of A (piece {})", c, pieces - 1)));
+      }
+    }
+  }
+}
+
+// Rejected piece layouts: more rows per piece than per chunk, flags that would overlap.
+TEST(NativeGemm, RejectsBadPieceLayouts) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  OwnedTensor a = gpu.upload({512, 256}, DType::kBF16, 1);
+  OwnedTensor b = gpu.upload({256, 256}, DType::kBF16, 2);
+  OwnedTensor d = gpu.empty({512, 256}, DType::kBF16);
+  ChunkedGemmArgs args;
+  args.a = a;
+  args.b = b;
+  args.d = d;
+  args.chunk_rows = 128;
+  args.ready = reinterpret_cast<const uint32_t*>(uintptr_t{1} << 20);
+  args.ready_rows = 256;
+  EXPECT_THAT(gpu.be().native_gemm_unsupported(args), ::testing::HasSubstr("ready_rows"));
+  args.ready_rows = 64;
+  args.ready_stride = 3;  // 4 chunks
+  EXPECT_THAT(gpu.be().native_gemm_unsupported(args), ::testing::HasSubstr("ready_stride"));
+  args.ready_stride = 4;
+  EXPECT_EQ(gpu.be().native_gemm_unsupported(args), "");
+}
+
 TEST(NativeGemm, ChunkThatNeverLandsTimesOutNamingIt) {
   SKIP_UNLESS_GPUS(1);
   Gpu gpu;
@@ -390,6 +481,40 @@ TEST(NativeGemm, PublishesFinishedChunks) {
               cudaSuccess);
     for (int c = 0; c < chunks; ++c)
       EXPECT_EQ(host[c], gpu.be().native_gemm_done_count(args, c)) << "chunk " << c;
+  }
+}
+
+// The partial-sum reduction (every matmul_reduce_scatter ends with it) gives the CPU backend's
+// bits: 1 to 12 inputs (the kernel loads 8 at a time), sum and mean, every 16-bit dtype and f32,
+// on the vectorized path and the generic one (an odd element count).
+TEST(CudaReduce, MatchesTheCpuBackendBitForBit) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  std::unique_ptr<Backend> cpu = make_backend("cpu", 0);
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int64_t n : {int64_t{4104}, int64_t{1001}}) {
+      for (int count : {1, 2, 3, 4, 7, 8, 9, 12}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+          SCOPED_TRACE(fmt::format("{} n {} inputs {} {}", dt, n, count, reduce_op_name(op)));
+          std::vector<OwnedTensor> host, dev;
+          std::vector<Tensor> host_views, dev_views;
+          for (int j = 0; j < count; ++j) {
+            host.push_back(empty_host({n}, dt));
+            fill_seeded(host.back(), seed_of({41, static_cast<uint64_t>(j)}), Values::kRandom);
+            dev.push_back(gpu.empty({n}, dt));
+            gpu.be().copy(dev.back(), host.back(), gpu.stream());
+            host_views.push_back(host.back());
+            dev_views.push_back(dev.back());
+          }
+          OwnedTensor want = empty_host({n}, dt);
+          cpu->reduce(want, host_views, op, cpu->compute_stream());
+          OwnedTensor out = gpu.empty({n}, dt);
+          gpu.be().reduce(out, dev_views, op, gpu.stream());
+          const OwnedTensor got = gpu.download(out);
+          EXPECT_EQ(std::memcmp(got->data(), want->data(), got->nbytes()), 0);
+        }
+      }
+    }
   }
 }
 

@@ -85,6 +85,8 @@ struct AgCase {
   DType dtype;
   int num_b;
   bool return_a;
+  // The native path pushes each shard in as many pieces as it may (push_piece_bytes 1).
+  bool pieces = false;
 };
 
 std::string ag_name(const ::testing::TestParamInfo<AgCase>& info) {
@@ -92,8 +94,8 @@ std::string ag_name(const ::testing::TestParamInfo<AgCase>& info) {
   std::string shape;
   for (auto d : c.shard)
     shape += std::to_string(d) + "x";
-  return fmt::format("ws{}_{}g{}_{}_b{}{}", c.ws, shape, c.gather_dim, dtype_name(c.dtype), c.num_b,
-                     c.return_a ? "_retA" : "");
+  return fmt::format("ws{}_{}g{}_{}_b{}{}{}", c.ws, shape, c.gather_dim, dtype_name(c.dtype),
+                     c.num_b, c.return_a ? "_retA" : "", c.pieces ? "_pieces" : "");
 }
 
 class AllGatherMatmulGpu : public ::testing::TestWithParam<AgCase> {};
@@ -102,6 +104,8 @@ TEST_P(AllGatherMatmulGpu, MatchesHostReference) {
   const AgCase c = GetParam();
   SKIP_UNLESS_GPUS(c.ws);
   const Dims shard_shape(std::span<const int64_t>(c.shard));
+  HarnessOptions options = gpu_options();
+  if (c.pieces) options.context.push_piece_bytes = 1;
   auto statuses = run_ranks(
       c.ws,
       [&](Context& ctx) {
@@ -163,7 +167,7 @@ TEST_P(AllGatherMatmulGpu, MatchesHostReference) {
           }
         }
       },
-      gpu_options());
+      options);
   EXPECT_RANKS_OK(statuses);
 }
 
@@ -183,7 +187,21 @@ std::vector<AgCase> ag_cases() {
         {ws, {300, 136}, 0, DType::kF16, 2, true});  // chunks that straddle 128-row tiles
     // Whole tiles: the native path reads the own chunk in place and returns A from the pushes.
     cases.push_back({ws, {256, 64}, 0, DType::kBF16, 2, true});
+    // Shards pushed in pieces: 4 whole-tile pieces; 3 pieces, the last one short (44 rows), with
+    // a chunk grid off the tile grid (the own shard also copied into its slot, in pieces).
+    cases.push_back({ws, {512, 256}, 0, DType::kBF16, 2, true, true});
+    cases.push_back({ws, {300, 136}, 0, DType::kF16, 1, false, true});
   }
+  // World size 8 (the usual tensor-parallel degree in a node): fewer cases, each one starts 8
+  // processes; every gather dim, both dtypes, the tails and the native path's whole tiles.
+  cases.push_back({8, {96, 128}, 0, DType::kBF16, 1, false});
+  cases.push_back({8, {96, 64}, 1, DType::kF16, 1, false});
+  cases.push_back({8, {2, 48, 64}, 1, DType::kBF16, 1, true});
+  cases.push_back({8, {2, 48, 64}, 2, DType::kF16, 3, false});
+  cases.push_back({8, {512, 256}, 0, DType::kBF16, 1, false});
+  cases.push_back({8, {300, 136}, 0, DType::kF16, 2, true});
+  cases.push_back({8, {256, 64}, 0, DType::kBF16, 2, true});
+  cases.push_back({8, {512, 256}, 0, DType::kBF16, 1, true, true});
   return cases;
 }
 
@@ -298,6 +316,14 @@ std::vector<RsCase> rs_cases() {
                                                                                 // the native GEMM
     cases.push_back({ws, {1, 1024, 64}, 96, 1, DType::kBF16, ReduceOp::kSum, 1});
   }
+  // World size 8: every scatter dim, both reductions and dtypes, the native GEMM's tails.
+  cases.push_back({8, {128, 96}, 64, 0, DType::kBF16, ReduceOp::kSum, 1});
+  cases.push_back({8, {64, 96}, 128, 1, DType::kF16, ReduceOp::kAvg, 1});
+  cases.push_back({8, {8, 64, 48}, 80, 0, DType::kBF16, ReduceOp::kSum, 1});
+  cases.push_back({8, {2, 64, 48}, 80, 1, DType::kF16, ReduceOp::kAvg, 2});
+  cases.push_back({8, {2, 32, 48}, 128, 2, DType::kBF16, ReduceOp::kSum, 1});
+  cases.push_back({8, {512, 256}, 384, 0, DType::kBF16, ReduceOp::kSum, 1});
+  cases.push_back({8, {1024, 72}, 200, 0, DType::kF16, ReduceOp::kAvg, 1});
   return cases;
 }
 
@@ -397,7 +423,7 @@ INSTANTIATE_TEST_SUITE_P(Scales, ScaledGpu,
 
 TEST(FusedOpsGpu, CapturedInACudaGraphAndReplayedWithNewInputs) {
   SKIP_UNLESS_GPUS(2);
-  for (int ws : {2, 4}) {
+  for (int ws : {2, 4, 8}) {
     for (PathChoice path : {PathChoice::kFused, PathChoice::kNative, PathChoice::kAuto}) {
       SCOPED_TRACE(fmt::format("path {}", path_choice_name(path)));
       if (visible_gpus() < ws) continue;

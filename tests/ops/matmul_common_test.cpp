@@ -1,0 +1,89 @@
+// The native all_gather_matmul's push pieces (detail::push_pieces) and their setting.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "core/error.h"
+#include "ops/matmul_common.h"
+
+namespace asynctp {
+namespace {
+
+using detail::kMaxPushPieces;
+using detail::push_pieces;
+constexpr size_t kMiB = size_t{1} << 20;
+
+// Pieces cover the shard exactly: count - 1 pieces of `rows` rows and a last one of 1 to rows.
+void expect_covers(const detail::PushPieces& p, int64_t rows) {
+  ASSERT_GE(p.count, 1);
+  ASSERT_LE(p.count, kMaxPushPieces);
+  ASSERT_GT(p.rows, 0);
+  const int64_t last = rows - (p.count - 1) * p.rows;
+  EXPECT_GE(last, 1) << p.count << " pieces of " << p.rows << " rows for " << rows;
+  EXPECT_LE(last, p.rows);
+}
+
+TEST(PushPieces, OnePieceWhenOffSmallOrShort) {
+  for (const auto& [rows, bytes, piece] :
+       std::vector<std::tuple<int64_t, size_t, size_t>>{{1024, 64 * kMiB, 0},       // off
+                                                        {512, 8 * kMiB, 8 * kMiB},  // small
+                                                        {1024, 15 * kMiB, 8 * kMiB},
+                                                        {128, 64 * kMiB, 1},  // one tile
+                                                        {100, 64 * kMiB, 1}}) {
+    const auto p = push_pieces(rows, bytes, piece);
+    EXPECT_EQ(p.count, 1) << rows << " rows, " << bytes << " bytes, pieces of " << piece;
+    EXPECT_EQ(p.rows, rows);
+  }
+}
+
+// The anchor shards at ws 4 with pieces of 8 MiB: seed-4096 (1024 x 8192 bf16, 16 MiB)
+// in 2, l3-70b-qkv (2048 x 8192, 32 MiB) in 4, and no more than 4 however big.
+TEST(PushPieces, WholeTilesOfAtLeastThePieceSize) {
+  EXPECT_EQ(push_pieces(1024, 16 * kMiB, 8 * kMiB).count, 2);
+  EXPECT_EQ(push_pieces(1024, 16 * kMiB, 8 * kMiB).rows, 512);
+  EXPECT_EQ(push_pieces(2048, 32 * kMiB, 8 * kMiB).count, 4);
+  EXPECT_EQ(push_pieces(2048, 32 * kMiB, 8 * kMiB).rows, 512);
+  EXPECT_EQ(push_pieces(8192, 1024 * kMiB, 8 * kMiB).count, kMaxPushPieces);
+  for (int64_t rows : {129, 200, 300, 512, 1000, 1024, 2047, 4096, 5000}) {
+    for (size_t bytes : {size_t{1}, 3 * kMiB, 17 * kMiB, 100 * kMiB}) {
+      for (size_t piece : {size_t{1}, kMiB, 8 * kMiB}) {
+        const auto p = push_pieces(rows, bytes, piece);
+        SCOPED_TRACE(testing::Message() << rows << " rows, " << bytes << " B, pieces " << piece);
+        expect_covers(p, rows);
+        if (p.count > 1) {
+          EXPECT_EQ(p.rows % 128, 0);
+          EXPECT_GE(bytes / static_cast<size_t>(p.count), piece / 2)
+              << "pieces much smaller than asked for";
+        }
+      }
+    }
+  }
+  // 300 rows in as many pieces as allowed: 128 + 128 + 44.
+  EXPECT_EQ(push_pieces(300, 300 * 272, 1).count, 3);
+  EXPECT_EQ(push_pieces(300, 300 * 272, 1).rows, 128);
+}
+
+TEST(PushPieces, SettingComesFromTheEnvironment) {
+  const char* saved = std::getenv("ASYNCTP_PUSH_PIECE_BYTES");
+  const std::string keep = saved != nullptr ? saved : "";
+  ::unsetenv("ASYNCTP_PUSH_PIECE_BYTES");
+  EXPECT_EQ(ContextOptions::default_push_piece_bytes(), 0u);
+  ::setenv("ASYNCTP_PUSH_PIECE_BYTES", "8388608", 1);
+  EXPECT_EQ(ContextOptions::default_push_piece_bytes(), 8 * kMiB);
+  ::setenv("ASYNCTP_PUSH_PIECE_BYTES", "4194304", 1);
+  EXPECT_EQ(ContextOptions::default_push_piece_bytes(), 4 * kMiB);
+  for (const char* bad : {"-1", "4M", "x"}) {
+    ::setenv("ASYNCTP_PUSH_PIECE_BYTES", bad, 1);
+    EXPECT_THAT([] { ContextOptions::default_push_piece_bytes(); },
+                testing::ThrowsMessage<Error>(testing::HasSubstr("ASYNCTP_PUSH_PIECE_BYTES")));
+  }
+  if (saved != nullptr) {
+    ::setenv("ASYNCTP_PUSH_PIECE_BYTES", keep.c_str(), 1);
+  } else {
+    ::unsetenv("ASYNCTP_PUSH_PIECE_BYTES");
+  }
+}
+
+}  // namespace
+}  // namespace asynctp
