@@ -110,6 +110,11 @@ void Backend::zero_flags(uint32_t*, size_t, Stream&) {
   ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
 }
 
+void Backend::reduce_when_flagged(const Tensor&, std::span<const Tensor>, ReduceOp, const FlagWait&,
+                                  Stream&) {
+  ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
+}
+
 std::unique_ptr<Backend> make_backend(std::string_view name, int local_rank) {
   if (name == "cpu") return make_cpu_backend();
   if (name == "cuda") {

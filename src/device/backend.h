@@ -148,6 +148,20 @@ class Backend {
   virtual void write_flag(uint32_t* flag, uint32_t value, Stream& stream);
   virtual void wait_flag(const uint32_t* flag, uint32_t value, Stream& stream);
   virtual void zero_flags(uint32_t* flags, size_t count, Stream& stream);
+  // reduce(), once flags[i] != 0 for every i in [0, count) but `skip` (acquire: the inputs that
+  // peers copied in before raising their flag with write_flag are complete). The flags are left
+  // as they are. Bounded by `timeout`: a TimeoutError naming `rank`, the missing flag's index as
+  // the peer, and `channel`.
+  struct FlagWait {
+    const uint32_t* flags = nullptr;
+    int count = 0;
+    int skip = -1;
+    std::chrono::milliseconds timeout{60'000};
+    int rank = 0;
+    int channel = -1;
+  };
+  virtual void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
+                                   const FlagWait& wait, Stream& stream);
 };
 
 // "cpu", or "cuda" when built with the CUDA backend; `local_rank` picks the GPU.

@@ -1,10 +1,13 @@
 #include "device/cpu_backend.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <vector>
 
+#include "core/deadline.h"
 #include "device/cpu_loops.h"
 
 namespace asynctp {
@@ -222,6 +225,35 @@ class CpuBackend final : public Backend {
         index[dd] = 0;
       }
     }
+  }
+
+  // Flags in host memory that other processes (the ranks) map too: atomic accesses, as the CPU
+  // symmetric memory's signals do. Streams are eager, so the write happens now.
+  void write_flag(uint32_t* flag, uint32_t value, Stream&) override {
+    ASYNCTP_CHECK(flag != nullptr, "write_flag: no flag");
+    std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_release);
+  }
+
+  void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
+                           const FlagWait& wait, Stream& stream) override {
+    ASYNCTP_CHECK(wait.count >= 0 && (wait.count == 0 || wait.flags != nullptr),
+                  "reduce_when_flagged: {} flags at {}", wait.count,
+                  static_cast<const void*>(wait.flags));
+    const Deadline deadline(wait.timeout);
+    for (int i = 0; i < wait.count; ++i) {
+      if (i == wait.skip) continue;
+      std::atomic_ref<uint32_t> flag(*const_cast<uint32_t*>(wait.flags + i));
+      while (flag.load(std::memory_order_acquire) == 0) {
+        if (deadline.expired()) {
+          ASYNCTP_TIMEOUT(
+              "rank {}: the reduction waited {} for the partial of rank {} on channel {} (is "
+              "that peer alive and in the same op?)",
+              wait.rank, deadline.describe(), i, wait.channel);
+        }
+        std::this_thread::yield();
+      }
+    }
+    reduce(out, inputs, op, stream);
   }
 
   void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream&) override {

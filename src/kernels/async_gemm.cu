@@ -49,6 +49,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "kernels/device_sync.cuh"
 #include "kernels/kernels.h"
 #include "kernels/wgmma_regs.cuh"
 
@@ -205,23 +206,14 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
 }
 
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using detail::global_timer_ns;
+using detail::load_acquire_sys;
 
 // Acquire loads of flags: gpu scope for the tail split's counters (written by CTAs of this
-// launch), system scope for the ready flags (raised by a peer GPU's stream write over NVLink).
+// launch); the ready flags (raised by a peer GPU's stream write) use detail::load_acquire_sys.
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -284,14 +276,8 @@ __device__ bool wait_chunks_ready(const Params& p, int m0) {
     const uint64_t start = global_timer_ns();
     while (load_acquire_sys(flag) == 0) {
       if (global_timer_ns() - start > p.timeout_ns) {
-        if (p.slot != nullptr && atomicCAS_system(const_cast<int*>(&p.slot->flagged), 0, 1) == 0) {
-          p.slot->rank = p.rank;
-          p.slot->peer = static_cast<int>(c);
-          p.slot->channel = static_cast<int>(j);
-          p.slot->what = 3;
-          p.slot->timeout_ns = p.timeout_ns;
-          __threadfence_system();
-        }
+        detail::report_timeout(p.slot, p.rank, static_cast<int>(c), static_cast<int>(j), 3,
+                               p.timeout_ns);
         return false;
       }
       __nanosleep(64);
@@ -312,14 +298,7 @@ __device__ void wait_split_parts(const Params& p, const uint32_t* flag, uint32_t
   const uint64_t limit = p.timeout_ns != 0 ? p.timeout_ns : 10'000'000'000ull;
   while (load_acquire(flag) < parts) {
     if (global_timer_ns() - start > limit) {
-      if (p.slot != nullptr && atomicCAS_system(const_cast<int*>(&p.slot->flagged), 0, 1) == 0) {
-        p.slot->rank = p.rank;
-        p.slot->peer = -1;
-        p.slot->channel = -1;
-        p.slot->what = 4;
-        p.slot->timeout_ns = limit;
-        __threadfence_system();
-      }
+      detail::report_timeout(p.slot, p.rank, -1, -1, 4, limit);
       return;
     }
     __nanosleep(32);

@@ -41,7 +41,9 @@ struct DeviceErrorSlot {
   int rank;
   int peer;
   int channel;
-  int what;  // 0 put_signal, 1 wait_signal, 2 barrier, 3 async GEMM waiting for a chunk
+  // 0 put_signal, 1 wait_signal, 2 barrier, 3 async GEMM waiting for a chunk, 4 async GEMM
+  // waiting for its own split tiles, 5 reduction waiting for a peer's partial
+  int what;
   unsigned long long timeout_ns;
 };
 
@@ -70,10 +72,22 @@ cudaError_t fill(const KTensor& dst, float value, cudaStream_t stream);
 cudaError_t unary(int op, const KTensor& dst, const KTensor& src, cudaStream_t stream);
 
 inline constexpr int kMaxReduceInputs = 64;
+// Flags a reduction waits for: flags[i] != 0 (acquire, system scope) for every i in [0, count)
+// but `skip`; bounded by timeout_ns, a timeout recorded in `slot` with peer = i, what = 5.
+struct ReduceWait {
+  const uint32_t* flags = nullptr;  // null: no wait
+  int count = 0;
+  int skip = -1;
+  uint64_t timeout_ns = 0;
+  DeviceErrorSlot* slot = nullptr;
+  int rank = 0;
+  int channel = -1;
+};
 // out = sum (avg: mean) of count inputs that all share `in_layout`'s shape, strides and dtype,
-// added in f32 in the order given and rounded once.
+// added in f32 in the order given and rounded once; first (every block) the wait, if any.
 cudaError_t reduce(const KTensor& out, const void* const* inputs, int count,
-                   const KTensor& in_layout, bool avg, cudaStream_t stream);
+                   const KTensor& in_layout, bool avg, cudaStream_t stream,
+                   const ReduceWait& wait = {});
 
 // d[i, j] = src[i, j] * row_scale[i] * col_scale[j] over a [rows, cols] f32 source (contiguous),
 // written to d (row-major with leading dim ldd, dtype d_dtype). Scales: null = 1, or a single

@@ -5,6 +5,7 @@
 // Fast path (contiguous inputs and output, 16-byte aligned): each thread owns a 16-byte vector of
 // the output and reads the matching vector of every input; the inputs are the slots of this
 // rank's symmetric buffer, so this runs at local HBM bandwidth.
+#include "kernels/device_sync.cuh"
 #include "kernels/element_access.cuh"
 
 namespace asynctp::kernels {
@@ -52,10 +53,31 @@ constexpr int elem_bytes() {
   return D == DType::kF32 ? 4 : (D == DType::kBF16 || D == DType::kF16) ? 2 : 1;
 }
 
+// Thread 0 of every block waits for the flags (the inputs' writers raised them after their
+// copies); the block's barrier then orders every thread's loads after that acquire.
+__device__ __forceinline__ void wait_for_inputs(const ReduceWait& w) {
+  if (w.flags == nullptr) return;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < w.count; ++i) {
+      if (i == w.skip || detail::load_acquire_sys(w.flags + i) != 0) continue;
+      const uint64_t start = detail::global_timer_ns();
+      while (detail::load_acquire_sys(w.flags + i) == 0) {
+        if (detail::global_timer_ns() - start > w.timeout_ns) {
+          detail::report_timeout(w.slot, w.rank, i, w.channel, 5, w.timeout_ns);
+          break;
+        }
+        __nanosleep(128);
+      }
+    }
+  }
+  __syncthreads();
+}
+
 // Same dtype in and out, contiguous, 16-byte aligned, numel a multiple of the vector width.
 template <DType D>
-__global__ void reduce_vec_kernel(void* out, InputPointers in, int count, int64_t vectors,
-                                  bool avg) {
+__global__ void reduce_vec_kernel(void* out, InputPointers in, int count, int64_t vectors, bool avg,
+                                  ReduceWait wait) {
+  wait_for_inputs(wait);
   constexpr int kPer = 16 / elem_bytes<D>();
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vectors;
        v += int64_t(gridDim.x) * blockDim.x) {
@@ -89,7 +111,8 @@ __global__ void reduce_vec_kernel(void* out, InputPointers in, int count, int64_
 }
 
 __global__ void reduce_generic_kernel(KTensor out, InputPointers in, int count, KTensor layout,
-                                      int64_t n, bool avg) {
+                                      int64_t n, bool avg, ReduceWait wait) {
+  wait_for_inputs(wait);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t off = offset_of(layout, i);
@@ -103,16 +126,19 @@ __global__ void reduce_generic_kernel(KTensor out, InputPointers in, int count, 
 
 template <DType D>
 void launch_vec(void* out, const InputPointers& in, int count, int64_t vectors, bool avg,
-                cudaStream_t stream) {
-  reduce_vec_kernel<D>
-      <<<detail::grid_for(vectors, kThreads), kThreads, 0, stream>>>(out, in, count, vectors, avg);
+                const ReduceWait& wait, cudaStream_t stream) {
+  reduce_vec_kernel<D><<<detail::grid_for(vectors, kThreads), kThreads, 0, stream>>>(
+      out, in, count, vectors, avg, wait);
 }
 
 }  // namespace
 
 cudaError_t reduce(const KTensor& out, const void* const* inputs, int count,
-                   const KTensor& in_layout, bool avg, cudaStream_t stream) {
+                   const KTensor& in_layout, bool avg, cudaStream_t stream,
+                   const ReduceWait& wait) {
   if (count < 1 || count > kMaxReduceInputs) return cudaErrorInvalidValue;
+  if (wait.flags != nullptr && (wait.count < 0 || wait.timeout_ns == 0))
+    return cudaErrorInvalidValue;
   const int64_t n = out.numel();
   if (n == 0) return cudaSuccess;
   InputPointers in{};
@@ -128,24 +154,24 @@ cudaError_t reduce(const KTensor& out, const void* const* inputs, int count,
     const int64_t vectors = n * esize / 16;
     switch (out.dtype) {
       case DType::kF32:
-        launch_vec<DType::kF32>(out.data, in, count, vectors, avg, stream);
+        launch_vec<DType::kF32>(out.data, in, count, vectors, avg, wait, stream);
         break;
       case DType::kBF16:
-        launch_vec<DType::kBF16>(out.data, in, count, vectors, avg, stream);
+        launch_vec<DType::kBF16>(out.data, in, count, vectors, avg, wait, stream);
         break;
       case DType::kF16:
-        launch_vec<DType::kF16>(out.data, in, count, vectors, avg, stream);
+        launch_vec<DType::kF16>(out.data, in, count, vectors, avg, wait, stream);
         break;
       case DType::kF8E4M3:
-        launch_vec<DType::kF8E4M3>(out.data, in, count, vectors, avg, stream);
+        launch_vec<DType::kF8E4M3>(out.data, in, count, vectors, avg, wait, stream);
         break;
       case DType::kF8E5M2:
-        launch_vec<DType::kF8E5M2>(out.data, in, count, vectors, avg, stream);
+        launch_vec<DType::kF8E5M2>(out.data, in, count, vectors, avg, wait, stream);
         break;
     }
   } else {
     reduce_generic_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(
-        out, in, count, in_layout, n, avg);
+        out, in, count, in_layout, n, avg, wait);
   }
   return cudaGetLastError();
 }

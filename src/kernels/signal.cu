@@ -3,29 +3,18 @@
 // %globaltimer; on timeout the kernel records rank, peer and channel in the host-mapped error
 // slot and returns, so the stream keeps draining (every later wait is bounded too) and the host
 // turns the record into a TimeoutError at its next check. No trap: the CUDA context stays usable.
+#include "kernels/device_sync.cuh"
 #include "kernels/kernels.h"
 
 namespace asynctp::kernels {
 
 namespace {
 
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using detail::global_timer_ns;
 
 __device__ void report_timeout(DeviceErrorSlot* slot, SignalSite site, int what,
                                uint64_t timeout_ns) {
-  if (slot == nullptr) return;
-  if (atomicCAS_system(const_cast<int*>(&slot->flagged), 0, 1) == 0) {
-    slot->rank = site.rank;
-    slot->peer = site.peer;
-    slot->channel = site.channel;
-    slot->what = what;
-    slot->timeout_ns = timeout_ns;
-    __threadfence_system();
-  }
+  detail::report_timeout(slot, site.rank, site.peer, site.channel, what, timeout_ns);
 }
 
 // Moves *flag from `from` to `to`; false after timeout_ns.

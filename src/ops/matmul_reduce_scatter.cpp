@@ -2,23 +2,27 @@
 //
 // Fused schedule on rank r of ws (P = A @ B, chunk d of P is what rank d keeps):
 //
-//   compute: barrier | GEMM chunk r+1 | GEMM chunk r+2 | ... | GEMM chunk r -> own slot | wait |
-//   barrier | reduce copy:                             | push r+1       | push r+2 ...         |
-//   push r-1 |
+//   compute: reset landed, barrier | GEMM chunk r+1 | GEMM chunk r+2 | ... | GEMM chunk r -> own
+//            slot | reduce (waits for landed[s] of every peer s) | wait for the copy stream
+//   copy:                          | push r+1, landed_{r+1}[r] = 1 | push r+2, ... | push r-1 ...
 //
 // Rank r computes the chunks in the order their owners need them, r+1 first, so at each step
 // every rank feeds a different peer; the copy engine pushes each finished chunk into slot r of
-// its owner's symmetric buffer while the next GEMM runs. The own chunk goes last, straight into
-// the own slot. After the closing barrier every push has landed, and the owner adds the ws slots
-// in f32 in rank order 0..ws-1 and rounds once: deterministic, identical on every run, and on the
-// CPU backend identical to GEMM followed by reduce-scatter. The opening barrier makes sure every
-// owner has finished reading its slots from the previous op before anyone pushes again. Both
-// barriers run on the compute stream where it has no GEMM to overlap; the copy stream carries
-// only copy-engine work, since a kernel queued there would wait for an SM until the running GEMM
-// ends.
+// its owner's symmetric buffer while the next GEMM runs, then raises the owner's flag
+// landed[r] (a stream memory write over NVLink, after the copy). The own chunk goes last,
+// straight into the own slot. The reduction waits (in its kernel, bounded by the group's timeout)
+// until every peer's flag is up, then adds the ws slots in f32 in rank order 0..ws-1 and rounds
+// once: deterministic, identical on every run, and on the CPU backend identical to GEMM followed
+// by reduce-scatter. The opening barrier makes sure every owner has finished reading its slots
+// (the previous op's reduction) and has set its landed flags back to 0 before anyone pushes
+// again. It runs on the compute stream where it has no GEMM to overlap; the copy stream carries
+// only copy-engine work and stream memory writes, since a kernel queued there would wait for an
+// SM until the running GEMM ends. (Before the flags, a closing barrier waited for every rank's
+// pushes: ~10 us more per op at ws 4, and a rank waited for pushes into its peers' slots too.)
 //
 // Symmetric buffer of each rank: [slot 0 | slot 1 | ... | slot ws-1], slot s = rank s's partial
-// of this rank's chunk, in the output dtype.
+// of this rank's chunk, in the output dtype; its signal pad's flags [kLandedChannel][s] = slot s
+// has landed.
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
@@ -31,6 +35,7 @@ using detail::gemm_view;
 namespace {
 
 constexpr int kBarrierChannel = 0;
+constexpr int kLandedChannel = 5;  // see NOTE [signal pads and channels]
 
 struct MmRsCall {
   const char* op;
@@ -225,8 +230,10 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   const Tensor staging = ctx.scratch(Scratch::kStaging, staging_shape, c.out.dtype());
   // Every owner has finished reading its slots in the previous op once all ranks are past this
   // barrier; only then may anyone push into them.
+  auto landed_of = [&](int owner) { return sm.signal_pad_ptr(owner) + kLandedChannel * ws; };
+  uint32_t* landed = landed_of(rank);
   ctx.mark("start", compute);
-  sm.barrier(kBarrierChannel, compute);
+  sm.reset_and_barrier(landed, ws, kBarrierChannel, compute);
   ctx.mark("opened", compute);
   // Chunk GEMMs alternate between the GEMM streams (one chunk's tail overlaps the next one's
   // start) unless several products share the accumulator.
@@ -248,6 +255,7 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
     done.record(stream);
     done.block(copy);
     be.copy(slot(dst, rank), part, copy);  // copy engine, beside the next GEMM
+    be.write_flag(landed_of(dst) + rank, 1, copy);
     if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", dst), copy);
   }
   writer.write(rank, slot(rank, rank), stream_of(ws - 1));
@@ -257,17 +265,23 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
     aux_done.record(aux);
     aux_done.block(compute);
   }
-  Event& pushed = ctx.event(ws);
-  pushed.record(copy);
-  pushed.block(compute);
-  // Every rank's pushes have landed once all are past this barrier.
-  ctx.mark("joined", compute);
-  sm.barrier(kBarrierChannel, compute);
-  ctx.mark("barrier", compute);
+  ctx.mark("computed", compute);
   std::vector<Tensor> parts;
   for (int src = 0; src < ws; ++src)
     parts.push_back(slot(rank, src));
-  be.reduce(c.out, parts, options.reduce_op, compute);
+  Backend::FlagWait wait;
+  wait.flags = landed;
+  wait.count = ws;
+  wait.skip = rank;
+  wait.timeout = ctx.group().timeout();
+  wait.rank = rank;
+  wait.channel = kLandedChannel;
+  be.reduce_when_flagged(c.out, parts, options.reduce_op, wait, compute);
+  ctx.mark("reduced", compute);
+  // This rank's own pushes (their staging is reused by the next op).
+  Event& pushed = ctx.event(ws);
+  pushed.record(copy);
+  pushed.block(compute);
   ctx.mark("end", compute);
 }
 

@@ -216,6 +216,38 @@ TEST_F(CpuBackendTest, ReduceAddsInTheGivenOrderAndRoundsOnce) {
   }
 }
 
+// The split matmul_reduce_scatter's reduction: it waits for every flag but the skipped one,
+// then reduces as reduce() does; a flag that never comes up is a TimeoutError naming the rank,
+// the peer (the flag's index) and the channel.
+TEST_F(CpuBackendTest, ReduceWhenFlaggedWaitsForEveryFlagButTheSkippedOne) {
+  std::vector<OwnedTensor> ins;
+  std::vector<Tensor> views;
+  for (int j = 0; j < 3; ++j) {
+    ins.push_back(empty_host({5}, DType::kBF16));
+    fill_seeded(ins.back(), seed_of({61, static_cast<uint64_t>(j)}), Values::kRandom);
+    views.push_back(ins.back());
+  }
+  OwnedTensor want = empty_host({5}, DType::kBF16);
+  backend_->reduce(want, views, ReduceOp::kSum, stream());
+  uint32_t flags[3] = {0, 0, 0};
+  Backend::FlagWait wait;
+  wait.flags = flags;
+  wait.count = 3;
+  wait.skip = 1;
+  wait.timeout = std::chrono::milliseconds(50);
+  wait.rank = 1;
+  wait.channel = 5;
+  backend_->write_flag(&flags[0], 1, stream());
+  OwnedTensor got = empty_host({5}, DType::kBF16);
+  EXPECT_THAT([&] { backend_->reduce_when_flagged(got, views, ReduceOp::kSum, wait, stream()); },
+              ::testing::ThrowsMessage<TimeoutError>(::testing::AllOf(
+                  HasSubstr("rank 1"), HasSubstr("partial of rank 2"), HasSubstr("channel 5"))));
+  backend_->write_flag(&flags[2], 7, stream());
+  backend_->reduce_when_flagged(got, views, ReduceOp::kSum, wait, stream());
+  EXPECT_TRUE(same_bits(got, want));
+  EXPECT_EQ(flags[1], 0u) << "the skipped flag is left alone";
+}
+
 TEST_F(CpuBackendTest, ReduceOrderIsTheOneGiven) {
   // Values chosen so that the f32 sum depends on the order: (big + small) - big != small.
   float big = 1e8f, small = 1.0f, minus_big = -1e8f;

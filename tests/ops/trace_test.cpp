@@ -62,7 +62,7 @@ TEST(OpTrace, MarksTheStepsOfBothSplitPathsInOrder) {
         labels_of(trace.read()),
         ElementsAre("start", "opened", fmt::format("gemm {}", p1), fmt::format("pushed to {}", p1),
                     fmt::format("gemm {}", p2), fmt::format("pushed to {}", p2),
-                    fmt::format("gemm {}", r), "joined", "barrier", "end"));
+                    fmt::format("gemm {}", r), "computed", "reduced", "end"));
   });
   EXPECT_RANKS_OK(statuses);
 }

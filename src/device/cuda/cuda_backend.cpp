@@ -268,6 +268,28 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
 
   void reduce(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
               Stream& stream) override {
+    reduce_waiting(out, inputs, op, kernels::ReduceWait{}, stream);
+  }
+
+  void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
+                           const FlagWait& wait, Stream& stream) override {
+    ASYNCTP_CHECK(wait.count >= 0 && (wait.count == 0 || wait.flags != nullptr),
+                  "reduce_when_flagged: {} flags at {}", wait.count,
+                  static_cast<const void*>(wait.flags));
+    kernels::ReduceWait w;
+    w.flags = wait.count > 0 ? wait.flags : nullptr;
+    w.count = wait.count;
+    w.skip = wait.skip;
+    w.timeout_ns = static_cast<uint64_t>(std::max<int64_t>(
+        1, std::chrono::duration_cast<std::chrono::nanoseconds>(wait.timeout).count()));
+    w.slot = error_slot_device_;
+    w.rank = wait.rank;
+    w.channel = wait.channel;
+    reduce_waiting(out, inputs, op, w, stream);
+  }
+
+  void reduce_waiting(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
+                      const kernels::ReduceWait& wait, Stream& stream) {
     ASYNCTP_CHECK(!inputs.empty() && inputs.size() <= kernels::kMaxReduceInputs,
                   "reduce takes 1 to {} inputs, got {}", kernels::kMaxReduceInputs, inputs.size());
     std::vector<const void*> ptrs;
@@ -282,7 +304,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     }
     ASYNCTP_CUDA_CHECK(kernels::reduce(cuda::to_kernel(out), ptrs.data(),
                                        static_cast<int>(ptrs.size()), cuda::to_kernel(inputs[0]),
-                                       op == ReduceOp::kAvg, raw(stream)));
+                                       op == ReduceOp::kAvg, raw(stream), wait));
   }
 
   void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream& stream) override {
@@ -376,6 +398,12 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
           "rank {}: the native GEMM on cuda:{} waited {:g} s for the partial sums of its own "
           "split tiles (an internal error: CTAs of one launch that should all be running)",
           slot.rank, device_, static_cast<double>(slot.timeout_ns) / 1e9);
+    }
+    if (slot.what == 5) {
+      ASYNCTP_TIMEOUT(
+          "rank {}: the reduction on cuda:{} waited {:g} s for the partial of rank {} on channel "
+          "{} (is that peer alive and in the same op?)",
+          slot.rank, device_, static_cast<double>(slot.timeout_ns) / 1e9, slot.peer, slot.channel);
     }
     if (slot.what == 3) {
       ASYNCTP_TIMEOUT(

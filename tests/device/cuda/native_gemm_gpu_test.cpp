@@ -518,5 +518,61 @@ TEST(CudaReduce, MatchesTheCpuBackendBitForBit) {
   }
 }
 
+// The flagged reduction (the split matmul_reduce_scatter's): the inputs land on another stream,
+// each followed by its flag, while the reduction already waits; the same bits as reduce().
+// A flag that never comes up: a TimeoutError naming rank, peer and channel; then the backend is
+// usable again.
+TEST(CudaReduce, WhenFlaggedWaitsForTheCopiesThenMatchesReduce) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  auto copy_stream = gpu.be().create_stream();
+  const int64_t n = 1 << 20;
+  std::vector<OwnedTensor> src, dst;
+  std::vector<Tensor> views;
+  for (int j = 0; j < 4; ++j) {
+    src.push_back(gpu.upload({n}, DType::kBF16, 70 + j));
+    dst.push_back(gpu.empty({n}, DType::kBF16));
+    gpu.be().fill(dst.back(), std::nanf(""), gpu.stream());
+    views.push_back(dst.back());
+  }
+  Buffer flag_buf = gpu.be().allocate(4 * sizeof(uint32_t));
+  auto* flags = static_cast<uint32_t*>(flag_buf.data());
+  gpu.be().zero_flags(flags, 4, gpu.stream());
+  gpu.be().copy(dst[2], src[2], gpu.stream());  // the "own" partial, not flagged
+  gpu.be().synchronize();
+  Backend::FlagWait wait;
+  wait.flags = flags;
+  wait.count = 4;
+  wait.skip = 2;
+  wait.timeout = std::chrono::milliseconds(20'000);
+  wait.rank = 2;
+  wait.channel = 5;
+  OwnedTensor out = gpu.empty({n}, DType::kBF16);
+  gpu.be().reduce_when_flagged(out, views, ReduceOp::kSum, wait, gpu.stream());
+  for (int j : {3, 0, 1}) {
+    gpu.be().copy(dst[j], src[j], *copy_stream);
+    gpu.be().write_flag(flags + j, 1, *copy_stream);
+  }
+  OwnedTensor want = gpu.empty({n}, DType::kBF16);
+  gpu.be().reduce(want, views, ReduceOp::kSum, gpu.stream());
+  const OwnedTensor got_h = gpu.download(out);
+  const OwnedTensor want_h = gpu.download(want);
+  EXPECT_EQ(std::memcmp(got_h->data(), want_h->data(), got_h->nbytes()), 0);
+
+  gpu.be().zero_flags(flags + 1, 1, gpu.stream());
+  wait.timeout = std::chrono::milliseconds(200);
+  gpu.be().reduce_when_flagged(out, views, ReduceOp::kSum, wait, gpu.stream());
+  try {
+    gpu.be().synchronize();
+    FAIL() << "expected a TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("rank 2"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("partial of rank 1 on channel 5"));
+  }
+  gpu.be().write_flag(flags + 1, 1, gpu.stream());
+  gpu.be().reduce_when_flagged(out, views, ReduceOp::kSum, wait, gpu.stream());
+  EXPECT_NO_THROW(gpu.be().synchronize());
+}
+
 }  // namespace
 }  // namespace asynctp::testing
