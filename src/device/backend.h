@@ -150,7 +150,8 @@ class Backend {
   virtual void zero_flags(uint32_t* flags, size_t count, Stream& stream);
   // reduce(), once flags[i] != 0 for every i in [0, count) but `skip` (acquire: the inputs that
   // peers copied in before raising their flag with write_flag are complete). The flags are left
-  // as they are. Bounded by `timeout`: a TimeoutError naming `rank`, the missing flag's index as
+  // as they are. Bounded by `timeout` (once for the whole call, not per flag or per block of a
+  // kernel): a TimeoutError naming `rank`, the missing flag's index as
   // the peer, and `channel`.
   struct FlagWait {
     const uint32_t* flags = nullptr;

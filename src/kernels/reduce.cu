@@ -54,16 +54,25 @@ constexpr int elem_bytes() {
 }
 
 // Thread 0 of every block waits for the flags (the inputs' writers raised them after their
-// copies); the block's barrier then orders every thread's loads after that acquire.
+// copies); the block's barrier then orders every thread's loads after that acquire. One timeout
+// ends every wait of the launch: a block that finds the error slot already flagged (by another
+// block, of this or an earlier wave) stops waiting, so a missing peer costs one timeout, not one
+// per wave of blocks and missing flag.
 __device__ __forceinline__ void wait_for_inputs(const ReduceWait& w) {
   if (w.flags == nullptr) return;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < w.count; ++i) {
+    bool gave_up = false;
+    for (int i = 0; i < w.count && !gave_up; ++i) {
       if (i == w.skip || detail::load_acquire_sys(w.flags + i) != 0) continue;
       const uint64_t start = detail::global_timer_ns();
       while (detail::load_acquire_sys(w.flags + i) == 0) {
+        if (w.slot != nullptr && w.slot->flagged != 0) {
+          gave_up = true;
+          break;
+        }
         if (detail::global_timer_ns() - start > w.timeout_ns) {
           detail::report_timeout(w.slot, w.rank, i, w.channel, 5, w.timeout_ns);
+          gave_up = true;
           break;
         }
         __nanosleep(128);

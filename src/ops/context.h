@@ -90,9 +90,10 @@ class Context {
   SymmWorkspace& workspace() { return *workspace_; }
   // A second symmetric buffer (same limit), for ops into which peers write with no handshake
   // first: the native all_gather_matmul pushes its shard into every peer's copy as soon as it
-  // starts. In the shared workspace a peer could still be reading its own copy then (the final
-  // reduction of a matmul_reduce_scatter runs after that op's last barrier); here every op ends
-  // with a barrier after its last access, so the next one finds every peer's copy free.
+  // starts. In the shared workspace a peer could still be reading its own copy then (a
+  // matmul_reduce_scatter's final reduction runs after its last barrier, or with no barrier after
+  // it at all on the split path); here every op ends with a barrier after its last access, so the
+  // next one finds every peer's copy free.
   SymmWorkspace& push_workspace() { return *push_workspace_; }
   Communicator& communicator() { return *communicator_; }
   Usage& usage() { return usage_; }

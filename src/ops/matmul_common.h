@@ -59,8 +59,9 @@ void check_b_scale(const Tensor& scale, int64_t n, const char* op, const std::st
 
 // How the native all_gather_matmul pushes a shard of `rows` rows and `bytes` bytes: `count`
 // pieces of `rows` rows each (the last may be shorter), each at least piece_bytes (see
-// ContextOptions::push_piece_bytes) and a multiple of 128 rows (the native GEMM's tile height,
-// so that a tile waits for one piece), at most kMaxPushPieces. One piece where that leaves no
+// ContextOptions::push_piece_bytes) and a multiple of 128 rows (the native GEMM's tile height:
+// where the chunks start on the tile grid, a tile waits for one piece; elsewhere tiles straddle
+// pieces and wait for each), at most kMaxPushPieces. One piece where that leaves no
 // room (piece_bytes 0, small or short shards).
 inline constexpr int kMaxPushPieces = 4;
 struct PushPieces {

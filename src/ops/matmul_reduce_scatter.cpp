@@ -15,10 +15,12 @@
 // once: deterministic, identical on every run, and on the CPU backend identical to GEMM followed
 // by reduce-scatter. The opening barrier makes sure every owner has finished reading its slots
 // (the previous op's reduction) and has set its landed flags back to 0 before anyone pushes
-// again. It runs on the compute stream where it has no GEMM to overlap; the copy stream carries
-// only copy-engine work and stream memory writes, since a kernel queued there would wait for an
-// SM until the running GEMM ends. (Before the flags, a closing barrier waited for every rank's
-// pushes: ~10 us more per op at ws 4, and a rank waited for pushes into its peers' slots too.)
+// again; no flag of an earlier op can arrive after that reset, since every split op's reduction
+// waited for all of its flags (an op with an empty output returns before raising any). It runs on
+// the compute stream where it has no GEMM to overlap; the copy stream carries only copy-engine work
+// and stream memory writes, since a kernel queued there would wait for an SM until the running GEMM
+// ends. (Before the flags, a closing barrier waited for every rank's pushes: ~10 us more per op at
+// ws 4, and a rank waited for pushes into its peers' slots too.)
 //
 // Symmetric buffer of each rank: [slot 0 | slot 1 | ... | slot ws-1], slot s = rank s's partial
 // of this rank's chunk, in the output dtype; its signal pad's flags [kLandedChannel][s] = slot s
@@ -36,6 +38,7 @@ namespace {
 
 constexpr int kBarrierChannel = 0;
 constexpr int kLandedChannel = 5;  // see NOTE [signal pads and channels]
+static_assert(kLandedChannel < kNumChannels);
 
 struct MmRsCall {
   const char* op;
@@ -215,6 +218,10 @@ struct Slots {
 
 void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
                const MatmulReduceScatterOptions& options) {
+  // Nothing to compute or move (the same on every rank: the shapes agree). Going through the
+  // schedule would raise peers' landed flags that no reduction of this op waits for (an empty
+  // reduction launches nothing), and a late one could then pass for the next op's.
+  if (c.out.numel() == 0) return;
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
   Stream& copy = ctx.copy_stream();

@@ -12,13 +12,15 @@
 //   barrier(ch):          put_signal to every peer, then wait_signal from every peer.
 // A flag goes 0 -> 1 -> 0 once per handshake, so a channel can be reused by the next op without
 // any reset; ops that need two independent handshakes in flight use two channels.
-// Channels in use: 0 the barriers of every op; 1 to 4 the native all_gather_matmul's
+// Channels in use (every symmetric allocation has its own pad): 0 the barriers of every op;
+// on the context's push workspace, 1 to 4 the native all_gather_matmul's
 // chunk-ready flags, which are not handshakes: a peer raises flag [1 + q][src] with a stream
 // memory write after pushing piece q of its shard, the GEMM reads it, and the owner sets it
-// back to 0 in the op's closing barrier (reset_and_barrier). 5: the split matmul_reduce_scatter's
-// landed flags, also raised by stream memory writes after pushes, [5][src] = src's partial has
-// landed; its reduction waits for them, and the owner sets them back to 0 in the next such op's
-// opening barrier.
+// back to 0 in the op's closing barrier (reset_and_barrier). On the shared workspace, 5 the
+// split matmul_reduce_scatter's landed flags, also raised by stream memory writes after pushes,
+// [5][src] = src's partial has landed; its reduction kernel waits for them (bounded by the
+// group's timeout, one timeout for the whole launch), and the owner sets them back to 0 in the
+// next such op's opening barrier.
 // Every wait is bounded by the group's timeout and fails with a TimeoutError that names this rank,
 // the peer and the channel.
 //

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <numeric>
 #include <random>
-#include <thread>
 
 #include "core/random.h"
 

@@ -46,7 +46,7 @@ double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int 
 // not pay for how far apart the ranks finished the previous one. host_ms (optional): the median
 // host time each variant's call took to return (its enqueueing, on an asynchronous backend).
 // warmup_ms: after the `warmup` rounds, more rounds until that much time has passed (the same
-// number on every rank). pace: after each timed run the host idles pace x that run's time, so
+// number on every rank). pace: after each timed run the host pauses pace x that run's time, so
 // the GPU works at most 1/(1+pace) of the time: back to back (pace 0) an H200 reaches its 700 W
 // cap within a few hundred ms and drops its SM clock from 1980 to 1400-1650 MHz, while short
 // bursts from idle (PyTorch's anchor script: 35 runs per column) stay at 1980 MHz. pause: how
