@@ -319,14 +319,16 @@ TEST_P(MatmulReduceScatterTest, EdgeShapes) {
 
 TEST_P(MatmulReduceScatterTest, BackToBackCallsWithSkewedRanks) {
   // One rank at a time arrives late: the opening barrier must keep its peers from pushing into
-  // slots it is still reducing from. Shapes alternate so that the workspace grows.
+  // slots it is still reducing from, and no landed flag of one op may pass for the next one's.
+  // Shapes alternate so that the workspace grows, with empty outputs between (an op that moves
+  // nothing must leave no flag behind).
   auto statuses = run_ranks(GetParam(), [](Context& ctx) {
-    for (int iter = 0; iter < 12; ++iter) {
+    for (int iter = 0; iter < 16; ++iter) {
       if (ctx.rank() == iter % ctx.world_size()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(3));
       }
       RsCase c;
-      c.out_chunk = iter % 3 == 2 ? Dims{40, 300} : Dims{2, 3};
+      c.out_chunk = iter % 4 == 3 ? Dims{0, 3} : iter % 3 == 2 ? Dims{40, 300} : Dims{2, 3};
       c.scatter_dim = iter % 2 == 0 ? 0 : -1;
       c.ks = {3};
       check_case(ctx, c, 1000 + iter);
