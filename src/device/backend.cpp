@@ -110,6 +110,12 @@ void Backend::zero_flags(uint32_t*, size_t, Stream&) {
   ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
 }
 
+void Backend::check_flag_wait(const FlagWait& wait) {
+  ASYNCTP_CHECK(wait.count >= 0 && (wait.count == 0 || wait.flags != nullptr),
+                "reduce_when_flagged: {} flags at {}", wait.count,
+                static_cast<const void*>(wait.flags));
+}
+
 void Backend::reduce_when_flagged(const Tensor&, std::span<const Tensor>, ReduceOp, const FlagWait&,
                                   Stream&) {
   ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());

@@ -150,9 +150,9 @@ class Backend {
   virtual void zero_flags(uint32_t* flags, size_t count, Stream& stream);
   // reduce(), once flags[i] != 0 for every i in [0, count) but `skip` (acquire: the inputs that
   // peers copied in before raising their flag with write_flag are complete). The flags are left
-  // as they are. Bounded by `timeout` (once for the whole call, not per flag or per block of a
-  // kernel): a TimeoutError naming `rank`, the missing flag's index as
-  // the peer, and `channel`.
+  // as they are; the wait takes place for an empty output too. Bounded by `timeout` (once for the
+  // whole call, not per flag or per block of a kernel): a TimeoutError naming `rank`, the missing
+  // flag's index as the peer, and `channel`.
   struct FlagWait {
     const uint32_t* flags = nullptr;
     int count = 0;
@@ -163,6 +163,10 @@ class Backend {
   };
   virtual void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
                                    const FlagWait& wait, Stream& stream);
+
+ protected:
+  // reduce_when_flagged's flags: none, or `count` of them at a non-null address.
+  static void check_flag_wait(const FlagWait& wait);
 };
 
 // "cpu", or "cuda" when built with the CUDA backend; `local_rank` picks the GPU.

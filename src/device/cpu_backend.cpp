@@ -236,9 +236,7 @@ class CpuBackend final : public Backend {
 
   void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
                            const FlagWait& wait, Stream& stream) override {
-    ASYNCTP_CHECK(wait.count >= 0 && (wait.count == 0 || wait.flags != nullptr),
-                  "reduce_when_flagged: {} flags at {}", wait.count,
-                  static_cast<const void*>(wait.flags));
+    check_flag_wait(wait);
     const Deadline deadline(wait.timeout);
     for (int i = 0; i < wait.count; ++i) {
       if (i == wait.skip) continue;

@@ -352,17 +352,19 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
       detail::push_pieces(plan.rows, shard_bytes, ctx.options().push_piece_bytes);
   auto ready_of = [&](int owner) { return sm.signal_pad_ptr(owner) + kReadyChannel * ws; };
   uint32_t* ready = ready_of(rank);
-  const int flags = ws * pieces.count;
   const Tensor gathered = sm.buffer(rank, {ws * plan.rows, plan.k}, dtype);
   auto piece_of = [&](const Tensor& chunk, int q) {
     const int64_t begin = q * pieces.rows;
     return chunk.narrow(0, begin, std::min(pieces.rows, plan.rows - begin));
   };
-  // Copies chunk `src` (or one piece of it) into `owner`'s slot and raises its flags.
+  // The flag of piece q of this rank's chunk on `owner`.
+  auto flag_of = [&](int owner, int q) { return ready_of(owner) + q * ws + rank; };
+  // Copies pieces [first_piece, end_piece) of this rank's chunk into `owner`'s slot, each
+  // followed by its flag.
   auto land = [&](int owner, const Tensor& from, Stream& stream, int first_piece, int end_piece) {
     for (int q = first_piece; q < end_piece; ++q) {
       be.copy(piece_of(slot(owner, rank), q), piece_of(from, q), stream);
-      be.write_flag(ready_of(owner) + q * ws + rank, 1, stream);
+      be.write_flag(flag_of(owner, q), 1, stream);
     }
   };
 
@@ -395,7 +397,7 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   if (!in_place) {
     be.copy(slot(rank, rank).view(c.a_shard.shape()), c.a_shard, compute);
     for (int q = 0; q < pieces.count; ++q)
-      be.write_flag(ready + q * ws + rank, 1, compute);
+      be.write_flag(flag_of(rank, q), 1, compute);
   }
   const Tensor source = in_place ? c.a_shard.view({plan.rows, plan.k}) : slot(rank, rank);
   // The copy stream starts behind the caller's writes of A_shard and the previous op's barrier.
@@ -445,7 +447,7 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   ctx.mark("joined", compute);
   // Past this barrier no rank reads any buffer of this op, and every flag is back to 0 (reset in
   // the barrier's kernel: separate stream writes cost ~10 us at ws 4).
-  sm.reset_and_barrier(ready, flags, kBarrierChannel, compute);
+  sm.reset_and_barrier(ready, ws * pieces.count, kBarrierChannel, compute);
   ctx.mark("end", compute);
 }
 

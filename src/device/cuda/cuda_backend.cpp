@@ -49,6 +49,12 @@ CopyPlan coalesce(const Tensor& dst, const Tensor& src) {
 }
 
 // The kernel's view of a ChunkedGemmArgs; "" or why it cannot be expressed.
+// A wait's bound as the kernels take it (%globaltimer nanoseconds).
+uint64_t timeout_ns(std::chrono::milliseconds timeout) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
+}
+
 std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k) {
   const Tensor& a = args.a;
   const Tensor& b = args.b;
@@ -88,8 +94,7 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
   k->ready_rows = args.ready_rows;
   k->ready_stride = args.ready_stride;
   k->done = args.done;
-  k->timeout_ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(args.timeout).count());
+  k->timeout_ns = timeout_ns(args.timeout);
   k->rank = args.rank;
   k->reserve_sms = args.reserve_sms;
   k->tail_split = args.tail_split;
@@ -273,38 +278,16 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
 
   void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
                            const FlagWait& wait, Stream& stream) override {
-    ASYNCTP_CHECK(wait.count >= 0 && (wait.count == 0 || wait.flags != nullptr),
-                  "reduce_when_flagged: {} flags at {}", wait.count,
-                  static_cast<const void*>(wait.flags));
+    check_flag_wait(wait);
     kernels::ReduceWait w;
     w.flags = wait.count > 0 ? wait.flags : nullptr;
     w.count = wait.count;
     w.skip = wait.skip;
-    w.timeout_ns = static_cast<uint64_t>(std::max<int64_t>(
-        1, std::chrono::duration_cast<std::chrono::nanoseconds>(wait.timeout).count()));
+    w.timeout_ns = std::max<uint64_t>(1, timeout_ns(wait.timeout));
     w.slot = error_slot_device_;
     w.rank = wait.rank;
     w.channel = wait.channel;
     reduce_waiting(out, inputs, op, w, stream);
-  }
-
-  void reduce_waiting(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
-                      const kernels::ReduceWait& wait, Stream& stream) {
-    ASYNCTP_CHECK(!inputs.empty() && inputs.size() <= kernels::kMaxReduceInputs,
-                  "reduce takes 1 to {} inputs, got {}", kernels::kMaxReduceInputs, inputs.size());
-    std::vector<const void*> ptrs;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      ASYNCTP_CHECK(inputs[i].shape() == out.shape(), "reduce input {} is {} but the output is {}",
-                    i, inputs[i].describe(), out.describe());
-      ASYNCTP_CHECK(
-          inputs[i].strides() == inputs[0].strides() && inputs[i].dtype() == inputs[0].dtype(),
-          "reduce inputs must share strides and dtype: input {} is {}, input 0 is {}", i,
-          inputs[i].describe(), inputs[0].describe());
-      ptrs.push_back(inputs[i].data());
-    }
-    ASYNCTP_CUDA_CHECK(kernels::reduce(cuda::to_kernel(out), ptrs.data(),
-                                       static_cast<int>(ptrs.size()), cuda::to_kernel(inputs[0]),
-                                       op == ReduceOp::kAvg, raw(stream), wait));
   }
 
   void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream& stream) override {
@@ -422,6 +405,26 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   }
 
  private:
+  // reduce() and reduce_when_flagged(): one launch, with or without the flag wait.
+  void reduce_waiting(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
+                      const kernels::ReduceWait& wait, Stream& stream) {
+    ASYNCTP_CHECK(!inputs.empty() && inputs.size() <= kernels::kMaxReduceInputs,
+                  "reduce takes 1 to {} inputs, got {}", kernels::kMaxReduceInputs, inputs.size());
+    std::vector<const void*> ptrs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      ASYNCTP_CHECK(inputs[i].shape() == out.shape(), "reduce input {} is {} but the output is {}",
+                    i, inputs[i].describe(), out.describe());
+      ASYNCTP_CHECK(
+          inputs[i].strides() == inputs[0].strides() && inputs[i].dtype() == inputs[0].dtype(),
+          "reduce inputs must share strides and dtype: input {} is {}, input 0 is {}", i,
+          inputs[i].describe(), inputs[0].describe());
+      ptrs.push_back(inputs[i].data());
+    }
+    ASYNCTP_CUDA_CHECK(kernels::reduce(cuda::to_kernel(out), ptrs.data(),
+                                       static_cast<int>(ptrs.size()), cuda::to_kernel(inputs[0]),
+                                       op == ReduceOp::kAvg, raw(stream), wait));
+  }
+
   // The native GEMM's tail-split workspace of `stream` (one per stream: launches on different
   // streams may overlap), allocated and zeroed on the stream's first launch outside capture and
   // freed with the stream; null during capture before that (the GEMM then runs without the

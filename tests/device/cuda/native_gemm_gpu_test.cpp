@@ -184,6 +184,32 @@ TEST(NativeGemm, RejectsWhatTmaCannotAddress) {
   EXPECT_THROW(gpu.be().native_gemm(args, gpu.stream()), Error);
 }
 
+// What the chunk-landing tests share: A [m, 512] (src) lands chunk by chunk into `gathered`
+// (NaN until it does) while the GEMM by B [512, n] into the f32 D waits on `flag_count` ready
+// flags, zeroed.
+struct Landing {
+  Landing(Gpu& gpu, int64_t m, int64_t n, int flag_count, uint64_t seed)
+      : src(gpu.upload({m, 512}, DType::kBF16, seed)),
+        b(gpu.upload({512, n}, DType::kBF16, seed + 1)),
+        gathered(gpu.empty({m, 512}, DType::kBF16)),
+        d(gpu.empty({m, n}, DType::kF32)),
+        flags(gpu.be().allocate(flag_count * sizeof(uint32_t))),
+        ready(static_cast<uint32_t*>(flags.data())) {
+    gpu.be().fill(gathered, std::nanf(""), gpu.stream());
+    gpu.be().zero_flags(ready, flag_count, gpu.stream());
+    gpu.be().synchronize();
+    args.a = gathered;
+    args.b = b;
+    args.d = d;
+    args.ready = ready;
+    args.timeout = std::chrono::milliseconds(20'000);
+  }
+  OwnedTensor src, b, gathered, d;
+  Buffer flags;
+  uint32_t* ready;
+  ChunkedGemmArgs args;
+};
+
 // The AG+MM pattern: the kernel starts with no chunk present; the copy stream lands chunk after
 // chunk (from first_chunk on) and raises its ready flag; the result equals the GEMM of the whole.
 //
@@ -203,24 +229,12 @@ TEST(NativeGemm, ConsumesChunksAsTheyLand) {
     Gpu gpu;
     auto copy_stream = gpu.be().create_stream();
     const int chunks = static_cast<int>((m + chunk_rows - 1) / chunk_rows);
-    OwnedTensor src = gpu.upload({m, 512}, DType::kBF16, 11);
-    OwnedTensor b = gpu.upload({512, 768}, DType::kBF16, 12);
-    OwnedTensor gathered = gpu.empty({m, 512}, DType::kBF16);
-    gpu.be().fill(gathered, std::nanf(""), gpu.stream());
-    Buffer flags = gpu.be().allocate(chunks * sizeof(uint32_t));
-    auto* ready = static_cast<uint32_t*>(flags.data());
-    gpu.be().zero_flags(ready, chunks, gpu.stream());
-    OwnedTensor d = gpu.empty({m, 768}, DType::kF32);
-    gpu.be().synchronize();
-
-    ChunkedGemmArgs args;
-    args.a = gathered;
-    args.b = b;
-    args.d = d;
+    Landing t(gpu, m, 768, chunks, 11);
+    const OwnedTensor& src = t.src;
+    ChunkedGemmArgs& args = t.args;
+    uint32_t* ready = t.ready;
     args.chunk_rows = chunk_rows;
     args.first_chunk = first;
-    args.ready = ready;
-    args.timeout = std::chrono::milliseconds(20'000);
     const int64_t first_rows = std::min(chunk_rows, m - first * chunk_rows);
     OwnedTensor own = gpu.empty({first_rows, 512}, DType::kBF16);
     if (use_own) {
@@ -240,12 +254,12 @@ TEST(NativeGemm, ConsumesChunksAsTheyLand) {
       const int c = (first + i) % chunks;
       if (use_own && c == first && !own_needs_ready) continue;
       const int64_t rows = std::min(chunk_rows, m - c * chunk_rows);
-      gpu.be().copy(gathered->narrow(0, c * chunk_rows, rows), src->narrow(0, c * chunk_rows, rows),
-                    *copy_stream);
+      gpu.be().copy(t.gathered->narrow(0, c * chunk_rows, rows),
+                    src->narrow(0, c * chunk_rows, rows), *copy_stream);
       gpu.be().write_flag(ready + c, 1, *copy_stream);
     }
-    OwnedTensor got = gpu.download(d);
-    EXPECT_LT(rel_diff(got, gpu.download(reference(gpu, src, b))), 1e-5);
+    OwnedTensor got = gpu.download(t.d);
+    EXPECT_LT(rel_diff(got, gpu.download(reference(gpu, src, t.b))), 1e-5);
   }
 }
 
@@ -265,31 +279,18 @@ TEST(NativeGemm, ConsumesChunksLandingInPieces) {
     const int chunks = static_cast<int>((m + chunk_rows - 1) / chunk_rows);
     const int pieces = static_cast<int>((chunk_rows + ready_rows - 1) / ready_rows);
     const int stride = chunks + 3;
-    OwnedTensor src = gpu.upload({m, 512}, DType::kBF16, 21);
-    OwnedTensor b = gpu.upload({512, 640}, DType::kBF16, 22);
-    OwnedTensor gathered = gpu.empty({m, 512}, DType::kBF16);
-    gpu.be().fill(gathered, std::nanf(""), gpu.stream());
-    Buffer flags = gpu.be().allocate(pieces * stride * sizeof(uint32_t));
-    auto* ready = static_cast<uint32_t*>(flags.data());
-    gpu.be().zero_flags(ready, pieces * stride, gpu.stream());
-    OwnedTensor d = gpu.empty({m, 640}, DType::kF32);
-    gpu.be().synchronize();
-
-    ChunkedGemmArgs args;
-    args.a = gathered;
-    args.b = b;
-    args.d = d;
+    Landing t(gpu, m, 640, pieces * stride, 21);
+    ChunkedGemmArgs& args = t.args;
+    uint32_t* ready = t.ready;
     args.chunk_rows = chunk_rows;
     args.first_chunk = first;
-    args.ready = ready;
     args.ready_rows = ready_rows;
     args.ready_stride = stride;
-    args.timeout = std::chrono::milliseconds(20'000);
     gpu.be().native_gemm(args, gpu.stream());  // enqueued first: it waits for the copies below
     auto land = [&](int c, int j) {
       const int64_t begin = c * chunk_rows + j * ready_rows;
       const int64_t end = std::min({m, (c + 1) * chunk_rows, begin + ready_rows});
-      gpu.be().copy(gathered->narrow(0, begin, end - begin), src->narrow(0, begin, end - begin),
+      gpu.be().copy(t.gathered->narrow(0, begin, end - begin), t.src->narrow(0, begin, end - begin),
                     *copy_stream);
       gpu.be().write_flag(ready + j * stride + c, 1, *copy_stream);
     };
@@ -297,8 +298,8 @@ TEST(NativeGemm, ConsumesChunksLandingInPieces) {
       for (int j = pieces - 1; j >= 0; --j)
         land((first + i) % chunks, j);
     }
-    OwnedTensor got = gpu.download(d);
-    EXPECT_LT(rel_diff(got, gpu.download(reference(gpu, src, b))), 1e-5);
+    OwnedTensor got = gpu.download(t.d);
+    EXPECT_LT(rel_diff(got, gpu.download(reference(gpu, t.src, t.b))), 1e-5);
 
     // Every flag up but one piece of chunk (first + 1): the timeout names chunk and piece.
     if (pieces > 1) {
