@@ -84,7 +84,8 @@ struct ReduceWait {
   int channel = -1;
 };
 // out = sum (avg: mean) of count inputs that all share `in_layout`'s shape, strides and dtype,
-// added in f32 in the order given and rounded once; first (every block) the wait, if any.
+// added in f32 in the order given and rounded once; first (every block) the wait, if any, which
+// also takes place for an empty output.
 cudaError_t reduce(const KTensor& out, const void* const* inputs, int count,
                    const KTensor& in_layout, bool avg, cudaStream_t stream,
                    const ReduceWait& wait = {});

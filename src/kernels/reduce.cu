@@ -149,7 +149,14 @@ cudaError_t reduce(const KTensor& out, const void* const* inputs, int count,
   if (wait.flags != nullptr && (wait.count < 0 || wait.timeout_ns == 0))
     return cudaErrorInvalidValue;
   const int64_t n = out.numel();
-  if (n == 0) return cudaSuccess;
+  if (n == 0) {
+    // Nothing to add, but a wait is still a wait: the caller relies on the flags being up (and
+    // consumed) once this returns on the stream. One block of the generic kernel does only that.
+    if (wait.flags == nullptr) return cudaSuccess;
+    reduce_generic_kernel<<<1, kThreads, 0, stream>>>(out, InputPointers{}, count, in_layout, 0,
+                                                      avg, wait);
+    return cudaGetLastError();
+  }
   InputPointers in{};
   bool aligned = reinterpret_cast<uintptr_t>(out.data) % 16 == 0;
   for (int j = 0; j < count; ++j) {

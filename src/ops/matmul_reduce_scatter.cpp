@@ -16,7 +16,8 @@
 // by reduce-scatter. The opening barrier makes sure every owner has finished reading its slots
 // (the previous op's reduction) and has set its landed flags back to 0 before anyone pushes
 // again; no flag of an earlier op can arrive after that reset, since every split op's reduction
-// waited for all of its flags (an op with an empty output returns before raising any). It runs on
+// waited for all of its flags (an empty one too: Backend::reduce_when_flagged waits whatever the
+// output's size). It runs on
 // the compute stream where it has no GEMM to overlap; the copy stream carries only copy-engine work
 // and stream memory writes, since a kernel queued there would wait for an SM until the running GEMM
 // ends. (Before the flags, a closing barrier waited for every rank's pushes: ~10 us more per op at
@@ -218,10 +219,6 @@ struct Slots {
 
 void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
                const MatmulReduceScatterOptions& options) {
-  // Nothing to compute or move (the same on every rank: the shapes agree). Going through the
-  // schedule would raise peers' landed flags that no reduction of this op waits for (an empty
-  // reduction launches nothing), and a late one could then pass for the next op's.
-  if (c.out.numel() == 0) return;
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
   Stream& copy = ctx.copy_stream();
