@@ -57,7 +57,11 @@ constexpr int elem_bytes() {
 // copies); the block's barrier then orders every thread's loads after that acquire. One timeout
 // ends every wait of the launch: a block that finds the error slot already flagged (by another
 // block, of this or an earlier wave) stops waiting, so a missing peer costs one timeout, not one
-// per wave of blocks and missing flag.
+// per wave of blocks and missing flag. The slot is host memory: a block looks at it once per
+// kSlotPollNs of waiting, not every spin (a thousand blocks reading it over PCIe at every spin
+// made each read take hundreds of microseconds, and every wait as long, at ws 4).
+constexpr uint64_t kSlotPollNs = 1'000'000;
+
 __device__ __forceinline__ void wait_for_inputs(const ReduceWait& w) {
   if (w.flags == nullptr) return;
   if (threadIdx.x == 0) {
@@ -65,12 +69,17 @@ __device__ __forceinline__ void wait_for_inputs(const ReduceWait& w) {
     for (int i = 0; i < w.count && !gave_up; ++i) {
       if (i == w.skip || detail::load_acquire_sys(w.flags + i) != 0) continue;
       const uint64_t start = detail::global_timer_ns();
+      uint64_t next_poll = start + kSlotPollNs;
       while (detail::load_acquire_sys(w.flags + i) == 0) {
-        if (w.slot != nullptr && w.slot->flagged != 0) {
-          gave_up = true;
-          break;
+        const uint64_t now = detail::global_timer_ns();
+        if (now >= next_poll) {
+          if (w.slot != nullptr && w.slot->flagged != 0) {
+            gave_up = true;
+            break;
+          }
+          next_poll = now + kSlotPollNs;
         }
-        if (detail::global_timer_ns() - start > w.timeout_ns) {
+        if (now - start > w.timeout_ns) {
           detail::report_timeout(w.slot, w.rank, i, w.channel, 5, w.timeout_ns);
           gave_up = true;
           break;
