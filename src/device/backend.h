@@ -68,7 +68,8 @@ void validate_gemm(const GemmArgs& args);
 // The async-input GEMM (the native path of the fused ops): d = a @ b in one persistent kernel
 // whose rows of a arrive in chunks of chunk_rows rows (the last may be shorter). The kernel
 // walks the chunks from first_chunk on, wrapping around, and
-//   - before reading chunk c of a, waits until ready[c] != 0 (bounded by `timeout`; a timeout
+//   - before reading chunk c of a, waits until ready[c] is raised, (int32)(ready[c] -
+//     ready_value) >= 0: 0/1 flags, or op numbers counting up (bounded by `timeout`; a timeout
 //     is reported as a TimeoutError naming `rank` and the chunk at the next synchronization);
 //   - after storing the output rows of chunk c, counts them in done[c]: chunk c of d is complete
 //     once done[c] >= native_gemm_done_count(args, c).
@@ -80,6 +81,7 @@ struct ChunkedGemmArgs {
   int64_t chunk_rows = 0;  // 0: a single chunk
   int first_chunk = 0;
   const uint32_t* ready = nullptr;
+  uint32_t ready_value = 1;
   // Chunks that land in pieces: piece j (ready_rows rows; the last of a chunk may be shorter) of
   // chunk c is flagged by ready[j * ready_stride + c]. 0: one flag per chunk, ready[c].
   int64_t ready_rows = 0;

@@ -17,8 +17,11 @@
 //
 // Tile order (the async part): tiles are numbered so that all tiles of the m-tile group holding
 // `first_chunk`'s first row come first, then the following rows, wrapping around; within a group
-// of kGroupM m-tiles the m index runs fastest (B panels stay in L2). CTA i takes tiles i, i+grid,
+// of group_m m-tiles the m index runs fastest (B panels stay in L2). CTA i takes tiles i, i+grid,
 // ...: all SMs work on the chunk that landed first while the copy engine brings the next ones.
+// group_m is kGroupM (8), or less where the rows wait for flags: a group then never spans two
+// pieces (or chunks) on the tile grid, so the tiles of the first wave that are not the own
+// chunk's wait for the piece that lands first, not for the whole next chunk (or the one after).
 //
 // Tail split: with T tiles on G CTAs, the last wave holds T mod G tiles; where that is at most
 // half of G, each of its tiles is cut into s <= 4 K-ranges (s = G / tail, at least 4 k-blocks
@@ -85,8 +88,10 @@ struct Params {
   int64_t chunk_rows;
   int first_chunk;
   const uint32_t* ready;
+  uint32_t ready_value;  // a flag is raised once (int32)(flag - ready_value) >= 0
   int64_t ready_rows;    // rows per ready flag (<= chunk_rows)
   int64_t ready_stride;  // piece j of chunk c: ready[j * ready_stride + c]
+  int group_m;           // m-tiles per group of the walk (see the file comment)
   uint32_t* done;
   uint64_t timeout_ns;
   DeviceErrorSlot* slot;
@@ -222,11 +227,12 @@ struct Tile {
 };
 
 // Tile t of the walk described in the file comment; tiles are `height` rows (a cluster's).
-__device__ __forceinline__ Tile tile_at(int t, int tiles_m, int tiles_n, int pivot_m, int height) {
-  const int group = t / (kGroupM * tiles_n);
-  const int first = group * kGroupM;
-  const int rows = min(kGroupM, tiles_m - first);
-  const int local = t - group * kGroupM * tiles_n;
+__device__ __forceinline__ Tile tile_at(int t, int tiles_m, int tiles_n, int pivot_m, int height,
+                                        int group_m) {
+  const int group = t / (group_m * tiles_n);
+  const int first = group * group_m;
+  const int rows = min(group_m, tiles_m - first);
+  const int local = t - group * group_m * tiles_n;
   const int mi = (first + local % rows + pivot_m) % tiles_m;
   return {mi * height, (local / rows) * kBN};
 }
@@ -272,9 +278,11 @@ __device__ bool wait_chunks_ready(const Params& p, int m0) {
     const int64_t piece_end = (j + 1) * p.ready_rows;
     row = c * p.chunk_rows + (piece_end < p.chunk_rows ? piece_end : p.chunk_rows);
     const uint32_t* flag = p.ready + j * p.ready_stride + c;
-    if (load_acquire_sys(flag) != 0) continue;
+    // Wrap-safe: epoch values (one per op) count up through 2^32.
+    auto raised = [&] { return static_cast<int32_t>(load_acquire_sys(flag) - p.ready_value) >= 0; };
+    if (raised()) continue;
     const uint64_t start = global_timer_ns();
-    while (load_acquire_sys(flag) == 0) {
+    while (!raised()) {
       if (global_timer_ns() - start > p.timeout_ns) {
         detail::report_timeout(p.slot, p.rank, static_cast<int>(c), static_cast<int>(j), 3,
                                p.timeout_ns);
@@ -438,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int it = 0;
       for (int u = cluster_id; u < num_units; u += clusters) {
         const Unit w = unit_at(u, p, num_tiles, k_blocks);
-        const Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height);
+        const Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height, p.group_m);
         const int m0 = tile.m0 + kBM * static_cast<int>(cta);
         // A tile wholly inside the own chunk is read from the caller's A (always there);
         // any other waits for its chunks to land.
@@ -499,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   for (int u = cluster_id; u < num_units; u += clusters) {
     const Unit w = unit_at(u, p, num_tiles, k_blocks);
-    Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height);
+    Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height, p.group_m);
     tile.m0 += kBM * static_cast<int>(cta);
     int prev_stage = -1;
     for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
@@ -748,6 +756,15 @@ int64_t ready_rows_of(const AsyncGemmArgs& a) {
   return a.ready_rows > 0 ? a.ready_rows : chunk_rows_of(a);
 }
 
+// The walk's group height (see the file comment): kGroupM, or where rows wait for flags and the
+// pieces (or chunks) start on the tile grid, at most one piece's m-tiles.
+int group_m_of(const AsyncGemmArgs& a, int64_t height) {
+  if (a.ready == nullptr) return kGroupM;
+  const int64_t rows = ready_rows_of(a);
+  if (rows % height != 0 || chunk_rows_of(a) % height != 0) return kGroupM;
+  return static_cast<int>(std::min<int64_t>(kGroupM, rows / height));
+}
+
 int out_code(DType d) {
   return d == DType::kF32 ? 0 : d == DType::kBF16 ? 1 : 2;
 }
@@ -907,8 +924,10 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   p.chunk_rows = chunk_rows_of(a);
   p.first_chunk = a.first_chunk;
   p.ready = a.ready;
+  p.ready_value = a.ready_value;
   p.ready_rows = ready_rows_of(a);
   p.ready_stride = a.ready_stride;
+  p.group_m = group_m_of(a, kBM * cluster);
   p.done = a.done;
   p.timeout_ns = a.timeout_ns;
   p.slot = a.slot;

@@ -104,7 +104,9 @@ cudaError_t scale_epilogue(void* d, DType d_dtype, int64_t ldd, const float* src
 // `chunk_rows` rows (the last may be shorter); the tiles are walked chunk by chunk starting at
 // `first_chunk`, and
 //   - ready (optional, AG+MM): before loading A rows of chunk c the producer waits until
-//     ready[c] != 0 (acquire, bounded by timeout_ns; a timeout is recorded in `slot` with
+//     ready[c] is raised: (int32)(ready[c] - ready_value) >= 0, so 0/1 flags (ready_value 1)
+//     and flags that count ops up through 2^32 (ready_value = this op's number) both work
+//     (acquire, bounded by timeout_ns; a timeout is recorded in `slot` with
 //     peer = c, channel = the piece (below), what = 3 and the kernel finishes with garbage
 //     rather than hang). With ready_rows < chunk_rows a chunk lands in pieces of ready_rows rows
 //     (the last may be shorter), piece j of chunk c flagged by ready[j * ready_stride + c], and
@@ -126,6 +128,7 @@ struct AsyncGemmArgs {
   int64_t chunk_rows = 0;  // 0: one chunk of M rows
   int first_chunk = 0;
   const uint32_t* ready = nullptr;
+  uint32_t ready_value = 1;
   int64_t ready_rows = 0;    // rows per ready flag; 0: chunk_rows (one flag per chunk)
   int64_t ready_stride = 0;  // flags between piece j and j+1 of a chunk (>= the chunk count)
   uint32_t* done = nullptr;

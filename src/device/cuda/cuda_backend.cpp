@@ -91,6 +91,7 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
   k->chunk_rows = args.chunk_rows;
   k->first_chunk = args.first_chunk;
   k->ready = args.ready;
+  k->ready_value = args.ready_value;
   k->ready_rows = args.ready_rows;
   k->ready_stride = args.ready_stride;
   k->done = args.done;

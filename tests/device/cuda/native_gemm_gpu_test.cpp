@@ -319,6 +319,49 @@ TEST(NativeGemm, ConsumesChunksLandingInPieces) {
   }
 }
 
+// Flags that count ops up instead of going 0 -> 1 (the eager native all_gather_matmul's): a
+// flag is raised once it has reached ready_value, wrapping through 2^32. A flag one op behind
+// holds its tile back until the timeout, which names the chunk; one op ahead lets it through.
+TEST(NativeGemm, OpNumberedFlagsWrapAround) {
+  SKIP_UNLESS_GPUS(1);
+  for (const uint32_t number : {uint32_t{7}, uint32_t{0xFFFFFFFF}, uint32_t{0}}) {
+    SCOPED_TRACE(fmt::format("op number {}", number));
+    Gpu gpu;
+    auto copy_stream = gpu.be().create_stream();
+    Landing t(gpu, 512, 384, 4, 31);
+    ChunkedGemmArgs& args = t.args;
+    args.chunk_rows = 128;
+    args.first_chunk = 1;
+    args.ready_value = number;
+    // Before the op: every flag at the previous op's number (0xFFFFFFFF before 0).
+    for (int c = 0; c < 4; ++c)
+      gpu.be().write_flag(t.ready + c, number - 1, gpu.stream());
+    gpu.be().native_gemm(args, gpu.stream());  // waits for the copies below
+    for (int i = 0; i < 4; ++i) {
+      const int c = (1 + i) % 4;
+      gpu.be().copy(t.gathered->narrow(0, c * 128, 128), t.src->narrow(0, c * 128, 128),
+                    *copy_stream);
+      // Chunk 3's peer is one op ahead already.
+      gpu.be().write_flag(t.ready + c, c == 3 ? number + 1 : number, *copy_stream);
+    }
+    OwnedTensor got = gpu.download(t.d);
+    EXPECT_LT(rel_diff(got, gpu.download(reference(gpu, t.src, t.b))), 1e-5);
+
+    // The next op's number with chunk 2 still at this one: it times out naming chunk 2.
+    gpu.be().write_flag(t.ready + 0, number + 1, gpu.stream());
+    gpu.be().write_flag(t.ready + 1, number + 1, gpu.stream());
+    args.ready_value = number + 1;
+    args.timeout = std::chrono::milliseconds(200);
+    gpu.be().native_gemm(args, gpu.stream());
+    try {
+      gpu.be().synchronize();
+      FAIL() << "expected a TimeoutError";
+    } catch (const TimeoutError& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("chunk 2"));
+    }
+  }
+}
+
 // Rejected piece layouts: more rows per piece than per chunk, flags that would overlap.
 TEST(NativeGemm, RejectsBadPieceLayouts) {
   SKIP_UNLESS_GPUS(1);
