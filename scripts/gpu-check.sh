@@ -103,12 +103,12 @@ for line in open(sys.argv[1]):
     if not line.startswith("{"): continue
     d = json.loads(line)
     print(f"world {d['world_size']}, {d['backend']}, {d['dtype']}, peer bandwidth {d['peer_bandwidth_GBps']:.0f} GB/s, us:")
-    print(f"{'op':6} {'shape':26} {'gemm':>7} {'ngemm':>7} {'ngsig':>7} {'ng/gemm':>7} {'splitg':>7} {'coll':>7} {'base':>7} {'split':>7} {'native':>7} {'auto':>7} {'graph':>7} {'floor':>7} {'a/floor':>7} {'n/floor':>7} {'base/a':>6} {'err':>8} took")
+    print(f"{'op':6} {'shape':26} {'gemm':>7} {'ngemm':>7} {'ngsig':>7} {'ng/gemm':>7} {'splitg':>7} {'coll':>7} {'base':>7} {'split':>7} {'native':>7} {'npiece':>7} {'auto':>7} {'graph':>7} {'floor':>7} {'a/floor':>7} {'n/floor':>7} {'base/a':>6} {'err':>8} took")
     u = lambda v: f"{v*1e3:7.1f}" if v is not None else f"{'-':>7}"
     for r in d["results"]:
         ng, nat = r["native_gemm_ms"], r["native_path_ms"]
         print(f"{r['op']:6} {r['label']:26} {u(r['gemm_ms'])} {u(ng)} {u(r.get('native_gemm_signalled_ms'))} {(r['gemm_ms']/ng if ng else 0):7.3f} {u(r['split_gemm_ms'])} {u(r['collective_ms'])} {u(r['baseline_ms'])} "
-              f"{u(r['split_path_ms'])} {u(nat)} {u(r['fused_ms'])} {u(r['fused_graph_ms'])} {u(r['floor_ms'])} {r['fused_over_floor']:7.3f} "
+              f"{u(r['split_path_ms'])} {u(nat)} {u(r.get('native_pieces_path_ms'))} {u(r['fused_ms'])} {u(r['fused_graph_ms'])} {u(r['floor_ms'])} {r['fused_over_floor']:7.3f} "
               f"{(nat/r['floor_ms'] if nat else 0):7.3f} {r['baseline_over_fused']:6.3f} {r['rel_error_fused']:8.1e} {r['path']}")
 PY
   stop_clocks; summarize_clocks "asynctp bench" "$from"

@@ -41,6 +41,7 @@ struct AgMmCall {
   Tensor a_out;
   int g = 0;
   bool scaled = false;
+  size_t push_piece_bytes = 0;  // the native path's (the call's option, else the context's)
 
   bool rowwise() const { return scaled && detail::is_rowwise_scale(a_scale, a_shard); }
   bool k_gather() const { return g == a_shard.dim() - 1; }
@@ -247,8 +248,8 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
 // The native schedule on rank r of ws (row gather with no batch dims before g, bf16/f16):
 //
 //   compute: native GEMM: own chunk from A_shard, then chunks r+1, r+2, ... as they land | wait |
-//            barrier (which also sets ready back to 0)
-//   copy:    A_shard -> S_{r-1}[r], ready_{r-1}[r] = 1 | A_shard -> S_{r-2}[r], ... |
+//            (captured into a CUDA graph: barrier, which also sets ready back to 0)
+//   copy:    A_shard -> S_{r-1}[r], ready_{r-1}[r] = e | A_shard -> S_{r-2}[r], ... |
 //
 //   ws 4, step i = the i-th push of every rank (arrows: who writes whose slot):
 //     step 1: 1->0, 2->1, 3->2, 0->3   each rank gets the chunk its GEMM takes after its own
@@ -259,7 +260,7 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
 // tiles; off by default), each flagged: a tile of the next chunk waits for its piece only.
 //
 // The symmetric buffer S_p of every rank holds the whole gathered A, [ws x shard], and its
-// ready flags are flags [kReadyChannel + piece][0..ws) of its signal pad. Every rank pushes its
+// ready flags are flags [channel + piece][0..ws) of its signal pad. Every rank pushes its
 // shard straight from A_shard into slot r of every peer's buffer and then raises that peer's flag r
 // (a stream memory write over NVLink, ordered after the copy: no SM needed while the GEMM holds
 // them all), starting at r-1 so that at each step every rank is written by exactly one peer and
@@ -269,28 +270,54 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
 // group's timeout) for each other chunk's flag before it loads that chunk's tiles. So nothing
 // but the GEMM itself stands before the first tile: no publication copy, no opening barrier.
 //
-// The closing barrier makes the pushes of the next op safe: each rank enters it after its GEMM
-// has read every chunk and after it has set its flags back to 0, and a rank pushes again only
-// in the next op, whose copy stream starts behind this barrier. The buffer is the context's
-// push workspace, which no other op uses: in the shared one a peer could still be busy with
-// the previous op (the final reduction of a matmul_reduce_scatter) when this one pushes. Where a
-// tile straddles the own chunk's edges (chunk rows off the GEMM's tile grid) the own shard is
-// also copied into the own slot, with its flag; where A_shard cannot be read in place (strided,
-// misaligned) it is copied there first, on the compute stream, and pushed from there.
+// When may a rank push again into a peer's buffer that the peer's GEMM reads? Two protocols:
+//
+// Eager (the op runs now): no barrier at all. The push workspace holds two buffers and op number
+// e (counted on every rank alike, from 1 for a fresh allocation) uses buffer e % 2; the flags
+// (channels kEagerReadyChannel..) are set to e, never reset, and the GEMM waits until a flag has
+// reached e. Rank r writes p's buffer e % 2 in op e; p last read it in op e-2. r's op-e pushes
+// start behind r's compute stream, so after r's op e-1 GEMM, which waited for p's op-e-1 pushes,
+// which start behind p's op e-2 GEMM: p is done with it. For the same reason a peer's flag is
+// at most one op ahead (e+1, raised after its op-e push into the other buffer), and a rank never
+// waits for anything but the chunks it multiplies: the op ends when its GEMM does (before, a
+// closing barrier cost ~12 us, the skew between the ranks included).
+//
+// Captured into a CUDA graph (replayed any number of times, so no op number can be baked in):
+// a third buffer and flags of its own (channels kCapturedReadyChannel..) that go 0 -> 1, and a
+// closing barrier: each rank enters it after its GEMM has read every chunk and after it has set
+// its flags back to 0, and a rank pushes again only in a later op, whose copy stream starts
+// behind this barrier. An eager op after a replay writes a buffer the replay did not touch; a
+// replay after an eager op writes the third buffer, last used by a replay, which ended with its
+// barrier.
+//
+// The buffers are the context's push workspace, which no other op uses: in the shared one a peer
+// could still be busy with the previous op (the final reduction of a matmul_reduce_scatter) when
+// this one pushes. Where a tile straddles the own chunk's edges (chunk rows off the GEMM's tile
+// grid) the own shard is also copied into the own slot, with its flag; where A_shard cannot be
+// read in place (strided, misaligned) it is copied there first, on the compute stream, and pushed
+// from there.
 //
 // Tried and set aside (docs/PERFORMANCE.md): pulling instead of pushing, with the own shard
 // published into the own slot and an opening barrier, on the compute stream before the GEMM (1-7%
 // slower than the split path at ws 2) or on the copy stream in an SM the GEMM leaves free
 // (reserve_sms: the barrier kernel did not get that SM promptly, eagerly up to 3x slower, and
 // in a CUDA graph never).
-constexpr int kReadyChannel = 1;  // to 1 + kMaxPushPieces - 1: see NOTE [signal pads and channels]
+constexpr int kCapturedReadyChannel = 1;  // to 1 + kMaxPushPieces - 1: see NOTE [signal pads and
+constexpr int kEagerReadyChannel = 8;     // to 8 + kMaxPushPieces - 1:  channels]
+constexpr int kPushBuffers = 3;           // eager ops: 0 and 1 by turns; captured ops: 2
+
+// The push workspace for shards of shard_bytes: kPushBuffers gathered A's, each 256-byte aligned.
+size_t push_workspace_bytes(int ws, size_t shard_bytes) {
+  return kPushBuffers * align_up(ws * shard_bytes, 256);
+}
 
 struct NativePlan {
   int64_t rows = 0;  // rows of the shard as a matrix
   int64_t k = 0;
 };
 
-static_assert(kReadyChannel + detail::kMaxPushPieces <= kNumChannels);
+static_assert(kCapturedReadyChannel + detail::kMaxPushPieces <= kEagerReadyChannel &&
+              kEagerReadyChannel + detail::kMaxPushPieces <= kNumChannels);
 
 std::optional<NativePlan> native_plan(const AgMmCall& c, std::string* why) {
   if (c.scaled) {
@@ -343,16 +370,23 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   const size_t shard_bytes = c.a_shard.nbytes();
   // Not the shared workspace: a peer may still be reading its copy of that when this op starts
   // pushing (see Context::push_workspace).
-  SymmetricMemory& sm = ctx.push_workspace().get(ws * shard_bytes);
+  SymmetricMemory& sm = ctx.push_workspace().get(push_workspace_bytes(ws, shard_bytes));
+  // The protocol (see above): eager op number e in buffer e % 2, or the captured op's buffer 2.
+  // The buffers are thirds of the whole allocation, not of this op's need: ops of other shapes
+  // in between must not move them (op e+1's buffer may not overlap op e's).
+  const bool captured = be.capturing();
+  const uint32_t number = captured ? 1 : sm.next_use();
+  const size_t buffer_bytes = sm.size() / kPushBuffers / 256 * 256;
+  const size_t buffer_offset = (captured ? 2 : number % 2) * buffer_bytes;
+  const int ready_channel = captured ? kCapturedReadyChannel : kEagerReadyChannel;
   auto slot = [&](int owner, int p) {
-    return sm.buffer(owner, {plan.rows, plan.k}, dtype, p * shard_bytes);
+    return sm.buffer(owner, {plan.rows, plan.k}, dtype, buffer_offset + p * shard_bytes);
   };
-  // Piece q of chunk s is flagged by [kReadyChannel + q][s] of the owner's pad.
-  const detail::PushPieces pieces =
-      detail::push_pieces(plan.rows, shard_bytes, ctx.options().push_piece_bytes);
-  auto ready_of = [&](int owner) { return sm.signal_pad_ptr(owner) + kReadyChannel * ws; };
+  // Piece q of chunk s is flagged by [ready_channel + q][s] of the owner's pad.
+  const detail::PushPieces pieces = detail::push_pieces(plan.rows, shard_bytes, c.push_piece_bytes);
+  auto ready_of = [&](int owner) { return sm.signal_pad_ptr(owner) + ready_channel * ws; };
   uint32_t* ready = ready_of(rank);
-  const Tensor gathered = sm.buffer(rank, {ws * plan.rows, plan.k}, dtype);
+  const Tensor gathered = sm.buffer(rank, {ws * plan.rows, plan.k}, dtype, buffer_offset);
   auto piece_of = [&](const Tensor& chunk, int q) {
     const int64_t begin = q * pieces.rows;
     return chunk.narrow(0, begin, std::min(pieces.rows, plan.rows - begin));
@@ -364,7 +398,7 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   auto land = [&](int owner, const Tensor& from, Stream& stream, int first_piece, int end_piece) {
     for (int q = first_piece; q < end_piece; ++q) {
       be.copy(piece_of(slot(owner, rank), q), piece_of(from, q), stream);
-      be.write_flag(flag_of(owner, q), 1, stream);
+      be.write_flag(flag_of(owner, q), number, stream);
     }
   };
 
@@ -374,6 +408,7 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   for (size_t j = 0; j < c.bs.size(); ++j) {
     gemms.push_back(native_args(ctx, plan, gathered, c.bs[j], c.outs[j]));
     gemms.back().ready = ready;
+    gemms.back().ready_value = number;
     gemms.back().ready_rows = pieces.rows;
     gemms.back().ready_stride = ws;
   }
@@ -397,10 +432,11 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   if (!in_place) {
     be.copy(slot(rank, rank).view(c.a_shard.shape()), c.a_shard, compute);
     for (int q = 0; q < pieces.count; ++q)
-      be.write_flag(flag_of(rank, q), 1, compute);
+      be.write_flag(flag_of(rank, q), number, compute);
   }
   const Tensor source = in_place ? c.a_shard.view({plan.rows, plan.k}) : slot(rank, rank);
-  // The copy stream starts behind the caller's writes of A_shard and the previous op's barrier.
+  // The copy stream starts behind the caller's writes of A_shard and the previous op's GEMM (and
+  // barrier, if it was captured): see the protocol above.
   Event& start = ctx.event(0);
   start.record(compute);
   start.block(copy);
@@ -415,6 +451,7 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   // after its own chunk, and enqueueing the GEMM (tensor maps, launch) would otherwise delay it
   // by that much host time when the op is not replayed from a graph.
   if (ws > 1) push(1, 0, 1);
+  ctx.mark("launch", compute);
   for (const ChunkedGemmArgs& args : gemms)
     be.native_gemm(args, compute);
   ctx.mark("gemm", compute);
@@ -443,16 +480,22 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
       }
     }
   }
+  // The pushes read A_shard: the caller may write it again once the op is through.
   pushed.block(compute);
   ctx.mark("joined", compute);
-  // Past this barrier no rank reads any buffer of this op, and every flag is back to 0 (reset in
-  // the barrier's kernel: separate stream writes cost ~10 us at ws 4).
-  sm.reset_and_barrier(ready, ws * pieces.count, kBarrierChannel, compute);
+  if (captured) {
+    // Past this barrier no rank reads any buffer of this op, and every flag is back to 0 (reset
+    // in the barrier's kernel: separate stream writes cost ~10 us at ws 4).
+    sm.reset_and_barrier(ready, ws * pieces.count, kBarrierChannel, compute);
+  }
   ctx.mark("end", compute);
 }
 
 void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
+  // Where the host's time goes before the first GPU work of the op (bench --trace).
+  ctx.mark("call", ctx.stream());
   validate(ctx, c, options.gather_dim);
+  c.push_piece_bytes = options.push_piece_bytes.value_or(ctx.options().push_piece_bytes);
   const Dims gathered = all_gather_shape(c.a_shard, c.g, ctx.world_size());
   const Tensor a =
       c.a_out.defined() ? c.a_out : ctx.scratch(Scratch::kGatheredA, gathered, c.a_shard.dtype());
@@ -467,7 +510,7 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   detail::NativeOption native;
   const std::optional<NativePlan> plan = native_plan(c, &native.unsupported);
   if (plan) {
-    native.symm_bytes = ctx.world_size() * c.a_shard.nbytes();
+    native.symm_bytes = push_workspace_bytes(ctx.world_size(), c.a_shard.nbytes());
     const int64_t m = ctx.world_size() * plan->rows;
     for (size_t j = 0; j < c.bs.size() && native.unsupported.empty(); ++j) {
       const ChunkedGemmArgs args = native_args(

@@ -92,8 +92,9 @@ class Context {
   // first: the native all_gather_matmul pushes its shard into every peer's copy as soon as it
   // starts. In the shared workspace a peer could still be reading its own copy then (a
   // matmul_reduce_scatter's final reduction runs after its last barrier, or with no barrier after
-  // it at all on the split path); here every op ends with a barrier after its last access, so the
-  // next one finds every peer's copy free.
+  // it at all on the split path); here the native all_gather_matmul alone decides when a peer's
+  // copy is free again (three gathered A's per rank: two that eager ops take by turns, one for
+  // ops captured into CUDA graphs; see all_gather_matmul.cpp).
   SymmWorkspace& push_workspace() { return *push_workspace_; }
   Communicator& communicator() { return *communicator_; }
   Usage& usage() { return usage_; }

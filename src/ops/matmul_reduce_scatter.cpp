@@ -398,6 +398,8 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
 }
 
 void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
+  // Where the host's time goes before the first GPU work of the op (bench --trace).
+  ctx.mark("call", ctx.stream());
   validate(ctx, c, options.scatter_dim);
   std::vector<Tensor> as = contiguous_as(ctx, c.as);
   Tensor a_scale = c.a_scale;

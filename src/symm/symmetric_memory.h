@@ -13,10 +13,13 @@
 // A flag goes 0 -> 1 -> 0 once per handshake, so a channel can be reused by the next op without
 // any reset; ops that need two independent handshakes in flight use two channels.
 // Channels in use (every symmetric allocation has its own pad): 0 the barriers of every op;
-// on the context's push workspace, 1 to 4 the native all_gather_matmul's
-// chunk-ready flags, which are not handshakes: a peer raises flag [1 + q][src] with a stream
-// memory write after pushing piece q of its shard, the GEMM reads it, and the owner sets it
-// back to 0 in the op's closing barrier (reset_and_barrier). On the shared workspace, 5 the
+// on the context's push workspace, 1 to 4 the chunk-ready flags of the native all_gather_matmul
+// captured into a CUDA graph, which are not handshakes: a peer raises flag [1 + q][src] with a
+// stream memory write after pushing piece q of its shard, the GEMM reads it, and the owner sets
+// it back to 0 in the op's closing barrier (reset_and_barrier); 8 to 11 the same flags of the
+// native all_gather_matmul run eagerly, which count up: the peer writes the op's number, the
+// GEMM waits for that number, nobody resets them (see all_gather_matmul.cpp). On the shared
+// workspace, 5 the
 // split matmul_reduce_scatter's landed flags, also raised by stream memory writes after pushes,
 // [5][src] = src's partial has landed; its reduction kernel waits for them (bounded by the
 // group's timeout, one timeout for the whole launch), and the owner sets them back to 0 in the
@@ -40,7 +43,7 @@ namespace asynctp {
 
 class Group;
 
-inline constexpr int kNumChannels = 8;
+inline constexpr int kNumChannels = 16;
 
 // Bytes of the signal pad in front of every rank's data: kNumChannels x world_size u32 flags,
 // rounded up to a page so that the data region stays page-aligned.
@@ -75,6 +78,11 @@ class SymmetricMemory {
   // fit.
   Tensor buffer(int peer, Dims shape, DType dtype, size_t byte_offset = 0);
 
+  // How many times the op that owns this allocation has numbered a use of it (the eager native
+  // all_gather_matmul's op numbers, which its flags carry): 0 for a fresh allocation, whose pad
+  // is all zero. Every rank counts the same uses, in the same order.
+  uint32_t next_use() { return ++uses_; }
+
  protected:
   SymmetricMemory(int rank, int world_size, size_t size, Device device)
       : rank_(rank), world_size_(world_size), size_(size), device_(device) {}
@@ -87,6 +95,7 @@ class SymmetricMemory {
   int world_size_;
   size_t size_;
   Device device_;
+  uint32_t uses_ = 0;
 };
 
 // Makes symmetric allocations for one group (a collective call: every rank of the group must

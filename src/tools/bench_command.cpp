@@ -52,6 +52,9 @@ struct BenchOptions {
   bool json = false;
   bool graph = true;
   bool trace = false;
+  // all_gather_matmul's native path once more with this push_piece_bytes (a column of its own,
+  // timed in the same loop).
+  std::optional<size_t> native_pieces;
 };
 
 struct Shape {
@@ -81,7 +84,7 @@ struct Result {
   bool deterministic = true;
   double gemm_ms = 0, split_gemm_ms = 0, collective_ms = 0, baseline_ms = 0, fused_ms = 0,
          graph_ms = NAN, floor_ms = 0;
-  double native_gemm_ms = NAN, split_ms = NAN, native_ms = NAN;
+  double native_gemm_ms = NAN, split_ms = NAN, native_ms = NAN, native_pieces_ms = NAN;
   // The native kernel as the native path launches it (chunk walk from the path's pivot, own
   // chunk in place and every ready flag already up for AG+MM, completion counters for MM+RS),
   // without the communication: what the path adds to the GEMM is native - this.
@@ -211,6 +214,13 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     r.comm_bytes = static_cast<double>(ws - 1) / ws * m * n * element_size(dtype);
   }
   fused_fn = [&] { fused_with(PathChoice::kAuto); };
+  // AG+MM's native path with --native-pieces (validated with the native path, timed beside it).
+  const std::function<void()> native_pieces_fn = [&] {
+    const Tensor bs[] = {b};
+    const Tensor outs[] = {fused_out};
+    all_gather_matmul(ctx, a, bs, outs, {},
+                      {.path = PathChoice::kNative, .push_piece_bytes = o.native_pieces});
+  };
   // The native kernel alone on the whole problem, every chunk present.
   ChunkedGemmArgs native_alone;
   native_alone.a = ag ? a_full : a;
@@ -267,6 +277,12 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     try {
       fused_with(PathChoice::kNative);
       r.err_native = max_over_ranks(*s.group, relative_error(to_host_f32(ctx, fused_out), ref_h));
+      if (ag && o.native_pieces) {
+        native_pieces_fn();
+        r.err_native =
+            std::max(r.err_native,
+                     max_over_ranks(*s.group, relative_error(to_host_f32(ctx, fused_out), ref_h)));
+      }
     } catch (const Error& e) {
       if (s.rank() == 0 && !o.json && ctx.backend().device().is_cuda()) {
         std::printf("  (%s: %s)\n", shape.label.c_str(), e.what());
@@ -313,6 +329,11 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     fns.push_back([&] { fused_with(PathChoice::kNative); });
     slots.push_back(&r.native_ms);
     slot_names.push_back("native_path");
+    if (ag && o.native_pieces) {
+      fns.push_back(native_pieces_fn);
+      slots.push_back(&r.native_pieces_ms);
+      slot_names.push_back("native_pieces_path");
+    }
   }
   if (native_gemm_ok) {
     fns.push_back([&] { ctx.backend().native_gemm(native_alone, ctx.stream()); });
@@ -379,6 +400,7 @@ nlohmann::json to_json(const Result& r) {
           {"host_us", r.host_us},
           {"split_path_ms", num(r.split_ms)},
           {"native_path_ms", num(r.native_ms)},
+          {"native_pieces_path_ms", num(r.native_pieces_ms)},
           {"rel_error_split_path", num(r.err_split)},
           {"rel_error_native_path", num(r.err_native)},
           {"fused_graph_ms", num(r.graph_ms)},
@@ -493,6 +515,10 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_flag("--pace-sleep", o->pace_sleep,
                 "sleep through the pace instead of spinning (a core that idled enqueues the next "
                 "run more slowly, as the JSON's host_us shows)");
+  cmd->add_option("--native-pieces", o->native_pieces,
+                  "also time all_gather_matmul's native path with its shards pushed in pieces of "
+                  "at least this many bytes (ASYNCTP_PUSH_PIECE_BYTES for one column: "
+                  "native_pieces_path_ms in the JSON)");
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
   cmd->add_flag("!--no-graph", o->graph, "skip the CUDA-graph replay");
   cmd->add_flag("--trace", o->trace,

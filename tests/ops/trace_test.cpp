@@ -46,7 +46,7 @@ TEST(OpTrace, MarksTheStepsOfBothSplitPathsInOrder) {
     const auto ag = trace.read();
     const int p1 = (r + 1) % 3, p2 = (r + 2) % 3;
     // The CPU backend runs every stream eagerly, in the order the op enqueues.
-    EXPECT_THAT(labels_of(ag), ElementsAre("start", "published", fmt::format("gemm {}", r),
+    EXPECT_THAT(labels_of(ag), ElementsAre("call", "start", "published", fmt::format("gemm {}", r),
                                            fmt::format("pulled {}", p1),
                                            fmt::format("pulled {}", p2), fmt::format("gemm {}", p1),
                                            fmt::format("gemm {}", p2), "joined", "end"));
@@ -58,11 +58,11 @@ TEST(OpTrace, MarksTheStepsOfBothSplitPathsInOrder) {
     ctx.set_trace(&trace);
     matmul_reduce_scatter(ctx, a, b, scattered);
     ctx.set_trace(nullptr);
-    EXPECT_THAT(
-        labels_of(trace.read()),
-        ElementsAre("start", "opened", fmt::format("gemm {}", p1), fmt::format("pushed to {}", p1),
-                    fmt::format("gemm {}", p2), fmt::format("pushed to {}", p2),
-                    fmt::format("gemm {}", r), "computed", "reduced", "end"));
+    EXPECT_THAT(labels_of(trace.read()),
+                ElementsAre("call", "start", "opened", fmt::format("gemm {}", p1),
+                            fmt::format("pushed to {}", p1), fmt::format("gemm {}", p2),
+                            fmt::format("pushed to {}", p2), fmt::format("gemm {}", r), "computed",
+                            "reduced", "end"));
   });
   EXPECT_RANKS_OK(statuses);
 }

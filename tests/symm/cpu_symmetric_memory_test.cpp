@@ -247,7 +247,7 @@ TEST(SymmArgumentsTest, PeerChannelAndViewBoundsAreChecked) {
                 HasSubstr("buffer_ptr: peer 2 out of range [0, 2)"));
     EXPECT_THAT(error_of([&] { sm->signal_pad_ptr(-1); }), HasSubstr("peer -1 out of range"));
     EXPECT_THAT(error_of([&] { sm->put_signal(0, kNumChannels, ctx.stream()); }),
-                HasSubstr("put_signal: channel 8 out of range [0, 8)"));
+                HasSubstr("put_signal: channel 16 out of range [0, 16)"));
     EXPECT_THAT(error_of([&] { sm->wait_signal(1, -1, ctx.stream()); }),
                 HasSubstr("wait_signal: channel -1 out of range"));
     EXPECT_THAT(error_of([&] { sm->barrier(9, ctx.stream()); }), HasSubstr("barrier: channel 9"));

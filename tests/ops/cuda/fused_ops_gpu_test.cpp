@@ -664,6 +664,84 @@ TEST(FusedOpsGpu, LayersBackToBackOnEveryPath) {
   }
 }
 
+// The native all_gather_matmul's buffers and flags across ops (see all_gather_matmul.cpp):
+// eager ops take two buffers by turns with op-numbered flags and no barrier, ops captured into a
+// CUDA graph a third with 0/1 flags and a closing barrier. A new shard every step, written into
+// the same A_shard right before the op, eager steps and graph replays mixed, no synchronization
+// in between: a push into a buffer a peer still reads, a flag taken for a later op's, or a stale
+// chunk shows up as a wrong result of some step.
+TEST(FusedOpsGpu, NativeAllGatherBuffersAcrossEagerOpsAndReplays) {
+  SKIP_UNLESS_GPUS(2);
+  for (const int ws : {2, 4}) {
+    for (const size_t piece_bytes : {size_t{0}, size_t{1}}) {
+      SCOPED_TRACE(fmt::format("world size {}, push_piece_bytes {}", ws, piece_bytes));
+      if (visible_gpus() < ws) continue;
+      HarnessOptions options = gpu_options();
+      options.context.push_piece_bytes = piece_bytes;
+      auto statuses = run_ranks(
+          ws,
+          [&](Context& ctx) {
+            const int64_t rows = 256, k = 128, n = 256;
+            // E: eager, G: graph replay.
+            const std::string steps = "EEGEGGEEEG";
+            const int count = static_cast<int>(steps.size());
+            const uint64_t me = static_cast<uint64_t>(ctx.rank());
+            DeviceTensor b =
+                upload_seeded(ctx, {k, n}, DType::kBF16, seed_of({61}), Values::kRandom);
+            std::vector<DeviceTensor> inputs;
+            std::vector<OwnedTensor> outs;
+            for (int i = 0; i < count; ++i) {
+              inputs.push_back(upload_seeded(ctx, {rows, k}, DType::kBF16,
+                                             seed_of({62, static_cast<uint64_t>(i), me}),
+                                             Values::kRandom));
+              outs.push_back(device_empty(ctx, {ws * rows, n}, DType::kBF16));
+            }
+            OwnedTensor a = device_empty(ctx, {rows, k}, DType::kBF16);
+            OwnedTensor graph_out = device_empty(ctx, {ws * rows, n}, DType::kBF16);
+            const Tensor bs[] = {*b};
+            const Tensor graph_outs[] = {graph_out.tensor};
+            const AllGatherMatmulOptions native{.path = PathChoice::kNative};
+            ctx.backend().copy(a, *inputs[0], ctx.stream());
+            all_gather_matmul(ctx, a, bs, graph_outs, Tensor(), native);  // sizes the workspace
+            ctx.backend().synchronize();
+            cuda::Graph graph;
+            graph.begin_capture(ctx.stream());
+            all_gather_matmul(ctx, a, bs, graph_outs, Tensor(), native);
+            graph.end_capture();
+            for (int i = 0; i < count; ++i) {
+              ctx.backend().copy(a, *inputs[i], ctx.stream());
+              if (steps[i] == 'E') {
+                const Tensor step_outs[] = {outs[i].tensor};
+                all_gather_matmul(ctx, a, bs, step_outs, Tensor(), native);
+              } else {
+                graph.replay(ctx.stream());
+                ctx.backend().copy(outs[i], graph_out, ctx.stream());
+              }
+            }
+            ctx.backend().synchronize();
+            EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kNative),
+                      2 + static_cast<int>(std::count(steps.begin(), steps.end(), 'E')));
+            for (int i = 0; i < count; ++i) {
+              SCOPED_TRACE(fmt::format("step {} ({})", i, steps[i]));
+              std::vector<std::vector<float>> shards;
+              for (int q = 0; q < ws; ++q) {
+                shards.push_back(
+                    values_of({rows, k}, DType::kBF16,
+                              seed_of({62, static_cast<uint64_t>(i), static_cast<uint64_t>(q)}),
+                              Values::kRandom));
+              }
+              std::vector<double> expected(ws * rows * n, 0.0);
+              host_gemm_add(gather_host(shards, {rows, k}, 0), to_vector(b.host), expected,
+                            ws * rows, k, n);
+              EXPECT_LT(rel_error(download(ctx, outs[i]), expected), 1e-2);
+            }
+          },
+          options);
+      EXPECT_RANKS_OK(statuses);
+    }
+  }
+}
+
 // ---- failures -------------------------------------------------------------------------------
 
 // Both ranks run one all_gather_matmul on `path` (the workspace exists), then rank 1 never joins
