@@ -62,6 +62,12 @@ struct GemmArgs {
   Tensor b_scale;
 };
 
+// Whether a flag that counts up (through 2^32) has reached `value`: (int32)(flag - value) >= 0.
+// With value 1 that is flag != 0 for 0/1 flags.
+constexpr bool flag_raised(uint32_t flag, uint32_t value) {
+  return static_cast<int32_t>(flag - value) >= 0;
+}
+
 // Shape, dtype and layout checks shared by every backend; throws naming the bad argument.
 void validate_gemm(const GemmArgs& args);
 
@@ -150,13 +156,16 @@ class Backend {
   virtual void write_flag(uint32_t* flag, uint32_t value, Stream& stream);
   virtual void wait_flag(const uint32_t* flag, uint32_t value, Stream& stream);
   virtual void zero_flags(uint32_t* flags, size_t count, Stream& stream);
-  // reduce(), once flags[i] != 0 for every i in [0, count) but `skip` (acquire: the inputs that
-  // peers copied in before raising their flag with write_flag are complete). The flags are left
+  // reduce(), once flags[i] is raised for every i in [0, count) but `skip`, i.e. has reached
+  // `value` (flag_raised: 0/1 flags with value 1, or op numbers counting up through 2^32)
+  // (acquire: the inputs that peers copied in before raising their flag with write_flag are
+  // complete). The flags are left
   // as they are; the wait takes place for an empty output too. Bounded by `timeout` (once for the
   // whole call, not per flag or per block of a kernel): a TimeoutError naming `rank`, the missing
   // flag's index as the peer, and `channel`.
   struct FlagWait {
     const uint32_t* flags = nullptr;
+    uint32_t value = 1;
     int count = 0;
     int skip = -1;
     std::chrono::milliseconds timeout{60'000};

@@ -241,7 +241,7 @@ class CpuBackend final : public Backend {
     for (int i = 0; i < wait.count; ++i) {
       if (i == wait.skip) continue;
       std::atomic_ref<uint32_t> flag(*const_cast<uint32_t*>(wait.flags + i));
-      while (flag.load(std::memory_order_acquire) == 0) {
+      while (!flag_raised(flag.load(std::memory_order_acquire), wait.value)) {
         if (deadline.expired()) {
           ASYNCTP_TIMEOUT(
               "rank {}: the reduction waited {} for the partial of rank {} on channel {} (is "

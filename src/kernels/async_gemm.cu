@@ -278,8 +278,8 @@ __device__ bool wait_chunks_ready(const Params& p, int m0) {
     const int64_t piece_end = (j + 1) * p.ready_rows;
     row = c * p.chunk_rows + (piece_end < p.chunk_rows ? piece_end : p.chunk_rows);
     const uint32_t* flag = p.ready + j * p.ready_stride + c;
-    // Wrap-safe: epoch values (one per op) count up through 2^32.
-    auto raised = [&] { return static_cast<int32_t>(load_acquire_sys(flag) - p.ready_value) >= 0; };
+    // Wrap-safe: op numbers count up through 2^32.
+    auto raised = [&] { return detail::flag_raised(load_acquire_sys(flag), p.ready_value); };
     if (raised()) continue;
     const uint64_t start = global_timer_ns();
     while (!raised()) {

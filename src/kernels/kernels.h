@@ -76,6 +76,7 @@ inline constexpr int kMaxReduceInputs = 64;
 // but `skip`; bounded by timeout_ns, a timeout recorded in `slot` with peer = i, what = 5.
 struct ReduceWait {
   const uint32_t* flags = nullptr;  // null: no wait
+  uint32_t value = 1;               // a flag is up once (int32)(flag - value) >= 0
   int count = 0;
   int skip = -1;
   uint64_t timeout_ns = 0;

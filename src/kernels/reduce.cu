@@ -67,10 +67,13 @@ __device__ __forceinline__ void wait_for_inputs(const ReduceWait& w) {
   if (threadIdx.x == 0) {
     bool gave_up = false;
     for (int i = 0; i < w.count && !gave_up; ++i) {
-      if (i == w.skip || detail::load_acquire_sys(w.flags + i) != 0) continue;
+      auto raised = [&] {
+        return detail::flag_raised(detail::load_acquire_sys(w.flags + i), w.value);
+      };
+      if (i == w.skip || raised()) continue;
       const uint64_t start = detail::global_timer_ns();
       uint64_t next_poll = start + kSlotPollNs;
-      while (detail::load_acquire_sys(w.flags + i) == 0) {
+      while (!raised()) {
         const uint64_t now = detail::global_timer_ns();
         if (now >= next_poll) {
           if (w.slot != nullptr && w.slot->flagged != 0) {

@@ -2,9 +2,9 @@
 //
 // Fused schedule on rank r of ws (P = A @ B, chunk d of P is what rank d keeps):
 //
-//   compute: reset landed, barrier | GEMM chunk r+1 | GEMM chunk r+2 | ... | GEMM chunk r -> own
-//            slot | reduce (waits for landed[s] of every peer s) | wait for the copy stream
-//   copy:                          | push r+1, landed_{r+1}[r] = 1 | push r+2, ... | push r-1 ...
+//   compute: (captured: reset landed, barrier) | GEMM chunk r+1 | GEMM chunk r+2 | ... | GEMM
+//            chunk r -> own slot | reduce (waits for landed[s] of every peer s) | wait for copy
+//   copy:                          | push r+1, landed_{r+1}[r] = e | push r+2, ... | push r-1 ...
 //
 // Rank r computes the chunks in the order their owners need them, r+1 first, so at each step
 // every rank feeds a different peer; the copy engine pushes each finished chunk into slot r of
@@ -13,19 +13,33 @@
 // straight into the own slot. The reduction waits (in its kernel, bounded by the group's timeout)
 // until every peer's flag is up, then adds the ws slots in f32 in rank order 0..ws-1 and rounds
 // once: deterministic, identical on every run, and on the CPU backend identical to GEMM followed
-// by reduce-scatter. The opening barrier makes sure every owner has finished reading its slots
-// (the previous op's reduction) and has set its landed flags back to 0 before anyone pushes
-// again; no flag of an earlier op can arrive after that reset, since every split op's reduction
-// waited for all of its flags (an empty one too: Backend::reduce_when_flagged waits whatever the
-// output's size). It runs on
-// the compute stream where it has no GEMM to overlap; the copy stream carries only copy-engine work
-// and stream memory writes, since a kernel queued there would wait for an SM until the running GEMM
-// ends. (Before the flags, a closing barrier waited for every rank's pushes: ~10 us more per op at
-// ws 4, and a rank waited for pushes into its peers' slots too.)
+// by reduce-scatter. The copy stream carries only copy-engine work and stream memory writes,
+// since a kernel queued there would wait for an SM until the running GEMM ends.
 //
-// Symmetric buffer of each rank: [slot 0 | slot 1 | ... | slot ws-1], slot s = rank s's partial
-// of this rank's chunk, in the output dtype; its signal pad's flags [kLandedChannel][s] = slot s
-// has landed.
+// When may a rank push again into an owner's slots, which the owner's reduction reads? As in the
+// native all_gather_matmul (all_gather_matmul.cpp), two protocols:
+//   - Eager: no barrier. Op number e (counted on every rank alike, from 1 for a fresh
+//     allocation) pushes into buffer e % 2 and raises the landed flags (kEagerLandedChannel) to
+//     e; the reduction waits until they reach e; nobody resets them. Rank r writes p's buffer
+//     e % 2 in op e; p last read it in its op e-2 reduction. r's op-e pushes follow r's op e-1
+//     reduction on its compute stream (each push waits for its chunk GEMM), which waited for p's
+//     op e-1 flag, raised after p's op e-1 push, which followed p's op e-2 reduction. A flag is at
+//     most one op ahead (e+1, after a push into the other buffer). (Before: an opening barrier,
+//     ~12 us, which also waited for the slowest rank to arrive.)
+//   - Captured into a CUDA graph (no op number can be baked into a replay), and the native path:
+//     buffer 2, 0/1 flags (kLandedChannel) and an opening barrier, past which every owner has
+//     finished reading its slots in every earlier op and has set the flags back to 0; no flag of
+//     an earlier op can arrive after that reset, since every such op's reduction waited for all
+//     of its flags (an empty one too: Backend::reduce_when_flagged waits whatever the output's
+//     size). An eager op after one of these writes a buffer they did not touch, after the
+//     barrier-protected op's reduction on its own compute stream.
+// Every other user of the shared workspace (the split all_gather_matmul, the peer-bandwidth
+// probe) writes only its own rank's region before its barrier, and no peer still pushes into it:
+// a split op's reduction waited for every push into this rank.
+//
+// Symmetric buffer of each rank, three times over: [slot 0 | slot 1 | ... | slot ws-1], slot s =
+// rank s's partial of this rank's chunk, in the output dtype; its signal pad's flags
+// [channel][s] = slot s has landed.
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
@@ -38,8 +52,16 @@ using detail::gemm_view;
 namespace {
 
 constexpr int kBarrierChannel = 0;
-constexpr int kLandedChannel = 5;  // see NOTE [signal pads and channels]
-static_assert(kLandedChannel < kNumChannels);
+constexpr int kLandedChannel = 5;       // see NOTE [signal pads and channels]
+constexpr int kEagerLandedChannel = 6;  // same
+static_assert(kEagerLandedChannel < kNumChannels);
+constexpr int kSlotBuffers = 3;  // eager split ops: 0 and 1 by turns; the others: 2
+constexpr int kBarrierBuffer = 2;
+
+// The shared workspace the slots need for an output chunk of `bytes`.
+size_t slots_workspace_bytes(int ws, size_t bytes) {
+  return kSlotBuffers * detail::align_up(ws * bytes, 256);
+}
 
 struct MmRsCall {
   const char* op;
@@ -202,19 +224,25 @@ void run_fallback(Context& ctx, const MmRsCall& c, ProductWriter& writer,
 }
 
 // The symmetric buffer both overlapped paths push into: on every rank, ws slots of one output
-// chunk each; slot s of rank d holds rank s's partial of d's chunk.
+// chunk each in buffer `buffer` (see the file comment); slot s of rank d holds rank s's partial of
+// d's chunk. The buffers are thirds of the whole allocation, not of this op's need: ops of other
+// shapes in between must not move them.
 struct Slots {
-  Slots(Context& ctx, const Tensor& out)
+  Slots(Context& ctx, const Tensor& out, int buffer)
       : chunk(out.shape()),
         dtype(out.dtype()),
         bytes(static_cast<size_t>(chunk.product()) * element_size(dtype)),
-        sm(ctx.workspace().get(ctx.world_size() * bytes)) {}
-  Tensor at(int owner, int src) const { return sm.buffer(owner, chunk, dtype, src * bytes); }
+        sm(ctx.workspace().get(slots_workspace_bytes(ctx.world_size(), bytes))),
+        offset(static_cast<size_t>(buffer) * (sm.size() / kSlotBuffers / 256 * 256)) {}
+  Tensor at(int owner, int src) const {
+    return sm.buffer(owner, chunk, dtype, offset + src * bytes);
+  }
 
   Dims chunk;
   DType dtype;
   size_t bytes;
   SymmetricMemory& sm;
+  size_t offset;
 };
 
 void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
@@ -225,20 +253,28 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   const int ws = ctx.world_size();
   const int rank = ctx.rank();
   const Dims chunk = c.out.shape();
-  const Slots slots(ctx, c.out);
-  SymmetricMemory& sm = slots.sm;
+  // The protocol (see the file comment): eager op number e in buffer e % 2, or buffer 2 behind
+  // a barrier when captured.
+  const bool captured = be.capturing();
+  SymmetricMemory& sm =
+      ctx.workspace().get(slots_workspace_bytes(ws, c.out.numel() * c.out.element_size()));
+  const uint32_t number = captured ? 1 : sm.next_use();
+  const Slots slots(ctx, c.out, captured ? kBarrierBuffer : static_cast<int>(number % 2));
+  const int landed_channel = captured ? kLandedChannel : kEagerLandedChannel;
   auto slot = [&](int owner, int src) { return slots.at(owner, src); };
 
   Dims staging_shape = chunk;
   staging_shape.insert(0, std::max(ws - 1, 1));
   const Tensor staging = ctx.scratch(Scratch::kStaging, staging_shape, c.out.dtype());
-  // Every owner has finished reading its slots in the previous op once all ranks are past this
-  // barrier; only then may anyone push into them.
-  auto landed_of = [&](int owner) { return sm.signal_pad_ptr(owner) + kLandedChannel * ws; };
+  auto landed_of = [&](int owner) { return sm.signal_pad_ptr(owner) + landed_channel * ws; };
   uint32_t* landed = landed_of(rank);
   ctx.mark("start", compute);
-  sm.reset_and_barrier(landed, ws, kBarrierChannel, compute);
-  ctx.mark("opened", compute);
+  if (captured) {
+    // Every owner has finished reading its slots in every earlier op once all ranks are past
+    // this barrier; only then may anyone push into them.
+    sm.reset_and_barrier(landed, ws, kBarrierChannel, compute);
+    ctx.mark("opened", compute);
+  }
   // Chunk GEMMs alternate between the GEMM streams (one chunk's tail overlaps the next one's
   // start) unless several products share the accumulator.
   const bool two_streams = writer.single_product() && ctx.options().gemm_streams == 2;
@@ -259,7 +295,7 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
     done.record(stream);
     done.block(copy);
     be.copy(slot(dst, rank), part, copy);  // copy engine, beside the next GEMM
-    be.write_flag(landed_of(dst) + rank, 1, copy);
+    be.write_flag(landed_of(dst) + rank, number, copy);
     if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", dst), copy);
   }
   writer.write(rank, slot(rank, rank), stream_of(ws - 1));
@@ -275,11 +311,12 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
     parts.push_back(slot(rank, src));
   Backend::FlagWait wait;
   wait.flags = landed;
+  wait.value = number;
   wait.count = ws;
   wait.skip = rank;
   wait.timeout = ctx.group().timeout();
   wait.rank = rank;
-  wait.channel = kLandedChannel;
+  wait.channel = landed_channel;
   be.reduce_when_flagged(c.out, parts, options.reduce_op, wait, compute);
   ctx.mark("reduced", compute);
   // This rank's own pushes (their staging is reused by the next op).
@@ -358,7 +395,7 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   const int rank = ctx.rank();
   const Dims chunk = c.out.shape();
   const int64_t rows = plan.m / ws;
-  const Slots slots(ctx, c.out);
+  const Slots slots(ctx, c.out, kBarrierBuffer);
   SymmetricMemory& sm = slots.sm;
   auto slot = [&](int owner, int src) { return slots.at(owner, src); };
   const Tensor product = ctx.scratch(Scratch::kPartial, {plan.m, plan.n}, c.out.dtype());
@@ -408,8 +445,8 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
     ctx.backend().copy(a_scale, c.a_scale, ctx.stream());
   }
   ProductWriter writer(ctx, c, std::move(as), a_scale);
-  const size_t symm_bytes =
-      static_cast<size_t>(c.out.numel()) * ctx.world_size() * c.out.element_size();
+  const size_t symm_bytes = slots_workspace_bytes(
+      ctx.world_size(), static_cast<size_t>(c.out.numel()) * c.out.element_size());
   detail::NativeOption native;
   const std::optional<NativeRsPlan> plan = native_rs_plan(c, &native.unsupported);
   const Tensor a0 = writer.a0();

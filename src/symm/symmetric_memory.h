@@ -19,11 +19,11 @@
 // it back to 0 in the op's closing barrier (reset_and_barrier); 8 to 11 the same flags of the
 // native all_gather_matmul run eagerly, which count up: the peer writes the op's number, the
 // GEMM waits for that number, nobody resets them (see all_gather_matmul.cpp). On the shared
-// workspace, 5 the
-// split matmul_reduce_scatter's landed flags, also raised by stream memory writes after pushes,
-// [5][src] = src's partial has landed; its reduction kernel waits for them (bounded by the
-// group's timeout, one timeout for the whole launch), and the owner sets them back to 0 in the
-// next such op's opening barrier.
+// workspace, 6 the eager split matmul_reduce_scatter's landed flags, which count up the same way
+// (see matmul_reduce_scatter.cpp), and 5 its landed flags when captured into a CUDA graph, also
+// raised by stream memory writes after pushes, [5][src] = src's partial has landed; its
+// reduction kernel waits for them (bounded by the group's timeout, one timeout for the whole
+// launch), and the owner sets them back to 0 in the next such op's opening barrier.
 // Every wait is bounded by the group's timeout and fails with a TimeoutError that names this rank,
 // the peer and the channel.
 //

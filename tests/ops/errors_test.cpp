@@ -282,7 +282,7 @@ TEST_P(RankDeathTest, PeersFailWithATimeoutNamingPeerAndChannel) {
           const auto signal =
               AllOf(ContainsRegex(fmt::format(
                         "rank {}: wait_signal from peer {} on channel {}", ctx.rank(), kDeadRank,
-                        c.channel < 0 ? std::string("[0-7] ") : fmt::format("{} ", c.channel))),
+                        c.channel < 0 ? std::string("[0-9]+ ") : fmt::format("{} ", c.channel))),
                     HasSubstr("timed out after 2 s"));
           if (c.channel >= 0) {
             EXPECT_THAT(e.what(), signal);
@@ -290,7 +290,7 @@ TEST_P(RankDeathTest, PeersFailWithATimeoutNamingPeerAndChannel) {
             EXPECT_THAT(e.what(),
                         AnyOf(signal, ContainsRegex(fmt::format(
                                           "rank {}: the reduction waited 2 s for the partial of "
-                                          "rank {} on channel [0-7] ",
+                                          "rank {} on channel [0-9]+ ",
                                           ctx.rank(), kDeadRank))));
           }
         } catch (const std::exception& e) {
@@ -310,8 +310,9 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, RankDeathTest,
     ::testing::Values(DeathCase{Op::kAllGatherMatmul, When::kBeforeTheOp, 0},
                       DeathCase{Op::kAllGatherMatmul, When::kAfterTheOpeningBarrier, 0},
-                      DeathCase{Op::kMatmulReduceScatter, When::kBeforeTheOp, 0},
-                      DeathCase{Op::kMatmulReduceScatter, When::kAfterTheOpeningBarrier, -1}),
+                      // Run eagerly, the split matmul_reduce_scatter has no barrier: the
+                      // survivors' reductions wait for the dead rank's partial.
+                      DeathCase{Op::kMatmulReduceScatter, When::kBeforeTheOp, -1}),
     [](const auto& info) {
       return fmt::format(
           "{}_{}",

@@ -105,8 +105,9 @@ TEST_P(PathsTest, ContextDefaultPathAndPerOpOverride) {
 TEST_P(PathsTest, WorkspaceLimitTooSmallTakesTheFallback) {
   const int ws = GetParam();
   HarnessOptions options;
-  // all_gather_matmul needs its shard (4 x 3 f32 = 48 bytes); matmul_reduce_scatter ws slots of
-  // its output chunk (2 x 4 f32 = 32 bytes each). The fallback's collectives still fit in pieces.
+  // all_gather_matmul needs its shard (4 x 3 f32 = 48 bytes); matmul_reduce_scatter three
+  // buffers (256-byte aligned) of ws slots of its output chunk (2 x 4 f32 = 32 bytes each). The
+  // fallback's collectives still fit in pieces.
   options.context.max_workspace_bytes = std::max(20, 4 * ws);
   auto statuses = run_ranks(
       ws,
@@ -119,7 +120,8 @@ TEST_P(PathsTest, WorkspaceLimitTooSmallTakesTheFallback) {
                                 limit));
         matmul_reduce_scatter_checked(ctx, PathChoice::kAuto);
         expect_path(ctx, kMmRs, Path::kFallback,
-                    fmt::format("it needs {} bytes of symmetric workspace", 32 * ws));
+                    fmt::format("it needs {} bytes of symmetric workspace",
+                                3 * ((32 * ws + 255) / 256 * 256)));
         // Insisting on the fused path is an error that gives the reason.
         EXPECT_THAT(error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kFused); }),
                     HasSubstr(fmt::format("all_gather_matmul: the fused path was requested but it "

@@ -282,6 +282,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     check_flag_wait(wait);
     kernels::ReduceWait w;
     w.flags = wait.count > 0 ? wait.flags : nullptr;
+    w.value = wait.value;
     w.count = wait.count;
     w.skip = wait.skip;
     w.timeout_ns = std::max<uint64_t>(1, timeout_ns(wait.timeout));

@@ -742,6 +742,77 @@ TEST(FusedOpsGpu, NativeAllGatherBuffersAcrossEagerOpsAndReplays) {
   }
 }
 
+// The same for matmul_reduce_scatter: eager split ops take two buffers by turns with
+// op-numbered landed flags and no barrier; the native path and captured split ops use a third
+// behind an opening barrier. F: eager split, N: eager native, G: replay of a captured split op.
+// A new A every step, no synchronization in between.
+TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
+  SKIP_UNLESS_GPUS(2);
+  for (const int ws : {2, 4}) {
+    SCOPED_TRACE(fmt::format("world size {}", ws));
+    if (visible_gpus() < ws) continue;
+    auto statuses = run_ranks(
+        ws,
+        [&](Context& ctx) {
+          const int64_t rows = 128, k = 128, n = 256, m = rows * ws;
+          const std::string steps = "FFNFGFNGGFF";
+          const int count = static_cast<int>(steps.size());
+          const uint64_t me = static_cast<uint64_t>(ctx.rank());
+          DeviceTensor b =
+              upload_seeded(ctx, {k, n}, DType::kBF16, seed_of({71, me}), Values::kRandom);
+          std::vector<DeviceTensor> inputs;
+          std::vector<OwnedTensor> outs;
+          for (int i = 0; i < count; ++i) {
+            inputs.push_back(upload_seeded(ctx, {m, k}, DType::kBF16,
+                                           seed_of({72, static_cast<uint64_t>(i), me}),
+                                           Values::kRandom));
+            outs.push_back(device_empty(ctx, {rows, n}, DType::kBF16));
+          }
+          OwnedTensor a = device_empty(ctx, {m, k}, DType::kBF16);
+          OwnedTensor graph_out = device_empty(ctx, {rows, n}, DType::kBF16);
+          const MatmulReduceScatterOptions split{.path = PathChoice::kFused};
+          ctx.backend().copy(a, *inputs[0], ctx.stream());
+          matmul_reduce_scatter(ctx, a, *b, graph_out, split);  // sizes the workspace
+          matmul_reduce_scatter(ctx, a, *b, graph_out, {.path = PathChoice::kNative});
+          ctx.backend().synchronize();
+          cuda::Graph graph;
+          graph.begin_capture(ctx.stream());
+          matmul_reduce_scatter(ctx, a, *b, graph_out, split);
+          graph.end_capture();
+          for (int i = 0; i < count; ++i) {
+            ctx.backend().copy(a, *inputs[i], ctx.stream());
+            if (steps[i] == 'G') {
+              graph.replay(ctx.stream());
+              ctx.backend().copy(outs[i], graph_out, ctx.stream());
+            } else {
+              matmul_reduce_scatter(
+                  ctx, a, *b, outs[i],
+                  {.path = steps[i] == 'N' ? PathChoice::kNative : PathChoice::kFused});
+            }
+          }
+          ctx.backend().synchronize();
+          EXPECT_EQ(ctx.usage().count("matmul_reduce_scatter", Path::kNative),
+                    1 + static_cast<int>(std::count(steps.begin(), steps.end(), 'N')));
+          for (int i = 0; i < count; ++i) {
+            SCOPED_TRACE(fmt::format("step {} ({})", i, steps[i]));
+            std::vector<double> total(m * n, 0.0);
+            for (int q = 0; q < ws; ++q) {
+              const uint64_t u = static_cast<uint64_t>(q);
+              host_gemm_add(values_of({m, k}, DType::kBF16,
+                                      seed_of({72, static_cast<uint64_t>(i), u}), Values::kRandom),
+                            values_of({k, n}, DType::kBF16, seed_of({71, u}), Values::kRandom),
+                            total, m, k, n);
+            }
+            EXPECT_LT(
+                rel_error(download(ctx, outs[i]), chunk_host(total, {m, n}, 0, ws, ctx.rank())),
+                1e-2);
+          }
+        },
+        gpu_options());
+    EXPECT_RANKS_OK(statuses);
+  }
+}
+
 // ---- failures -------------------------------------------------------------------------------
 
 // Both ranks run one all_gather_matmul on `path` (the workspace exists), then rank 1 never joins
