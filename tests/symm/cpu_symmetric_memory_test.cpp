@@ -250,7 +250,8 @@ TEST(SymmArgumentsTest, PeerChannelAndViewBoundsAreChecked) {
                 HasSubstr("put_signal: channel 16 out of range [0, 16)"));
     EXPECT_THAT(error_of([&] { sm->wait_signal(1, -1, ctx.stream()); }),
                 HasSubstr("wait_signal: channel -1 out of range"));
-    EXPECT_THAT(error_of([&] { sm->barrier(9, ctx.stream()); }), HasSubstr("barrier: channel 9"));
+    EXPECT_THAT(error_of([&] { sm->barrier(kNumChannels + 1, ctx.stream()); }),
+                HasSubstr(fmt::format("barrier: channel {}", kNumChannels + 1)));
     EXPECT_NO_THROW(sm->buffer(1, {64}, DType::kF32));
     EXPECT_THAT(error_of([&] { sm->buffer(1, {64}, DType::kF32, 4); }),
                 HasSubstr("needs 260 bytes; the allocation has 256"));
