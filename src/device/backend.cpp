@@ -112,12 +112,17 @@ void Backend::zero_flags(uint32_t*, size_t, Stream&) {
 
 void Backend::check_flag_wait(const FlagWait& wait) {
   ASYNCTP_CHECK(wait.count >= 0 && (wait.count == 0 || wait.flags != nullptr),
-                "reduce_when_flagged: {} flags at {}", wait.count,
-                static_cast<const void*>(wait.flags));
+                "flag wait: {} flags at {}", wait.count, static_cast<const void*>(wait.flags));
+  ASYNCTP_CHECK(wait.first >= 0 && wait.first <= wait.count,
+                "flag wait: first flag {} is out of range [0, {}]", wait.first, wait.count);
 }
 
 void Backend::reduce_when_flagged(const Tensor&, std::span<const Tensor>, ReduceOp, const FlagWait&,
                                   Stream&) {
+  ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
+}
+
+void Backend::wait_flags(const FlagWait&, Stream&) {
   ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
 }
 

@@ -156,7 +156,7 @@ class Backend {
   virtual void write_flag(uint32_t* flag, uint32_t value, Stream& stream);
   virtual void wait_flag(const uint32_t* flag, uint32_t value, Stream& stream);
   virtual void zero_flags(uint32_t* flags, size_t count, Stream& stream);
-  // reduce(), once flags[i] is raised for every i in [0, count) but `skip`, i.e. has reached
+  // reduce(), once flags[i] is raised for every i in [first, count) but `skip`, i.e. has reached
   // `value` (flag_raised: 0/1 flags with value 1, or op numbers counting up through 2^32)
   // (acquire: the inputs that peers copied in before raising their flag with write_flag are
   // complete). The flags are left
@@ -164,16 +164,24 @@ class Backend {
   // whole call, not per flag or per block of a kernel): a TimeoutError naming `rank`, the missing
   // flag's index as the peer, and `channel`.
   struct FlagWait {
-    const uint32_t* flags = nullptr;
+    const uint32_t* flags = nullptr;  // flags [first, count) of this array, but `skip`
     uint32_t value = 1;
+    int first = 0;
     int count = 0;
     int skip = -1;
     std::chrono::milliseconds timeout{60'000};
     int rank = 0;
     int channel = -1;
+    // What the flags stand for, for the timeout's message: a partial for a reduction, or a
+    // peer's shard (wait_flags of an all-gather).
+    enum class Of { kPartial, kShard } of = Of::kPartial;
   };
   virtual void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
                                    const FlagWait& wait, Stream& stream);
+  // Holds later work of the stream until the flags are raised, as reduce_when_flagged waits
+  // (bounded the same way). On CUDA one block of a kernel: it needs an SM, so enqueue it where no
+  // kernel of another stream holds them all.
+  virtual void wait_flags(const FlagWait& wait, Stream& stream);
 
  protected:
   // reduce_when_flagged's flags: none, or `count` of them at a non-null address.

@@ -236,13 +236,24 @@ class CpuBackend final : public Backend {
 
   void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
                            const FlagWait& wait, Stream& stream) override {
+    wait_flags(wait, stream);
+    reduce(out, inputs, op, stream);
+  }
+
+  void wait_flags(const FlagWait& wait, Stream&) override {
     check_flag_wait(wait);
     const Deadline deadline(wait.timeout);
-    for (int i = 0; i < wait.count; ++i) {
+    for (int i = wait.first; i < wait.count; ++i) {
       if (i == wait.skip) continue;
       std::atomic_ref<uint32_t> flag(*const_cast<uint32_t*>(wait.flags + i));
       while (!flag_raised(flag.load(std::memory_order_acquire), wait.value)) {
         if (deadline.expired()) {
+          if (wait.of == FlagWait::Of::kShard) {
+            ASYNCTP_TIMEOUT(
+                "rank {}: waited {} for the shard of peer {} on channel {} (is that peer alive "
+                "and in the same op?)",
+                wait.rank, deadline.describe(), i, wait.channel);
+          }
           ASYNCTP_TIMEOUT(
               "rank {}: the reduction waited {} for the partial of rank {} on channel {} (is "
               "that peer alive and in the same op?)",
@@ -251,7 +262,6 @@ class CpuBackend final : public Backend {
         std::this_thread::yield();
       }
     }
-    reduce(out, inputs, op, stream);
   }
 
   void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream&) override {

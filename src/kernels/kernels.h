@@ -77,13 +77,18 @@ inline constexpr int kMaxReduceInputs = 64;
 struct ReduceWait {
   const uint32_t* flags = nullptr;  // null: no wait
   uint32_t value = 1;               // a flag is up once (int32)(flag - value) >= 0
+  int first = 0;                    // flags [first, count) but skip
   int count = 0;
   int skip = -1;
   uint64_t timeout_ns = 0;
   DeviceErrorSlot* slot = nullptr;
   int rank = 0;
   int channel = -1;
+  int what = 5;  // the error slot's code on timeout: 5 a reduction's inputs, 6 a shard (wait_flags)
 };
+// Holds later work of the stream until w's flags are raised: one block that spins (bounded by
+// w.timeout_ns; a timeout is recorded in w.slot with what = w.what). It needs an SM.
+cudaError_t wait_flags(const ReduceWait& w, cudaStream_t stream);
 // out = sum (avg: mean) of count inputs that all share `in_layout`'s shape, strides and dtype,
 // added in f32 in the order given and rounded once; first (every block) the wait, if any, which
 // also takes place for an empty output.

@@ -66,7 +66,7 @@ __device__ __forceinline__ void wait_for_inputs(const ReduceWait& w) {
   if (w.flags == nullptr) return;
   if (threadIdx.x == 0) {
     bool gave_up = false;
-    for (int i = 0; i < w.count && !gave_up; ++i) {
+    for (int i = w.first; i < w.count && !gave_up; ++i) {
       auto raised = [&] {
         return detail::flag_raised(detail::load_acquire_sys(w.flags + i), w.value);
       };
@@ -83,7 +83,7 @@ __device__ __forceinline__ void wait_for_inputs(const ReduceWait& w) {
           next_poll = now + kSlotPollNs;
         }
         if (now - start > w.timeout_ns) {
-          detail::report_timeout(w.slot, w.rank, i, w.channel, 5, w.timeout_ns);
+          detail::report_timeout(w.slot, w.rank, i, w.channel, w.what, w.timeout_ns);
           gave_up = true;
           break;
         }
@@ -92,6 +92,10 @@ __device__ __forceinline__ void wait_for_inputs(const ReduceWait& w) {
     }
   }
   __syncthreads();
+}
+
+__global__ void wait_flags_kernel(ReduceWait wait) {
+  wait_for_inputs(wait);
 }
 
 // Same dtype in and out, contiguous, 16-byte aligned, numel a multiple of the vector width.
@@ -154,6 +158,13 @@ void launch_vec(void* out, const InputPointers& in, int count, int64_t vectors, 
 
 }  // namespace
 
+cudaError_t wait_flags(const ReduceWait& w, cudaStream_t stream) {
+  if (w.flags == nullptr || w.count <= w.first) return cudaSuccess;
+  if (w.timeout_ns == 0) return cudaErrorInvalidValue;
+  wait_flags_kernel<<<1, 32, 0, stream>>>(w);
+  return cudaGetLastError();
+}
+
 cudaError_t reduce(const KTensor& out, const void* const* inputs, int count,
                    const KTensor& in_layout, bool avg, cudaStream_t stream,
                    const ReduceWait& wait) {
@@ -163,11 +174,8 @@ cudaError_t reduce(const KTensor& out, const void* const* inputs, int count,
   const int64_t n = out.numel();
   if (n == 0) {
     // Nothing to add, but a wait is still a wait: the caller relies on the flags being up (and
-    // consumed) once this returns on the stream. One block of the generic kernel does only that.
-    if (wait.flags == nullptr) return cudaSuccess;
-    reduce_generic_kernel<<<1, kThreads, 0, stream>>>(out, InputPointers{}, count, in_layout, 0,
-                                                      avg, wait);
-    return cudaGetLastError();
+    // consumed) once this returns on the stream.
+    return wait_flags(wait, stream);
   }
   InputPointers in{};
   bool aligned = reinterpret_cast<uintptr_t>(out.data) % 16 == 0;

@@ -1,22 +1,51 @@
 // all_gather_matmul and all_gather_scaled_matmul.
 //
-// Fused schedule on rank r of ws (row gather, g < last dim), two streams:
+// Both overlapped paths push: every rank copies its shard (with the copy engine, straight from
+// A_shard) into slot r of every peer's symmetric buffer and then raises that peer's ready flag r
+// (a stream memory write over NVLink, ordered after the copy: no SM needed while a GEMM holds
+// them all). It pushes to r-1 first, then r-2, ...: at each step every rank is written by
+// exactly one peer and receives the chunk its GEMMs take next (the own chunk comes first and
+// needs no communication; pushing to r+1 first delivered the chunk each GEMM needed first last of
+// all). Nothing but the first GEMM stands at the start of the op: no publication copy, no
+// opening barrier (the split path had both before: 17-50 us at ws 4).
 //
-//   compute: A_shard -> symm[r] | barrier | GEMM chunk r | wait(r+1) GEMM r+1 | ... | wait all |
-//   barrier copy:                                 | pull r+1 | pull r+2 | ... | pull r-1 |
+// When may a rank push again into a peer's buffer, which the peer's GEMMs read? Two protocols:
 //
-// Every rank publishes its shard in its own symmetric buffer; after the barrier the copy engine
-// pulls the peers' shards into the gathered A, starting at r+1 so that at each step every peer
-// is read by exactly one rank, while the compute stream multiplies each chunk as soon as it has
-// landed (own chunk first: it needs no communication). The closing barrier tells every rank
-// that nobody reads its buffer any more, so the next op may overwrite it. Both barriers run on
-// the compute stream where it has no GEMM to overlap: the copy stream carries only copy-engine
-// work, since a kernel queued there would wait for an SM until the running GEMM ends.
+// Eager (the op runs now): no barrier at all. The context's push workspace holds two buffers and
+// op number e (counted on every rank alike, from 1 for a fresh allocation, over both paths) uses
+// buffer e % 2; the flags (channels kEagerReadyChannel..) are set to e, never reset, and a GEMM
+// waits until a flag has reached e. Rank r writes p's buffer e % 2 in op e; p last read it in op
+// e-2. r's op-e pushes start behind r's compute stream, so after r's op e-1 GEMMs, which waited
+// for p's op-e-1 pushes, which start behind p's op e-2 GEMMs: p is done with them. For the same
+// reason a peer's flag is at most one op ahead (e+1, raised after its op-e push into the other
+// buffer), and a rank never waits for anything but the chunks it multiplies: the op ends when
+// its GEMMs do (a closing barrier cost ~12 us, the skew between the ranks included).
+//
+// Captured into a CUDA graph (replayed any number of times, so no op number can be baked in):
+// a third buffer and flags of its own (channels kCapturedReadyChannel..) that go 0 -> 1, and a
+// closing barrier: each rank enters it after its GEMMs have read every chunk and after it has set
+// its flags back to 0, and a rank pushes again only in a later op, whose copy stream starts
+// behind this barrier. An eager op after a replay writes a buffer the replay did not touch; a
+// replay after an eager op writes the third buffer, last used by a replay, which ended with its
+// barrier.
+//
+// The push workspace is the context's second symmetric allocation, which no other op uses: in
+// the shared one a peer could still be busy with a previous op of another kind (the final
+// reduction of a matmul_reduce_scatter) when this one pushes.
+//
+// Split schedule on rank r of ws (row gather, g < last dim), two streams:
+//
+//   compute: GEMM own chunk | wait flag r+1, GEMM r+1 | wait flag r+2, GEMM r+2 | ... | join
+//   copy:    push to r-1, flag | push to r-2, flag | ... | push to r+1, flag |
+//
+// The waits are one-block kernels on the compute stream, between GEMMs (bounded by the group's
+// timeout, naming the peer and channel); the chunk GEMMs read the slots in place. A returned A
+// (a_out) is copied from the slots after the GEMMs.
 //
 // Contraction-dim gather (g = last): chunk p is A[:, p*k:(p+1)*k] and its product with
-// B[p*k:(p+1)*k, :] is a partial sum. The pulls keep the r+1.. order, but the partial sums are
-// accumulated in f32 in rank order 0..ws-1, so every rank computes the same bits (and, on the CPU
-// backend, exactly the unfused GEMM's): replicas of the output never drift apart.
+// B[p*k:(p+1)*k, :] is a partial sum. The partial sums are accumulated in f32 in rank order
+// 0..ws-1, so every rank computes the same bits (and, on the CPU backend, exactly the unfused
+// GEMM's): replicas of the output never drift apart.
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
@@ -115,7 +144,16 @@ Tensor scale_view(const Tensor& scale, bool rowwise, int split) {
   return rowwise ? gemm_view(scale, split, "A_scale") : scale;
 }
 
-void run_fallback(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& scale) {
+void run_fallback(Context& ctx, const AgMmCall& c) {
+  const Dims gathered = all_gather_shape(c.a_shard, c.g, ctx.world_size());
+  const Tensor a =
+      c.a_out.defined() ? c.a_out : ctx.scratch(Scratch::kGatheredA, gathered, c.a_shard.dtype());
+  Tensor scale;
+  if (c.rowwise()) {
+    Dims scale_shape = gathered;
+    scale_shape[scale_shape.size() - 1] = 1;
+    scale = ctx.scratch(Scratch::kGatheredScale, scale_shape, DType::kF32);
+  }
   all_gather(ctx, a, c.a_shard, c.g);
   if (c.rowwise()) all_gather(ctx, scale, c.a_scale, c.g);
   for (size_t i = 0; i < c.bs.size(); ++i) {
@@ -124,83 +162,139 @@ void run_fallback(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor
   }
 }
 
-void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& scale,
-               size_t symm_bytes) {
+// ---- The push buffers (see the file comment) ----------------------------------------------------
+
+constexpr int kCapturedReadyChannel = 1;  // to 1 + kMaxPushPieces - 1: see NOTE [signal pads and
+constexpr int kEagerReadyChannel = 8;     // to 8 + kMaxPushPieces - 1:  channels]
+constexpr int kPushBuffers = 3;           // eager ops: 0 and 1 by turns; captured ops: 2
+static_assert(kCapturedReadyChannel + detail::kMaxPushPieces <= kEagerReadyChannel &&
+              kEagerReadyChannel + detail::kMaxPushPieces <= kNumChannels);
+
+// The push workspace for shards of shard_bytes (and row-wise scales of scale_bytes): kPushBuffers
+// buffers of [ws shard slots | ws scale slots], each part 256-byte aligned.
+size_t push_workspace_bytes(int ws, size_t shard_bytes, size_t scale_bytes) {
+  return kPushBuffers * (align_up(ws * shard_bytes, 256) + align_up(ws * scale_bytes, 256));
+}
+
+// This op's buffer of the push workspace and its ready flags. The buffers are thirds of the whole
+// allocation, not of this op's need: ops of other shapes in between must not move them (op e+1's
+// buffer may not overlap op e's).
+struct PushBuffer {
+  PushBuffer(Context& ctx, size_t shard_bytes, size_t scale_bytes)
+      : ws(ctx.world_size()),
+        shard_bytes(shard_bytes),
+        scale_bytes(scale_bytes),
+        sm(ctx.push_workspace().get(push_workspace_bytes(ws, shard_bytes, scale_bytes))),
+        captured(ctx.backend().capturing()),
+        number(captured ? 1 : sm.next_use()),
+        offset((captured ? 2 : number % 2) * (sm.size() / kPushBuffers / 256 * 256)),
+        channel(captured ? kCapturedReadyChannel : kEagerReadyChannel) {}
+
+  // Slot p (rank p's shard) of `owner`'s buffer, viewed as `shape`.
+  Tensor slot(int owner, int p, const Dims& shape, DType dtype) const {
+    return sm.buffer(owner, shape, dtype, offset + p * shard_bytes);
+  }
+  // Rank p's row-wise scale in `owner`'s buffer.
+  Tensor scale_slot(int owner, int p, const Dims& shape) const {
+    return sm.buffer(owner, shape, DType::kF32,
+                     offset + align_up(ws * shard_bytes, 256) + p * scale_bytes);
+  }
+  // `owner`'s flags: piece q of chunk p is flag q * ws + p.
+  uint32_t* ready(int owner) const { return sm.signal_pad_ptr(owner) + channel * ws; }
+
+  int ws;
+  size_t shard_bytes, scale_bytes;
+  SymmetricMemory& sm;
+  bool captured;
+  uint32_t number;  // the value a flag is raised to: the op's number, or 1 when captured
+  size_t offset;
+  int channel;
+};
+
+void run_fused(Context& ctx, const AgMmCall& c) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
   Stream& copy = ctx.copy_stream();
   const int ws = ctx.world_size();
   const int rank = ctx.rank();
   const int64_t s = c.a_shard.size(c.g);
-  const size_t scale_offset = align_up(c.a_shard.nbytes(), 256);
-  SymmetricMemory& sm = ctx.workspace().get(symm_bytes);
-  auto peer_shard = [&](int p) { return sm.buffer(p, c.a_shard.shape(), c.a_shard.dtype()); };
-  auto peer_scale = [&](int p) {
-    return sm.buffer(p, c.a_scale.shape(), DType::kF32, scale_offset);
+  const bool rowwise = c.rowwise();
+  const PushBuffer buf(ctx, c.a_shard.nbytes(), rowwise ? c.a_scale.nbytes() : 0);
+  auto shard_slot = [&](int owner, int p) {
+    return buf.slot(owner, p, c.a_shard.shape(), c.a_shard.dtype());
   };
+  auto scale_slot = [&](int owner, int p) { return buf.scale_slot(owner, p, c.a_scale.shape()); };
   auto slice = [&](const Tensor& t, int p) { return t.narrow(c.g, p * s, s); };
+  uint32_t* ready = buf.ready(rank);
 
-  // The own chunk is multiplied straight from A_shard when its layout allows (the returned A then
-  // gets its own slice on the copy stream).
-  const bool own_direct = c.a_shard.is_contiguous() && (!c.rowwise() || c.a_scale.is_contiguous());
-  auto chunk_a = [&](int p) { return p == rank && own_direct ? c.a_shard : slice(a, p); };
+  // The own shard is multiplied and pushed in place where it is contiguous (its row-wise scale
+  // too); else it is copied into the own slot first, on the compute stream, and taken from there.
+  const bool in_place = c.a_shard.is_contiguous() && (!rowwise || c.a_scale.is_contiguous());
+  ctx.mark("start", compute);
+  if (!in_place) {
+    be.copy(shard_slot(rank, rank), c.a_shard, compute);
+    if (rowwise) be.copy(scale_slot(rank, rank), c.a_scale, compute);
+  }
+  const Tensor own_a = in_place ? c.a_shard : shard_slot(rank, rank);
+  const Tensor own_scale = rowwise && !in_place ? scale_slot(rank, rank) : c.a_scale;
+  auto chunk_a = [&](int p) { return p == rank ? own_a : shard_slot(rank, p); };
   auto chunk_scale = [&](int p) {
-    if (!c.rowwise()) return c.a_scale;
-    return p == rank && own_direct ? c.a_scale : slice(scale, p);
+    if (!rowwise) return c.a_scale;
+    return p == rank ? own_scale : scale_slot(rank, p);
+  };
+
+  // The copy stream (and the second GEMM stream) start behind the caller's writes of A_shard
+  // and this rank's previous op (see the protocol).
+  Event& start = ctx.event(0);
+  start.record(compute);
+  start.block(copy);
+  Stream& aux = ctx.gemm_stream(1);
+  if (&aux != &compute) start.block(aux);
+  auto push = [&](int i) {
+    const int p = (rank - i + ws) % ws;
+    be.copy(shard_slot(p, rank), own_a, copy);
+    if (rowwise) be.copy(scale_slot(p, rank), own_scale, copy);
+    be.write_flag(buf.ready(p) + rank, buf.number, copy);
+    if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", p), copy);
+  };
+  // Waits (on `stream`, bounded) until chunk p has landed.
+  auto wait_for = [&](int p, Stream& stream) {
+    if (p == rank) return;
+    Backend::FlagWait wait;
+    wait.flags = ready;
+    wait.value = buf.number;
+    wait.first = p;
+    wait.count = p + 1;
+    wait.timeout = ctx.group().timeout();
+    wait.rank = rank;
+    wait.channel = buf.channel;
+    wait.of = Backend::FlagWait::Of::kShard;
+    be.wait_flags(wait, stream);
   };
   auto multiply_rows = [&](int p, Stream& stream) {
     for (size_t j = 0; j < c.bs.size(); ++j) {
       gemm(ctx, gemm_view(chunk_a(p), c.g, "A chunk"), c.bs[j],
            gemm_view(slice(c.outs[j], p), c.g, "out chunk"), false,
-           scale_view(chunk_scale(p), c.rowwise(), c.g), c.b_scale(j), stream);
+           scale_view(chunk_scale(p), rowwise, c.g), c.b_scale(j), stream);
     }
   };
-
-  // 1. Publish this rank's shard; after the barrier every shard is readable. The barrier kernel
-  //    runs on the compute stream before any GEMM: a kernel queued on the copy stream would wait
-  //    for an SM until the running GEMM (which holds them all) ends.
-  ctx.mark("start", compute);
-  be.copy(peer_shard(rank), c.a_shard, compute);
-  if (c.rowwise()) be.copy(peer_scale(rank), c.a_scale, compute);
-  sm.barrier(kBarrierChannel, compute);
-  ctx.mark("published", compute);
-  Event& published = ctx.event(0);
-  published.record(compute);
-  const bool own_first = !c.k_gather() && own_direct;
-  if (own_first) {
-    multiply_rows(rank, compute);  // enqueued first: the GPU starts it at once
-    if (ctx.tracing()) ctx.mark(fmt::format("gemm {}", rank), compute);
-  }
-  published.block(copy);
-  Stream& aux = ctx.gemm_stream(1);
-  published.block(aux);
-
-  // 2. The copy engine pulls the peers' shards, r+1 first; event 1+p marks chunk p landed.
-  for (int i = 1; i < ws; ++i) {
-    const int p = (rank + i) % ws;
-    be.copy(slice(a, p), peer_shard(p), copy);
-    if (c.rowwise()) be.copy(slice(scale, p), peer_scale(p), copy);
-    ctx.event(1 + p).record(copy);
-    if (ctx.tracing()) ctx.mark(fmt::format("pulled {}", p), copy);
-  }
-  if (own_direct && c.a_out.defined()) be.copy(slice(a, rank), c.a_shard, copy);
-  Event& pulled = ctx.event(ws + 1);
-  pulled.record(copy);
-  if (!own_direct) {
-    be.copy(slice(a, rank), c.a_shard, compute);
-    if (c.rowwise()) be.copy(slice(scale, rank), c.a_scale, compute);
-  }
+  // The first push is enqueued before the first GEMM: enqueueing a GEMM takes longer than a copy,
+  // and r-1 needs this chunk right after its own.
+  if (ws > 1) push(1);
 
   if (!c.k_gather()) {
-    // 3a. Multiply each chunk as it lands, in pull order, alternating between the GEMM streams
-    //     so that one chunk's tail overlaps the next one's start.
+    // Each chunk as it lands, in push order, alternating between the GEMM streams (with two) so
+    // that one chunk's tail overlaps the next one's start.
     for (int i = 0; i < ws; ++i) {
       const int p = (rank + i) % ws;
-      if (p == rank && own_first) continue;
       Stream& stream = ctx.gemm_stream(i);
-      if (p != rank) ctx.event(1 + p).block(stream);
+      wait_for(p, stream);
       multiply_rows(p, stream);
       if (ctx.tracing()) ctx.mark(fmt::format("gemm {}", p), stream);
+      if (i == 0) {
+        for (int j = 2; j < ws; ++j)
+          push(j);
+      }
     }
     if (&aux != &compute) {
       Event& aux_done = ctx.event(ws + 2);
@@ -208,7 +302,9 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
       aux_done.block(compute);
     }
   } else {
-    // 3b. Partial sums over K slices, accumulated in f32 in rank order (see the file comment).
+    for (int j = 2; j < ws; ++j)
+      push(j);
+    // Partial sums over K slices, accumulated in f32 in rank order (see the file comment).
     std::vector<Tensor> acc(c.bs.size());
     int64_t acc_elems = 0;
     for (size_t j = 0; j < c.bs.size(); ++j) {
@@ -226,7 +322,7 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
       }
     }
     for (int p = 0; p < ws; ++p) {
-      if (p != rank) ctx.event(1 + p).block(compute);
+      wait_for(p, compute);
       for (size_t j = 0; j < c.bs.size(); ++j) {
         gemm(ctx, gemm_view(chunk_a(p), 0, "A chunk"), c.bs[j].narrow(0, p * s, s),
              gemm_view(acc[j], 0, "accumulator"), /*accumulate=*/p > 0, Tensor(), Tensor(),
@@ -237,17 +333,26 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
       if (acc[j].data() != c.outs[j].data()) be.copy(c.outs[j], acc[j], compute);
     }
   }
-  // 4. Nobody reads any buffer of this op any more once every rank is past this barrier (on the
-  //    compute stream, after the last GEMM: no kernel of the op competes with a GEMM for SMs).
-  pulled.block(compute);
+  // Every chunk has landed once the GEMMs are through (they waited for each flag).
+  if (c.a_out.defined()) {
+    for (int p = 0; p < ws; ++p)
+      be.copy(slice(c.a_out, p), p == rank ? c.a_shard : shard_slot(rank, p), compute);
+  }
+  // The pushes read A_shard: the caller may write it again once the op is through.
+  Event& pushed = ctx.event(ws + 1);
+  pushed.record(copy);
+  pushed.block(compute);
   ctx.mark("joined", compute);
-  sm.barrier(kBarrierChannel, compute);
+  if (buf.captured) {
+    // Past this barrier no rank reads any buffer of this op, and every flag is back to 0.
+    buf.sm.reset_and_barrier(ready, ws, kBarrierChannel, compute);
+  }
   ctx.mark("end", compute);
 }
 
 // The native schedule on rank r of ws (row gather with no batch dims before g, bf16/f16):
 //
-//   compute: native GEMM: own chunk from A_shard, then chunks r+1, r+2, ... as they land | wait |
+//   compute: native GEMM: own chunk from A_shard, then chunks r+1, r+2, ... as they land | join |
 //            (captured into a CUDA graph: barrier, which also sets ready back to 0)
 //   copy:    A_shard -> S_{r-1}[r], ready_{r-1}[r] = e | A_shard -> S_{r-2}[r], ... |
 //
@@ -256,68 +361,24 @@ void run_fused(Context& ctx, const AgMmCall& c, const Tensor& a, const Tensor& s
 //     step 2: 2->0, 3->1, 0->2, 1->3   ... then the next one
 //     step 3: 3->0, 0->1, 1->2, 2->3
 //
-// Big shards may go in up to 4 pieces of at least ContextOptions::push_piece_bytes (whole 128-row
-// tiles; off by default), each flagged: a tile of the next chunk waits for its piece only.
-//
-// The symmetric buffer S_p of every rank holds the whole gathered A, [ws x shard], and its
-// ready flags are flags [channel + piece][0..ws) of its signal pad. Every rank pushes its
-// shard straight from A_shard into slot r of every peer's buffer and then raises that peer's flag r
-// (a stream memory write over NVLink, ordered after the copy: no SM needed while the GEMM holds
-// them all), starting at r-1 so that at each step every rank is written by exactly one peer and
-// receives the chunk its GEMM needs next (pushing to r+1 first, as before, delivered the chunk
-// each GEMM needs first last of all: at ws 4 the native path was 14-31% slower than the split one).
-// The one GEMM starts at once on the own chunk, read in place from A_shard, and waits (with the
-// group's timeout) for each other chunk's flag before it loads that chunk's tiles. So nothing
-// but the GEMM itself stands before the first tile: no publication copy, no opening barrier.
-//
-// When may a rank push again into a peer's buffer that the peer's GEMM reads? Two protocols:
-//
-// Eager (the op runs now): no barrier at all. The push workspace holds two buffers and op number
-// e (counted on every rank alike, from 1 for a fresh allocation) uses buffer e % 2; the flags
-// (channels kEagerReadyChannel..) are set to e, never reset, and the GEMM waits until a flag has
-// reached e. Rank r writes p's buffer e % 2 in op e; p last read it in op e-2. r's op-e pushes
-// start behind r's compute stream, so after r's op e-1 GEMM, which waited for p's op-e-1 pushes,
-// which start behind p's op e-2 GEMM: p is done with it. For the same reason a peer's flag is
-// at most one op ahead (e+1, raised after its op-e push into the other buffer), and a rank never
-// waits for anything but the chunks it multiplies: the op ends when its GEMM does (before, a
-// closing barrier cost ~12 us, the skew between the ranks included).
-//
-// Captured into a CUDA graph (replayed any number of times, so no op number can be baked in):
-// a third buffer and flags of its own (channels kCapturedReadyChannel..) that go 0 -> 1, and a
-// closing barrier: each rank enters it after its GEMM has read every chunk and after it has set
-// its flags back to 0, and a rank pushes again only in a later op, whose copy stream starts
-// behind this barrier. An eager op after a replay writes a buffer the replay did not touch; a
-// replay after an eager op writes the third buffer, last used by a replay, which ended with its
-// barrier.
-//
-// The buffers are the context's push workspace, which no other op uses: in the shared one a peer
-// could still be busy with the previous op (the final reduction of a matmul_reduce_scatter) when
-// this one pushes. Where a tile straddles the own chunk's edges (chunk rows off the GEMM's tile
-// grid) the own shard is also copied into the own slot, with its flag; where A_shard cannot be
-// read in place (strided, misaligned) it is copied there first, on the compute stream, and pushed
-// from there.
+// The pushes and the protocol are the split path's (see the file comment); the one GEMM reads
+// the slots in place, starts at once on the own chunk, read from A_shard, and waits (with the
+// group's timeout) for each other chunk's flag before it loads that chunk's tiles, in the
+// kernel. Big shards may go in up to 4 pieces of at least push_piece_bytes (whole 128-row tiles;
+// off by default), each flagged: a tile of the next chunk waits for its piece only. Where a tile
+// straddles the own chunk's edges (chunk rows off the GEMM's tile grid) the own shard is also
+// copied into the own slot, with its flag; where A_shard cannot be read in place (strided,
+// misaligned) it is copied there first, on the compute stream, and pushed from there.
 //
 // Tried and set aside (docs/PERFORMANCE.md): pulling instead of pushing, with the own shard
 // published into the own slot and an opening barrier, on the compute stream before the GEMM (1-7%
 // slower than the split path at ws 2) or on the copy stream in an SM the GEMM leaves free
 // (reserve_sms: the barrier kernel did not get that SM promptly, eagerly up to 3x slower, and
 // in a CUDA graph never).
-constexpr int kCapturedReadyChannel = 1;  // to 1 + kMaxPushPieces - 1: see NOTE [signal pads and
-constexpr int kEagerReadyChannel = 8;     // to 8 + kMaxPushPieces - 1:  channels]
-constexpr int kPushBuffers = 3;           // eager ops: 0 and 1 by turns; captured ops: 2
-
-// The push workspace for shards of shard_bytes: kPushBuffers gathered A's, each 256-byte aligned.
-size_t push_workspace_bytes(int ws, size_t shard_bytes) {
-  return kPushBuffers * align_up(ws * shard_bytes, 256);
-}
-
 struct NativePlan {
   int64_t rows = 0;  // rows of the shard as a matrix
   int64_t k = 0;
 };
-
-static_assert(kCapturedReadyChannel + detail::kMaxPushPieces <= kEagerReadyChannel &&
-              kEagerReadyChannel + detail::kMaxPushPieces <= kNumChannels);
 
 std::optional<NativePlan> native_plan(const AgMmCall& c, std::string* why) {
   if (c.scaled) {
@@ -368,25 +429,14 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   const int rank = ctx.rank();
   const DType dtype = c.a_shard.dtype();
   const size_t shard_bytes = c.a_shard.nbytes();
-  // Not the shared workspace: a peer may still be reading its copy of that when this op starts
-  // pushing (see Context::push_workspace).
-  SymmetricMemory& sm = ctx.push_workspace().get(push_workspace_bytes(ws, shard_bytes));
-  // The protocol (see above): eager op number e in buffer e % 2, or the captured op's buffer 2.
-  // The buffers are thirds of the whole allocation, not of this op's need: ops of other shapes
-  // in between must not move them (op e+1's buffer may not overlap op e's).
-  const bool captured = be.capturing();
-  const uint32_t number = captured ? 1 : sm.next_use();
-  const size_t buffer_bytes = sm.size() / kPushBuffers / 256 * 256;
-  const size_t buffer_offset = (captured ? 2 : number % 2) * buffer_bytes;
-  const int ready_channel = captured ? kCapturedReadyChannel : kEagerReadyChannel;
-  auto slot = [&](int owner, int p) {
-    return sm.buffer(owner, {plan.rows, plan.k}, dtype, buffer_offset + p * shard_bytes);
-  };
-  // Piece q of chunk s is flagged by [ready_channel + q][s] of the owner's pad.
+  const PushBuffer buf(ctx, shard_bytes, 0);
+  const uint32_t number = buf.number;
+  auto slot = [&](int owner, int p) { return buf.slot(owner, p, {plan.rows, plan.k}, dtype); };
+  // Piece q of chunk s is flagged by [channel + q][s] of the owner's pad.
   const detail::PushPieces pieces = detail::push_pieces(plan.rows, shard_bytes, c.push_piece_bytes);
-  auto ready_of = [&](int owner) { return sm.signal_pad_ptr(owner) + ready_channel * ws; };
+  auto ready_of = [&](int owner) { return buf.ready(owner); };
   uint32_t* ready = ready_of(rank);
-  const Tensor gathered = sm.buffer(rank, {ws * plan.rows, plan.k}, dtype, buffer_offset);
+  const Tensor gathered = buf.slot(rank, 0, {ws * plan.rows, plan.k}, dtype);
   auto piece_of = [&](const Tensor& chunk, int q) {
     const int64_t begin = q * pieces.rows;
     return chunk.narrow(0, begin, std::min(pieces.rows, plan.rows - begin));
@@ -483,10 +533,10 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   // The pushes read A_shard: the caller may write it again once the op is through.
   pushed.block(compute);
   ctx.mark("joined", compute);
-  if (captured) {
+  if (buf.captured) {
     // Past this barrier no rank reads any buffer of this op, and every flag is back to 0 (reset
     // in the barrier's kernel: separate stream writes cost ~10 us at ws 4).
-    sm.reset_and_barrier(ready, ws * pieces.count, kBarrierChannel, compute);
+    buf.sm.reset_and_barrier(ready, ws * pieces.count, kBarrierChannel, compute);
   }
   ctx.mark("end", compute);
 }
@@ -496,21 +546,12 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   ctx.mark("call", ctx.stream());
   validate(ctx, c, options.gather_dim);
   c.push_piece_bytes = options.push_piece_bytes.value_or(ctx.options().push_piece_bytes);
-  const Dims gathered = all_gather_shape(c.a_shard, c.g, ctx.world_size());
-  const Tensor a =
-      c.a_out.defined() ? c.a_out : ctx.scratch(Scratch::kGatheredA, gathered, c.a_shard.dtype());
-  Tensor scale;
-  if (c.rowwise()) {
-    Dims scale_shape = gathered;
-    scale_shape[scale_shape.size() - 1] = 1;
-    scale = ctx.scratch(Scratch::kGatheredScale, scale_shape, DType::kF32);
-  }
-  const size_t symm_bytes =
-      c.rowwise() ? align_up(c.a_shard.nbytes(), 256) + c.a_scale.nbytes() : c.a_shard.nbytes();
+  const size_t symm_bytes = push_workspace_bytes(ctx.world_size(), c.a_shard.nbytes(),
+                                                 c.rowwise() ? c.a_scale.nbytes() : 0);
   detail::NativeOption native;
   const std::optional<NativePlan> plan = native_plan(c, &native.unsupported);
   if (plan) {
-    native.symm_bytes = push_workspace_bytes(ctx.world_size(), c.a_shard.nbytes());
+    native.symm_bytes = symm_bytes;
     const int64_t m = ctx.world_size() * plan->rows;
     for (size_t j = 0; j < c.bs.size() && native.unsupported.empty(); ++j) {
       const ChunkedGemmArgs args = native_args(
@@ -525,18 +566,18 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
       if (p == Path::kNative) {
         run_native(ctx, c, *plan);
       } else {
-        run_fused(ctx, c, a, scale, symm_bytes);
+        run_fused(ctx, c);
       }
     };
   }
   const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, native);
   ctx.usage().record(c.op, decision.path, decision.reason, !decision.requested);
   if (decision.path == Path::kFallback) {
-    run_fallback(ctx, c, a, scale);
+    run_fallback(ctx, c);
   } else if (native.run) {
     native.run(decision.path);
   } else {
-    run_fused(ctx, c, a, scale, symm_bytes);
+    run_fused(ctx, c);
   }
 }
 

@@ -89,12 +89,12 @@ class Context {
 
   SymmWorkspace& workspace() { return *workspace_; }
   // A second symmetric buffer (same limit), for ops into which peers write with no handshake
-  // first: the native all_gather_matmul pushes its shard into every peer's copy as soon as it
-  // starts. In the shared workspace a peer could still be reading its own copy then (a
+  // first: all_gather_matmul (both overlapped paths) pushes its shard into every peer's copy as
+  // soon as it starts. In the shared workspace a peer could still be reading its own copy then (a
   // matmul_reduce_scatter's final reduction runs after its last barrier, or with no barrier after
-  // it at all on the split path); here the native all_gather_matmul alone decides when a peer's
-  // copy is free again (three gathered A's per rank: two that eager ops take by turns, one for
-  // ops captured into CUDA graphs; see all_gather_matmul.cpp).
+  // it at all on the split path); here all_gather_matmul alone decides when a peer's copy is free
+  // again (three gathered A's per rank: two that eager ops take by turns, one for ops captured
+  // into CUDA graphs; see all_gather_matmul.cpp).
   SymmWorkspace& push_workspace() { return *push_workspace_; }
   Communicator& communicator() { return *communicator_; }
   Usage& usage() { return usage_; }

@@ -22,10 +22,10 @@ namespace asynctp {
 
 struct AllGatherMatmulOptions {
   int gather_dim = 0;
-  std::optional<PathChoice> path;  // unset: the context's default
+  std::optional<PathChoice> path = std::nullopt;  // unset: the context's default
   // The native path's push pieces for this call (see ContextOptions::push_piece_bytes); unset:
   // the context's.
-  std::optional<size_t> push_piece_bytes;
+  std::optional<size_t> push_piece_bytes = std::nullopt;
 };
 
 struct MatmulReduceScatterOptions {

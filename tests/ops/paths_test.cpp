@@ -102,12 +102,19 @@ TEST_P(PathsTest, ContextDefaultPathAndPerOpOverride) {
   EXPECT_RANKS_OK(statuses);
 }
 
+// What all_gather_matmul_checked's overlapped paths need: three buffers (eager ops by turns, and
+// captured ones) of ws shard slots (4 x 3 f32 = 48 bytes), each 256-byte aligned.
+size_t ag_workspace_bytes(int ws) {
+  return 3 * ((48 * static_cast<size_t>(ws) + 255) / 256 * 256);
+}
+
 TEST_P(PathsTest, WorkspaceLimitTooSmallTakesTheFallback) {
   const int ws = GetParam();
   HarnessOptions options;
-  // all_gather_matmul needs its shard (4 x 3 f32 = 48 bytes); matmul_reduce_scatter three
-  // buffers (256-byte aligned) of ws slots of its output chunk (2 x 4 f32 = 32 bytes each). The
-  // fallback's collectives still fit in pieces.
+  // all_gather_matmul needs three buffers (256-byte aligned) of ws slots of its shard (4 x 3 f32 =
+  // 48 bytes each) in the push workspace; matmul_reduce_scatter three buffers of ws slots of its
+  // output chunk (2 x 4 f32 = 32 bytes each) in the shared one. The fallback's collectives still
+  // fit in pieces.
   options.context.max_workspace_bytes = std::max(20, 4 * ws);
   auto statuses = run_ranks(
       ws,
@@ -115,9 +122,9 @@ TEST_P(PathsTest, WorkspaceLimitTooSmallTakesTheFallback) {
         const size_t limit = ctx.workspace().max_bytes();
         all_gather_matmul_checked(ctx, std::nullopt);
         expect_path(ctx, kAgMm, Path::kFallback,
-                    fmt::format("it needs 48 bytes of symmetric workspace per rank and the limit "
+                    fmt::format("it needs {} bytes of symmetric workspace per rank and the limit "
                                 "is {} (ASYNCTP_MAX_WORKSPACE_MB)",
-                                limit));
+                                ag_workspace_bytes(ws), limit));
         matmul_reduce_scatter_checked(ctx, PathChoice::kAuto);
         expect_path(ctx, kMmRs, Path::kFallback,
                     fmt::format("it needs {} bytes of symmetric workspace",
@@ -125,29 +132,31 @@ TEST_P(PathsTest, WorkspaceLimitTooSmallTakesTheFallback) {
         // Insisting on the fused path is an error that gives the reason.
         EXPECT_THAT(error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kFused); }),
                     HasSubstr(fmt::format("all_gather_matmul: the fused path was requested but it "
-                                          "needs 48 bytes of symmetric workspace per rank and the "
+                                          "needs {} bytes of symmetric workspace per rank and the "
                                           "limit is {}",
-                                          limit)));
+                                          ag_workspace_bytes(ws), limit)));
         EXPECT_THAT(error_of([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kFused); }),
                     HasSubstr("matmul_reduce_scatter: the fused path was requested but it needs"));
         EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFallback),
                   1);  // the refused call recorded nothing
         EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFused), 0);
         EXPECT_LE(ctx.workspace().capacity(), limit);
+        EXPECT_LE(ctx.push_workspace().capacity(), limit);
       },
       options);
   EXPECT_RANKS_OK(statuses);
 }
 
 TEST_P(PathsTest, WorkspaceLimitExactlyLargeEnoughStaysFused) {
+  const int ws = GetParam();
   HarnessOptions options;
-  options.context.max_workspace_bytes = 48;  // all_gather_matmul's shard, to the byte
+  options.context.max_workspace_bytes = ag_workspace_bytes(ws);  // to the byte
   auto statuses = run_ranks(
-      GetParam(),
-      [](Context& ctx) {
+      ws,
+      [ws](Context& ctx) {
         all_gather_matmul_checked(ctx, std::nullopt);
         expect_path(ctx, kAgMm, Path::kFused);
-        EXPECT_EQ(ctx.workspace().capacity(), 48u);
+        EXPECT_EQ(ctx.push_workspace().capacity(), ag_workspace_bytes(ws));
       },
       options);
   EXPECT_RANKS_OK(statuses);

@@ -279,17 +279,11 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
 
   void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
                            const FlagWait& wait, Stream& stream) override {
-    check_flag_wait(wait);
-    kernels::ReduceWait w;
-    w.flags = wait.count > 0 ? wait.flags : nullptr;
-    w.value = wait.value;
-    w.count = wait.count;
-    w.skip = wait.skip;
-    w.timeout_ns = std::max<uint64_t>(1, timeout_ns(wait.timeout));
-    w.slot = error_slot_device_;
-    w.rank = wait.rank;
-    w.channel = wait.channel;
-    reduce_waiting(out, inputs, op, w, stream);
+    reduce_waiting(out, inputs, op, kernel_wait(wait), stream);
+  }
+
+  void wait_flags(const FlagWait& wait, Stream& stream) override {
+    ASYNCTP_CUDA_CHECK(kernels::wait_flags(kernel_wait(wait), raw(stream)));
   }
 
   void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream& stream) override {
@@ -390,6 +384,12 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
           "{} (is that peer alive and in the same op?)",
           slot.rank, device_, static_cast<double>(slot.timeout_ns) / 1e9, slot.peer, slot.channel);
     }
+    if (slot.what == 6) {
+      ASYNCTP_TIMEOUT(
+          "rank {}: waited {:g} s on cuda:{} for the shard of peer {} on channel {} (is that peer "
+          "alive and in the same op?)",
+          slot.rank, static_cast<double>(slot.timeout_ns) / 1e9, device_, slot.peer, slot.channel);
+    }
     if (slot.what == 3) {
       ASYNCTP_TIMEOUT(
           "rank {}: the native GEMM waited {:g} s on cuda:{} for chunk {} of A (piece {}) to "
@@ -407,6 +407,22 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   }
 
  private:
+  kernels::ReduceWait kernel_wait(const FlagWait& wait) {
+    check_flag_wait(wait);
+    kernels::ReduceWait w;
+    w.flags = wait.count > 0 ? wait.flags : nullptr;
+    w.value = wait.value;
+    w.first = wait.first;
+    w.count = wait.count;
+    w.skip = wait.skip;
+    w.timeout_ns = std::max<uint64_t>(1, timeout_ns(wait.timeout));
+    w.slot = error_slot_device_;
+    w.rank = wait.rank;
+    w.channel = wait.channel;
+    w.what = wait.of == FlagWait::Of::kShard ? 6 : 5;
+    return w;
+  }
+
   // reduce() and reduce_when_flagged(): one launch, with or without the flag wait.
   void reduce_waiting(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
                       const kernels::ReduceWait& wait, Stream& stream) {

@@ -618,5 +618,55 @@ TEST(CudaReduce, WhenFlaggedWaitsForTheCopiesThenMatchesReduce) {
   EXPECT_NO_THROW(gpu.be().synchronize());
 }
 
+// wait_flags (the split all_gather_matmul's wait before each chunk's GEMM): later work of the
+// stream runs only once flags [first, count) have reached the value (op numbers here); one
+// that never does times out naming the peer (its index) and the channel, and the stream goes on.
+TEST(CudaWaitFlags, HoldsTheStreamUntilTheFlagsAreUpThenTimesOutNamingThePeer) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  auto copy_stream = gpu.be().create_stream();
+  const int64_t n = 1 << 20;
+  OwnedTensor src = gpu.upload({n}, DType::kBF16, 81);
+  OwnedTensor landed = gpu.empty({n}, DType::kBF16);
+  OwnedTensor seen = gpu.empty({n}, DType::kBF16);
+  gpu.be().fill(landed, std::nanf(""), gpu.stream());
+  Buffer flag_buf = gpu.be().allocate(4 * sizeof(uint32_t));
+  auto* flags = static_cast<uint32_t*>(flag_buf.data());
+  gpu.be().zero_flags(flags, 4, gpu.stream());
+  for (int j = 0; j < 4; ++j)
+    gpu.be().write_flag(flags + j, 6, gpu.stream());  // the previous op's number
+  gpu.be().synchronize();
+  Backend::FlagWait wait;
+  wait.flags = flags;
+  wait.value = 7;
+  wait.first = 2;
+  wait.count = 3;  // flag 2 only
+  wait.timeout = std::chrono::milliseconds(20'000);
+  wait.rank = 1;
+  wait.channel = 8;
+  wait.of = Backend::FlagWait::Of::kShard;
+  gpu.be().wait_flags(wait, gpu.stream());
+  gpu.be().copy(seen, landed, gpu.stream());  // must see the copy below
+  gpu.be().copy(landed, src, *copy_stream);
+  gpu.be().write_flag(flags + 2, 7, *copy_stream);
+  const OwnedTensor got = gpu.download(seen);
+  const OwnedTensor want = gpu.download(src);
+  EXPECT_EQ(std::memcmp(got->data(), want->data(), got->nbytes()), 0);
+
+  wait.value = 8;
+  wait.timeout = std::chrono::milliseconds(200);
+  gpu.be().wait_flags(wait, gpu.stream());
+  try {
+    gpu.be().synchronize();
+    FAIL() << "expected a TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("rank 1"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("shard of peer 2 on channel 8"));
+  }
+  gpu.be().write_flag(flags + 2, 8, gpu.stream());
+  gpu.be().wait_flags(wait, gpu.stream());
+  EXPECT_NO_THROW(gpu.be().synchronize());
+}
+
 }  // namespace
 }  // namespace asynctp::testing

@@ -664,13 +664,14 @@ TEST(FusedOpsGpu, LayersBackToBackOnEveryPath) {
   }
 }
 
-// The native all_gather_matmul's buffers and flags across ops (see all_gather_matmul.cpp):
-// eager ops take two buffers by turns with op-numbered flags and no barrier, ops captured into a
+// all_gather_matmul's push buffers and flags across ops (see all_gather_matmul.cpp): eager ops of
+// either path take two buffers by turns with op-numbered flags and no barrier, ops captured into a
 // CUDA graph a third with 0/1 flags and a closing barrier. A new shard every step, written into
-// the same A_shard right before the op, eager steps and graph replays mixed, no synchronization
-// in between: a push into a buffer a peer still reads, a flag taken for a later op's, or a stale
-// chunk shows up as a wrong result of some step.
-TEST(FusedOpsGpu, NativeAllGatherBuffersAcrossEagerOpsAndReplays) {
+// the same A_shard right before the op, both paths, eager steps and graph replays mixed, no
+// synchronization in between: a push into a buffer a peer still reads, a flag taken for a later
+// op's, or a stale chunk shows up as a wrong result of some step. N / F: eager native / split;
+// G / H: replay of the captured native / split op.
+TEST(FusedOpsGpu, AllGatherBuffersAcrossEagerOpsAndReplaysOfBothPaths) {
   SKIP_UNLESS_GPUS(2);
   for (const int ws : {2, 4}) {
     for (const size_t piece_bytes : {size_t{0}, size_t{1}}) {
@@ -682,8 +683,7 @@ TEST(FusedOpsGpu, NativeAllGatherBuffersAcrossEagerOpsAndReplays) {
           ws,
           [&](Context& ctx) {
             const int64_t rows = 256, k = 128, n = 256;
-            // E: eager, G: graph replay.
-            const std::string steps = "EEGEGGEEEG";
+            const std::string steps = "NNGFHNFGHFFNG";
             const int count = static_cast<int>(steps.size());
             const uint64_t me = static_cast<uint64_t>(ctx.rank());
             DeviceTensor b =
@@ -697,30 +697,47 @@ TEST(FusedOpsGpu, NativeAllGatherBuffersAcrossEagerOpsAndReplays) {
               outs.push_back(device_empty(ctx, {ws * rows, n}, DType::kBF16));
             }
             OwnedTensor a = device_empty(ctx, {rows, k}, DType::kBF16);
-            OwnedTensor graph_out = device_empty(ctx, {ws * rows, n}, DType::kBF16);
+            OwnedTensor native_out = device_empty(ctx, {ws * rows, n}, DType::kBF16);
+            OwnedTensor split_out = device_empty(ctx, {ws * rows, n}, DType::kBF16);
             const Tensor bs[] = {*b};
-            const Tensor graph_outs[] = {graph_out.tensor};
+            const Tensor native_outs[] = {native_out.tensor};
+            const Tensor split_outs[] = {split_out.tensor};
             const AllGatherMatmulOptions native{.path = PathChoice::kNative};
+            const AllGatherMatmulOptions split{.path = PathChoice::kFused};
             ctx.backend().copy(a, *inputs[0], ctx.stream());
-            all_gather_matmul(ctx, a, bs, graph_outs, Tensor(), native);  // sizes the workspace
+            all_gather_matmul(ctx, a, bs, native_outs, Tensor(), native);  // sizes the workspace
             ctx.backend().synchronize();
-            cuda::Graph graph;
-            graph.begin_capture(ctx.stream());
-            all_gather_matmul(ctx, a, bs, graph_outs, Tensor(), native);
-            graph.end_capture();
+            cuda::Graph native_graph, split_graph;
+            native_graph.begin_capture(ctx.stream());
+            all_gather_matmul(ctx, a, bs, native_outs, Tensor(), native);
+            native_graph.end_capture();
+            split_graph.begin_capture(ctx.stream());
+            all_gather_matmul(ctx, a, bs, split_outs, Tensor(), split);
+            split_graph.end_capture();
             for (int i = 0; i < count; ++i) {
               ctx.backend().copy(a, *inputs[i], ctx.stream());
-              if (steps[i] == 'E') {
-                const Tensor step_outs[] = {outs[i].tensor};
-                all_gather_matmul(ctx, a, bs, step_outs, Tensor(), native);
-              } else {
-                graph.replay(ctx.stream());
-                ctx.backend().copy(outs[i], graph_out, ctx.stream());
+              const Tensor step_outs[] = {outs[i].tensor};
+              switch (steps[i]) {
+                case 'N':
+                  all_gather_matmul(ctx, a, bs, step_outs, Tensor(), native);
+                  break;
+                case 'F':
+                  all_gather_matmul(ctx, a, bs, step_outs, Tensor(), split);
+                  break;
+                case 'G':
+                  native_graph.replay(ctx.stream());
+                  ctx.backend().copy(outs[i], native_out, ctx.stream());
+                  break;
+                default:
+                  split_graph.replay(ctx.stream());
+                  ctx.backend().copy(outs[i], split_out, ctx.stream());
               }
             }
             ctx.backend().synchronize();
             EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kNative),
-                      2 + static_cast<int>(std::count(steps.begin(), steps.end(), 'E')));
+                      2 + static_cast<int>(std::count(steps.begin(), steps.end(), 'N')));
+            EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kFused),
+                      1 + static_cast<int>(std::count(steps.begin(), steps.end(), 'F')));
             for (int i = 0; i < count; ++i) {
               SCOPED_TRACE(fmt::format("step {} ({})", i, steps[i]));
               std::vector<std::vector<float>> shards;
@@ -848,10 +865,11 @@ void expect_missing_rank_times_out(PathChoice path, int64_t shard_rows,
   EXPECT_RANKS_OK(statuses);
 }
 
-// The split path's first wait is its barrier: the error names the peer and the channel.
+// The split path's first wait is for the peer's shard, before that chunk's GEMM: the error names
+// the peer and the channel (the eager ready flags).
 TEST(FusedOpsGpu, RankThatNeverJoinsMakesTheOthersTimeOut) {
   SKIP_UNLESS_GPUS(2);
-  expect_missing_rank_times_out(PathChoice::kFused, 64, {"rank 0", "peer 1", "channel 0"});
+  expect_missing_rank_times_out(PathChoice::kFused, 64, {"rank 0", "shard of peer 1", "channel 8"});
 }
 
 // The native all_gather_matmul's GEMM waits for the peer's pushed chunk: it names that chunk.
