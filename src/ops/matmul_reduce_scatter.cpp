@@ -25,17 +25,20 @@
 //     reduction on its compute stream (each push waits for its chunk GEMM), which waited for p's
 //     op e-1 flag, raised after p's op e-1 push, which followed p's op e-2 reduction. A flag is at
 //     most one op ahead (e+1, after a push into the other buffer). (Before: an opening barrier,
-//     ~12 us, which also waited for the slowest rank to arrive.)
-//   - Captured into a CUDA graph (no op number can be baked into a replay), and the native path:
-//     buffer 2, 0/1 flags (kLandedChannel) and an opening barrier, past which every owner has
-//     finished reading its slots in every earlier op and has set the flags back to 0; no flag of
-//     an earlier op can arrive after that reset, since every such op's reduction waited for all
-//     of its flags (an empty one too: Backend::reduce_when_flagged waits whatever the output's
-//     size). An eager op after one of these writes a buffer they did not touch, after the
-//     barrier-protected op's reduction on its own compute stream.
-// Every other user of the shared workspace (the split all_gather_matmul, the peer-bandwidth
-// probe) writes only its own rank's region before its barrier, and no peer still pushes into it:
-// a split op's reduction waited for every push into this rank.
+//     ~12 us, which also waited for the slowest rank to arrive.) The native path run eagerly
+//     takes the same buffers by turns (same op count) but keeps its closing barrier (below),
+//     which its reduction needs anyway: r passed p's op e-1 barrier, which p entered after its
+//     op e-2 reduction; so it needs no opening barrier either.
+//   - Captured into a CUDA graph (no op number can be baked into a replay): buffer 2, 0/1 flags
+//     (kLandedChannel) and an opening barrier, past which every owner has finished reading its
+//     slots in every earlier op and has set the flags back to 0; no flag of an earlier op can
+//     arrive after that reset, since every such op's reduction waited for all of its flags (an
+//     empty one too: Backend::reduce_when_flagged waits whatever the output's size). An eager op
+//     after one of these writes a buffer they did not touch, after the barrier-protected op's
+//     reduction on its own compute stream.
+// Every other user of the shared workspace (the peer-bandwidth probe, the device barrier that
+// aligns the ranks) writes only its own rank's region, or nothing, and no peer still pushes into
+// it: a split op's reduction waited for every push into this rank, a native op's for its barrier.
 //
 // Symmetric buffer of each rank, three times over: [slot 0 | slot 1 | ... | slot ws-1], slot s =
 // rank s's partial of this rank's chunk, in the output dtype; its signal pad's flags
@@ -329,8 +332,8 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
 // The native schedule on rank r of ws (one bf16/f16 product, scatter on a dim with no batch dims
 // before it, so that every owner's chunk is a row range of P = A @ B as a matrix):
 //
-//   compute: barrier | native GEMM -> P (chunks r+1, r+2, ..., r; done[d] counts rows) | wait |
-//            barrier (done back to 0) | reduce
+//   compute: (captured: barrier) | native GEMM -> P (chunks r+1, r+2, ..., r; done[d] counts
+//            rows) | wait | barrier (done back to 0) | reduce
 //   copy:              | wait done[r+1] >= all, push P[r+1] -> slot r of rank r+1 |
 //                        wait done[r+2] >= all, push P[r+2] ... |
 //
@@ -395,17 +398,24 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   const int rank = ctx.rank();
   const Dims chunk = c.out.shape();
   const int64_t rows = plan.m / ws;
-  const Slots slots(ctx, c.out, kBarrierBuffer);
-  SymmetricMemory& sm = slots.sm;
+  // The protocol (see the file comment): eager, buffer e % 2 of the split path's op count, no
+  // opening barrier; captured, buffer 2 behind one.
+  const bool captured = be.capturing();
+  SymmetricMemory& sm =
+      ctx.workspace().get(slots_workspace_bytes(ws, c.out.numel() * c.out.element_size()));
+  const Slots slots(ctx, c.out, captured ? kBarrierBuffer : static_cast<int>(sm.next_use() % 2));
   auto slot = [&](int owner, int src) { return slots.at(owner, src); };
   const Tensor product = ctx.scratch(Scratch::kPartial, {plan.m, plan.n}, c.out.dtype());
   auto product_chunk = [&](int d) { return product.narrow(0, d * rows, rows).view(chunk); };
   uint32_t* done = ctx.flags(ws);
 
-  // Every owner has finished reading its slots in the previous op once all ranks are past this.
   ctx.mark("start", compute);
-  sm.barrier(kBarrierChannel, compute);
-  ctx.mark("opened", compute);
+  if (captured) {
+    // Every owner has finished reading its slots in every earlier op once all ranks are past
+    // this.
+    sm.barrier(kBarrierChannel, compute);
+    ctx.mark("opened", compute);
+  }
   Event& start = ctx.event(0);
   start.record(compute);
   start.block(copy);
