@@ -62,10 +62,12 @@ struct GemmArgs {
   Tensor b_scale;
 };
 
-// Whether a flag that counts up (through 2^32) has reached `value`: (int32)(flag - value) >= 0.
-// With value 1 that is flag != 0 for 0/1 flags.
+// Whether a flag raised to op numbers (counting up through 2^32) is up for op `value`: it holds
+// that number or the next one (the protocols bound a peer to one op ahead). A flag left behind
+// by any number of ops is down however far the count has gone. With value 1, for 0/1 flags:
+// flag != 0.
 constexpr bool flag_raised(uint32_t flag, uint32_t value) {
-  return static_cast<int32_t>(flag - value) >= 0;
+  return flag - value <= 1u;
 }
 
 // Shape, dtype and layout checks shared by every backend; throws naming the bad argument.
@@ -74,8 +76,8 @@ void validate_gemm(const GemmArgs& args);
 // The async-input GEMM (the native path of the fused ops): d = a @ b in one persistent kernel
 // whose rows of a arrive in chunks of chunk_rows rows (the last may be shorter). The kernel
 // walks the chunks from first_chunk on, wrapping around, and
-//   - before reading chunk c of a, waits until ready[c] is raised, (int32)(ready[c] -
-//     ready_value) >= 0: 0/1 flags, or op numbers counting up (bounded by `timeout`; a timeout
+//   - before reading chunk c of a, waits until ready[c] is up for op ready_value (flag_raised:
+//     0/1 flags, or op numbers) (bounded by `timeout`; a timeout
 //     is reported as a TimeoutError naming `rank` and the chunk at the next synchronization);
 //   - after storing the output rows of chunk c, counts them in done[c]: chunk c of d is complete
 //     once done[c] >= native_gemm_done_count(args, c).
@@ -139,6 +141,9 @@ class Backend {
   virtual void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream& stream) = 0;
   // Waits for all work on all streams of this backend.
   virtual void synchronize() = 0;
+  // Throws the TimeoutError of a bounded device-side wait that gave up since the last check (a
+  // host read; the CPU backend throws at once and has nothing pending).
+  virtual void check_errors() {}
 
   // The native async-input GEMM (see ChunkedGemmArgs). native_gemm_unsupported says why this
   // backend cannot run `args` ("" when it can); the others throw where it cannot.
@@ -156,8 +161,8 @@ class Backend {
   virtual void write_flag(uint32_t* flag, uint32_t value, Stream& stream);
   virtual void wait_flag(const uint32_t* flag, uint32_t value, Stream& stream);
   virtual void zero_flags(uint32_t* flags, size_t count, Stream& stream);
-  // reduce(), once flags[i] is raised for every i in [first, count) but `skip`, i.e. has reached
-  // `value` (flag_raised: 0/1 flags with value 1, or op numbers counting up through 2^32)
+  // reduce(), once flags[i] is up for op `value` for every i in [first, count) but `skip`
+  // (flag_raised: 0/1 flags with value 1, or op numbers counting up through 2^32)
   // (acquire: the inputs that peers copied in before raising their flag with write_flag are
   // complete). The flags are left
   // as they are; the wait takes place for an empty output too. Bounded by `timeout` (once for the

@@ -88,7 +88,7 @@ struct Params {
   int64_t chunk_rows;
   int first_chunk;
   const uint32_t* ready;
-  uint32_t ready_value;  // a flag is raised once (int32)(flag - ready_value) >= 0
+  uint32_t ready_value;  // a flag is up when flag - ready_value is 0 or 1 (detail::flag_raised)
   int64_t ready_rows;    // rows per ready flag (<= chunk_rows)
   int64_t ready_stride;  // piece j of chunk c: ready[j * ready_stride + c]
   int group_m;           // m-tiles per group of the walk (see the file comment)

@@ -23,10 +23,10 @@ __device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
   return v;
 }
 
-// Whether a flag that counts up (through 2^32) has reached `value` (the rule of flag_raised in
-// device/backend.h).
+// Whether a flag raised to op numbers is up for op `value`: it holds that number or the next one
+// (the rule of flag_raised in device/backend.h).
 __device__ __forceinline__ bool flag_raised(uint32_t flag, uint32_t value) {
-  return static_cast<int32_t>(flag - value) >= 0;
+  return flag - value <= 1u;
 }
 
 // The first timeout of a launch (or of several) wins the slot.

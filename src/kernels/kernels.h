@@ -72,11 +72,12 @@ cudaError_t fill(const KTensor& dst, float value, cudaStream_t stream);
 cudaError_t unary(int op, const KTensor& dst, const KTensor& src, cudaStream_t stream);
 
 inline constexpr int kMaxReduceInputs = 64;
-// Flags a reduction waits for: flags[i] != 0 (acquire, system scope) for every i in [0, count)
-// but `skip`; bounded by timeout_ns, a timeout recorded in `slot` with peer = i, what = 5.
+// Flags a reduction (or wait_flags) waits for: flags[i] up for op `value` (flag - value is 0 or
+// 1, mod 2^32; acquire, system scope) for every i in [first, count) but `skip`; bounded by
+// timeout_ns, a timeout recorded in `slot` with peer = i and `what`.
 struct ReduceWait {
   const uint32_t* flags = nullptr;  // null: no wait
-  uint32_t value = 1;               // a flag is up once (int32)(flag - value) >= 0
+  uint32_t value = 1;               // the op's number (1 for 0/1 flags)
   int first = 0;                    // flags [first, count) but skip
   int count = 0;
   int skip = -1;
@@ -110,8 +111,8 @@ cudaError_t scale_epilogue(void* d, DType d_dtype, int64_t ldd, const float* src
 // `chunk_rows` rows (the last may be shorter); the tiles are walked chunk by chunk starting at
 // `first_chunk`, and
 //   - ready (optional, AG+MM): before loading A rows of chunk c the producer waits until
-//     ready[c] is raised: (int32)(ready[c] - ready_value) >= 0, so 0/1 flags (ready_value 1)
-//     and flags that count ops up through 2^32 (ready_value = this op's number) both work
+//     ready[c] is up for op ready_value: ready[c] - ready_value is 0 or 1 (mod 2^32), so 0/1
+//     flags (ready_value 1) and flags that carry op numbers (this op's or the next) both work
 //     (acquire, bounded by timeout_ns; a timeout is recorded in `slot` with
 //     peer = c, channel = the piece (below), what = 3 and the kernel finishes with garbage
 //     rather than hang). With ready_rows < chunk_rows a chunk lands in pieces of ready_rows rows

@@ -6,20 +6,23 @@
 // them all). It pushes to r-1 first, then r-2, ...: at each step every rank is written by
 // exactly one peer and receives the chunk its GEMMs take next (the own chunk comes first and
 // needs no communication; pushing to r+1 first delivered the chunk each GEMM needed first last of
-// all). Nothing but the first GEMM stands at the start of the op: no publication copy, no
-// opening barrier (the split path had both before: 17-50 us at ws 4).
+// all). Nothing but the first GEMM stands at the start of the op (and a copy of A_shard where it
+// is not contiguous): no publication copy, no opening barrier (the split path had both before:
+// 17-50 us at ws 4).
 //
 // When may a rank push again into a peer's buffer, which the peer's GEMMs read? Two protocols:
 //
 // Eager (the op runs now): no barrier at all. The context's push workspace holds two buffers and
 // op number e (counted on every rank alike, from 1 for a fresh allocation, over both paths) uses
 // buffer e % 2; the flags (channels kEagerReadyChannel..) are set to e, never reset, and a GEMM
-// waits until a flag has reached e. Rank r writes p's buffer e % 2 in op e; p last read it in op
+// waits until a flag holds e (or e+1). Rank r writes p's buffer e % 2 in op e; p last read it in op
 // e-2. r's op-e pushes start behind r's compute stream, so after r's op e-1 GEMMs, which waited
 // for p's op-e-1 pushes, which start behind p's op e-2 GEMMs: p is done with them. For the same
 // reason a peer's flag is at most one op ahead (e+1, raised after its op-e push into the other
 // buffer), and a rank never waits for anything but the chunks it multiplies: the op ends when
-// its GEMMs do (a closing barrier cost ~12 us, the skew between the ranks included).
+// its GEMMs and its own pushes do (a closing barrier cost ~12 us, the skew between the ranks
+// included). A flag is up for op e when it holds e or e+1 (flag_raised): a stale flag, behind
+// by any number of ops, never passes for a new one.
 //
 // Captured into a CUDA graph (replayed any number of times, so no op number can be baked in):
 // a third buffer and flags of its own (channels kCapturedReadyChannel..) that go 0 -> 1, and a
@@ -38,7 +41,7 @@
 //   compute: GEMM own chunk | wait flag r+1, GEMM r+1 | wait flag r+2, GEMM r+2 | ... | join
 //   copy:    push to r-1, flag | push to r-2, flag | ... | push to r+1, flag |
 //
-// The waits are one-block kernels on the compute stream, between GEMMs (bounded by the group's
+// The waits are one-block kernels on the GEMM's stream, between GEMMs (bounded by the group's
 // timeout, naming the peer and channel); the chunk GEMMs read the slots in place. A returned A
 // (a_out) is copied from the slots after the GEMMs.
 //
@@ -296,11 +299,6 @@ void run_fused(Context& ctx, const AgMmCall& c) {
           push(j);
       }
     }
-    if (&aux != &compute) {
-      Event& aux_done = ctx.event(ws + 2);
-      aux_done.record(aux);
-      aux_done.block(compute);
-    }
   } else {
     for (int j = 2; j < ws; ++j)
       push(j);
@@ -332,6 +330,13 @@ void run_fused(Context& ctx, const AgMmCall& c) {
     for (size_t j = 0; j < c.bs.size(); ++j) {
       if (acc[j].data() != c.outs[j].data()) be.copy(c.outs[j], acc[j], compute);
     }
+  }
+  // The second GEMM stream joins back (forked at the start whatever the branch: a CUDA graph
+  // may not end with a fork left open).
+  if (&aux != &compute) {
+    Event& aux_done = ctx.event(ws + 2);
+    aux_done.record(aux);
+    aux_done.block(compute);
   }
   // Every chunk has landed once the GEMMs are through (they waited for each flag).
   if (c.a_out.defined()) {
@@ -473,6 +478,12 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
     }
   }
   const bool own_slot = !in_place || be.native_gemm_own_needs_ready(gemms[0]);
+  // Every GEMM's arguments (the real B and out of each) are checked before anything is enqueued:
+  // an op that throws after its first push would leave the ranks' op counts apart.
+  for (const ChunkedGemmArgs& args : gemms) {
+    const std::string why = be.native_gemm_unsupported(args);
+    ASYNCTP_CHECK(why.empty(), "{}: the native GEMM cannot run these operands: {}", c.op, why);
+  }
 
   // The copy stream moves only contiguous matrices (copy engine, beside a GEMM that holds every
   // SM and waits for those copies: a copy kernel there would never get an SM). A shard the GEMM
@@ -509,25 +520,24 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   for (int i = 2; i < ws; ++i)
     push(i, 0, pieces.count);
   if (in_place && own_slot) land(rank, source, copy, 0, pieces.count);
+  // A returned A: the own rows from the source, on the copy stream (the own slot may still be
+  // landing there: the GEMM waited only for the pieces its edge tiles touch); the others from the
+  // slots, on the compute stream, where every chunk has landed once the GEMMs are through (they
+  // waited for each flag).
   Tensor a_out;
   if (c.a_out.defined()) {
     a_out = c.a_out.view({ws * plan.rows, plan.k});
-    if (!own_slot) be.copy(a_out.narrow(0, rank * plan.rows, plan.rows), source, copy);
+    be.copy(a_out.narrow(0, rank * plan.rows, plan.rows), source, copy);
   }
   Event& pushed = ctx.event(ws + 1);
   pushed.record(copy);
   if (a_out.defined()) {
-    // Every chunk has landed once the GEMMs are through (they waited for each flag).
-    if (own_slot) {
-      be.copy(a_out, gathered, compute);
-    } else {
-      const int64_t r = plan.rows;
-      if (rank > 0) be.copy(a_out.narrow(0, 0, rank * r), gathered.narrow(0, 0, rank * r), compute);
-      if (rank + 1 < ws) {
-        const int64_t rest = (ws - rank - 1) * r;
-        be.copy(a_out.narrow(0, (rank + 1) * r, rest), gathered.narrow(0, (rank + 1) * r, rest),
-                compute);
-      }
+    const int64_t r = plan.rows;
+    if (rank > 0) be.copy(a_out.narrow(0, 0, rank * r), gathered.narrow(0, 0, rank * r), compute);
+    if (rank + 1 < ws) {
+      const int64_t rest = (ws - rank - 1) * r;
+      be.copy(a_out.narrow(0, (rank + 1) * r, rest), gathered.narrow(0, (rank + 1) * r, rest),
+              compute);
     }
   }
   // The pushes read A_shard: the caller may write it again once the op is through.
@@ -544,6 +554,9 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
 void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   // Where the host's time goes before the first GPU work of the op (bench --trace).
   ctx.mark("call", ctx.stream());
+  // A wait of an earlier op that timed out is reported here: no barrier of these ops would (and
+  // every later bounded wait gives up at once while the error stands).
+  ctx.backend().check_errors();
   validate(ctx, c, options.gather_dim);
   c.push_piece_bytes = options.push_piece_bytes.value_or(ctx.options().push_piece_bytes);
   const size_t symm_bytes = push_workspace_bytes(ctx.world_size(), c.a_shard.nbytes(),

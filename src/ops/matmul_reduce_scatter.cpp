@@ -20,11 +20,11 @@
 // native all_gather_matmul (all_gather_matmul.cpp), two protocols:
 //   - Eager: no barrier. Op number e (counted on every rank alike, from 1 for a fresh
 //     allocation) pushes into buffer e % 2 and raises the landed flags (kEagerLandedChannel) to
-//     e; the reduction waits until they reach e; nobody resets them. Rank r writes p's buffer
-//     e % 2 in op e; p last read it in its op e-2 reduction. r's op-e pushes follow r's op e-1
-//     reduction on its compute stream (each push waits for its chunk GEMM), which waited for p's
-//     op e-1 flag, raised after p's op e-1 push, which followed p's op e-2 reduction. A flag is at
-//     most one op ahead (e+1, after a push into the other buffer). (Before: an opening barrier,
+//     e; the reduction waits until they hold e (or e+1); nobody resets them. Rank r writes p's
+//     buffer e % 2 in op e; p last read it in its op e-2 reduction. r's op-e pushes follow r's op
+//     e-1 reduction on its compute stream (each push waits for its chunk GEMM), which waited for
+//     p's op e-1 flag, raised after p's op e-1 push, which followed p's op e-2 reduction. A flag is
+//     at most one op ahead (e+1, after a push into the other buffer). (Before: an opening barrier,
 //     ~12 us, which also waited for the slowest rank to arrive.) The native path run eagerly
 //     takes the same buffers by turns (same op count) but keeps its closing barrier (below),
 //     which its reduction needs anyway: r passed p's op e-1 barrier, which p entered after its
@@ -58,7 +58,7 @@ constexpr int kBarrierChannel = 0;
 constexpr int kLandedChannel = 5;       // see NOTE [signal pads and channels]
 constexpr int kEagerLandedChannel = 6;  // same
 static_assert(kEagerLandedChannel < kNumChannels);
-constexpr int kSlotBuffers = 3;  // eager split ops: 0 and 1 by turns; the others: 2
+constexpr int kSlotBuffers = 3;  // eager ops: 0 and 1 by turns; captured ops: 2
 constexpr int kBarrierBuffer = 2;
 
 // The shared workspace the slots need for an output chunk of `bytes`.
@@ -423,6 +423,9 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   args.done = done;
   be.native_gemm(args, compute);
   ctx.mark("gemm", compute);
+  // The copy stream's waits for the counters (stream memory waits, no SM needed) are bounded by
+  // the GEMM itself: it counts every chunk it stores and waits for nothing (it has no ready
+  // flags), so it always finishes.
   for (int i = 1; i < ws; ++i) {
     const int d = (rank + i) % ws;
     be.wait_flag(done + d, be.native_gemm_done_count(args, d), copy);
@@ -447,6 +450,8 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
 void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
   // Where the host's time goes before the first GPU work of the op (bench --trace).
   ctx.mark("call", ctx.stream());
+  // A wait of an earlier op that timed out is reported here (see all_gather_matmul.cpp).
+  ctx.backend().check_errors();
   validate(ctx, c, options.scatter_dim);
   std::vector<Tensor> as = contiguous_as(ctx, c.as);
   Tensor a_scale = c.a_scale;

@@ -13,13 +13,14 @@
 // A flag goes 0 -> 1 -> 0 once per handshake, so a channel can be reused by the next op without
 // any reset; ops that need two independent handshakes in flight use two channels.
 // Channels in use (every symmetric allocation has its own pad): 0 the barriers of every op;
-// on the context's push workspace, 1 to 4 the chunk-ready flags of the native all_gather_matmul
-// captured into a CUDA graph, which are not handshakes: a peer raises flag [1 + q][src] with a
-// stream memory write after pushing piece q of its shard, the GEMM reads it, and the owner sets
-// it back to 0 in the op's closing barrier (reset_and_barrier); 8 to 11 the same flags of the
-// native all_gather_matmul run eagerly, which count up: the peer writes the op's number, the
-// GEMM waits for that number, nobody resets them (see all_gather_matmul.cpp). On the shared
-// workspace, 6 the eager split matmul_reduce_scatter's landed flags, which count up the same way
+// on the context's push workspace, 1 to 4 the chunk-ready flags of all_gather_matmul (both
+// paths; the split one uses piece 0 only) captured into a CUDA graph, which are not handshakes:
+// a peer raises flag [1 + q][src] with a stream memory write after pushing piece q of its shard,
+// the GEMMs read it, and the owner sets it back to 0 in the op's closing barrier
+// (reset_and_barrier); 8 to 11 the same flags of all_gather_matmul run eagerly, which carry op
+// numbers: the peer writes the op's number, the GEMMs wait for that number, nobody resets them
+// (see all_gather_matmul.cpp). On the shared workspace, 6 the eager split
+// matmul_reduce_scatter's landed flags, which carry op numbers the same way
 // (see matmul_reduce_scatter.cpp), and 5 its landed flags when captured into a CUDA graph, also
 // raised by stream memory writes after pushes, [5][src] = src's partial has landed; its
 // reduction kernel waits for them (bounded by the group's timeout, one timeout for the whole
@@ -78,9 +79,10 @@ class SymmetricMemory {
   // fit.
   Tensor buffer(int peer, Dims shape, DType dtype, size_t byte_offset = 0);
 
-  // How many times the op that owns this allocation has numbered a use of it (the eager native
-  // all_gather_matmul's op numbers, which its flags carry): 0 for a fresh allocation, whose pad
-  // is all zero. Every rank counts the same uses, in the same order.
+  // How many eager ops have numbered a use of this allocation (the op numbers the eager fused
+  // ops' flags carry: all_gather_matmul on the push workspace, matmul_reduce_scatter on the
+  // shared one, each over both of its paths): 0 for a fresh allocation, whose pad is all zero.
+  // Every rank counts the same uses, in the same order.
   uint32_t next_use() { return ++uses_; }
 
  protected:

@@ -242,7 +242,12 @@ TEST_F(CpuBackendTest, ReduceWhenFlaggedWaitsForEveryFlagButTheSkippedOne) {
   EXPECT_THAT([&] { backend_->reduce_when_flagged(got, views, ReduceOp::kSum, wait, stream()); },
               ::testing::ThrowsMessage<TimeoutError>(::testing::AllOf(
                   HasSubstr("rank 1"), HasSubstr("partial of rank 2"), HasSubstr("channel 5"))));
+  // A flag is up for op `value` (1 here) when it holds that number or the next (a peer one op
+  // ahead), not any other.
   backend_->write_flag(&flags[2], 7, stream());
+  EXPECT_THROW(backend_->reduce_when_flagged(got, views, ReduceOp::kSum, wait, stream()),
+               TimeoutError);
+  backend_->write_flag(&flags[2], 2, stream());
   backend_->reduce_when_flagged(got, views, ReduceOp::kSum, wait, stream());
   EXPECT_TRUE(same_bits(got, want));
   EXPECT_EQ(flags[1], 0u) << "the skipped flag is left alone";

@@ -363,6 +363,8 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   int device_index() const override { return device_; }
   kernels::DeviceErrorSlot* device_error_slot() override { return error_slot_device_; }
 
+  void check_errors() override { check_device_errors(); }
+
   void check_device_errors() override {
     if (error_slot_host_->flagged == 0) return;
     const kernels::DeviceErrorSlot slot = *const_cast<kernels::DeviceErrorSlot*>(error_slot_host_);
