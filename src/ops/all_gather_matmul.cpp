@@ -169,28 +169,23 @@ void run_fallback(Context& ctx, const AgMmCall& c) {
 
 constexpr int kCapturedReadyChannel = 1;  // to 1 + kMaxPushPieces - 1: see NOTE [signal pads and
 constexpr int kEagerReadyChannel = 8;     // to 8 + kMaxPushPieces - 1:  channels]
-constexpr int kPushBuffers = 3;           // eager ops: 0 and 1 by turns; captured ops: 2
 static_assert(kCapturedReadyChannel + detail::kMaxPushPieces <= kEagerReadyChannel &&
               kEagerReadyChannel + detail::kMaxPushPieces <= kNumChannels);
 
-// The push workspace for shards of shard_bytes (and row-wise scales of scale_bytes): kPushBuffers
-// buffers of [ws shard slots | ws scale slots], each part 256-byte aligned.
-size_t push_workspace_bytes(int ws, size_t shard_bytes, size_t scale_bytes) {
-  return kPushBuffers * (align_up(ws * shard_bytes, 256) + align_up(ws * scale_bytes, 256));
+// One buffer of the push workspace: [ws shard slots | ws scale slots] (row-wise scales), each
+// part 256-byte aligned.
+size_t push_buffer_bytes(int ws, size_t shard_bytes, size_t scale_bytes) {
+  return align_up(ws * shard_bytes, 256) + align_up(ws * scale_bytes, 256);
 }
 
-// This op's buffer of the push workspace and its ready flags. The buffers are thirds of the whole
-// allocation, not of this op's need: ops of other shapes in between must not move them (op e+1's
-// buffer may not overlap op e's).
-struct PushBuffer {
+// This op's buffer of the push workspace (detail::OpBuffer) and its ready flags.
+struct PushBuffer : detail::OpBuffer {
   PushBuffer(Context& ctx, size_t shard_bytes, size_t scale_bytes)
-      : ws(ctx.world_size()),
+      : OpBuffer(ctx, ctx.push_workspace(),
+                 push_buffer_bytes(ctx.world_size(), shard_bytes, scale_bytes)),
+        ws(ctx.world_size()),
         shard_bytes(shard_bytes),
         scale_bytes(scale_bytes),
-        sm(ctx.push_workspace().get(push_workspace_bytes(ws, shard_bytes, scale_bytes))),
-        captured(ctx.backend().capturing()),
-        number(captured ? 1 : sm.next_use()),
-        offset((captured ? 2 : number % 2) * (sm.size() / kPushBuffers / 256 * 256)),
         channel(captured ? kCapturedReadyChannel : kEagerReadyChannel) {}
 
   // Slot p (rank p's shard) of `owner`'s buffer, viewed as `shape`.
@@ -207,10 +202,6 @@ struct PushBuffer {
 
   int ws;
   size_t shard_bytes, scale_bytes;
-  SymmetricMemory& sm;
-  bool captured;
-  uint32_t number;  // the value a flag is raised to: the op's number, or 1 when captured
-  size_t offset;
   int channel;
 };
 
@@ -559,8 +550,8 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   ctx.backend().check_errors();
   validate(ctx, c, options.gather_dim);
   c.push_piece_bytes = options.push_piece_bytes.value_or(ctx.options().push_piece_bytes);
-  const size_t symm_bytes = push_workspace_bytes(ctx.world_size(), c.a_shard.nbytes(),
-                                                 c.rowwise() ? c.a_scale.nbytes() : 0);
+  const size_t symm_bytes = detail::op_buffers_bytes(push_buffer_bytes(
+      ctx.world_size(), c.a_shard.nbytes(), c.rowwise() ? c.a_scale.nbytes() : 0));
   detail::NativeOption native;
   const std::optional<NativePlan> plan = native_plan(c, &native.unsupported);
   if (plan) {

@@ -74,6 +74,32 @@ inline size_t align_up(size_t v, size_t a) {
   return (v + a - 1) / a * a;
 }
 
+// The buffers of the overlapped ops' protocol (see all_gather_matmul.cpp): a symmetric workspace
+// of kOpBuffers equal parts, which are thirds of the whole allocation, not of one op's need (ops
+// of other shapes in between must not move them: op e+1's part may not overlap op e's). An eager
+// op takes op number e (SymmetricMemory::next_use, the same on every rank) and part e % 2; an op
+// captured into a CUDA graph takes part 2, and raises its 0/1 flags to 1.
+inline constexpr int kOpBuffers = 3;
+inline constexpr int kCapturedBuffer = 2;
+
+// The workspace for parts of `per_buffer` bytes each (256-byte aligned).
+inline size_t op_buffers_bytes(size_t per_buffer) {
+  return kOpBuffers * align_up(per_buffer, 256);
+}
+
+struct OpBuffer {
+  OpBuffer(Context& ctx, SymmWorkspace& workspace, size_t per_buffer)
+      : sm(workspace.get(op_buffers_bytes(per_buffer))),
+        captured(ctx.backend().capturing()),
+        number(captured ? 1 : sm.next_use()),
+        offset((captured ? kCapturedBuffer : number % 2) * (sm.size() / kOpBuffers / 256 * 256)) {}
+
+  SymmetricMemory& sm;
+  bool captured;
+  uint32_t number;  // the value flags are raised to: the op's number, or 1 when captured
+  size_t offset;    // of this op's part, in every rank's allocation
+};
+
 // Enqueues D (+)= A @ B with optional float8 scales on `stream` (see GemmArgs).
 void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale,
           Tensor b_scale, Stream& stream);

@@ -58,13 +58,6 @@ constexpr int kBarrierChannel = 0;
 constexpr int kLandedChannel = 5;       // see NOTE [signal pads and channels]
 constexpr int kEagerLandedChannel = 6;  // same
 static_assert(kEagerLandedChannel < kNumChannels);
-constexpr int kSlotBuffers = 3;  // eager ops: 0 and 1 by turns; captured ops: 2
-constexpr int kBarrierBuffer = 2;
-
-// The shared workspace the slots need for an output chunk of `bytes`.
-size_t slots_workspace_bytes(int ws, size_t bytes) {
-  return kSlotBuffers * detail::align_up(ws * bytes, 256);
-}
 
 struct MmRsCall {
   const char* op;
@@ -226,17 +219,19 @@ void run_fallback(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   reduce_scatter(ctx, c.out, product, options.reduce_op, c.g);
 }
 
-// The symmetric buffer both overlapped paths push into: on every rank, ws slots of one output
-// chunk each in buffer `buffer` (see the file comment); slot s of rank d holds rank s's partial of
-// d's chunk. The buffers are thirds of the whole allocation, not of this op's need: ops of other
-// shapes in between must not move them.
-struct Slots {
-  Slots(Context& ctx, const Tensor& out, int buffer)
-      : chunk(out.shape()),
+// The symmetric buffer both overlapped paths push into: this op's part of the shared workspace
+// (detail::OpBuffer: the protocol of the file comment) holds, on every rank, ws slots of one
+// output chunk each; slot s of rank d holds rank s's partial of d's chunk.
+size_t chunk_bytes(const Tensor& out) {
+  return static_cast<size_t>(out.numel()) * out.element_size();
+}
+
+struct Slots : detail::OpBuffer {
+  Slots(Context& ctx, const Tensor& out)
+      : OpBuffer(ctx, ctx.workspace(), ctx.world_size() * chunk_bytes(out)),
+        chunk(out.shape()),
         dtype(out.dtype()),
-        bytes(static_cast<size_t>(chunk.product()) * element_size(dtype)),
-        sm(ctx.workspace().get(slots_workspace_bytes(ctx.world_size(), bytes))),
-        offset(static_cast<size_t>(buffer) * (sm.size() / kSlotBuffers / 256 * 256)) {}
+        bytes(chunk_bytes(out)) {}
   Tensor at(int owner, int src) const {
     return sm.buffer(owner, chunk, dtype, offset + src * bytes);
   }
@@ -244,8 +239,6 @@ struct Slots {
   Dims chunk;
   DType dtype;
   size_t bytes;
-  SymmetricMemory& sm;
-  size_t offset;
 };
 
 void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
@@ -258,11 +251,9 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   const Dims chunk = c.out.shape();
   // The protocol (see the file comment): eager op number e in buffer e % 2, or buffer 2 behind
   // a barrier when captured.
-  const bool captured = be.capturing();
-  SymmetricMemory& sm =
-      ctx.workspace().get(slots_workspace_bytes(ws, c.out.numel() * c.out.element_size()));
-  const uint32_t number = captured ? 1 : sm.next_use();
-  const Slots slots(ctx, c.out, captured ? kBarrierBuffer : static_cast<int>(number % 2));
+  const Slots slots(ctx, c.out);
+  SymmetricMemory& sm = slots.sm;
+  const bool captured = slots.captured;
   const int landed_channel = captured ? kLandedChannel : kEagerLandedChannel;
   auto slot = [&](int owner, int src) { return slots.at(owner, src); };
 
@@ -298,7 +289,7 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
     done.record(stream);
     done.block(copy);
     be.copy(slot(dst, rank), part, copy);  // copy engine, beside the next GEMM
-    be.write_flag(landed_of(dst) + rank, number, copy);
+    be.write_flag(landed_of(dst) + rank, slots.number, copy);
     if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", dst), copy);
   }
   writer.write(rank, slot(rank, rank), stream_of(ws - 1));
@@ -314,7 +305,7 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
     parts.push_back(slot(rank, src));
   Backend::FlagWait wait;
   wait.flags = landed;
-  wait.value = number;
+  wait.value = slots.number;
   wait.count = ws;
   wait.skip = rank;
   wait.timeout = ctx.group().timeout();
@@ -400,10 +391,9 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   const int64_t rows = plan.m / ws;
   // The protocol (see the file comment): eager, buffer e % 2 of the split path's op count, no
   // opening barrier; captured, buffer 2 behind one.
-  const bool captured = be.capturing();
-  SymmetricMemory& sm =
-      ctx.workspace().get(slots_workspace_bytes(ws, c.out.numel() * c.out.element_size()));
-  const Slots slots(ctx, c.out, captured ? kBarrierBuffer : static_cast<int>(sm.next_use() % 2));
+  const Slots slots(ctx, c.out);
+  SymmetricMemory& sm = slots.sm;
+  const bool captured = slots.captured;
   auto slot = [&](int owner, int src) { return slots.at(owner, src); };
   const Tensor product = ctx.scratch(Scratch::kPartial, {plan.m, plan.n}, c.out.dtype());
   auto product_chunk = [&](int d) { return product.narrow(0, d * rows, rows).view(chunk); };
@@ -460,8 +450,7 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
     ctx.backend().copy(a_scale, c.a_scale, ctx.stream());
   }
   ProductWriter writer(ctx, c, std::move(as), a_scale);
-  const size_t symm_bytes = slots_workspace_bytes(
-      ctx.world_size(), static_cast<size_t>(c.out.numel()) * c.out.element_size());
+  const size_t symm_bytes = detail::op_buffers_bytes(ctx.world_size() * chunk_bytes(c.out));
   detail::NativeOption native;
   const std::optional<NativeRsPlan> plan = native_rs_plan(c, &native.unsupported);
   const Tensor a0 = writer.a0();

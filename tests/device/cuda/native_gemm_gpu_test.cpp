@@ -184,6 +184,17 @@ TEST(NativeGemm, RejectsWhatTmaCannotAddress) {
   EXPECT_THROW(gpu.be().native_gemm(args, gpu.stream()), Error);
 }
 
+// Synchronizes and expects the TimeoutError of a device wait, its message holding each of `parts`.
+void expect_timeout_on_sync(Gpu& gpu, std::initializer_list<std::string> parts) {
+  try {
+    gpu.be().synchronize();
+    FAIL() << "expected a TimeoutError";
+  } catch (const TimeoutError& e) {
+    for (const std::string& part : parts)
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(part));
+  }
+}
+
 // What the chunk-landing tests share: A [m, 512] (src) lands chunk by chunk into `gathered`
 // (NaN until it does) while the GEMM by B [512, n] into the f32 D waits on `flag_count` ready
 // flags, zeroed.
@@ -308,13 +319,7 @@ TEST(NativeGemm, ConsumesChunksLandingInPieces) {
       args.timeout = std::chrono::milliseconds(200);
       args.rank = 3;
       gpu.be().native_gemm(args, gpu.stream());
-      try {
-        gpu.be().synchronize();
-        FAIL() << "expected a TimeoutError";
-      } catch (const TimeoutError& e) {
-        EXPECT_THAT(e.what(),
-                    ::testing::HasSubstr(fmt::format("chunk {} of A (piece {})", c, pieces - 1)));
-      }
+      expect_timeout_on_sync(gpu, {fmt::format("chunk {} of A (piece {})", c, pieces - 1)});
     }
   }
 }
@@ -353,12 +358,7 @@ TEST(NativeGemm, OpNumberedFlagsWrapAround) {
     args.ready_value = number + 1;
     args.timeout = std::chrono::milliseconds(200);
     gpu.be().native_gemm(args, gpu.stream());
-    try {
-      gpu.be().synchronize();
-      FAIL() << "expected a TimeoutError";
-    } catch (const TimeoutError& e) {
-      EXPECT_THAT(e.what(), ::testing::HasSubstr("chunk 2"));
-    }
+    expect_timeout_on_sync(gpu, {"chunk 2"});
   }
 }
 
@@ -404,13 +404,7 @@ TEST(NativeGemm, ChunkThatNeverLandsTimesOutNamingIt) {
   args.timeout = std::chrono::milliseconds(200);
   args.rank = 5;
   gpu.be().native_gemm(args, gpu.stream());
-  try {
-    gpu.be().synchronize();
-    FAIL() << "expected a TimeoutError";
-  } catch (const TimeoutError& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("rank 5"));
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("chunk 1"));
-  }
+  expect_timeout_on_sync(gpu, {"rank 5", "chunk 1"});
   // The context stays usable: the same GEMM with every chunk ready succeeds.
   gpu.be().write_flag(ready + 1, 1, gpu.stream());
   gpu.be().native_gemm(args, gpu.stream());
@@ -606,13 +600,7 @@ TEST(CudaReduce, WhenFlaggedWaitsForTheCopiesThenMatchesReduce) {
   gpu.be().zero_flags(flags + 1, 1, gpu.stream());
   wait.timeout = std::chrono::milliseconds(200);
   gpu.be().reduce_when_flagged(out, views, ReduceOp::kSum, wait, gpu.stream());
-  try {
-    gpu.be().synchronize();
-    FAIL() << "expected a TimeoutError";
-  } catch (const TimeoutError& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("rank 2"));
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("partial of rank 1 on channel 5"));
-  }
+  expect_timeout_on_sync(gpu, {"rank 2", "partial of rank 1 on channel 5"});
   gpu.be().write_flag(flags + 1, 1, gpu.stream());
   gpu.be().reduce_when_flagged(out, views, ReduceOp::kSum, wait, gpu.stream());
   EXPECT_NO_THROW(gpu.be().synchronize());
@@ -656,13 +644,7 @@ TEST(CudaWaitFlags, HoldsTheStreamUntilTheFlagsAreUpThenTimesOutNamingThePeer) {
   wait.value = 8;
   wait.timeout = std::chrono::milliseconds(200);
   gpu.be().wait_flags(wait, gpu.stream());
-  try {
-    gpu.be().synchronize();
-    FAIL() << "expected a TimeoutError";
-  } catch (const TimeoutError& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("rank 1"));
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("shard of peer 2 on channel 8"));
-  }
+  expect_timeout_on_sync(gpu, {"rank 1", "shard of peer 2 on channel 8"});
   gpu.be().write_flag(flags + 2, 8, gpu.stream());
   gpu.be().wait_flags(wait, gpu.stream());
   EXPECT_NO_THROW(gpu.be().synchronize());

@@ -761,10 +761,10 @@ TEST(FusedOpsGpu, AllGatherBuffersAcrossEagerOpsAndReplaysOfBothPaths) {
   }
 }
 
-// The same for matmul_reduce_scatter: eager split ops take two buffers by turns with
-// op-numbered landed flags and no barrier; the native path and captured split ops use a third
-// behind an opening barrier. F: eager split, N: eager native, G: replay of a captured split op.
-// A new A every step, no synchronization in between.
+// The same for matmul_reduce_scatter: eager ops take two buffers by turns (the split path with
+// op-numbered landed flags and no barrier, the native one with its closing barrier only);
+// captured split ops use a third behind an opening barrier. F: eager split, N: eager native, G:
+// replay of a captured split op. A new A every step, no synchronization in between.
 TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
   SKIP_UNLESS_GPUS(2);
   for (const int ws : {2, 4}) {
