@@ -108,6 +108,27 @@ struct ChunkedGemmArgs {
   // added in a fixed order: the same bits every run): 0 where the backend sees fit, 1 never, n >= 2
   // at most n ranges.
   int tail_split = 0;
+  // Rows per done counter (done[r / done_rows]); 0: chunk_rows. A multiple of 128 dividing
+  // chunk_rows: the pieces in which the caller pushes a finished chunk.
+  int64_t done_rows = 0;
+  // The reduce-scatter epilogue (the native matmul_reduce_scatter): the tiles of chunk sum_chunk
+  // are neither stored into d nor counted in done. They add the peers' partials of that chunk,
+  // sum_parts[s] for every s but sum_self (d's dtype, bf16 or f16, each [chunk rows, n] with a
+  // unit column stride; n even), to their f32 products, in rank order after the product (times
+  // 1 / the number of parts if sum_avg), and store the result once rounded into sum_out ([chunk
+  // rows, n], d's dtype). A tile of piece q (chunk row / sum_rows; 0: one piece) first waits until
+  // sum_flags[q * sum_flag_stride + s] is up for sum_value (flag_raised) for every such s,
+  // bounded by `timeout`; a timeout names peer s and channel sum_channel + q.
+  int sum_chunk = -1;
+  Tensor sum_parts;  // [parts, chunk rows, n]
+  Tensor sum_out;    // [chunk rows, n]
+  int sum_self = -1;
+  bool sum_avg = false;
+  const uint32_t* sum_flags = nullptr;
+  uint32_t sum_value = 1;
+  int64_t sum_rows = 0;
+  int64_t sum_flag_stride = 0;
+  int sum_channel = 0;
 };
 
 class Backend {

@@ -93,6 +93,7 @@ struct Params {
   int64_t ready_stride;  // piece j of chunk c: ready[j * ready_stride + c]
   int group_m;           // m-tiles per group of the walk (see the file comment)
   uint32_t* done;
+  int64_t done_rows;  // rows per done counter
   uint64_t timeout_ns;
   DeviceErrorSlot* slot;
   int rank;
@@ -106,6 +107,18 @@ struct Params {
   int split;
   float* partials;
   uint32_t* split_flags;
+  // The reduce-scatter epilogue (kernels.h, AsyncGemmArgs::sum_chunk): sum_chunk -1 when off.
+  int sum_chunk;
+  const void* sum_parts;
+  int64_t sum_part_stride, sum_ld;
+  void* sum_out;
+  int64_t sum_ldo;
+  int sum_count, sum_self;
+  bool sum_avg;
+  const uint32_t* sum_flags;
+  uint32_t sum_value;
+  int64_t sum_rows, sum_flag_stride;
+  int sum_channel;
 };
 
 // Work unit u of the persistent loop: a whole tile, or one K-range (part) of a tail tile.
@@ -268,6 +281,24 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
+// Waits (acquire, system scope: a peer's stream write raised it) until *flag is up for op `value`
+// (wrap-safe: op numbers count up through 2^32). False after p.timeout_ns, reported in the error
+// slot as (peer, channel, what).
+__device__ __forceinline__ bool wait_raised(const Params& p, const uint32_t* flag, uint32_t value,
+                                            int peer, int channel, int what) {
+  auto raised = [&] { return detail::flag_raised(load_acquire_sys(flag), value); };
+  if (raised()) return true;
+  const uint64_t start = global_timer_ns();
+  while (!raised()) {
+    if (global_timer_ns() - start > p.timeout_ns) {
+      detail::report_timeout(p.slot, p.rank, peer, channel, what, p.timeout_ns);
+      return false;
+    }
+    __nanosleep(64);
+  }
+  return true;
+}
+
 // Waits until every piece of a chunk overlapping rows [m0, m0 + kBM) is ready. False on timeout
 // (reported).
 __device__ bool wait_chunks_ready(const Params& p, int m0) {
@@ -277,18 +308,9 @@ __device__ bool wait_chunks_ready(const Params& p, int m0) {
     const int64_t j = (row - c * p.chunk_rows) / p.ready_rows;
     const int64_t piece_end = (j + 1) * p.ready_rows;
     row = c * p.chunk_rows + (piece_end < p.chunk_rows ? piece_end : p.chunk_rows);
-    const uint32_t* flag = p.ready + j * p.ready_stride + c;
-    // Wrap-safe: op numbers count up through 2^32.
-    auto raised = [&] { return detail::flag_raised(load_acquire_sys(flag), p.ready_value); };
-    if (raised()) continue;
-    const uint64_t start = global_timer_ns();
-    while (!raised()) {
-      if (global_timer_ns() - start > p.timeout_ns) {
-        detail::report_timeout(p.slot, p.rank, static_cast<int>(c), static_cast<int>(j), 3,
-                               p.timeout_ns);
-        return false;
-      }
-      __nanosleep(64);
+    if (!wait_raised(p, p.ready + j * p.ready_stride + c, p.ready_value, static_cast<int>(c),
+                     static_cast<int>(j), 3)) {
+      return false;
     }
   }
   // The chunk was written by the copy engine; the TMA loads that follow read through the async
@@ -387,7 +409,133 @@ __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[1
 
 __device__ __forceinline__ void publish_done(const Params& p, int r0) {
   __threadfence_system();
-  atomicAdd_system(p.done + r0 / p.chunk_rows, 1u);
+  atomicAdd_system(p.done + r0 / p.done_rows, 1u);
+}
+
+// Whether the tile starting at row m0 belongs to the chunk whose tiles are reduced (sum_chunk:
+// chunk_rows is a multiple of 128, so a tile lies in one chunk).
+__device__ __forceinline__ bool in_sum_chunk(const Params& p, int64_t m0) {
+  return p.sum_chunk >= 0 && m0 / p.chunk_rows == p.sum_chunk;
+}
+
+// Waits until every peer's partial of the piece holding chunk row `row` has landed (the leader
+// thread of a consumer; acquire, system scope: the copy engines of the peers wrote the parts,
+// then their stream writes raised the flags). False on timeout (reported as a reduction's wait,
+// what = 5, naming the peer and the piece's channel).
+__device__ __forceinline__ bool wait_sum_parts(const Params& p, int64_t row) {
+  const int64_t q = row / p.sum_rows;
+  for (int s = 0; s < p.sum_count; ++s) {
+    if (s == p.sum_self) continue;
+    if (!wait_raised(p, p.sum_flags + q * p.sum_flag_stride + s, p.sum_value, s,
+                     p.sum_channel + static_cast<int>(q), 5)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// At the start of a tile of the sum chunk: one consumer's 64 x 256 block of every peer's part
+// into L2 (two 128-byte lines per thread and part), so that the epilogue's loads, a whole tile
+// later, find it there. A part not landed yet is harmless: L2 is the point of coherence for the
+// peers' writes into this GPU's memory.
+__device__ __forceinline__ void prefetch_parts(const Params& p, int64_t r0, int n0) {
+  const int t = threadIdx.x % 128;
+  const int64_t row = r0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows + t / 2;
+  const int64_t col = n0 + 128 * (t % 2);  // 16-bit parts: 64 columns per line
+  if (col >= p.n) return;
+  for (int s = 0; s < p.sum_count; ++s) {
+    if (s == p.sum_self) continue;
+    const char* line =
+        static_cast<const char*>(p.sum_parts) + 2 * (s * p.sum_part_stride + row * p.sum_ld + col);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+    if (col + 64 < p.n) asm volatile("prefetch.global.L2 [%0];" ::"l"(line + 128));
+  }
+}
+
+template <typename Out>
+struct PairOf;
+template <>
+struct PairOf<__nv_bfloat16> {
+  using T = __nv_bfloat162;
+  static __device__ __forceinline__ float2 get(T v) { return __bfloat1622float2(v); }
+  static __device__ __forceinline__ T zero() { return __floats2bfloat162_rn(0.f, 0.f); }
+};
+template <>
+struct PairOf<__half> {
+  using T = __half2;
+  static __device__ __forceinline__ float2 get(T v) { return __half22float2(v); }
+  static __device__ __forceinline__ T zero() { return __floats2half2_rn(0.f, 0.f); }
+};
+
+// The reduce-scatter epilogue of one consumer's 64 x 256 block at rows [r0, r0 + 64) (of the
+// sum chunk), columns [n0, n0 + 256), fragment layout as in store_block: adds every peer's part
+// to the accumulators, part by part in rank order, then rounds once into sum_out. The loads go
+// in rounds of 8 column groups (16 registers beside the 128 of the accumulators: the kernel's
+// 168-register budget leaves no room for a whole part in flight), one round after the other.
+template <typename Out>
+__device__ __forceinline__ void sum_block(const Params& p, float (&d)[128], int64_t r0, int n0) {
+  using T = typename PairOf<Out>::T;
+  const int t = threadIdx.x % 128;
+  const int64_t row = r0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows + 16 * (t / 32) +
+                      (t % 32) / 4;  // chunk row
+  const int64_t col0 = n0 + 2 * (t % 4);
+  constexpr int kGroups = 8;
+  // Adds round j0 (column groups j0 .. j0 + kGroups - 1) of one part; `load(j)` gives the pairs
+  // of group j in rows `row` and `row + 8`.
+  auto add_round = [&](int j0, auto load) {
+    T v[2 * kGroups];
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j)
+      load(j0 + j, v[2 * j], v[2 * j + 1]);
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      const float2 a = PairOf<Out>::get(v[2 * j]), b = PairOf<Out>::get(v[2 * j + 1]);
+      float* x = d + 4 * (j0 + j);
+      x[0] += a.x;
+      x[1] += a.y;
+      x[2] += b.x;
+      x[3] += b.y;
+    }
+    // Keeps the next round's loads behind these adds (hoisting them all spills).
+    asm volatile("" ::: "memory");
+  };
+  // Column groups past n (n is even, so a pair is wholly in or out) load nothing: one 32-bit
+  // compare per group, loads at constant offsets from the thread's first column.
+  const int64_t left = p.n - col0;
+  const int valid = left <= 0 ? 0 : left >= 256 ? 32 : static_cast<int>((left + 7) / 8);
+  for (int s = 0; s < p.sum_count; ++s) {
+    if (s == p.sum_self || valid == 0) continue;
+    const Out* lo =
+        static_cast<const Out*>(p.sum_parts) + s * p.sum_part_stride + row * p.sum_ld + col0;
+    const T* lo2 = reinterpret_cast<const T*>(lo);
+    const T* hi2 = reinterpret_cast<const T*>(lo + 8 * p.sum_ld);
+#pragma unroll
+    for (int j0 = 0; j0 < 32; j0 += kGroups) {
+      add_round(j0, [&](int j, T& a, T& b) {
+        a = b = PairOf<Out>::zero();
+        if (j < valid) {
+          a = __ldcg(lo2 + 4 * j);
+          b = __ldcg(hi2 + 4 * j);
+        }
+      });
+    }
+  }
+  Out* out = static_cast<Out*>(p.sum_out);
+  const float inv = 1.0f / static_cast<float>(p.sum_count);
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int64_t col = col0 + 8 * j;
+    float* x = d + 4 * j;
+    if (p.sum_avg) {
+      // Times 1 / count: exact for a power-of-two count (else within an ulp of the division).
+      x[0] *= inv;
+      x[1] *= inv;
+      x[2] *= inv;
+      x[3] *= inv;
+    }
+    store_pair(out + row * p.sum_ldo, col, p.n, x[0], x[1]);
+    store_pair(out + (row + 8) * p.sum_ldo, col, p.n, x[2], x[3]);
+  }
 }
 
 // kTmaStore: 16-bit C staged in shared memory and written by TMA stores that overlap the next
@@ -509,6 +657,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Unit w = unit_at(u, p, num_tiles, k_blocks);
     Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height, p.group_m);
     tile.m0 += kBM * static_cast<int>(cta);
+    if (in_sum_chunk(p, tile.m0) && w.part == (w.part < 0 ? -1 : p.split - 1))
+      prefetch_parts(p, tile.m0 + 64 * consumer, tile.n0);
     int prev_stage = -1;
     for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
       const int s = it % kStages;
@@ -531,6 +681,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<1>();
       if (leader && prev_stage >= 0) release(prev_stage);
       prev_stage = s;
+      if constexpr (kTmaStore) {
+        // The previous tile's TMA stores have had a k-block to finish: its rows are counted now
+        // rather than at this tile's epilogue, a whole tile later (the copy engine waits for
+        // the count to push those rows).
+        if (leader && p.done != nullptr && pending_row >= 0 && kb == w.kb0 + 1) {
+          asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+          publish_done(p, pending_row);
+          pending_row = -1;
+        }
+      }
     }
     wgmma_wait<0>();
     if (leader && prev_stage >= 0) release(prev_stage);
@@ -575,6 +735,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     const int r0 = tile.m0 + 64 * consumer;
+    if (in_sum_chunk(p, tile.m0)) {
+      // The own chunk of a reduce-scatter (last in the walk): the peers' parts of its piece,
+      // added here, then the reduced rows stored; nothing goes to C or to done.
+      if (leader) {
+        // The previous tile's rows first: the peers' own chunks wait for them (through our
+        // pushes) as ours waits for theirs, so no count may stay pending behind this wait.
+        if constexpr (kTmaStore) {
+          if (p.done != nullptr && pending_row >= 0) {
+            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+            publish_done(p, pending_row);
+            pending_row = -1;
+          }
+        }
+        wait_sum_parts(p, tile.m0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows);
+      }
+      asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
+      if (p.c_dtype == 1) {
+        sum_block<__nv_bfloat16>(p, acc, r0, tile.n0);
+      } else {
+        sum_block<__half>(p, acc, r0, tile.n0);
+      }
+      continue;
+    }
     if constexpr (kTmaStore) {
       // Schedule per tile and half (leader = thread 0 of this consumer), twice:
       //   leader: earlier stores have read the staging area (before the first half: the previous
@@ -756,6 +939,42 @@ int64_t ready_rows_of(const AsyncGemmArgs& a) {
   return a.ready_rows > 0 ? a.ready_rows : chunk_rows_of(a);
 }
 
+int64_t done_rows_of(const AsyncGemmArgs& a) {
+  return a.done_rows > 0 ? a.done_rows : chunk_rows_of(a);
+}
+
+int64_t sum_rows_of(const AsyncGemmArgs& a) {
+  return a.sum_rows > 0 ? a.sum_rows : chunk_rows_of(a);
+}
+
+// Why the reduce-scatter epilogue's arguments are unusable, or nullptr.
+const char* sum_unsupported(const AsyncGemmArgs& a) {
+  const int64_t rows = chunk_rows_of(a);
+  if (rows % kBM != 0) return "the reduce-scatter epilogue needs chunk_rows % 128 == 0";
+  if (a.sum_chunk < 0 || (a.sum_chunk + 1) * rows > a.m) return "sum_chunk is out of range";
+  if (a.sum_count < 1 || a.sum_count > 64) return "sum_count is out of range (1 to 64)";
+  if (a.sum_self < 0 || a.sum_self >= a.sum_count) return "sum_self is out of range";
+  if (a.sum_count > 1 && (a.sum_parts == nullptr || a.sum_flags == nullptr))
+    return "the reduce-scatter epilogue needs its parts and their flags";
+  if (a.sum_out == nullptr) return "the reduce-scatter epilogue needs an output";
+  if (a.n % 2 != 0) return "the reduce-scatter epilogue needs an even n";
+  if (a.sum_count > 1 && a.timeout_ns == 0) return "waiting for the parts needs a timeout";
+  const int64_t q = sum_rows_of(a);
+  if (q % kBM != 0 || q > rows) return "sum_rows is not a multiple of 128 up to chunk_rows";
+  if (a.sum_count > 1 && a.sum_flag_stride < a.sum_count && (rows + q - 1) / q > 1)
+    return "sum_flag_stride is smaller than sum_count (pieces' flags would overlap)";
+  if (a.c_dtype == DType::kF32) return "the reduce-scatter epilogue needs a 16-bit C";
+  const auto misaligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4; };
+  if (misaligned(a.sum_out) || a.sum_ldo % 2 != 0 || a.sum_ldo < a.n)
+    return "the reduced output is not aligned to two elements or its row stride is odd or short";
+  if (a.sum_count > 1 && (misaligned(a.sum_parts) || a.sum_ld % 2 != 0 || a.sum_ld < a.n ||
+                          a.sum_part_stride % 2 != 0 || a.sum_part_stride < rows * a.sum_ld)) {
+    return "the parts are not aligned to two elements, or a row stride or the part stride is odd "
+           "or short";
+  }
+  return nullptr;
+}
+
 // The walk's group height (see the file comment): kGroupM, or where rows wait for flags and the
 // pieces (or chunks) start on the tile grid, at most one piece's m-tiles.
 int group_m_of(const AsyncGemmArgs& a, int64_t height) {
@@ -814,6 +1033,12 @@ const char* async_gemm_unsupported(const AsyncGemmArgs& a) {
   if (a.first_chunk < 0 || a.first_chunk * rows >= a.m) return "first_chunk is out of range";
   if (a.done != nullptr && rows % kBM != 0)
     return "publishing per-chunk completion needs chunk_rows % 128 == 0";
+  if (a.done != nullptr &&
+      (a.done_rows < 0 || done_rows_of(a) % kBM != 0 || rows % done_rows_of(a) != 0))
+    return "done_rows is not a multiple of 128 that divides chunk_rows";
+  if (a.sum_chunk >= 0) {
+    if (const char* why = sum_unsupported(a)) return why;
+  }
   if (a.ready != nullptr && a.timeout_ns == 0) return "waiting for chunks needs a timeout";
   if (a.ready_rows < 0 || a.ready_rows > rows)
     return "ready_rows is out of range (0 to chunk_rows)";
@@ -831,9 +1056,9 @@ const char* async_gemm_unsupported(const AsyncGemmArgs& a) {
   return nullptr;
 }
 
-uint32_t async_gemm_done_count(const AsyncGemmArgs& a, int chunk) {
-  const int64_t rows = chunk_rows_of(a);
-  const int64_t first = chunk * rows;
+uint32_t async_gemm_done_count(const AsyncGemmArgs& a, int index) {
+  const int64_t rows = done_rows_of(a);
+  const int64_t first = index * rows;
   const int64_t last = std::min(a.m, first + rows);
   const int64_t halves = (last - first + 63) / 64;
   return static_cast<uint32_t>(halves * ((a.n + kBN - 1) / kBN));
@@ -929,6 +1154,23 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   p.ready_stride = a.ready_stride;
   p.group_m = group_m_of(a, kBM * cluster);
   p.done = a.done;
+  p.done_rows = done_rows_of(a);
+  p.sum_chunk = a.sum_chunk;
+  if (a.sum_chunk >= 0) {
+    p.sum_parts = a.sum_parts;
+    p.sum_part_stride = a.sum_part_stride;
+    p.sum_ld = a.sum_ld;
+    p.sum_out = a.sum_out;
+    p.sum_ldo = a.sum_ldo;
+    p.sum_count = a.sum_count;
+    p.sum_self = a.sum_self;
+    p.sum_avg = a.sum_avg;
+    p.sum_flags = a.sum_flags;
+    p.sum_value = a.sum_value;
+    p.sum_rows = sum_rows_of(a);
+    p.sum_flag_stride = a.sum_flag_stride;
+    p.sum_channel = a.sum_channel;
+  }
   p.timeout_ns = a.timeout_ns;
   p.slot = a.slot;
   p.rank = a.rank;

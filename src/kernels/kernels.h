@@ -118,9 +118,12 @@ cudaError_t scale_epilogue(void* d, DType d_dtype, int64_t ldd, const float* src
 //     rather than hang). With ready_rows < chunk_rows a chunk lands in pieces of ready_rows rows
 //     (the last may be shorter), piece j of chunk c flagged by ready[j * ready_stride + c], and
 //     a tile waits only for the pieces its rows overlap;
-//   - done (optional, MM+RS): after the stores of each 64-row half tile of chunk c, done[c] is
-//     incremented (release, system scope); chunk c is complete when done[c] reaches
-//     async_gemm_done_count(args, c). Needs chunk_rows % 128 == 0.
+//   - done (optional, MM+RS): after the stores of each 64-row half tile in rows
+//     [i * done_rows, (i + 1) * done_rows), done[i] is incremented (release, system scope); those
+//     rows are complete when done[i] reaches async_gemm_done_count(args, i). done_rows is
+//     chunk_rows unless given (pieces of a chunk). Needs chunk_rows % 128 == 0;
+//   - sum (optional, MM+RS): the own chunk's tiles add the peers' landed partials to their
+//     accumulators and store the reduced chunk instead (see sum_chunk below).
 struct AsyncGemmArgs {
   const void* a = nullptr;  // [M, K], row stride lda (elements), unit column stride
   int64_t lda = 0;
@@ -167,13 +170,43 @@ struct AsyncGemmArgs {
   // tail_split: 0 chosen here, 1 off, n >= 2 at most n parts (never more than 4).
   void* split_workspace = nullptr;
   int tail_split = 0;
+  // Rows counted by one done counter: done[r / done_rows] counts the stored 64-row halves of
+  // tiles in rows [r, r + done_rows). 0: chunk_rows (one counter per chunk). A multiple of 128
+  // that divides chunk_rows.
+  int64_t done_rows = 0;
+  // The reduce-scatter epilogue (the native matmul_reduce_scatter, whose own chunk comes last):
+  // the tiles of chunk sum_chunk are not stored into C and not counted in done. Each of their
+  // elements (chunk row i, column j) becomes
+  //   x = acc(i, j) + part_s(i, j) for s = 0, 1, ..., sum_count - 1 except sum_self, in that
+  //   order, in f32 (times 1 / sum_count if sum_avg), rounded once into sum_out[i, j]
+  // where part_s = sum_parts + s * sum_part_stride elements, [chunk rows, n] with row stride
+  // sum_ld, and sum_out [chunk rows, n] with row stride sum_ldo, all of C's dtype. Before a tile
+  // reads the parts it waits (bounded by timeout_ns) until sum_flags[q * sum_flag_stride + s] is
+  // up for op sum_value (see ready_value) for every s but sum_self, q = the tile's chunk row /
+  // sum_rows (0: chunk_rows); a timeout is reported with peer s and channel sum_channel + q.
+  // Needs chunk_rows and sum_rows multiples of 128, a 16-bit C and an even n.
+  int sum_chunk = -1;
+  const void* sum_parts = nullptr;
+  int64_t sum_part_stride = 0;
+  int64_t sum_ld = 0;
+  void* sum_out = nullptr;
+  int64_t sum_ldo = 0;
+  int sum_count = 0;
+  int sum_self = -1;
+  bool sum_avg = false;
+  const uint32_t* sum_flags = nullptr;
+  uint32_t sum_value = 1;
+  int64_t sum_rows = 0;
+  int64_t sum_flag_stride = 0;
+  int sum_channel = 0;
 };
 
 // Why the kernel cannot run these arguments (dtype, alignment, strides), or nullptr.
 const char* async_gemm_unsupported(const AsyncGemmArgs& args);
 cudaError_t async_gemm(const AsyncGemmArgs& args, cudaStream_t stream);
-// The value done[c] reaches once every tile of chunk c is stored.
-uint32_t async_gemm_done_count(const AsyncGemmArgs& args, int chunk);
+// The value done[i] reaches once every tile of rows [i * done_rows, (i + 1) * done_rows) is
+// stored.
+uint32_t async_gemm_done_count(const AsyncGemmArgs& args, int index);
 // Bytes of the tail-split workspace for the current device.
 size_t async_gemm_split_workspace_bytes();
 // The number of K-ranges each tile of the last wave is cut into for these arguments (1: none).

@@ -157,4 +157,11 @@ PushPieces push_pieces(int64_t rows, size_t bytes, size_t piece_bytes) {
   return p;
 }
 
+PushPieces native_rs_pieces(int64_t rows, size_t bytes) {
+  for (int count = kMaxPushPieces; count > 1; --count) {
+    if (rows % (128 * count) == 0 && bytes / count >= kRsPieceBytes) return {count, rows / count};
+  }
+  return {1, rows};
+}
+
 }  // namespace asynctp::detail

@@ -70,6 +70,12 @@ struct PushPieces {
 };
 PushPieces push_pieces(int64_t rows, size_t bytes, size_t piece_bytes);
 
+// How the native matmul_reduce_scatter pushes a finished chunk of `rows` rows (a multiple of
+// 128) and `bytes` bytes: up to kMaxPushPieces pieces of equal whole 128-row tiles (the GEMM's
+// done counters of a piece may not cross a chunk's edge), each at least kRsPieceBytes.
+inline constexpr size_t kRsPieceBytes = size_t{4} << 20;
+PushPieces native_rs_pieces(int64_t rows, size_t bytes);
+
 inline size_t align_up(size_t v, size_t a) {
   return (v + a - 1) / a * a;
 }

@@ -25,20 +25,20 @@
 //     e-1 reduction on its compute stream (each push waits for its chunk GEMM), which waited for
 //     p's op e-1 flag, raised after p's op e-1 push, which followed p's op e-2 reduction. A flag is
 //     at most one op ahead (e+1, after a push into the other buffer). (Before: an opening barrier,
-//     ~12 us, which also waited for the slowest rank to arrive.) The native path run eagerly
-//     takes the same buffers by turns (same op count) but keeps its closing barrier (below),
-//     which its reduction needs anyway: r passed p's op e-1 barrier, which p entered after its
-//     op e-2 reduction; so it needs no opening barrier either.
+//     ~12 us, which also waited for the slowest rank to arrive.) The native path takes the same
+//     buffers by turns (same op count), with flags per piece on channels of its own; its
+//     "reduction" is the own chunk's part of its GEMM (see run_native).
 //   - Captured into a CUDA graph (no op number can be baked into a replay): buffer 2, 0/1 flags
-//     (kLandedChannel) and an opening barrier, past which every owner has finished reading its
-//     slots in every earlier op and has set the flags back to 0; no flag of an earlier op can
-//     arrive after that reset, since every such op's reduction waited for all of its flags (an
-//     empty one too: Backend::reduce_when_flagged waits whatever the output's size). An eager op
-//     after one of these writes a buffer they did not touch, after the barrier-protected op's
-//     reduction on its own compute stream.
+//     (kLandedChannel; the native path's kNativeLandedChannel + piece) and an opening barrier,
+//     past which every owner has finished reading its slots in every earlier op and has set the
+//     flags back to 0; no flag of an earlier op can arrive after that reset, since every such
+//     op's reduction waited for all of its flags (an empty one too: Backend::reduce_when_flagged
+//     waits whatever the output's size; the native GEMM's own chunk has a tile in every piece). An
+//     eager op after one of these writes a buffer they did not touch, after the barrier-protected
+//     op's reduction on its own compute stream.
 // Every other user of the shared workspace (the peer-bandwidth probe, the device barrier that
 // aligns the ranks) writes only its own rank's region, or nothing, and no peer still pushes into
-// it: a split op's reduction waited for every push into this rank, a native op's for its barrier.
+// it: an op's reduction (a native op's GEMM) waited for every push into this rank.
 //
 // Symmetric buffer of each rank, three times over: [slot 0 | slot 1 | ... | slot ws-1], slot s =
 // rank s's partial of this rank's chunk, in the output dtype; its signal pad's flags
@@ -57,7 +57,12 @@ namespace {
 constexpr int kBarrierChannel = 0;
 constexpr int kLandedChannel = 5;       // see NOTE [signal pads and channels]
 constexpr int kEagerLandedChannel = 6;  // same
+// The native path's landed flags, one channel per piece (up to detail::kMaxPushPieces).
+constexpr int kEagerNativeLandedChannel = 12;  // same
+constexpr int kNativeLandedChannel = 16;       // same
 static_assert(kEagerLandedChannel < kNumChannels);
+static_assert(kEagerNativeLandedChannel + detail::kMaxPushPieces <= kNativeLandedChannel &&
+              kNativeLandedChannel + detail::kMaxPushPieces <= kNumChannels);
 
 struct MmRsCall {
   const char* op;
@@ -321,17 +326,32 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
 }
 
 // The native schedule on rank r of ws (one bf16/f16 product, scatter on a dim with no batch dims
-// before it, so that every owner's chunk is a row range of P = A @ B as a matrix):
+// before it, so that every owner's chunk is a row range of P = A @ B as a matrix; a contiguous
+// output):
 //
-//   compute: (captured: barrier) | native GEMM -> P (chunks r+1, r+2, ..., r; done[d] counts
-//            rows) | wait | barrier (done back to 0) | reduce
-//   copy:              | wait done[r+1] >= all, push P[r+1] -> slot r of rank r+1 |
-//                        wait done[r+2] >= all, push P[r+2] ... |
+//   compute: (captured: reset landed, barrier) | native GEMM: chunks r+1, r+2, ..., r-1 -> P,
+//            each piece counted in done as its tiles are stored; then the own chunk r, whose
+//            tiles wait for the peers' pieces, add them to their products and store the
+//            reduced rows straight into out | join
+//   copy:              | wait done[r+1][0], push piece 0 of P[r+1] -> slot r of rank r+1,
+//                        landed_{r+1}[0][r] = e, done[r+1][0] = 0 | piece 1 ... | chunk r+2 ...
 //
-// The GEMM publishes each finished chunk through its counter; the copy stream waits for it (a
-// stream memory operation: no SM needed while the GEMM holds them all) and pushes it while the
-// GEMM computes the next. The counters are 0 between ops. The own chunk stays in P and is read
-// there by the reduction, which adds the ws partials in rank order in f32 as on the fused path.
+// The GEMM counts the stored tiles of each piece (up to kMaxPushPieces per chunk, at least
+// kRsPieceBytes each, whole 128-row tiles); the copy stream waits for a piece's count (a stream
+// memory wait: no SM needed while the GEMM holds them all) and pushes it while the GEMM goes on.
+// Every rank walks the chunks from its own r+1 on, so chunk r comes last on r and earlier on
+// every peer (on r-1 first, on r+1 second to last): its pieces have landed on r by the time r's
+// GEMM reaches its own chunk, and nothing is left once the GEMM ends (no reduction kernel, no
+// closing barrier). The sum in each own tile: the f32 product first, then the peers'
+// partials in rank order, rounded once (deterministic; not the split path's bits, whose own
+// partial is rounded before the reduction).
+//
+// The protocol is the split path's (file comment) with landed flags per piece: eager op e uses
+// buffer e % 2 and raises [kEagerNativeLandedChannel + q][r] to e; captured, buffer 2, 0/1 flags
+// on kNativeLandedChannel + q and an opening barrier that resets them. Rank r pushes into p's
+// buffer e % 2 in op e behind its own op e-1 GEMM, whose own tiles waited for p's op e-1 pushes,
+// which followed p's op e-1 GEMM's counts, so p's op e-2 GEMM (the last reader of that buffer)
+// had ended.
 struct NativeRsPlan {
   int64_t m = 0, k = 0, n = 0;
 };
@@ -365,6 +385,11 @@ std::optional<NativeRsPlan> native_rs_plan(const MmRsCall& c, std::string* why) 
     *why = "an empty product";
     return std::nullopt;
   }
+  if (!c.out.is_contiguous()) {
+    *why = fmt::format("a strided output {} (the GEMM stores the reduced rows into it)",
+                       c.out.describe());
+    return std::nullopt;
+  }
   return plan;
 }
 
@@ -387,23 +412,26 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   Stream& copy = ctx.copy_stream();
   const int ws = ctx.world_size();
   const int rank = ctx.rank();
-  const Dims chunk = c.out.shape();
   const int64_t rows = plan.m / ws;
-  // The protocol (see the file comment): eager, buffer e % 2 of the split path's op count, no
-  // opening barrier; captured, buffer 2 behind one.
+  // The protocol (see above): eager, buffer e % 2 of the split path's op count, no opening
+  // barrier; captured, buffer 2 behind one.
   const Slots slots(ctx, c.out);
   SymmetricMemory& sm = slots.sm;
   const bool captured = slots.captured;
-  auto slot = [&](int owner, int src) { return slots.at(owner, src); };
+  const int channel = captured ? kNativeLandedChannel : kEagerNativeLandedChannel;
+  const detail::PushPieces pieces = detail::native_rs_pieces(rows, slots.bytes);
+  auto landed_of = [&](int owner) { return sm.signal_pad_ptr(owner) + channel * ws; };
+  auto piece_of = [&](const Tensor& m, int q) {
+    return m.narrow(0, q * pieces.rows, std::min(pieces.rows, rows - q * pieces.rows));
+  };
   const Tensor product = ctx.scratch(Scratch::kPartial, {plan.m, plan.n}, c.out.dtype());
-  auto product_chunk = [&](int d) { return product.narrow(0, d * rows, rows).view(chunk); };
-  uint32_t* done = ctx.flags(ws);
+  uint32_t* done = ctx.flags(static_cast<size_t>(ws) * pieces.count);
 
   ctx.mark("start", compute);
   if (captured) {
-    // Every owner has finished reading its slots in every earlier op once all ranks are past
-    // this.
-    sm.barrier(kBarrierChannel, compute);
+    // Past this barrier every owner has finished reading its slots in every earlier op, and its
+    // landed flags are back to 0.
+    sm.reset_and_barrier(landed_of(rank), pieces.count * ws, kBarrierChannel, compute);
     ctx.mark("opened", compute);
   }
   Event& start = ctx.event(0);
@@ -411,29 +439,39 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   start.block(copy);
   ChunkedGemmArgs args = native_rs_args(ctx, a.view({plan.m, plan.k}), c.bs[0], product);
   args.done = done;
+  args.done_rows = pieces.rows;
+  args.sum_chunk = rank;
+  args.sum_parts = sm.buffer(rank, {ws, rows, plan.n}, c.out.dtype(), slots.offset);
+  args.sum_out = c.out.view({rows, plan.n});
+  args.sum_self = rank;
+  args.sum_avg = options.reduce_op == ReduceOp::kAvg;
+  args.sum_flags = landed_of(rank);
+  args.sum_value = slots.number;
+  args.sum_rows = pieces.rows;
+  args.sum_flag_stride = ws;
+  args.sum_channel = channel;
   be.native_gemm(args, compute);
   ctx.mark("gemm", compute);
   // The copy stream's waits for the counters (stream memory waits, no SM needed) are bounded by
-  // the GEMM itself: it counts every chunk it stores and waits for nothing (it has no ready
-  // flags), so it always finishes.
+  // the GEMM: its tiles of other chunks wait for nothing, so every count is reached.
   for (int i = 1; i < ws; ++i) {
     const int d = (rank + i) % ws;
-    be.wait_flag(done + d, be.native_gemm_done_count(args, d), copy);
-    if (ctx.tracing()) ctx.mark(fmt::format("chunk {} done", d), copy);
-    be.copy(slot(d, rank), product_chunk(d), copy);
+    const Tensor from = product.narrow(0, d * rows, rows);
+    const Tensor to = slots.at(d, rank).view({rows, plan.n});
+    for (int q = 0; q < pieces.count; ++q) {
+      const int index = d * pieces.count + q;
+      be.wait_flag(done + index, be.native_gemm_done_count(args, index), copy);
+      be.copy(piece_of(to, q), piece_of(from, q), copy);
+      be.write_flag(landed_of(d) + q * ws + rank, slots.number, copy);
+      // Counted in full: back to 0 for the next op, here beside the GEMM (a stream write takes
+      // ~3 us; after the GEMM they would add up).
+      be.write_flag(done + index, 0, copy);
+    }
     if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", d), copy);
   }
   Event& pushed = ctx.event(ws);
   pushed.record(copy);
   pushed.block(compute);
-  ctx.mark("joined", compute);
-  // The copy stream's waits on the counters are behind us: they go back to 0 in the barrier.
-  sm.reset_and_barrier(done, ws, kBarrierChannel, compute);
-  ctx.mark("barrier", compute);
-  std::vector<Tensor> parts;
-  for (int src = 0; src < ws; ++src)
-    parts.push_back(src == rank ? product_chunk(rank) : slot(rank, src));
-  be.reduce(c.out, parts, options.reduce_op, compute);
   ctx.mark("end", compute);
 }
 
@@ -463,7 +501,19 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
       ChunkedGemmArgs args = native_rs_args(
           ctx, detail::shape_only(a0.view({plan->m, plan->k})), detail::shape_only(c.bs[0]),
           detail::shape_only_matrix(c.out.dtype(), plan->m, plan->n, c.out.device()));
+      // The run's own arguments but for the buffers (aligned, like the symmetric slots).
+      const int ws = ctx.world_size();
+      const int64_t rows = plan->m / ws;
       args.done = reinterpret_cast<uint32_t*>(uintptr_t{1} << 20);
+      args.done_rows = detail::native_rs_pieces(rows, chunk_bytes(c.out)).rows;
+      args.sum_chunk = ctx.rank();
+      args.sum_parts = detail::shape_only_matrix(c.out.dtype(), ws * rows, plan->n, c.out.device())
+                           .view({ws, rows, plan->n});
+      args.sum_out = c.out.view({rows, plan->n});
+      args.sum_self = ctx.rank();
+      args.sum_flags = args.done;
+      args.sum_rows = args.done_rows;
+      args.sum_flag_stride = ws;
       native.unsupported = ctx.backend().native_gemm_unsupported(args);
     }
     native.key = detail::problem_key(ctx, c.op, plan->m, plan->n, plan->k, c.a().dtype(),

@@ -24,7 +24,9 @@
 // (see matmul_reduce_scatter.cpp), and 5 its landed flags when captured into a CUDA graph, also
 // raised by stream memory writes after pushes, [5][src] = src's partial has landed; its
 // reduction kernel waits for them (bounded by the group's timeout, one timeout for the whole
-// launch), and the owner sets them back to 0 in the next such op's opening barrier.
+// launch), and the owner sets them back to 0 in the next such op's opening barrier; 12 to 15
+// and 16 to 19 the same flags of the native matmul_reduce_scatter, eager and captured, one
+// channel per piece of a chunk (its GEMM waits for them in its own chunk's tiles).
 // Every wait is bounded by the group's timeout and fails with a TimeoutError that names this rank,
 // the peer and the channel.
 //
@@ -44,7 +46,7 @@ namespace asynctp {
 
 class Group;
 
-inline constexpr int kNumChannels = 16;
+inline constexpr int kNumChannels = 20;
 
 // Bytes of the signal pad in front of every rank's data: kNumChannels x world_size u32 flags,
 // rounded up to a page so that the data region stays page-aligned.

@@ -4,8 +4,9 @@
 //   collective  the collective alone (NCCL on CUDA)
 //   baseline    collective + GEMM (or GEMM + collective), in the same process
 //   ngemm       the native async-input GEMM alone, every chunk present (CUDA on Hopper only)
-//   (json only: native_gemm_signalled_ms, the same kernel as the native path launches it, with
-//   its chunk walk and flags but no communication)
+//   ngsig       the same kernel as the native path launches it, with its chunk walk and flags
+//               (all up) but no communication (mm-rs: with its done counters per piece and its
+//               own chunk's reduction, reading P's other chunks as the peers' parts)
 //   split       the fused op on the split-GEMM pipeline (path fused)
 //   native      the fused op on the native path (one async-input GEMM), where it can run
 //   auto        the fused op as the dispatcher chooses (the path it took is printed)
@@ -28,6 +29,7 @@
 
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
+#include "ops/matmul_common.h"
 #include "tools/commands.h"
 #include "tools/session.h"
 #ifdef ASYNCTP_WITH_CUDA
@@ -234,9 +236,10 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   Buffer flag_buf;
   bool native_signalled_ok = false;
   if (native_gemm_ok) {  // a backend with the native GEMM has the flag operations
-    flag_buf = ctx.backend().allocate(ws * sizeof(uint32_t));
+    const int count = ws * (1 + 2 * detail::kMaxPushPieces);
+    flag_buf = ctx.backend().allocate(count * sizeof(uint32_t));
     auto* flags = static_cast<uint32_t*>(flag_buf.data());
-    ctx.backend().zero_flags(flags, ws, ctx.stream());
+    ctx.backend().zero_flags(flags, count, ctx.stream());
     if (ag) {
       for (int p = 0; p < ws; ++p)
         ctx.backend().write_flag(flags + p, 1, ctx.stream());
@@ -244,7 +247,23 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
       native_signalled.own_a = a;
       native_signalled.own_chunk = s.rank();
     } else {
-      native_signalled.done = flags;  // only ever incremented: no reset between runs needed
+      // As the path runs it: done counted per piece (only ever incremented: no reset between
+      // runs needed), the own chunk last, adding the parts (here P's other chunks, every flag
+      // up) and storing the reduced chunk (into the baseline's output).
+      const detail::PushPieces pieces =
+          detail::native_rs_pieces(rows, static_cast<size_t>(rows * n) * element_size(dtype));
+      uint32_t* landed = flags + ws * detail::kMaxPushPieces;
+      for (int i = 0; i < ws * pieces.count; ++i)
+        ctx.backend().write_flag(landed + i, 1, ctx.stream());
+      native_signalled.done = flags;
+      native_signalled.done_rows = pieces.rows;
+      native_signalled.sum_chunk = s.rank();
+      native_signalled.sum_parts = product.view({ws, rows, n});
+      native_signalled.sum_out = base_out.view({rows, n});
+      native_signalled.sum_self = s.rank();
+      native_signalled.sum_flags = landed;
+      native_signalled.sum_rows = pieces.rows;
+      native_signalled.sum_flag_stride = ws;
     }
     native_signalled_ok = ctx.backend().native_gemm_unsupported(native_signalled).empty();
   }

@@ -110,6 +110,39 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
     k->own_lda = o.stride(0);
     k->own_chunk = args.own_chunk;
   }
+  k->done_rows = args.done_rows;
+  if (args.sum_chunk >= 0) {
+    const Tensor& parts = args.sum_parts;
+    const Tensor& out = args.sum_out;
+    const int64_t rows = args.chunk_rows > 0 ? args.chunk_rows : a.size(0);
+    if (out.dim() != 2 || out.size(0) != rows || out.size(1) != d.size(1) ||
+        out.dtype() != d.dtype() || (out.stride(1) != 1 && out.size(1) != 1)) {
+      return fmt::format("sum_out {} is not a [{}, {}] {} matrix with unit column stride",
+                         out.describe(), rows, d.size(1), d.dtype());
+    }
+    if (parts.defined() &&
+        (parts.dim() != 3 || parts.size(1) != rows || parts.size(2) != d.size(1) ||
+         parts.dtype() != d.dtype() || (parts.stride(2) != 1 && parts.size(2) != 1))) {
+      return fmt::format("sum_parts {} is not [parts, {}, {}] {} with unit column stride",
+                         parts.describe(), rows, d.size(1), d.dtype());
+    }
+    k->sum_chunk = args.sum_chunk;
+    k->sum_out = out.data();
+    k->sum_ldo = out.stride(0);
+    k->sum_count = parts.defined() ? static_cast<int>(parts.size(0)) : 1;
+    if (parts.defined()) {
+      k->sum_parts = parts.data();
+      k->sum_part_stride = parts.stride(0);
+      k->sum_ld = parts.stride(1);
+    }
+    k->sum_self = args.sum_self;
+    k->sum_avg = args.sum_avg;
+    k->sum_flags = args.sum_flags;
+    k->sum_value = args.sum_value;
+    k->sum_rows = args.sum_rows;
+    k->sum_flag_stride = args.sum_flag_stride;
+    k->sum_channel = args.sum_channel;
+  }
   return "";
 }
 

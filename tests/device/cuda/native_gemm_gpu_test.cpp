@@ -1,7 +1,8 @@
 // The native async-input GEMM on one GPU (label gpu): against the obviously-correct reference
 // kernel and cuBLASLt over odd shapes, both B layouts and every output dtype; chunks that land
 // one by one while the kernel runs (ready flags set by the copy stream); a chunk that never lands
-// (timeout error naming it); per-chunk completion counters that a copy stream waits on. And the
+// (timeout error naming it); per-chunk completion counters that a copy stream waits on; the
+// reduce-scatter epilogue of the own chunk (and its timeout). And the
 // CUDA partial-sum reduction against the CPU backend's bits. Skips, saying why, without a GPU.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -520,6 +521,129 @@ TEST(NativeGemm, PublishesFinishedChunks) {
     for (int c = 0; c < chunks; ++c)
       EXPECT_EQ(host[c], gpu.be().native_gemm_done_count(args, c)) << "chunk " << c;
   }
+}
+
+// The reduce-scatter epilogue (the native matmul_reduce_scatter): chunk 2 of 4 is the own chunk,
+// last in the walk; its tiles wait for the peers' parts (flags per piece of 128 rows, raised to
+// op number 7 beforehand), add them in rank order to the f32 product and store the reduced rows
+// into `out`; they neither touch D nor count in done, while the other chunks' pieces are counted
+// in full. Column tail (n 520), the tail split (24 tiles), bf16 sum and f16 mean.
+TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
+  SKIP_UNLESS_GPUS(1);
+  for (const auto& [dt, op] :
+       {std::pair{DType::kBF16, ReduceOp::kSum}, std::pair{DType::kF16, ReduceOp::kAvg}}) {
+    SCOPED_TRACE(fmt::format("out {} {}", dt, reduce_op_name(op)));
+    Gpu gpu;
+    const int64_t rows = 256, n = 520, k = 1024;
+    const int chunks = 4, own = 2, pieces = 2;
+    OwnedTensor a = gpu.upload({chunks * rows, k}, DType::kBF16, 31);
+    OwnedTensor b = gpu.upload({k, n}, DType::kBF16, 32);
+    OwnedTensor d = gpu.empty({chunks * rows, n}, dt);
+    gpu.be().fill(d, std::nanf(""), gpu.stream());
+    OwnedTensor parts = gpu.upload({chunks, rows, n}, dt, 33);
+    OwnedTensor out = gpu.empty({rows, n}, dt);
+    Buffer flag_buf = gpu.be().allocate((pieces * chunks + chunks * pieces) * sizeof(uint32_t));
+    auto* landed = static_cast<uint32_t*>(flag_buf.data());
+    uint32_t* done = landed + pieces * chunks;
+    gpu.be().zero_flags(landed, 2 * pieces * chunks, gpu.stream());
+    for (int q = 0; q < pieces; ++q) {
+      for (int s = 0; s < chunks; ++s) {
+        if (s != own) gpu.be().write_flag(landed + q * chunks + s, 7, gpu.stream());
+      }
+    }
+    ChunkedGemmArgs args;
+    args.a = a;
+    args.b = b;
+    args.d = d;
+    args.chunk_rows = rows;
+    args.first_chunk = own + 1;
+    args.done = done;
+    args.done_rows = rows / pieces;
+    args.sum_chunk = own;
+    args.sum_parts = parts;
+    args.sum_out = out;
+    args.sum_self = own;
+    args.sum_avg = op == ReduceOp::kAvg;
+    args.sum_flags = landed;
+    args.sum_value = 7;
+    args.sum_rows = rows / pieces;
+    args.sum_flag_stride = chunks;
+    gpu.be().native_gemm(args, gpu.stream());
+
+    const OwnedTensor ref = gpu.download(reference(gpu, a->narrow(0, own * rows, rows), b));
+    const OwnedTensor host_parts = gpu.download(parts);
+    OwnedTensor want = empty_host({rows, n}, DType::kF32);
+    for (int64_t i = 0; i < rows * n; ++i) {
+      float x = get(ref, i);
+      for (int s = 0; s < chunks; ++s) {
+        if (s != own) x += get(host_parts, s * rows * n + i);
+      }
+      set(want, i, op == ReduceOp::kAvg ? x / chunks : x);
+    }
+    EXPECT_LT(rel_diff(gpu.download(out), want), 4e-3);
+    // The other chunks as a plain GEMM; the own chunk's rows of D never written.
+    const OwnedTensor got_d = gpu.download(d);
+    const OwnedTensor ref_all = gpu.download(reference(gpu, a, b));
+    OwnedTensor got_others = empty_host({(chunks - 1) * rows * n}, DType::kF32);
+    OwnedTensor want_others = empty_host({(chunks - 1) * rows * n}, DType::kF32);
+    int64_t j = 0, untouched = 0;
+    for (int64_t i = 0; i < chunks * rows * n; ++i) {
+      if (i / (rows * n) == own) {
+        untouched += std::isnan(get(got_d, i)) ? 1 : 0;
+        continue;
+      }
+      set(got_others, j, get(got_d, i));
+      set(want_others, j++, get(ref_all, i));
+    }
+    EXPECT_EQ(untouched, rows * n);
+    EXPECT_LT(rel_diff(got_others, want_others), 4e-3);
+    std::vector<uint32_t> host(chunks * pieces);
+    ASSERT_EQ(cudaMemcpy(host.data(), done, host.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (int i = 0; i < chunks * pieces; ++i) {
+      EXPECT_EQ(host[i], i / pieces == own ? 0u : gpu.be().native_gemm_done_count(args, i))
+          << "piece " << i;
+    }
+  }
+}
+
+// A peer whose part never lands: the own chunk's tiles give up after the timeout, and the error
+// names this rank, the peer and the piece's channel.
+TEST(NativeGemm, PeerPartThatNeverLandsTimesOutNamingIt) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  const int64_t rows = 256, n = 256;
+  OwnedTensor a = gpu.upload({2 * rows, 256}, DType::kBF16, 41);
+  OwnedTensor b = gpu.upload({256, n}, DType::kBF16, 42);
+  OwnedTensor d = gpu.empty({2 * rows, n}, DType::kBF16);
+  OwnedTensor parts = gpu.upload({2, rows, n}, DType::kBF16, 43);
+  OwnedTensor out = gpu.empty({rows, n}, DType::kBF16);
+  Buffer flag_buf = gpu.be().allocate(4 * sizeof(uint32_t));
+  auto* landed = static_cast<uint32_t*>(flag_buf.data());
+  gpu.be().zero_flags(landed, 4, gpu.stream());
+  gpu.be().write_flag(landed + 1, 3, gpu.stream());  // piece 0 of peer 1; piece 1 never
+  ChunkedGemmArgs args;
+  args.a = a;
+  args.b = b;
+  args.d = d;
+  args.chunk_rows = rows;
+  args.first_chunk = 1;
+  args.timeout = std::chrono::milliseconds(200);
+  args.rank = 5;
+  args.sum_chunk = 0;
+  args.sum_parts = parts;
+  args.sum_out = out;
+  args.sum_self = 0;
+  args.sum_flags = landed;
+  args.sum_value = 3;
+  args.sum_rows = 128;
+  args.sum_flag_stride = 2;
+  args.sum_channel = 12;
+  gpu.be().native_gemm(args, gpu.stream());
+  expect_timeout_on_sync(gpu, {"rank 5", "partial of rank 1", "channel 13"});
+  gpu.be().write_flag(landed + 3, 3, gpu.stream());
+  gpu.be().native_gemm(args, gpu.stream());
+  EXPECT_NO_THROW(gpu.be().synchronize());
 }
 
 // The partial-sum reduction (every matmul_reduce_scatter ends with it) gives the CPU backend's

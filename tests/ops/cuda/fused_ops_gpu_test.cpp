@@ -761,10 +761,11 @@ TEST(FusedOpsGpu, AllGatherBuffersAcrossEagerOpsAndReplaysOfBothPaths) {
   }
 }
 
-// The same for matmul_reduce_scatter: eager ops take two buffers by turns (the split path with
-// op-numbered landed flags and no barrier, the native one with its closing barrier only);
-// captured split ops use a third behind an opening barrier. F: eager split, N: eager native, G:
-// replay of a captured split op. A new A every step, no synchronization in between.
+// The same for matmul_reduce_scatter: eager ops take two buffers by turns (op-numbered landed
+// flags, no barrier: one flag per push on the split path, per piece on the native one); captured
+// ops use a third behind an opening barrier. F: eager split, N: eager native, G: replay of a
+// captured split op, H: of a captured native op. A new A every step, no synchronization in
+// between.
 TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
   SKIP_UNLESS_GPUS(2);
   for (const int ws : {2, 4}) {
@@ -774,7 +775,7 @@ TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
         ws,
         [&](Context& ctx) {
           const int64_t rows = 128, k = 128, n = 256, m = rows * ws;
-          const std::string steps = "FFNFGFNGGFF";
+          const std::string steps = "FFNFGFNGHGFHNHF";
           const int count = static_cast<int>(steps.size());
           const uint64_t me = static_cast<uint64_t>(ctx.rank());
           DeviceTensor b =
@@ -790,18 +791,22 @@ TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
           OwnedTensor a = device_empty(ctx, {m, k}, DType::kBF16);
           OwnedTensor graph_out = device_empty(ctx, {rows, n}, DType::kBF16);
           const MatmulReduceScatterOptions split{.path = PathChoice::kFused};
+          const MatmulReduceScatterOptions native{.path = PathChoice::kNative};
           ctx.backend().copy(a, *inputs[0], ctx.stream());
           matmul_reduce_scatter(ctx, a, *b, graph_out, split);  // sizes the workspace
-          matmul_reduce_scatter(ctx, a, *b, graph_out, {.path = PathChoice::kNative});
+          matmul_reduce_scatter(ctx, a, *b, graph_out, native);
           ctx.backend().synchronize();
-          cuda::Graph graph;
+          cuda::Graph graph, native_graph;
           graph.begin_capture(ctx.stream());
           matmul_reduce_scatter(ctx, a, *b, graph_out, split);
           graph.end_capture();
+          native_graph.begin_capture(ctx.stream());
+          matmul_reduce_scatter(ctx, a, *b, graph_out, native);
+          native_graph.end_capture();
           for (int i = 0; i < count; ++i) {
             ctx.backend().copy(a, *inputs[i], ctx.stream());
-            if (steps[i] == 'G') {
-              graph.replay(ctx.stream());
+            if (steps[i] == 'G' || steps[i] == 'H') {
+              (steps[i] == 'G' ? graph : native_graph).replay(ctx.stream());
               ctx.backend().copy(outs[i], graph_out, ctx.stream());
             } else {
               matmul_reduce_scatter(
@@ -811,7 +816,7 @@ TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
           }
           ctx.backend().synchronize();
           EXPECT_EQ(ctx.usage().count("matmul_reduce_scatter", Path::kNative),
-                    1 + static_cast<int>(std::count(steps.begin(), steps.end(), 'N')));
+                    2 + static_cast<int>(std::count(steps.begin(), steps.end(), 'N')));
           for (int i = 0; i < count; ++i) {
             SCOPED_TRACE(fmt::format("step {} ({})", i, steps[i]));
             std::vector<double> total(m * n, 0.0);
