@@ -644,6 +644,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     acc[i] = 0.f;
   int it = 0;
   int pending_row = -1;  // kTmaStore: rows of the tile whose stores are in flight
+  // The leader counts the pending tile's rows in done once its TMA stores are complete.
+  auto count_pending = [&] {
+    if (p.done != nullptr && pending_row >= 0) {
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+      publish_done(p, pending_row);
+      pending_row = -1;
+    }
+  };
   // Releases stage s to the producers of every CTA that writes into it.
   auto release = [&](int s) {
     if constexpr (kCluster == 2) {
@@ -657,7 +665,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Unit w = unit_at(u, p, num_tiles, k_blocks);
     Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height, p.group_m);
     tile.m0 += kBM * static_cast<int>(cta);
-    if (in_sum_chunk(p, tile.m0) && w.part == (w.part < 0 ? -1 : p.split - 1))
+    if (in_sum_chunk(p, tile.m0) && (w.part < 0 || w.part == p.split - 1))
       prefetch_parts(p, tile.m0 + 64 * consumer, tile.n0);
     int prev_stage = -1;
     for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
@@ -685,11 +693,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The previous tile's TMA stores have had a k-block to finish: its rows are counted now
         // rather than at this tile's epilogue, a whole tile later (the copy engine waits for
         // the count to push those rows).
-        if (leader && p.done != nullptr && pending_row >= 0 && kb == w.kb0 + 1) {
-          asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-          publish_done(p, pending_row);
-          pending_row = -1;
-        }
+        if (leader && kb == w.kb0 + 1) count_pending();
       }
     }
     wgmma_wait<0>();
@@ -741,13 +745,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (leader) {
         // The previous tile's rows first: the peers' own chunks wait for them (through our
         // pushes) as ours waits for theirs, so no count may stay pending behind this wait.
-        if constexpr (kTmaStore) {
-          if (p.done != nullptr && pending_row >= 0) {
-            asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-            publish_done(p, pending_row);
-            pending_row = -1;
-          }
-        }
+        if constexpr (kTmaStore) count_pending();
         wait_sum_parts(p, tile.m0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows);
       }
       asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");

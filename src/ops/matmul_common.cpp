@@ -164,4 +164,21 @@ PushPieces native_rs_pieces(int64_t rows, size_t bytes) {
   return {1, rows};
 }
 
+void set_native_rs_reduction(ChunkedGemmArgs& args, int rank, int ws, const PushPieces& pieces,
+                             const Tensor& parts, const Tensor& out, uint32_t* done,
+                             const uint32_t* flags, uint32_t value, int channel, bool avg) {
+  args.done = done;
+  args.done_rows = pieces.rows;
+  args.sum_chunk = rank;
+  args.sum_parts = parts;
+  args.sum_out = out;
+  args.sum_self = rank;
+  args.sum_avg = avg;
+  args.sum_flags = flags;
+  args.sum_value = value;
+  args.sum_rows = pieces.rows;
+  args.sum_flag_stride = ws;
+  args.sum_channel = channel;
+}
+
 }  // namespace asynctp::detail

@@ -76,6 +76,14 @@ PushPieces push_pieces(int64_t rows, size_t bytes, size_t piece_bytes);
 inline constexpr size_t kRsPieceBytes = size_t{4} << 20;
 PushPieces native_rs_pieces(int64_t rows, size_t bytes);
 
+// The native matmul_reduce_scatter's part of its GEMM's arguments (args: the plain GEMM, with
+// chunk_rows): stored tiles counted in `done` per piece of `pieces`; the own chunk (`rank`, of
+// `ws`) reduced with `parts` ([ws, rows, n], part s = rank s's partial) into `out` ([rows, n])
+// once flags[q * ws + s] is up for `value` for every peer s (a timeout names channel + q).
+void set_native_rs_reduction(ChunkedGemmArgs& args, int rank, int ws, const PushPieces& pieces,
+                             const Tensor& parts, const Tensor& out, uint32_t* done,
+                             const uint32_t* flags, uint32_t value, int channel, bool avg);
+
 inline size_t align_up(size_t v, size_t a) {
   return (v + a - 1) / a * a;
 }

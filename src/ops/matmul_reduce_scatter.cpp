@@ -438,18 +438,10 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   start.record(compute);
   start.block(copy);
   ChunkedGemmArgs args = native_rs_args(ctx, a.view({plan.m, plan.k}), c.bs[0], product);
-  args.done = done;
-  args.done_rows = pieces.rows;
-  args.sum_chunk = rank;
-  args.sum_parts = sm.buffer(rank, {ws, rows, plan.n}, c.out.dtype(), slots.offset);
-  args.sum_out = c.out.view({rows, plan.n});
-  args.sum_self = rank;
-  args.sum_avg = options.reduce_op == ReduceOp::kAvg;
-  args.sum_flags = landed_of(rank);
-  args.sum_value = slots.number;
-  args.sum_rows = pieces.rows;
-  args.sum_flag_stride = ws;
-  args.sum_channel = channel;
+  detail::set_native_rs_reduction(args, rank, ws, pieces,
+                                  sm.buffer(rank, {ws, rows, plan.n}, c.out.dtype(), slots.offset),
+                                  c.out.view({rows, plan.n}), done, landed_of(rank), slots.number,
+                                  channel, options.reduce_op == ReduceOp::kAvg);
   be.native_gemm(args, compute);
   ctx.mark("gemm", compute);
   // The copy stream's waits for the counters (stream memory waits, no SM needed) are bounded by
@@ -504,16 +496,12 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
       // The run's own arguments but for the buffers (aligned, like the symmetric slots).
       const int ws = ctx.world_size();
       const int64_t rows = plan->m / ws;
-      args.done = reinterpret_cast<uint32_t*>(uintptr_t{1} << 20);
-      args.done_rows = detail::native_rs_pieces(rows, chunk_bytes(c.out)).rows;
-      args.sum_chunk = ctx.rank();
-      args.sum_parts = detail::shape_only_matrix(c.out.dtype(), ws * rows, plan->n, c.out.device())
-                           .view({ws, rows, plan->n});
-      args.sum_out = c.out.view({rows, plan->n});
-      args.sum_self = ctx.rank();
-      args.sum_flags = args.done;
-      args.sum_rows = args.done_rows;
-      args.sum_flag_stride = ws;
+      auto* flags = reinterpret_cast<uint32_t*>(uintptr_t{1} << 20);
+      detail::set_native_rs_reduction(
+          args, ctx.rank(), ws, detail::native_rs_pieces(rows, chunk_bytes(c.out)),
+          detail::shape_only_matrix(c.out.dtype(), ws * rows, plan->n, c.out.device())
+              .view({ws, rows, plan->n}),
+          c.out.view({rows, plan->n}), flags, flags, 1, 0, options.reduce_op == ReduceOp::kAvg);
       native.unsupported = ctx.backend().native_gemm_unsupported(args);
     }
     native.key = detail::problem_key(ctx, c.op, plan->m, plan->n, plan->k, c.a().dtype(),

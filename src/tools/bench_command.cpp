@@ -236,7 +236,7 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   Buffer flag_buf;
   bool native_signalled_ok = false;
   if (native_gemm_ok) {  // a backend with the native GEMM has the flag operations
-    const int count = ws * (1 + 2 * detail::kMaxPushPieces);
+    const int count = 2 * ws * detail::kMaxPushPieces;  // mm-rs: done, then landed flags
     flag_buf = ctx.backend().allocate(count * sizeof(uint32_t));
     auto* flags = static_cast<uint32_t*>(flag_buf.data());
     ctx.backend().zero_flags(flags, count, ctx.stream());
@@ -255,15 +255,9 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
       uint32_t* landed = flags + ws * detail::kMaxPushPieces;
       for (int i = 0; i < ws * pieces.count; ++i)
         ctx.backend().write_flag(landed + i, 1, ctx.stream());
-      native_signalled.done = flags;
-      native_signalled.done_rows = pieces.rows;
-      native_signalled.sum_chunk = s.rank();
-      native_signalled.sum_parts = product.view({ws, rows, n});
-      native_signalled.sum_out = base_out.view({rows, n});
-      native_signalled.sum_self = s.rank();
-      native_signalled.sum_flags = landed;
-      native_signalled.sum_rows = pieces.rows;
-      native_signalled.sum_flag_stride = ws;
+      detail::set_native_rs_reduction(native_signalled, s.rank(), ws, pieces,
+                                      product.view({ws, rows, n}), base_out.view({rows, n}), flags,
+                                      landed, 1, 0, false);
     }
     native_signalled_ok = ctx.backend().native_gemm_unsupported(native_signalled).empty();
   }
