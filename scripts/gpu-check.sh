@@ -72,14 +72,14 @@ fi
 
 if step sanitize; then
   # The native GEMM on small cases (chunks landing while it runs, published chunks, every
-  # epilogue variant) under compute-sanitizer's race and synchronization checkers; only tests
+  # epilogue variant, the reduce-scatter epilogue) under compute-sanitizer's race and synchronization checkers; only tests
   # that run no cuBLASLt kernel (racecheck reports hazards inside cuBLASLt's own kernels).
   CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$CS" ] && [ -x "$BIN/test_device_gpu" ]; then
     for tool in racecheck synccheck; do
       echo "== compute-sanitizer --tool $tool (native GEMM)"
       "$CS" --tool "$tool" --error-exitcode 9 "$BIN/test_device_gpu" --gtest_brief=1 \
-        --gtest_filter='NativeGemm.ConsumesChunksAsTheyLand:NativeGemm.ConsumesChunksLandingInPieces:NativeGemm.PublishesFinishedChunks:NativeGemm.RegisterStoreMatchesTmaStore:NativeGemm.TailSplitMatchesUnsplitAndRepeatsBitForBit' \
+        --gtest_filter='NativeGemm.ConsumesChunksAsTheyLand:NativeGemm.ConsumesChunksLandingInPieces:NativeGemm.PublishesFinishedChunks:NativeGemm.RegisterStoreMatchesTmaStore:NativeGemm.TailSplitMatchesUnsplitAndRepeatsBitForBit:NativeGemm.ReducesTheOwnChunkWithThePeersParts' \
         > "$OUT/sanitize_$tool.log" 2>&1
       rc=$?
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/sanitize_$tool.log" | tail -4

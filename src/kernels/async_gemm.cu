@@ -37,6 +37,15 @@
 // All tail units fit in one wave, at most one per CTA, so a last part never waits for a CTA
 // that is not running; the sum order is fixed, so the result is the same on every run.
 //
+// The reduce-scatter epilogue (sum_chunk, single CTAs): the tiles of the own chunk, last in the
+// walk, add the peers' parts of their rows to the accumulators. The parts come through the
+// same stage ring as the k-blocks, so their loads run behind the tile's last MMAs:
+//
+//   producer:  k-blocks of the tile | wait the piece's landed flags | per peer s (rank order),
+//              per column half h: wait empty -> TMA part s, rows of the tile, columns of h
+//   consumers: k-blocks | [count the previous tile's rows] | per (s, h): wait full -> ldmatrix
+//              + add into acc -> release | x 1/count (avg) | store into sum_out, rounded once
+//
 // Shared-memory layouts, as TMA writes them and wgmma reads them (bf16/f16, 128-byte rows):
 //   A stage:            128 rows (m) x 64 k               K-major, 8-row groups 1024 B apart
 //   B stage, K-major:   256 rows (n) x 64 k               same
@@ -119,6 +128,7 @@ struct Params {
   uint32_t sum_value;
   int64_t sum_rows, sum_flag_stride;
   int sum_channel;
+  bool sum_tma_store;  // kTmaStore kernels: sum_out through the staging area (map_sum)
 };
 
 // Work unit u of the persistent loop: a whole tile, or one K-range (part) of a tail tile.
@@ -183,6 +193,16 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
       "%4}], [%2];" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// A 3-D box (the reduce-scatter epilogue's parts: column, chunk row, rank).
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4, %5}], [%2];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
 
@@ -377,11 +397,17 @@ __device__ __forceinline__ void store_block(const Params& p, const float (&d)[12
   }
 }
 
+// Byte offset of (row, column `col` < 64) in a box of 16-bit elements with 128-byte rows and
+// the 128-byte swizzle (as TMA writes and reads it): row r at 128 r, 16-byte chunk q of the row
+// at position q ^ (r % 8). In the accumulator's fragment layout a warp's 4-byte accesses to one
+// 8-column group hit 8 different chunks of 8 rows: no bank conflicts.
+__device__ __forceinline__ int swizzled(int row, int col) {
+  return row * 128 + (((col / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
+}
+
 // Writes columns [128 half, 128 half + 128) of one consumer's 64 x 256 accumulator block
 // (16-bit) into its staging area as two 64 x 64 boxes laid out as the 128-byte-swizzled TMA
-// store expects: box j holds columns 64j..64j+63 of the half, row r at 128 r bytes, 16-byte
-// chunk q of the row at position q ^ (r % 8). A warp's stores for one 8-column group hit 8
-// different chunks of 8 rows: no bank conflicts.
+// store expects (box j: columns 64j..64j+63 of the half, 8 KiB apart).
 template <typename Out, int kHalf>
 __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[128]) {
   const int t = threadIdx.x % 128;
@@ -390,8 +416,6 @@ __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[1
   for (int j = 16 * kHalf; j < 16 * kHalf + 16; ++j) {
     const int col = 8 * j + 2 * (t % 4) - 128 * kHalf;
     uint8_t* box = staging + (col / 64) * 8192;
-    const int chunk = (col % 64) / 8;
-    const int within = (col % 8) * 2;
     Out lo[2], hi[2];
     if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
       *reinterpret_cast<__nv_bfloat162*>(lo) = __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]);
@@ -400,10 +424,9 @@ __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[1
       *reinterpret_cast<__half2*>(lo) = __floats2half2_rn(d[4 * j], d[4 * j + 1]);
       *reinterpret_cast<__half2*>(hi) = __floats2half2_rn(d[4 * j + 2], d[4 * j + 3]);
     }
-    *reinterpret_cast<uint32_t*>(box + row * 128 + ((chunk ^ (row % 8)) * 16) + within) =
-        *reinterpret_cast<uint32_t*>(lo);
-    *reinterpret_cast<uint32_t*>(box + (row + 8) * 128 + ((chunk ^ ((row + 8) % 8)) * 16) +
-                                 within) = *reinterpret_cast<uint32_t*>(hi);
+    *reinterpret_cast<uint32_t*>(box + swizzled(row, col % 64)) = *reinterpret_cast<uint32_t*>(lo);
+    *reinterpret_cast<uint32_t*>(box + swizzled(row + 8, col % 64)) =
+        *reinterpret_cast<uint32_t*>(hi);
   }
 }
 
@@ -418,10 +441,16 @@ __device__ __forceinline__ bool in_sum_chunk(const Params& p, int64_t m0) {
   return p.sum_chunk >= 0 && m0 / p.chunk_rows == p.sum_chunk;
 }
 
-// Waits until every peer's partial of the piece holding chunk row `row` has landed (the leader
-// thread of a consumer; acquire, system scope: the copy engines of the peers wrote the parts,
-// then their stream writes raised the flags). False on timeout (reported as a reduction's wait,
-// what = 5, naming the peer and the piece's channel).
+// Whether unit w (its tile at row m0) ends in the reduce-scatter epilogue: a whole tile of the
+// sum chunk, or the last K-range of one.
+__device__ __forceinline__ bool sums_tile(const Params& p, const Unit& w, int64_t m0) {
+  return in_sum_chunk(p, m0) && (w.part < 0 || w.part == p.split - 1);
+}
+
+// Waits until every peer's partial of the piece holding chunk row `row` has landed (the
+// producer thread, before it loads them; acquire, system scope: the copy engines of the peers
+// wrote the parts, then their stream writes raised the flags). False on timeout (reported as a
+// reduction's wait, what = 5, naming the peer and the piece's channel).
 __device__ __forceinline__ bool wait_sum_parts(const Params& p, int64_t row) {
   const int64_t q = row / p.sum_rows;
   for (int s = 0; s < p.sum_count; ++s) {
@@ -435,9 +464,9 @@ __device__ __forceinline__ bool wait_sum_parts(const Params& p, int64_t row) {
 }
 
 // At the start of a tile of the sum chunk: one consumer's 64 x 256 block of every peer's part
-// into L2 (two 128-byte lines per thread and part), so that the epilogue's loads, a whole tile
-// later, find it there. A part not landed yet is harmless: L2 is the point of coherence for the
-// peers' writes into this GPU's memory.
+// into L2 (two 128-byte lines per thread and part), so that the TMA loads of the parts, at the
+// tile's end, find it there. A part not landed yet is harmless: L2 is the point of coherence
+// for the peers' writes into this GPU's memory.
 __device__ __forceinline__ void prefetch_parts(const Params& p, int64_t r0, int n0) {
   const int t = threadIdx.x % 128;
   const int64_t row = r0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows + t / 2;
@@ -458,83 +487,63 @@ template <>
 struct PairOf<__nv_bfloat16> {
   using T = __nv_bfloat162;
   static __device__ __forceinline__ float2 get(T v) { return __bfloat1622float2(v); }
-  static __device__ __forceinline__ T zero() { return __floats2bfloat162_rn(0.f, 0.f); }
 };
 template <>
 struct PairOf<__half> {
   using T = __half2;
   static __device__ __forceinline__ float2 get(T v) { return __half22float2(v); }
-  static __device__ __forceinline__ T zero() { return __floats2half2_rn(0.f, 0.f); }
 };
 
-// The reduce-scatter epilogue of one consumer's 64 x 256 block at rows [r0, r0 + 64) (of the
-// sum chunk), columns [n0, n0 + 256), fragment layout as in store_block: adds every peer's part
-// to the accumulators, part by part in rank order, then rounds once into sum_out. The loads go
-// in rounds of 8 column groups (16 registers beside the 128 of the accumulators: the kernel's
-// 168-register budget leaves no room for a whole part in flight), one round after the other.
-template <typename Out>
-__device__ __forceinline__ void sum_block(const Params& p, float (&d)[128], int64_t r0, int n0) {
+// The reduce-scatter epilogue: the parts reach shared memory through the main loop's stage ring
+// (the producer TMA-loads them behind the tile's last k-blocks, so their latency hides behind
+// those k-blocks' MMAs). A sum stage holds one peer's part, columns [128 half, 128 half + 128)
+// of the CTA's 128 x 256 tile, as two boxes of 128 rows x 64 columns (16 KiB apart, 128-byte
+// swizzle; columns past n are zeros). This adds one consumer's 64 rows of it to the
+// accumulators (fragment layout as in store_block).
+constexpr int kSumBoxBytes = kBM * 64 * 2;
+constexpr int kSumStageBytes = 2 * kSumBoxBytes;
+static_assert(kSumStageBytes <= kStageBBytes);
+
+template <typename Out, int kHalf>
+__device__ __forceinline__ void add_part_half(const uint8_t* stage, float (&d)[128], int consumer) {
   using T = typename PairOf<Out>::T;
-  const int t = threadIdx.x % 128;
-  const int64_t row = r0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows + 16 * (t / 32) +
-                      (t % 32) / 4;  // chunk row
-  const int64_t col0 = n0 + 2 * (t % 4);
-  constexpr int kGroups = 8;
-  // Adds round j0 (column groups j0 .. j0 + kGroups - 1) of one part; `load(j)` gives the pairs
-  // of group j in rows `row` and `row + 8`.
-  auto add_round = [&](int j0, auto load) {
-    T v[2 * kGroups];
+  // ldmatrix gives every thread of a warp, for each 8 x 8 matrix, the pair at (lane / 4,
+  // 2 (lane % 4)): the accumulator's fragment layout. One x4 load per two 8-column groups: the
+  // matrices (warp rows 0-7, group j), (rows 8-15, j), (0-7, j + 1), (8-15, j + 1); lane l gives
+  // the address of row l % 8 of matrix l / 8 (16 contiguous bytes: one swizzle chunk).
+  const int lane = threadIdx.x % 32;
+  const int row = 64 * consumer + 16 * (threadIdx.x % 128 / 32) + 8 * (lane / 8 % 2) + lane % 8;
+  const uint32_t base = smem_u32(stage);
 #pragma unroll
-    for (int j = 0; j < kGroups; ++j)
-      load(j0 + j, v[2 * j], v[2 * j + 1]);
+  for (int j = 16 * kHalf; j < 16 * kHalf + 16; j += 2) {
+    const int col = 8 * (j + lane / 16) - 128 * kHalf;  // of the half
+    uint32_t v[4];
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(base + (col / 64) * kSumBoxBytes + swizzled(row, col % 64)));
 #pragma unroll
-    for (int j = 0; j < kGroups; ++j) {
-      const float2 a = PairOf<Out>::get(v[2 * j]), b = PairOf<Out>::get(v[2 * j + 1]);
-      float* x = d + 4 * (j0 + j);
-      x[0] += a.x;
-      x[1] += a.y;
-      x[2] += b.x;
-      x[3] += b.y;
-    }
-    // Keeps the next round's loads behind these adds (hoisting them all spills).
-    asm volatile("" ::: "memory");
-  };
-  // Column groups past n (n is even, so a pair is wholly in or out) load nothing: one 32-bit
-  // compare per group, loads at constant offsets from the thread's first column.
-  const int64_t left = p.n - col0;
-  const int valid = left <= 0 ? 0 : left >= 256 ? 32 : static_cast<int>((left + 7) / 8);
-  for (int s = 0; s < p.sum_count; ++s) {
-    if (s == p.sum_self || valid == 0) continue;
-    const Out* lo =
-        static_cast<const Out*>(p.sum_parts) + s * p.sum_part_stride + row * p.sum_ld + col0;
-    const T* lo2 = reinterpret_cast<const T*>(lo);
-    const T* hi2 = reinterpret_cast<const T*>(lo + 8 * p.sum_ld);
-#pragma unroll
-    for (int j0 = 0; j0 < 32; j0 += kGroups) {
-      add_round(j0, [&](int j, T& a, T& b) {
-        a = b = PairOf<Out>::zero();
-        if (j < valid) {
-          a = __ldcg(lo2 + 4 * j);
-          b = __ldcg(hi2 + 4 * j);
-        }
-      });
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = PairOf<Out>::get(*reinterpret_cast<const T*>(&v[i]));
+      float* acc = d + 4 * (j + i / 2) + 2 * (i % 2);
+      acc[0] += x.x;
+      acc[1] += x.y;
     }
   }
+}
+
+// The reduced rows from registers (where no TMA store is used): one consumer's 64 x 256 block
+// at chunk rows [r0, r0 + 64) of sum_out, columns [n0, n0 + 256).
+template <typename Out>
+__device__ __forceinline__ void store_sum_block(const Params& p, const float (&d)[128], int64_t r0,
+                                                int n0) {
+  const int t = threadIdx.x % 128;
+  const int64_t row = r0 + 16 * (t / 32) + (t % 32) / 4;
+  const int64_t col0 = n0 + 2 * (t % 4);
   Out* out = static_cast<Out*>(p.sum_out);
-  const float inv = 1.0f / static_cast<float>(p.sum_count);
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
-    const int64_t col = col0 + 8 * j;
-    float* x = d + 4 * j;
-    if (p.sum_avg) {
-      // Times 1 / count: exact for a power-of-two count (else within an ulp of the division).
-      x[0] *= inv;
-      x[1] *= inv;
-      x[2] *= inv;
-      x[3] *= inv;
-    }
-    store_pair(out + row * p.sum_ldo, col, p.n, x[0], x[1]);
-    store_pair(out + (row + 8) * p.sum_ldo, col, p.n, x[2], x[3]);
+    store_pair(out + row * p.sum_ldo, col0 + 8 * j, p.n, d[4 * j], d[4 * j + 1]);
+    store_pair(out + (row + 8) * p.sum_ldo, col0 + 8 * j, p.n, d[4 * j + 2], d[4 * j + 3]);
   }
 }
 
@@ -551,7 +560,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     async_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                       const __grid_constant__ CUtensorMap map_b,
                       const __grid_constant__ CUtensorMap map_c,
-                      const __grid_constant__ CUtensorMap map_a_own, const Params p) {
+                      const __grid_constant__ CUtensorMap map_a_own,
+                      const __grid_constant__ CUtensorMap map_parts,
+                      const __grid_constant__ CUtensorMap map_sum, const Params p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -591,6 +602,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (threadIdx.x == 0) {
       bool waiting = p.ready != nullptr;
+      // After a timeout (reported) the parts are loaded without waiting: the op has failed, and
+      // the consumers must not hang on their stages.
+      bool sum_waiting = p.sum_count > 1;
       int it = 0;
       for (int u = cluster_id; u < num_units; u += clusters) {
         const Unit w = unit_at(u, p, num_tiles, k_blocks);
@@ -629,6 +643,28 @@ __global__ void __launch_bounds__(kThreads, 1)
               tma_load_2d(b + j * 8192, &map_b, &full[s], tile.n0 + 64 * j, kb * kBK);
           }
         }
+        if (kCluster == 1 && sums_tile(p, w, m0)) {
+          // The peers' parts of this tile, once landed, into sum stages behind its k-blocks:
+          // per peer (rank order) two column halves. The wait comes after this tile's k-blocks
+          // are issued, so the consumers can reach the next tile's count of pending rows (the
+          // peers' own chunks wait for it through our pushes) while this thread waits.
+          const int64_t row = m0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows;
+          if (sum_waiting) sum_waiting = wait_sum_parts(p, row);
+          asm volatile("fence.proxy.async.global;" ::: "memory");
+          for (int s = 0; s < p.sum_count; ++s) {
+            if (s == p.sum_self) continue;
+            for (int half = 0; half < 2; ++half, ++it) {
+              const int st = it % kStages;
+              mbar_wait(&empty[st], ((it / kStages) & 1) ^ 1);
+              mbar_expect_tx(&full[st], kSumStageBytes);
+              uint8_t* dst = smem_b + st * kStageBBytes;
+              const int col = tile.n0 + 128 * half;
+              tma_load_3d(dst, &map_parts, &full[st], col, static_cast<int>(row), s);
+              tma_load_3d(dst + kSumBoxBytes, &map_parts, &full[st], col + 64,
+                          static_cast<int>(row), s);
+            }
+          }
+        }
       }
     }
     if constexpr (kCluster == 2) cluster_sync();
@@ -665,8 +701,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Unit w = unit_at(u, p, num_tiles, k_blocks);
     Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height, p.group_m);
     tile.m0 += kBM * static_cast<int>(cta);
-    if (in_sum_chunk(p, tile.m0) && (w.part < 0 || w.part == p.split - 1))
-      prefetch_parts(p, tile.m0 + 64 * consumer, tile.n0);
+    const bool sums = kCluster == 1 && sums_tile(p, w, tile.m0);  // (host: single CTAs)
+    if (sums) prefetch_parts(p, tile.m0 + 64 * consumer, tile.n0);
     int prev_stage = -1;
     for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
       const int s = it % kStages;
@@ -739,20 +775,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     const int r0 = tile.m0 + 64 * consumer;
-    if (in_sum_chunk(p, tile.m0)) {
-      // The own chunk of a reduce-scatter (last in the walk): the peers' parts of its piece,
-      // added here, then the reduced rows stored; nothing goes to C or to done.
-      if (leader) {
-        // The previous tile's rows first: the peers' own chunks wait for them (through our
-        // pushes) as ours waits for theirs, so no count may stay pending behind this wait.
-        if constexpr (kTmaStore) count_pending();
-        wait_sum_parts(p, tile.m0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows);
+    if (sums) {
+      // The own chunk of a reduce-scatter (last in the walk): the peers' parts, from the sum
+      // stages in rank order, added to the accumulators, then the reduced rows stored into
+      // sum_out; nothing goes to C or to done. The previous tile's rows are counted first: the
+      // peers' own chunks wait for them (through our pushes) as this tile's parts wait for
+      // theirs, so no count may stay pending behind these stages.
+      if constexpr (kTmaStore) {
+        if (leader) count_pending();
       }
-      asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
+      for (int s = 0; s < p.sum_count; ++s) {
+        if (s == p.sum_self) continue;
+        auto add_half = [&](auto half) {
+          constexpr int kHalf = decltype(half)::value;
+          const int st = it % kStages;
+          mbar_wait(&full[st], (it / kStages) & 1);
+          const uint8_t* stage = smem_b + st * kStageBBytes;
+          if (p.c_dtype == 1) {
+            add_part_half<__nv_bfloat16, kHalf>(stage, acc, consumer);
+          } else {
+            add_part_half<__half, kHalf>(stage, acc, consumer);
+          }
+          // Every thread's reads are done (and ordered before the TMA that refills the stage)
+          // before the leader releases it.
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
+          if (leader) release(st);
+          ++it;
+        };
+        add_half(std::integral_constant<int, 0>{});
+        add_half(std::integral_constant<int, 1>{});
+      }
+      if (p.sum_avg) {
+        // Times 1 / count: exact for a power-of-two count (else within an ulp of the division).
+        const float inv = 1.0f / static_cast<float>(p.sum_count);
+#pragma unroll
+        for (int i = 0; i < 128; ++i)
+          acc[i] *= inv;
+      }
+    }
+    const int64_t sum_row = r0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows;
+    if (sums && !(kTmaStore && p.sum_tma_store)) {
       if (p.c_dtype == 1) {
-        sum_block<__nv_bfloat16>(p, acc, r0, tile.n0);
+        store_sum_block<__nv_bfloat16>(p, acc, sum_row, tile.n0);
       } else {
-        sum_block<__half>(p, acc, r0, tile.n0);
+        store_sum_block<__half>(p, acc, sum_row, tile.n0);
       }
       continue;
     }
@@ -761,7 +828,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       //   leader: earlier stores have read the staging area (before the first half: the previous
       //   tile's stores done and its chunk published) | bar | all: registers -> staging | proxy
       //   fence | bar | leader: 2 TMA stores, commit (the last ones run during the next tile)
+      // A tile of the sum chunk goes to sum_out (map_sum, chunk rows) and is not counted.
       uint8_t* staging = smem_c + consumer * (kCBytes / 2);
+      const CUtensorMap* map = sums ? &map_sum : &map_c;
+      const int row = sums ? static_cast<int>(sum_row) : r0;
+      const bool row_ok = sums || r0 < p.m;
       auto store_half = [&](auto half) {
         constexpr int kHalf = decltype(half)::value;
         if (leader) {
@@ -781,16 +852,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
         if (leader) {
-          if (r0 < p.m) {
-            tma_store_2d(&map_c, staging, tile.n0 + 128 * kHalf, r0);
-            tma_store_2d(&map_c, staging + 8192, tile.n0 + 128 * kHalf + 64, r0);
+          if (row_ok) {
+            tma_store_2d(map, staging, tile.n0 + 128 * kHalf, row);
+            tma_store_2d(map, staging + 8192, tile.n0 + 128 * kHalf + 64, row);
           }
           asm volatile("cp.async.bulk.commit_group;" ::: "memory");
         }
       };
       store_half(std::integral_constant<int, 0>{});
       store_half(std::integral_constant<int, 1>{});
-      if (leader) pending_row = r0 < p.m ? r0 : -1;
+      if (leader) pending_row = !sums && r0 < p.m ? r0 : -1;
     } else {
       switch (p.c_dtype) {
         case 0:
@@ -852,6 +923,23 @@ bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType type, int6
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The reduce-scatter epilogue's parts, [count, rows, n] (row stride ld, part stride `stride`
+// elements) as a 3-D map: boxes of 64 columns x 128 rows of one part, 128-byte swizzle, zeros
+// past n.
+bool make_parts_map(CUtensorMap* map, const void* base, CUtensorMapDataType type, int64_t n,
+                    int64_t rows, int64_t count, int64_t ld, int64_t stride) {
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(n), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(count)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld * 2),
+                                 static_cast<cuuint64_t>(stride * 2)};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kBM), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode_tiled()(map, type, 3, const_cast<void*>(base), dims, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // SMs of the current device, asked once per device (several calls per launch need it).
 int sm_count() {
   constexpr int kMaxDevices = 64;
@@ -867,8 +955,8 @@ int sm_count() {
 
 template <bool kF16, bool kBKMajor, bool kTmaStore, int kCluster>
 cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
-                   const CUtensorMap& map_a_own, const Params& p, int max_ctas,
-                   cudaStream_t stream) {
+                   const CUtensorMap& map_a_own, const CUtensorMap& map_parts,
+                   const CUtensorMap& map_sum, const Params& p, int max_ctas, cudaStream_t stream) {
   auto* kernel = async_gemm_kernel<kF16, kBKMajor, kTmaStore, kCluster>;
   cudaLaunchConfig_t config{};
   cudaLaunchAttribute attr[1];
@@ -903,19 +991,19 @@ cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUt
   const int64_t clusters = std::min<int64_t>({max_clusters, max_ctas / kCluster, units});
   if (clusters <= 0) return cudaErrorInvalidConfiguration;
   config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
-  return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, map_a_own, p);
+  return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, map_a_own, map_parts, map_sum, p);
 }
 
 // The kernel for (dtype, B layout, epilogue, cluster), with the launch arguments.
 struct Launch {
-  const CUtensorMap &map_a, &map_b, &map_c, &map_a_own;
+  const CUtensorMap &map_a, &map_b, &map_c, &map_a_own, &map_parts, &map_sum;
   const Params& p;
   int max_ctas;
   cudaStream_t stream;
   template <bool kF16, bool kBKMajor, bool kTmaStore, int kCluster>
   cudaError_t run() const {
-    return launch<kF16, kBKMajor, kTmaStore, kCluster>(map_a, map_b, map_c, map_a_own, p, max_ctas,
-                                                       stream);
+    return launch<kF16, kBKMajor, kTmaStore, kCluster>(map_a, map_b, map_c, map_a_own, map_parts,
+                                                       map_sum, p, max_ctas, stream);
   }
 };
 
@@ -965,10 +1053,12 @@ const char* sum_unsupported(const AsyncGemmArgs& a) {
   const auto misaligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4; };
   if (misaligned(a.sum_out) || a.sum_ldo % 2 != 0 || a.sum_ldo < a.n)
     return "the reduced output is not aligned to two elements or its row stride is odd or short";
-  if (a.sum_count > 1 && (misaligned(a.sum_parts) || a.sum_ld % 2 != 0 || a.sum_ld < a.n ||
-                          a.sum_part_stride % 2 != 0 || a.sum_part_stride < rows * a.sum_ld)) {
-    return "the parts are not aligned to two elements, or a row stride or the part stride is odd "
-           "or short";
+  // The parts are TMA-loaded (a 3-D map: column, chunk row, rank).
+  if (a.sum_count > 1 &&
+      (reinterpret_cast<uintptr_t>(a.sum_parts) % 16 != 0 || a.sum_ld % 8 != 0 || a.sum_ld < a.n ||
+       a.sum_part_stride % 8 != 0 || a.sum_part_stride < rows * a.sum_ld)) {
+    return "the parts are not 16-byte aligned, or their row stride or part stride is not a "
+           "multiple of 16 bytes or is short (TMA)";
   }
   return nullptr;
 }
@@ -1102,8 +1192,10 @@ bool uses_tma_store(const AsyncGemmArgs& a) {
          !a.force_register_store;
 }
 
+// The reduce-scatter epilogue runs on single CTAs: its sum stages are per CTA, while a
+// cluster's rings go in step.
 bool uses_cluster(const AsyncGemmArgs& a) {
-  return a.cluster == 2 && uses_tma_store(a);
+  return a.cluster == 2 && uses_tma_store(a) && a.sum_chunk < 0;
 }
 
 }  // namespace
@@ -1199,7 +1291,24 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
       return cudaErrorInvalidValue;
     p.own_chunk = a.own_chunk;
   }
-  const Launch l{map_a, map_b, map_c, map_a_own, p, ctas, stream};
+  // The reduce-scatter epilogue: the peers' parts (TMA-loaded into sum stages) and, where the
+  // TMA can address it, the reduced output (stored like C, through the staging area).
+  CUtensorMap map_parts{}, map_sum{};
+  if (a.sum_chunk >= 0) {
+    const CUtensorMapDataType c_type = a.c_dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    if (a.sum_count > 1 && !make_parts_map(&map_parts, a.sum_parts, c_type, a.n, p.chunk_rows,
+                                           a.sum_count, a.sum_ld, a.sum_part_stride)) {
+      return cudaErrorInvalidValue;
+    }
+    p.sum_tma_store =
+        tma_store && reinterpret_cast<uintptr_t>(a.sum_out) % 16 == 0 && a.sum_ldo % 8 == 0;
+    if (p.sum_tma_store &&
+        !make_map(&map_sum, a.sum_out, c_type, a.n, p.chunk_rows, a.sum_ldo, 64, 64)) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  const Launch l{map_a, map_b, map_c, map_a_own, map_parts, map_sum, p, ctas, stream};
   if (a.in_dtype == DType::kF16) return launch_layout<true>(a.b_k_major, tma_store, cluster, l);
   return launch_layout<false>(a.b_k_major, tma_store, cluster, l);
 }

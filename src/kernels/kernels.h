@@ -184,7 +184,9 @@ struct AsyncGemmArgs {
   // reads the parts it waits (bounded by timeout_ns) until sum_flags[q * sum_flag_stride + s] is
   // up for op sum_value (see ready_value) for every s but sum_self, q = the tile's chunk row /
   // sum_rows (0: chunk_rows); a timeout is reported with peer s and channel sum_channel + q.
-  // Needs chunk_rows and sum_rows multiples of 128, a 16-bit C and an even n.
+  // Needs chunk_rows and sum_rows multiples of 128, a 16-bit C, an even n, and parts the TMA
+  // can load (16-byte aligned, row and part strides multiples of 8 elements). Runs on single
+  // CTAs (cluster is ignored).
   int sum_chunk = -1;
   const void* sum_parts = nullptr;
   int64_t sum_part_stride = 0;

@@ -527,12 +527,15 @@ TEST(NativeGemm, PublishesFinishedChunks) {
 // last in the walk; its tiles wait for the peers' parts (flags per piece of 128 rows, raised to
 // op number 7 beforehand), add them in rank order to the f32 product and store the reduced rows
 // into `out`; they neither touch D nor count in done, while the other chunks' pieces are counted
-// in full. Column tail (n 520), the tail split (24 tiles), bf16 sum and f16 mean.
+// in full. Column tail (n 520), the tail split (24 tiles), bf16 sum and f16 mean, the reduced
+// rows stored by TMA and (an output whose row stride the TMA cannot take) from registers.
 TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
   SKIP_UNLESS_GPUS(1);
-  for (const auto& [dt, op] :
-       {std::pair{DType::kBF16, ReduceOp::kSum}, std::pair{DType::kF16, ReduceOp::kAvg}}) {
-    SCOPED_TRACE(fmt::format("out {} {}", dt, reduce_op_name(op)));
+  for (const auto& [dt, op, padded] : {std::tuple{DType::kBF16, ReduceOp::kSum, false},
+                                       std::tuple{DType::kF16, ReduceOp::kAvg, false},
+                                       std::tuple{DType::kBF16, ReduceOp::kAvg, true}}) {
+    SCOPED_TRACE(
+        fmt::format("out {} {}{}", dt, reduce_op_name(op), padded ? " padded output" : ""));
     Gpu gpu;
     const int64_t rows = 256, n = 520, k = 1024;
     const int chunks = 4, own = 2, pieces = 2;
@@ -541,7 +544,9 @@ TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
     OwnedTensor d = gpu.empty({chunks * rows, n}, dt);
     gpu.be().fill(d, std::nanf(""), gpu.stream());
     OwnedTensor parts = gpu.upload({chunks, rows, n}, dt, 33);
-    OwnedTensor out = gpu.empty({rows, n}, dt);
+    // Padded: row stride n + 2 (not a multiple of 16 bytes), so stored from registers.
+    OwnedTensor out_buf = gpu.empty({rows, padded ? n + 2 : n}, dt);
+    const Tensor out = out_buf->narrow(1, 0, n);
     Buffer flag_buf = gpu.be().allocate((pieces * chunks + chunks * pieces) * sizeof(uint32_t));
     auto* landed = static_cast<uint32_t*>(flag_buf.data());
     uint32_t* done = landed + pieces * chunks;
@@ -603,6 +608,12 @@ TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
     for (int i = 0; i < chunks * pieces; ++i) {
       EXPECT_EQ(host[i], i / pieces == own ? 0u : gpu.be().native_gemm_done_count(args, i))
           << "piece " << i;
+    }
+    if (padded) {
+      // Parts whose row stride the TMA cannot take (1044 bytes) are refused, with the reason.
+      OwnedTensor wide = gpu.empty({chunks, rows, n + 2}, dt);
+      args.sum_parts = wide->narrow(2, 0, n);
+      EXPECT_THAT(gpu.be().native_gemm_unsupported(args), ::testing::HasSubstr("part stride"));
     }
   }
 }
