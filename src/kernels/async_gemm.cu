@@ -37,23 +37,6 @@
 // All tail units fit in one wave, at most one per CTA, so a last part never waits for a CTA
 // that is not running; the sum order is fixed, so the result is the same on every run.
 //
-// Stream-K stage: where the last wave is more than half full (the tail split does not apply),
-// the last R = G + tail tiles (one full wave and the tail) are computed as R * KB k-blocks
-// dealt out evenly: CTA i takes k-blocks [i R KB / G, (i + 1) R KB / G) of them, 1 + tail / G
-// tiles' worth instead of two whole tiles. A range is at least one tile long, so it covers at
-// most three tiles and a tile is cut at most once, between two neighbouring CTAs:
-//
-//   CTA i:    ... | tile t, k-blocks [0, x)  (the owner: its last range)
-//   CTA i+1:  tile t, k-blocks [x, KB) (its first range) | whole tiles | ...
-//
-//   CTA i+1's first range:  main loop | f32 accumulators -> workspace slot i+1 | count++
-//   CTA i's last range:     main loop | wait count = 1 | += slot i+1 | epilogue | count = 0
-//
-// CTA i+1 reaches its first range without waiting for any other CTA, and CTA i waits only at
-// its last, so the waits cost nothing while every CTA is resident (G <= SMs). Units in loop
-// order: units [0, T - R) whole tiles as usual, then unit T - R + r G + i is range r (0..2) of
-// CTA i (empty where CTA i has fewer).
-//
 // The reduce-scatter epilogue (sum_chunk, single CTAs): the tiles of the own chunk, last in the
 // walk, add the peers' parts of their rows to the accumulators. The parts come through the
 // same stage ring as the k-blocks, so their loads run behind the tile's last MMAs:
@@ -129,11 +112,8 @@ struct Params {
   // others in `split` K-ranges by different CTAs. partials: f32 accumulators of the parts but
   // the last, [tail tile][part < split - 1][consumer][32 float4][128 threads]; split_flags:
   // [tail tile][consumer] counters of published parts, 0 between launches.
-  // stream_k: the stream-K stage instead (see the file comment; the same workspace, slots per
-  // CTA: [CTA][consumer][32 float4][128 threads], counters [CTA][consumer]).
   int full_tiles;
   int split;
-  bool stream_k;
   float* partials;
   uint32_t* split_flags;
   // The reduce-scatter epilogue (kernels.h, AsyncGemmArgs::sum_chunk): sum_chunk -1 when off.
@@ -151,70 +131,22 @@ struct Params {
   bool sum_tma_store;  // kTmaStore kernels: sum_out through the staging area (map_sum)
 };
 
-// Work unit u of the persistent loop: a whole tile, or one K-range of a tile cut by the tail
-// split or the stream-K stage. A cut tile's ranges but the one that finishes it leave their f32
-// accumulators in workspace slot `store` and count them in counter `flag`; the finishing range
-// waits for `wait` of them in that counter and adds slots first .. first + wait - 1 in order.
+// Work unit u of the persistent loop: a whole tile, or one K-range (part) of a tail tile.
 struct Unit {
-  int t;         // tile number in the walk; -1: nothing (a CTA with fewer stream-K ranges)
+  int t;         // tile number in the walk
   int kb0, kb1;  // k-blocks [kb0, kb1)
-  int store;     // slot of this range's partial, or -1 (the range finishes its tile)
-  int wait;      // partials this range adds before its epilogue (0: a whole tile)
-  int first;     // the first of them
-  int flag;      // their counter
+  int part;      // -1: whole tile; else 0 .. split-1 (the last one finishes the tile)
+  int tail;      // index of the tail tile (t - full_tiles)
 };
 
-// The number of units in the loop (with G = ctas CTAs).
-__device__ __forceinline__ int units_of(const Params& p, int num_tiles, int ctas) {
-  if (p.stream_k) return num_tiles - (ctas + num_tiles % ctas) + 3 * ctas;
-  return p.full_tiles + (num_tiles - p.full_tiles) * p.split;
-}
-
-__device__ __forceinline__ Unit unit_at(int u, const Params& p, int num_tiles, int k_blocks,
-                                        int ctas) {
-  if (p.stream_k) {
-    const int stage = ctas + num_tiles % ctas;  // tiles of the stream-K stage
-    const int whole = num_tiles - stage;        // a multiple of ctas
-    if (u < whole) return {u, 0, k_blocks, -1, 0, 0, 0};
-    const int i = (u - whole) % ctas, r = (u - whole) / ctas;
-    const int64_t blocks = static_cast<int64_t>(stage) * k_blocks;
-    const int64_t a = blocks * i / ctas, b = blocks * (i + 1) / ctas;
-    const int64_t t = a / k_blocks + r;
-    const int64_t begin = t * k_blocks;
-    if (begin >= b) return {-1, 0, 0, -1, 0, 0, 0};
-    Unit w{whole + static_cast<int>(t),
-           static_cast<int>(a > begin ? a - begin : 0),
-           static_cast<int>(b < begin + k_blocks ? b - begin : k_blocks),
-           -1,
-           0,
-           0,
-           0};
-    if (w.kb0 > 0) {
-      w.store = w.flag = i;  // the end of a tile begun by CTA i - 1
-    } else if (w.kb1 < k_blocks) {
-      w.wait = 1;  // the start of a tile that CTA i + 1 ends
-      w.first = w.flag = i + 1;
-    }
-    return w;
-  }
-  if (u < p.full_tiles) return {u, 0, k_blocks, -1, 0, 0, 0};
+__device__ __forceinline__ Unit unit_at(int u, const Params& p, int num_tiles, int k_blocks) {
+  if (u < p.full_tiles) return {u, 0, k_blocks, -1, 0};
   const int tails = num_tiles - p.full_tiles;
   const int v = u - p.full_tiles;
   const int tail = v % tails;
   const int part = v / tails;
-  Unit w{p.full_tiles + tail,
-         part * k_blocks / p.split,
-         (part + 1) * k_blocks / p.split,
-         -1,
-         0,
-         tail * (p.split - 1),
-         tail};
-  if (part < p.split - 1) {
-    w.store = tail * (p.split - 1) + part;
-  } else {
-    w.wait = p.split - 1;
-  }
-  return w;
+  return {p.full_tiles + tail, part * k_blocks / p.split, (part + 1) * k_blocks / p.split, part,
+          tail};
 }
 
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0,
@@ -407,9 +339,8 @@ __device__ bool wait_chunks_ready(const Params& p, int m0) {
   return true;
 }
 
-// The finishing range of a cut tile waits for the others (CTAs of this launch, all resident: the
-// tail units fit in one wave, at most one per CTA; a stream-K range waits for its neighbour's
-// first range). Bounded all the same: a timeout is recorded
+// The last part of a tail tile waits for the others (CTAs of this launch, all resident: the
+// tail units fit in one wave, at most one per CTA). Bounded all the same: a timeout is recorded
 // as what = 4 and the tile is finished with what has arrived.
 __device__ void wait_split_parts(const Params& p, const uint32_t* flag, uint32_t parts) {
   if (load_acquire(flag) >= parts) return;
@@ -513,7 +444,7 @@ __device__ __forceinline__ bool in_sum_chunk(const Params& p, int64_t m0) {
 // Whether unit w (its tile at row m0) ends in the reduce-scatter epilogue: a whole tile of the
 // sum chunk, or the last K-range of one.
 __device__ __forceinline__ bool sums_tile(const Params& p, const Unit& w, int64_t m0) {
-  return in_sum_chunk(p, m0) && w.store < 0;
+  return in_sum_chunk(p, m0) && (w.part < 0 || w.part == p.split - 1);
 }
 
 // Waits until every peer's partial of the piece holding chunk row `row` has landed (the
@@ -665,12 +596,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_tiles = tiles_m * tiles_n;
   const int k_blocks = static_cast<int>((p.k + kBK - 1) / kBK);
   const int pivot_m = static_cast<int>(p.first_chunk * p.chunk_rows / height);
-  // Clusters never cut tiles (the host turns the tail split and stream-K off for them).
-  const int num_units = kCluster == 1 ? units_of(p, num_tiles, clusters) : num_tiles;
-  auto unit = [&](int u) {
-    return kCluster == 1 ? unit_at(u, p, num_tiles, k_blocks, clusters)
-                         : Unit{u, 0, k_blocks, -1, 0, 0, 0};
-  };
+  const int num_units = p.full_tiles + (num_tiles - p.full_tiles) * p.split;
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
@@ -681,8 +607,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       bool sum_waiting = p.sum_count > 1;
       int it = 0;
       for (int u = cluster_id; u < num_units; u += clusters) {
-        const Unit w = unit(u);
-        if (w.t < 0) continue;
+        const Unit w = unit_at(u, p, num_tiles, k_blocks);
         const Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height, p.group_m);
         const int m0 = tile.m0 + kBM * static_cast<int>(cta);
         // A tile wholly inside the own chunk is read from the caller's A (always there);
@@ -773,8 +698,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   for (int u = cluster_id; u < num_units; u += clusters) {
-    const Unit w = unit(u);
-    if (w.t < 0) continue;
+    const Unit w = unit_at(u, p, num_tiles, k_blocks);
     Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height, p.group_m);
     tile.m0 += kBM * static_cast<int>(cta);
     const bool sums = kCluster == 1 && sums_tile(p, w, tile.m0);  // (host: single CTAs)
@@ -810,18 +734,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_wait<0>();
     if (leader && prev_stage >= 0) release(prev_stage);
-    if (w.store >= 0 || w.wait > 0) {
-      // A K-range of a cut tile (tail split or stream-K stage). The ranges but the finishing one
-      // leave their f32 accumulator in the workspace and count it; the finishing one waits for
-      // them and adds them in slot order (the same bits on every run), then stores the tile.
+    if (w.part >= 0) {
+      // A tail tile's K-range. Parts but the last leave their f32 accumulator in the workspace
+      // and count it; the last one waits for them and adds them in part order (the same bits on
+      // every run), then stores the tile as usual.
       const int tid = threadIdx.x % 128;
-      uint32_t* flag = p.split_flags + 2 * w.flag + consumer;
-      auto partial = [&](int slot) {
+      uint32_t* flag = p.split_flags + 2 * w.tail + consumer;
+      auto partial = [&](int part) {
         return reinterpret_cast<float4*>(p.partials) +
-               (static_cast<int64_t>(slot) * 2 + consumer) * (32 * 128) + tid;
+               ((static_cast<int64_t>(w.tail) * (p.split - 1) + part) * 2 + consumer) * (32 * 128) +
+               tid;
       };
-      if (w.store >= 0) {
-        float4* dst = partial(w.store);
+      if (w.part < p.split - 1) {
+        float4* dst = partial(w.part);
 #pragma unroll
         for (int i = 0; i < 32; ++i)
           __stcg(dst + i * 128,
@@ -833,10 +758,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         continue;
       }
-      if (leader) wait_split_parts(p, flag, static_cast<uint32_t>(w.wait));
+      if (leader) wait_split_parts(p, flag, static_cast<uint32_t>(p.split - 1));
       asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
-      for (int slot = w.first; slot < w.first + w.wait; ++slot) {
-        const float4* src = partial(slot);
+      for (int part = 0; part < p.split - 1; ++part) {
+        const float4* src = partial(part);
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
           const float4 v = __ldcg(src + i * 128);
@@ -1259,22 +1184,6 @@ int tail_split_of(const AsyncGemmArgs& a, int ctas, bool clustered) {
   return split >= 2 ? split : 1;
 }
 
-// The stream-K stage (see the file comment) where the tail split does not apply: a last wave more
-// than half full but with at least 1/16 of the CTAs idle (the gain, 1 - tail / G of a tile,
-// must beat the cost of a partial through L2), at least one full wave before it, and ranges of
-// 8 k-blocks or more. Same limits as the tail split otherwise (workspace, single CTAs, no more
-// CTAs than SMs; tail_split 1 turns both off).
-bool stream_k_of(const AsyncGemmArgs& a, int ctas, bool clustered) {
-  if (a.split_workspace == nullptr || a.tail_split == 1 || clustered || ctas <= 0 ||
-      ctas > sm_count() || tail_split_of(a, ctas, clustered) > 1) {
-    return false;
-  }
-  const int64_t tiles = ((a.m + kBM - 1) / kBM) * ((a.n + kBN - 1) / kBN);
-  const int64_t tail = tiles % ctas;
-  const int64_t k_blocks = (a.k + kBK - 1) / kBK;
-  return tiles >= ctas && 2 * tail > ctas && 16 * tail <= 15 * ctas && k_blocks >= 8;
-}
-
 // The TMA store needs a 16-bit C with a 16-byte aligned base and row stride; clusters of two
 // (B multicast) only come with it, and only when asked for: on the H200 they are correct but
 // run at half the speed of single CTAs (docs/PERFORMANCE.md), for reasons not yet found.
@@ -1298,10 +1207,6 @@ size_t async_gemm_split_workspace_bytes() {
 
 int async_gemm_tail_split(const AsyncGemmArgs& a) {
   return tail_split_of(a, ctas_of(a), uses_cluster(a));
-}
-
-bool async_gemm_stream_k(const AsyncGemmArgs& a) {
-  return stream_k_of(a, ctas_of(a), uses_cluster(a));
 }
 
 bool async_gemm_own_needs_ready(const AsyncGemmArgs& a) {
@@ -1366,8 +1271,7 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   const int64_t tiles = ((a.m + kBM * cluster - 1) / (kBM * cluster)) * ((a.n + kBN - 1) / kBN);
   p.split = tail_split_of(a, ctas, cluster == 2);
   p.full_tiles = static_cast<int>(p.split > 1 ? tiles - tiles % ctas : tiles);
-  p.stream_k = stream_k_of(a, ctas, cluster == 2);
-  if (p.split > 1 || p.stream_k) {
+  if (p.split > 1) {
     p.split_flags = static_cast<uint32_t*>(a.split_workspace);
     p.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(a.split_workspace) +
                                           split_flag_bytes(sm_count()));

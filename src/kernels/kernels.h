@@ -167,10 +167,7 @@ struct AsyncGemmArgs {
   // one adding the others' f32 partials in a fixed order (same bits every run). Needs a
   // workspace of async_gemm_split_workspace_bytes() (zeroed once when allocated; kept at 0
   // between launches; one launch at a time may use it) and single CTAs (cluster 1).
-  // Where the last wave is more than half full instead (up to 15/16), the stream-K stage: the
-  // last full wave and the tail are dealt out as equal K-ranges, one per CTA, each tile cut at
-  // most once between two CTAs (the same workspace and limits; same bits every run).
-  // tail_split: 0 chosen here, 1 off (both), n >= 2 at most n parts (never more than 4).
+  // tail_split: 0 chosen here, 1 off, n >= 2 at most n parts (never more than 4).
   void* split_workspace = nullptr;
   int tail_split = 0;
   // Rows counted by one done counter: done[r / done_rows] counts the stored 64-row halves of
@@ -216,8 +213,6 @@ uint32_t async_gemm_done_count(const AsyncGemmArgs& args, int index);
 size_t async_gemm_split_workspace_bytes();
 // The number of K-ranges each tile of the last wave is cut into for these arguments (1: none).
 int async_gemm_tail_split(const AsyncGemmArgs& args);
-// Whether these arguments run the stream-K stage (see tail_split).
-bool async_gemm_stream_k(const AsyncGemmArgs& args);
 // Whether, with own_a given, some tile still reads rows of own_chunk from `a` (one that
 // straddles the chunk's first or last row: chunk edges off the 128-row tile grid) and so waits
 // for ready[own_chunk] and needs those rows in `a`.
