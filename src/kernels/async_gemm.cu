@@ -36,6 +36,10 @@
 //
 // All tail units fit in one wave, at most one per CTA, so a last part never waits for a CTA
 // that is not running; the sum order is fixed, so the result is the same on every run.
+// Measured slower on the H200 and set aside (docs/PERFORMANCE.md, seventh session): stream-K
+// ranges over the last two waves (every CTA at its own k offset: A and B no longer shared in L2
+// by the CTAs running together, 5-15% slower) and, for a last wave more than half full, several
+// rounds of parts (no gain, up to 2% slower).
 //
 // The reduce-scatter epilogue (sum_chunk, single CTAs): the tiles of the own chunk, last in the
 // walk, add the peers' parts of their rows to the accumulators. The parts come through the
@@ -596,7 +600,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int num_tiles = tiles_m * tiles_n;
   const int k_blocks = static_cast<int>((p.k + kBK - 1) / kBK);
   const int pivot_m = static_cast<int>(p.first_chunk * p.chunk_rows / height);
-  const int num_units = p.full_tiles + (num_tiles - p.full_tiles) * p.split;
+  // Clusters never split tiles (the host turns the tail split off for them).
+  const int num_units =
+      kCluster == 1 ? p.full_tiles + (num_tiles - p.full_tiles) * p.split : num_tiles;
+  auto unit = [&](int u) {
+    return kCluster == 1 ? unit_at(u, p, num_tiles, k_blocks) : Unit{u, 0, k_blocks, -1, 0};
+  };
 
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
@@ -607,7 +616,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       bool sum_waiting = p.sum_count > 1;
       int it = 0;
       for (int u = cluster_id; u < num_units; u += clusters) {
-        const Unit w = unit_at(u, p, num_tiles, k_blocks);
+        const Unit w = unit(u);
         const Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height, p.group_m);
         const int m0 = tile.m0 + kBM * static_cast<int>(cta);
         // A tile wholly inside the own chunk is read from the caller's A (always there);
@@ -698,7 +707,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
   for (int u = cluster_id; u < num_units; u += clusters) {
-    const Unit w = unit_at(u, p, num_tiles, k_blocks);
+    const Unit w = unit(u);
     Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height, p.group_m);
     tile.m0 += kBM * static_cast<int>(cta);
     const bool sums = kCluster == 1 && sums_tile(p, w, tile.m0);  // (host: single CTAs)
