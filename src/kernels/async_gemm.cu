@@ -19,9 +19,19 @@
 // `first_chunk`'s first row come first, then the following rows, wrapping around; within a group
 // of group_m m-tiles the m index runs fastest (B panels stay in L2). CTA i takes tiles i, i+grid,
 // ...: all SMs work on the chunk that landed first while the copy engine brings the next ones.
-// group_m is kGroupM (8), or less where the rows wait for flags: a group then never spans two
-// pieces (or chunks) on the tile grid, so the tiles of the first wave that are not the own
-// chunk's wait for the piece that lands first, not for the whole next chunk (or the one after).
+// group_m is kGroupM (32), or less where rows wait for flags or are counted in done: a group
+// then never spans two pieces (or chunks) on the tile grid, so the tiles of the first wave that
+// are not the own chunk's wait for the piece that lands first, not for the whole next chunk (or
+// the one after), and counted pieces finish in walk order.
+//
+// Why 32 (H200, one GPU, bf16, the 17 per-rank GEMMs of the anchor shapes at world sizes 2 and
+// 4, median of 20 paced runs; docs/PERFORMANCE.md, seventh session): heights 16, 32 and 64 run
+// within 1% of each other, 6 to 33% faster than height 8 on the 15 shapes of 14 n-tiles or more
+// (8192 x 8192 x 14336: 2096 against 3030 us) and the same on the two of 7 and 10; at 32 the
+// kernel beat cuBLAS (cublasGemmEx) on all 17. With 132 CTAs a wave of height 8 spans 8
+// m-tiles x 16.5 n-tiles, of height 32 at most 32 x 4.1: the tiles sharing B's 32 KiB k-block
+// (one column) outnumber those sharing A's 16 KiB one. Why that costs a third at height 8 was
+// not measured (L2 hit rates were not read).
 //
 // Tail split: with T tiles on G CTAs, the last wave holds T mod G tiles; where that is at most
 // half of G, each of its tiles is cut into s <= 4 K-ranges (s = G / tail, at least 4 k-blocks
@@ -76,7 +86,7 @@ namespace {
 constexpr int kBM = 128;
 constexpr int kBN = 256;
 constexpr int kBK = 64;
-constexpr int kGroupM = 8;
+constexpr int kGroupM = 32;
 constexpr int kThreads = 384;
 constexpr int kStageABytes = kBM * kBK * 2;
 constexpr int kStageBBytes = kBN * kBK * 2;
@@ -1072,12 +1082,14 @@ const char* sum_unsupported(const AsyncGemmArgs& a) {
   return nullptr;
 }
 
-// The walk's group height (see the file comment): kGroupM, or where rows wait for flags and the
-// pieces (or chunks) start on the tile grid, at most one piece's m-tiles.
+// The walk's group height (see the file comment): kGroupM, or where rows become ready together
+// (pieces of ready_rows) or are counted together (pieces of done_rows: the native MM+RS, whose
+// own chunk must come last) and the pieces start on the tile grid, at most one piece's m-tiles.
 int group_m_of(const AsyncGemmArgs& a, int64_t height) {
-  if (a.ready == nullptr) return kGroupM;
-  const int64_t rows = ready_rows_of(a);
-  if (rows % height != 0 || chunk_rows_of(a) % height != 0) return kGroupM;
+  int64_t rows = 0;
+  if (a.ready != nullptr) rows = ready_rows_of(a);
+  if (a.done != nullptr) rows = rows == 0 ? done_rows_of(a) : std::min(rows, done_rows_of(a));
+  if (rows == 0 || rows % height != 0 || chunk_rows_of(a) % height != 0) return kGroupM;
   return static_cast<int>(std::min<int64_t>(kGroupM, rows / height));
 }
 
