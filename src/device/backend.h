@@ -109,14 +109,18 @@ struct ChunkedGemmArgs {
   // at most n ranges.
   int tail_split = 0;
   // Rows per done counter (done[r / done_rows]); 0: chunk_rows. A multiple of 128 dividing
-  // chunk_rows: the pieces in which the caller pushes a finished chunk.
+  // chunk_rows: the pieces in which the caller pushes a finished chunk. done_cols (0: all of n;
+  // else a multiple of 256) cuts them by columns too: tile (r, c) counts in
+  // done[(r / done_rows) * ceil(n / done_cols) + c / done_cols].
   int64_t done_rows = 0;
+  int64_t done_cols = 0;
   // The reduce-scatter epilogue (the native matmul_reduce_scatter): the tiles of chunk sum_chunk
   // are neither stored into d nor counted in done. They add the peers' partials of that chunk,
   // sum_parts[s] for every s but sum_self (d's dtype, bf16 or f16, each [chunk rows, n] with a
   // unit column stride; n even), to their f32 products, in rank order after the product (times
   // 1 / the number of parts if sum_avg), and store the result once rounded into sum_out ([chunk
-  // rows, n], d's dtype). A tile of piece q (chunk row / sum_rows; 0: one piece) first waits until
+  // rows, n], d's dtype). A tile of piece q ((chunk row / sum_rows) * ceil(n / sum_cols) +
+  // column / sum_cols; sum_rows 0: chunk_rows, sum_cols 0: n) first waits until
   // sum_flags[q * sum_flag_stride + s] is up for sum_value (flag_raised) for every such s,
   // bounded by `timeout`; a timeout names peer s and channel sum_channel + q.
   int sum_chunk = -1;
@@ -127,6 +131,7 @@ struct ChunkedGemmArgs {
   const uint32_t* sum_flags = nullptr;
   uint32_t sum_value = 1;
   int64_t sum_rows = 0;
+  int64_t sum_cols = 0;
   int64_t sum_flag_stride = 0;
   int sum_channel = 0;
 };

@@ -116,7 +116,9 @@ struct Params {
   int64_t ready_stride;  // piece j of chunk c: ready[j * ready_stride + c]
   int group_m;           // m-tiles per group of the walk (see the file comment)
   uint32_t* done;
-  int64_t done_rows;  // rows per done counter
+  int64_t done_rows;    // rows per done counter
+  int done_cols;        // columns per done counter (a multiple of kBN)
+  int done_col_pieces;  // counters per done_rows rows: ceil(n / done_cols)
   uint64_t timeout_ns;
   DeviceErrorSlot* slot;
   int rank;
@@ -141,6 +143,7 @@ struct Params {
   const uint32_t* sum_flags;
   uint32_t sum_value;
   int64_t sum_rows, sum_flag_stride;
+  int sum_cols, sum_col_pieces;  // as done_cols, done_col_pieces
   int sum_channel;
   bool sum_tma_store;  // kTmaStore kernels: sum_out through the staging area (map_sum)
 };
@@ -444,9 +447,11 @@ __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[1
   }
 }
 
-__device__ __forceinline__ void publish_done(const Params& p, int r0) {
+// Counts the stored 64-row half of a tile at (r0, n0) in its piece's counter: row piece
+// r0 / done_rows, column piece n0 / done_cols (a tile lies in one piece: kBN divides done_cols).
+__device__ __forceinline__ void publish_done(const Params& p, int r0, int n0) {
   __threadfence_system();
-  atomicAdd_system(p.done + r0 / p.done_rows, 1u);
+  atomicAdd_system(p.done + (r0 / p.done_rows) * p.done_col_pieces + n0 / p.done_cols, 1u);
 }
 
 // Whether the tile starting at row m0 belongs to the chunk whose tiles are reduced (sum_chunk:
@@ -465,8 +470,8 @@ __device__ __forceinline__ bool sums_tile(const Params& p, const Unit& w, int64_
 // producer thread, before it loads them; acquire, system scope: the copy engines of the peers
 // wrote the parts, then their stream writes raised the flags). False on timeout (reported as a
 // reduction's wait, what = 5, naming the peer and the piece's channel).
-__device__ __forceinline__ bool wait_sum_parts(const Params& p, int64_t row) {
-  const int64_t q = row / p.sum_rows;
+__device__ __forceinline__ bool wait_sum_parts(const Params& p, int64_t row, int col) {
+  const int64_t q = (row / p.sum_rows) * p.sum_col_pieces + col / p.sum_cols;
   for (int s = 0; s < p.sum_count; ++s) {
     if (s == p.sum_self) continue;
     if (!wait_raised(p, p.sum_flags + q * p.sum_flag_stride + s, p.sum_value, s,
@@ -668,7 +673,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // are issued, so the consumers can reach the next tile's count of pending rows (the
           // peers' own chunks wait for it through our pushes) while this thread waits.
           const int64_t row = m0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows;
-          if (sum_waiting) sum_waiting = wait_sum_parts(p, row);
+          if (sum_waiting) sum_waiting = wait_sum_parts(p, row, tile.n0);
           asm volatile("fence.proxy.async.global;" ::: "memory");
           for (int s = 0; s < p.sum_count; ++s) {
             if (s == p.sum_self) continue;
@@ -699,11 +704,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     acc[i] = 0.f;
   int it = 0;
   int pending_row = -1;  // kTmaStore: rows of the tile whose stores are in flight
+  int pending_col = 0;   // and its first column
   // The leader counts the pending tile's rows in done once its TMA stores are complete.
   auto count_pending = [&] {
     if (p.done != nullptr && pending_row >= 0) {
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-      publish_done(p, pending_row);
+      publish_done(p, pending_row, pending_col);
       pending_row = -1;
     }
   };
@@ -857,7 +863,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (leader) {
           if (kHalf == 0 && p.done != nullptr) {
             asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-            if (pending_row >= 0) publish_done(p, pending_row);
+            if (pending_row >= 0) publish_done(p, pending_row, pending_col);
           } else {
             asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
           }
@@ -880,7 +886,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       store_half(std::integral_constant<int, 0>{});
       store_half(std::integral_constant<int, 1>{});
-      if (leader) pending_row = !sums && r0 < p.m ? r0 : -1;
+      if (leader) {
+        pending_row = !sums && r0 < p.m ? r0 : -1;
+        pending_col = tile.n0;
+      }
     } else {
       switch (p.c_dtype) {
         case 0:
@@ -896,14 +905,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (p.done != nullptr && r0 < p.m) {
         // Publish: every thread of this consumer has stored, then one release increment.
         asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
-        if (leader) publish_done(p, r0);
+        if (leader) publish_done(p, r0, tile.n0);
       }
     }
   }
   if constexpr (kTmaStore) {
     if (leader) {
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-      if (p.done != nullptr && pending_row >= 0) publish_done(p, pending_row);
+      if (p.done != nullptr && pending_row >= 0) publish_done(p, pending_row, pending_col);
     }
   }
   // No CTA leaves while its peer may still arrive on its barriers.
@@ -1052,6 +1061,16 @@ int64_t sum_rows_of(const AsyncGemmArgs& a) {
   return a.sum_rows > 0 ? a.sum_rows : chunk_rows_of(a);
 }
 
+// Columns per piece of the done counters or the sum flags (0: all of n), and the pieces per row
+// range. A column piece is a multiple of kBN wide, so a tile lies in one.
+int64_t piece_cols(const AsyncGemmArgs& a, int64_t cols) {
+  return cols > 0 ? cols : (a.n + kBN - 1) / kBN * kBN;
+}
+
+int col_pieces(const AsyncGemmArgs& a, int64_t cols) {
+  return static_cast<int>((a.n + piece_cols(a, cols) - 1) / piece_cols(a, cols));
+}
+
 // Why the reduce-scatter epilogue's arguments are unusable, or nullptr.
 const char* sum_unsupported(const AsyncGemmArgs& a) {
   const int64_t rows = chunk_rows_of(a);
@@ -1066,7 +1085,9 @@ const char* sum_unsupported(const AsyncGemmArgs& a) {
   if (a.sum_count > 1 && a.timeout_ns == 0) return "waiting for the parts needs a timeout";
   const int64_t q = sum_rows_of(a);
   if (q % kBM != 0 || q > rows) return "sum_rows is not a multiple of 128 up to chunk_rows";
-  if (a.sum_count > 1 && a.sum_flag_stride < a.sum_count && (rows + q - 1) / q > 1)
+  if (a.sum_cols < 0 || a.sum_cols % kBN != 0) return "sum_cols is not a multiple of 256";
+  if (a.sum_count > 1 && a.sum_flag_stride < a.sum_count &&
+      (rows + q - 1) / q * col_pieces(a, a.sum_cols) > 1)
     return "sum_flag_stride is smaller than sum_count (pieces' flags would overlap)";
   if (a.c_dtype == DType::kF32) return "the reduce-scatter epilogue needs a 16-bit C";
   const auto misaligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4; };
@@ -1145,6 +1166,8 @@ const char* async_gemm_unsupported(const AsyncGemmArgs& a) {
   if (a.done != nullptr &&
       (a.done_rows < 0 || done_rows_of(a) % kBM != 0 || rows % done_rows_of(a) != 0))
     return "done_rows is not a multiple of 128 that divides chunk_rows";
+  if (a.done != nullptr && (a.done_cols < 0 || a.done_cols % kBN != 0))
+    return "done_cols is not a multiple of 256";
   if (a.sum_chunk >= 0) {
     if (const char* why = sum_unsupported(a)) return why;
   }
@@ -1166,11 +1189,14 @@ const char* async_gemm_unsupported(const AsyncGemmArgs& a) {
 }
 
 uint32_t async_gemm_done_count(const AsyncGemmArgs& a, int index) {
-  const int64_t rows = done_rows_of(a);
-  const int64_t first = index * rows;
+  const int64_t rows = done_rows_of(a), cols = piece_cols(a, a.done_cols);
+  const int pieces = col_pieces(a, a.done_cols);
+  const int64_t first = index / pieces * rows;
   const int64_t last = std::min(a.m, first + rows);
   const int64_t halves = (last - first + 63) / 64;
-  return static_cast<uint32_t>(halves * ((a.n + kBN - 1) / kBN));
+  const int64_t first_col = index % pieces * cols;
+  const int64_t width = std::min(a.n, first_col + cols) - first_col;
+  return static_cast<uint32_t>(halves * ((width + kBN - 1) / kBN));
 }
 
 namespace {
@@ -1266,6 +1292,8 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   p.group_m = group_m_of(a, kBM * cluster);
   p.done = a.done;
   p.done_rows = done_rows_of(a);
+  p.done_cols = static_cast<int>(piece_cols(a, a.done_cols));
+  p.done_col_pieces = col_pieces(a, a.done_cols);
   p.sum_chunk = a.sum_chunk;
   if (a.sum_chunk >= 0) {
     p.sum_parts = a.sum_parts;
@@ -1279,6 +1307,8 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
     p.sum_flags = a.sum_flags;
     p.sum_value = a.sum_value;
     p.sum_rows = sum_rows_of(a);
+    p.sum_cols = static_cast<int>(piece_cols(a, a.sum_cols));
+    p.sum_col_pieces = col_pieces(a, a.sum_cols);
     p.sum_flag_stride = a.sum_flag_stride;
     p.sum_channel = a.sum_channel;
   }

@@ -174,6 +174,10 @@ struct AsyncGemmArgs {
   // tiles in rows [r, r + done_rows). 0: chunk_rows (one counter per chunk). A multiple of 128
   // that divides chunk_rows.
   int64_t done_rows = 0;
+  // And columns per done counter: 0, all of n; else a multiple of 256, and done[] holds
+  // ceil(n / done_cols) counters per done_rows rows: tile (r, c) counts in
+  // done[(r / done_rows) * ceil(n / done_cols) + c / done_cols].
+  int64_t done_cols = 0;
   // The reduce-scatter epilogue (the native matmul_reduce_scatter, whose own chunk comes last):
   // the tiles of chunk sum_chunk are not stored into C and not counted in done. Each of their
   // elements (chunk row i, column j) becomes
@@ -182,8 +186,8 @@ struct AsyncGemmArgs {
   // where part_s = sum_parts + s * sum_part_stride elements, [chunk rows, n] with row stride
   // sum_ld, and sum_out [chunk rows, n] with row stride sum_ldo, all of C's dtype. Before a tile
   // reads the parts it waits (bounded by timeout_ns) until sum_flags[q * sum_flag_stride + s] is
-  // up for op sum_value (see ready_value) for every s but sum_self, q = the tile's chunk row /
-  // sum_rows (0: chunk_rows); a timeout is reported with peer s and channel sum_channel + q.
+  // up for op sum_value (see ready_value) for every s but sum_self, q = the tile's piece (see
+  // sum_cols); a timeout is reported with peer s and channel sum_channel + q.
   // Needs chunk_rows and sum_rows multiples of 128, a 16-bit C, an even n, and parts the TMA
   // can load (16-byte aligned, row and part strides multiples of 8 elements). Runs on single
   // CTAs (cluster is ignored).
@@ -199,6 +203,9 @@ struct AsyncGemmArgs {
   const uint32_t* sum_flags = nullptr;
   uint32_t sum_value = 1;
   int64_t sum_rows = 0;
+  // Columns per piece of the sum flags (0: all of n; else a multiple of 256): piece q =
+  // (chunk row / sum_rows) * ceil(n / sum_cols) + column / sum_cols.
+  int64_t sum_cols = 0;
   int64_t sum_flag_stride = 0;
   int sum_channel = 0;
 };

@@ -157,18 +157,22 @@ PushPieces push_pieces(int64_t rows, size_t bytes, size_t piece_bytes) {
   return p;
 }
 
-PushPieces native_rs_pieces(int64_t rows, size_t bytes) {
-  for (int count = kMaxPushPieces; count > 1; --count) {
-    if (rows % (128 * count) == 0 && bytes / count >= kRsPieceBytes) return {count, rows / count};
+RsPieces native_rs_pieces(int64_t n, size_t bytes) {
+  constexpr int64_t kTileCols = 256;
+  for (int wanted = kMaxPushPieces; wanted > 1; --wanted) {
+    const int64_t cols = (n + kTileCols * wanted - 1) / (kTileCols * wanted) * kTileCols;
+    const int count = static_cast<int>((n + cols - 1) / cols);
+    if (count > 1 && bytes / count >= kRsPieceBytes) return {count, cols};
   }
-  return {1, rows};
+  return {1, 0};
 }
 
-void set_native_rs_reduction(ChunkedGemmArgs& args, int rank, int ws, const PushPieces& pieces,
+void set_native_rs_reduction(ChunkedGemmArgs& args, int rank, int ws, const RsPieces& pieces,
                              const Tensor& parts, const Tensor& out, uint32_t* done,
                              const uint32_t* flags, uint32_t value, int channel, bool avg) {
   args.done = done;
-  args.done_rows = pieces.rows;
+  args.done_rows = 0;  // the chunk's rows
+  args.done_cols = pieces.cols;
   args.sum_chunk = rank;
   args.sum_parts = parts;
   args.sum_out = out;
@@ -176,7 +180,8 @@ void set_native_rs_reduction(ChunkedGemmArgs& args, int rank, int ws, const Push
   args.sum_avg = avg;
   args.sum_flags = flags;
   args.sum_value = value;
-  args.sum_rows = pieces.rows;
+  args.sum_rows = 0;
+  args.sum_cols = pieces.cols;
   args.sum_flag_stride = ws;
   args.sum_channel = channel;
 }

@@ -70,17 +70,25 @@ struct PushPieces {
 };
 PushPieces push_pieces(int64_t rows, size_t bytes, size_t piece_bytes);
 
-// How the native matmul_reduce_scatter pushes a finished chunk of `rows` rows (a multiple of
-// 128) and `bytes` bytes: up to kMaxPushPieces pieces of equal whole 128-row tiles (the GEMM's
-// done counters of a piece may not cross a chunk's edge), each at least kRsPieceBytes.
+// How the native matmul_reduce_scatter pushes a finished chunk of `n` columns and `bytes`
+// bytes: `count` pieces of `cols` columns each (the last may be narrower; cols 0: one piece of
+// all n), a multiple of 256 (the native GEMM's tile width, so a tile counts in one piece), each
+// at least kRsPieceBytes, at most kMaxPushPieces. By columns, not rows: the GEMM's walk may then
+// take a whole chunk's height per group (see async_gemm.cu on group heights) and still finish
+// the pieces one after the other.
 inline constexpr size_t kRsPieceBytes = size_t{4} << 20;
-PushPieces native_rs_pieces(int64_t rows, size_t bytes);
+struct RsPieces {
+  int count = 1;
+  int64_t cols = 0;
+};
+RsPieces native_rs_pieces(int64_t n, size_t bytes);
 
 // The native matmul_reduce_scatter's part of its GEMM's arguments (args: the plain GEMM, with
-// chunk_rows): stored tiles counted in `done` per piece of `pieces`; the own chunk (`rank`, of
+// chunk_rows): stored tiles counted in `done` per piece of `pieces` (done[c * count + q]: piece q
+// of chunk c); the own chunk (`rank`, of
 // `ws`) reduced with `parts` ([ws, rows, n], part s = rank s's partial) into `out` ([rows, n])
 // once flags[q * ws + s] is up for `value` for every peer s (a timeout names channel + q).
-void set_native_rs_reduction(ChunkedGemmArgs& args, int rank, int ws, const PushPieces& pieces,
+void set_native_rs_reduction(ChunkedGemmArgs& args, int rank, int ws, const RsPieces& pieces,
                              const Tensor& parts, const Tensor& out, uint32_t* done,
                              const uint32_t* flags, uint32_t value, int channel, bool avg);
 

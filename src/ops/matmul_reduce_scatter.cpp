@@ -337,7 +337,8 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
 //                        landed_{r+1}[0][r] = e, done[r+1][0] = 0 | piece 1 ... | chunk r+2 ...
 //
 // The GEMM counts the stored tiles of each piece (up to kMaxPushPieces per chunk, at least
-// kRsPieceBytes each, whole 128-row tiles); the copy stream waits for a piece's count (a stream
+// kRsPieceBytes each, column ranges of whole 256-column tiles: the chunk's rows in one walk
+// group, its columns in walk order); the copy stream waits for a piece's count (a stream
 // memory wait: no SM needed while the GEMM holds them all) and pushes it while the GEMM goes on.
 // Every rank walks the chunks from its own r+1 on, so chunk r comes last on r and earlier on
 // every peer (on r-1 first, on r+1 second to last): its pieces have landed on r by the time r's
@@ -419,10 +420,11 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   SymmetricMemory& sm = slots.sm;
   const bool captured = slots.captured;
   const int channel = captured ? kNativeLandedChannel : kEagerNativeLandedChannel;
-  const detail::PushPieces pieces = detail::native_rs_pieces(rows, slots.bytes);
+  const detail::RsPieces pieces = detail::native_rs_pieces(plan.n, slots.bytes);
   auto landed_of = [&](int owner) { return sm.signal_pad_ptr(owner) + channel * ws; };
   auto piece_of = [&](const Tensor& m, int q) {
-    return m.narrow(0, q * pieces.rows, std::min(pieces.rows, rows - q * pieces.rows));
+    if (pieces.count == 1) return m;
+    return m.narrow(1, q * pieces.cols, std::min(pieces.cols, plan.n - q * pieces.cols));
   };
   const Tensor product = ctx.scratch(Scratch::kPartial, {plan.m, plan.n}, c.out.dtype());
   uint32_t* done = ctx.flags(static_cast<size_t>(ws) * pieces.count);
@@ -498,7 +500,7 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
       const int64_t rows = plan->m / ws;
       auto* flags = reinterpret_cast<uint32_t*>(uintptr_t{1} << 20);
       detail::set_native_rs_reduction(
-          args, ctx.rank(), ws, detail::native_rs_pieces(rows, chunk_bytes(c.out)),
+          args, ctx.rank(), ws, detail::native_rs_pieces(plan->n, chunk_bytes(c.out)),
           detail::shape_only_matrix(c.out.dtype(), ws * rows, plan->n, c.out.device())
               .view({ws, rows, plan->n}),
           c.out.view({rows, plan->n}), flags, flags, 1, 0, options.reduce_op == ReduceOp::kAvg);

@@ -250,8 +250,8 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
       // As the path runs it: done counted per piece (only ever incremented: no reset between
       // runs needed), the own chunk last, adding the parts (here P's other chunks, every flag
       // up) and storing the reduced chunk (into the baseline's output).
-      const detail::PushPieces pieces =
-          detail::native_rs_pieces(rows, static_cast<size_t>(rows * n) * element_size(dtype));
+      const detail::RsPieces pieces =
+          detail::native_rs_pieces(n, static_cast<size_t>(rows * n) * element_size(dtype));
       uint32_t* landed = flags + ws * detail::kMaxPushPieces;
       for (int i = 0; i < ws * pieces.count; ++i)
         ctx.backend().write_flag(landed + i, 1, ctx.stream());

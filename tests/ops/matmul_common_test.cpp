@@ -1,4 +1,5 @@
-// The native all_gather_matmul's push pieces (detail::push_pieces) and their setting.
+// The native all_gather_matmul's push pieces (detail::push_pieces) and their setting; the native
+// matmul_reduce_scatter's pieces (detail::native_rs_pieces).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -62,6 +63,39 @@ TEST(PushPieces, WholeTilesOfAtLeastThePieceSize) {
   // 300 rows in as many pieces as allowed: 128 + 128 + 44.
   EXPECT_EQ(push_pieces(300, 300 * 272, 1).count, 3);
   EXPECT_EQ(push_pieces(300, 300 * 272, 1).rows, 128);
+}
+
+// The native matmul_reduce_scatter's pieces (detail::native_rs_pieces): column ranges of whole
+// 256-column tiles covering n exactly, at least 4 MiB each, at most 4; the anchor chunks at ws 2
+// (seed-like: 2048 x 8192 bf16, 32 MiB) and ws 4 (l3-8b-ffn-down: 2048 x 4096, 16 MiB) in 4.
+TEST(RsPieces, ColumnRangesOfWholeTilesOfAtLeast4MiB) {
+  using detail::native_rs_pieces;
+  EXPECT_EQ(native_rs_pieces(8192, 32 * kMiB).count, 4);
+  EXPECT_EQ(native_rs_pieces(8192, 32 * kMiB).cols, 2048);
+  EXPECT_EQ(native_rs_pieces(4096, 16 * kMiB).count, 4);
+  EXPECT_EQ(native_rs_pieces(4096, 16 * kMiB).cols, 1024);
+  EXPECT_EQ(native_rs_pieces(8192, 8 * kMiB).count, 2);  // 4 MiB each
+  EXPECT_EQ(native_rs_pieces(8192, 8 * kMiB).cols, 4096);
+  EXPECT_EQ(native_rs_pieces(8192, 7 * kMiB).count, 1);  // too small to cut
+  EXPECT_EQ(native_rs_pieces(8192, 7 * kMiB).cols, 0);
+  EXPECT_EQ(native_rs_pieces(256, 1024 * kMiB).count, 1);  // one tile wide
+  for (int64_t n : {2, 255, 256, 257, 520, 1000, 4096, 5000, 28672}) {
+    for (size_t bytes : {size_t{1}, 5 * kMiB, 17 * kMiB, 1024 * kMiB}) {
+      SCOPED_TRACE(testing::Message() << n << " columns, " << bytes << " B");
+      const auto p = native_rs_pieces(n, bytes);
+      ASSERT_GE(p.count, 1);
+      ASSERT_LE(p.count, kMaxPushPieces);
+      if (p.count == 1) {
+        EXPECT_EQ(p.cols, 0);
+        continue;
+      }
+      EXPECT_EQ(p.cols % 256, 0);
+      const int64_t last = n - (p.count - 1) * p.cols;
+      EXPECT_GE(last, 1);
+      EXPECT_LE(last, p.cols);
+      EXPECT_GE(bytes / static_cast<size_t>(p.count), detail::kRsPieceBytes);
+    }
+  }
 }
 
 TEST(PushPieces, SettingComesFromTheEnvironment) {

@@ -111,6 +111,7 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
     k->own_chunk = args.own_chunk;
   }
   k->done_rows = args.done_rows;
+  k->done_cols = args.done_cols;
   if (args.sum_chunk >= 0) {
     const Tensor& parts = args.sum_parts;
     const Tensor& out = args.sum_out;
@@ -140,6 +141,7 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
     k->sum_flags = args.sum_flags;
     k->sum_value = args.sum_value;
     k->sum_rows = args.sum_rows;
+    k->sum_cols = args.sum_cols;
     k->sum_flag_stride = args.sum_flag_stride;
     k->sum_channel = args.sum_channel;
   }

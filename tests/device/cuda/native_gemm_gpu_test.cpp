@@ -524,21 +524,24 @@ TEST(NativeGemm, PublishesFinishedChunks) {
 }
 
 // The reduce-scatter epilogue (the native matmul_reduce_scatter): chunk 2 of 4 is the own chunk,
-// last in the walk; its tiles wait for the peers' parts (flags per piece of 128 rows, raised to
-// op number 7 beforehand), add them in rank order to the f32 product and store the reduced rows
-// into `out`; they neither touch D nor count in done, while the other chunks' pieces are counted
-// in full. Column tail (n 520), the tail split (24 tiles), bf16 sum and f16 mean, the reduced
-// rows stored by TMA and (an output whose row stride the TMA cannot take) from registers.
+// last in the walk; its tiles wait for the peers' parts (flags per piece, raised to op number 7
+// beforehand), add them in rank order to the f32 product and store the reduced rows into `out`;
+// they neither touch D nor count in done, while the other chunks' pieces are counted in full.
+// Pieces of 128 rows, or of 256 columns (3: 256, 256, 8); column tail (n 520), the tail split
+// (24 tiles), bf16 sum and f16 mean, the reduced rows stored by TMA and (an output whose row
+// stride the TMA cannot take) from registers.
 TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
   SKIP_UNLESS_GPUS(1);
-  for (const auto& [dt, op, padded] : {std::tuple{DType::kBF16, ReduceOp::kSum, false},
-                                       std::tuple{DType::kF16, ReduceOp::kAvg, false},
-                                       std::tuple{DType::kBF16, ReduceOp::kAvg, true}}) {
-    SCOPED_TRACE(
-        fmt::format("out {} {}{}", dt, reduce_op_name(op), padded ? " padded output" : ""));
+  for (const auto& [dt, op, padded, by_cols] :
+       {std::tuple{DType::kBF16, ReduceOp::kSum, false, false},
+        std::tuple{DType::kF16, ReduceOp::kAvg, false, false},
+        std::tuple{DType::kBF16, ReduceOp::kAvg, true, false},
+        std::tuple{DType::kBF16, ReduceOp::kSum, false, true}}) {
+    SCOPED_TRACE(fmt::format("out {} {}{}, pieces by {}", dt, reduce_op_name(op),
+                             padded ? " padded output" : "", by_cols ? "columns" : "rows"));
     Gpu gpu;
     const int64_t rows = 256, n = 520, k = 1024;
-    const int chunks = 4, own = 2, pieces = 2;
+    const int chunks = 4, own = 2, pieces = by_cols ? 3 : 2;
     OwnedTensor a = gpu.upload({chunks * rows, k}, DType::kBF16, 31);
     OwnedTensor b = gpu.upload({k, n}, DType::kBF16, 32);
     OwnedTensor d = gpu.empty({chunks * rows, n}, dt);
@@ -563,7 +566,8 @@ TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
     args.chunk_rows = rows;
     args.first_chunk = own + 1;
     args.done = done;
-    args.done_rows = rows / pieces;
+    args.done_rows = by_cols ? 0 : rows / pieces;
+    args.done_cols = by_cols ? 256 : 0;
     args.sum_chunk = own;
     args.sum_parts = parts;
     args.sum_out = out;
@@ -571,7 +575,8 @@ TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
     args.sum_avg = op == ReduceOp::kAvg;
     args.sum_flags = landed;
     args.sum_value = 7;
-    args.sum_rows = rows / pieces;
+    args.sum_rows = by_cols ? 0 : rows / pieces;
+    args.sum_cols = by_cols ? 256 : 0;
     args.sum_flag_stride = chunks;
     gpu.be().native_gemm(args, gpu.stream());
 
@@ -655,6 +660,23 @@ TEST(NativeGemm, PeerPartThatNeverLandsTimesOutNamingIt) {
   gpu.be().write_flag(landed + 3, 3, gpu.stream());
   gpu.be().native_gemm(args, gpu.stream());
   EXPECT_NO_THROW(gpu.be().synchronize());
+
+  // Pieces by columns: n 512 in two of 256, the second never lands.
+  OwnedTensor b2 = gpu.upload({256, 512}, DType::kBF16, 44);
+  OwnedTensor d2 = gpu.empty({2 * rows, 512}, DType::kBF16);
+  OwnedTensor parts2 = gpu.upload({2, rows, 512}, DType::kBF16, 45);
+  OwnedTensor out2 = gpu.empty({rows, 512}, DType::kBF16);
+  gpu.be().zero_flags(landed, 4, gpu.stream());
+  gpu.be().write_flag(landed + 1, 4, gpu.stream());
+  args.b = b2;
+  args.d = d2;
+  args.sum_parts = parts2;
+  args.sum_out = out2;
+  args.sum_value = 4;
+  args.sum_rows = 0;
+  args.sum_cols = 256;
+  gpu.be().native_gemm(args, gpu.stream());
+  expect_timeout_on_sync(gpu, {"rank 5", "partial of rank 1", "channel 13"});
 }
 
 // The partial-sum reduction (every matmul_reduce_scatter ends with it) gives the CPU backend's
