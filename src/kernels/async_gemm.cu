@@ -482,10 +482,10 @@ __device__ __forceinline__ bool wait_sum_parts(const Params& p, int64_t row, int
   return true;
 }
 
-// At the start of a tile of the sum chunk: one consumer's 64 x 256 block of every peer's part
-// into L2 (two 128-byte lines per thread and part), so that the TMA loads of the parts, at the
-// tile's end, find it there. A part not landed yet is harmless: L2 is the point of coherence
-// for the peers' writes into this GPU's memory.
+// Late in the main loop of a tile of the sum chunk: one consumer's 64 x 256 block of every
+// peer's part into L2 (two 128-byte lines per thread and part), so that the TMA loads of the
+// parts, at the tile's end, find it there. A part not landed yet is harmless: L2 is the point of
+// coherence for the peers' writes into this GPU's memory.
 __device__ __forceinline__ void prefetch_parts(const Params& p, int64_t r0, int n0) {
   const int t = threadIdx.x % 128;
   const int64_t row = r0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows + t / 2;
@@ -520,6 +520,9 @@ struct PairOf<__half> {
 // swizzle; columns past n are zeros). This adds one consumer's 64 rows of it to the
 // accumulators (fragment layout as in store_block).
 constexpr int kSumBoxBytes = kBM * 64 * 2;
+// How many k-blocks before a sum tile's end its parts are prefetched into L2 (~10 us of main
+// loop on an H200: an HBM load's latency several times over).
+constexpr int kPrefetchKBlocks = 16;
 constexpr int kSumStageBytes = 2 * kSumBoxBytes;
 static_assert(kSumStageBytes <= kStageBBytes);
 
@@ -727,9 +730,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height, p.group_m);
     tile.m0 += kBM * static_cast<int>(cta);
     const bool sums = kCluster == 1 && sums_tile(p, w, tile.m0);  // (host: single CTAs)
-    if (sums) prefetch_parts(p, tile.m0 + 64 * consumer, tile.n0);
+    // The peers' parts of a sum tile go into L2 kPrefetchKBlocks before its last k-block (at
+    // the tile's start where it has fewer): late enough that the main loop's operands streaming
+    // through L2 do not evict them first, early enough to hide a load from HBM.
+    const int prefetch_kb = sums ? max(w.kb0, w.kb1 - kPrefetchKBlocks) : -1;
     int prev_stage = -1;
     for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
+      if (kb == prefetch_kb) prefetch_parts(p, tile.m0 + 64 * consumer, tile.n0);
       const int s = it % kStages;
       mbar_wait(&full[s], (it / kStages) & 1);
       const uint32_t a_addr = smem_u32(smem_a + s * kStageABytes + consumer * (64 * 128));
