@@ -19,10 +19,11 @@
 // `first_chunk`'s first row come first, then the following rows, wrapping around; within a group
 // of group_m m-tiles the m index runs fastest (B panels stay in L2). CTA i takes tiles i, i+grid,
 // ...: all SMs work on the chunk that landed first while the copy engine brings the next ones.
-// group_m is kGroupM (32), or less where rows wait for flags or are counted in done: a group
-// then never spans two pieces (or chunks) on the tile grid, so the tiles of the first wave that
-// are not the own chunk's wait for the piece that lands first, not for the whole next chunk (or
-// the one after), and counted pieces finish in walk order.
+// group_m is kGroupM (32), or where rows wait for flags or are counted in done the largest
+// height up to 32 that divides every piece and chunk (on the tile grid): a group then never
+// spans two pieces or chunks, so the tiles of the first wave that are not the own chunk's wait
+// for the piece that lands first, not for the whole next chunk (or the one after), counted
+// pieces finish in walk order, and the native MM+RS's own chunk comes last.
 //
 // Why 32 (H200, one GPU, bf16, the 17 per-rank GEMMs of the anchor shapes at world sizes 2 and
 // 4, median of 20 paced runs; docs/PERFORMANCE.md, seventh session): heights 16, 32 and 64 run
@@ -73,6 +74,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <numeric>
 #include <type_traits>
 
 #include "kernels/device_sync.cuh"
@@ -673,8 +675,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kCluster == 1 && sums_tile(p, w, m0)) {
           // The peers' parts of this tile, once landed, into sum stages behind its k-blocks:
           // per peer (rank order) two column halves. The wait comes after this tile's k-blocks
-          // are issued, so the consumers can reach the next tile's count of pending rows (the
-          // peers' own chunks wait for it through our pushes) while this thread waits.
+          // are issued, so the consumers can reach their count of the previous tile's pending
+          // rows (the peers' own chunks wait for it through our pushes) while this thread
+          // waits.
           const int64_t row = m0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows;
           if (sum_waiting) sum_waiting = wait_sum_parts(p, row, tile.n0);
           asm volatile("fence.proxy.async.global;" ::: "memory");
@@ -1068,10 +1071,11 @@ int64_t sum_rows_of(const AsyncGemmArgs& a) {
   return a.sum_rows > 0 ? a.sum_rows : chunk_rows_of(a);
 }
 
-// Columns per piece of the done counters or the sum flags (0: all of n), and the pieces per row
-// range. A column piece is a multiple of kBN wide, so a tile lies in one.
+// Columns per piece of the done counters or the sum flags (0, or more than n: all of n), and
+// the pieces per row range. A column piece is a multiple of kBN wide, so a tile lies in one.
 int64_t piece_cols(const AsyncGemmArgs& a, int64_t cols) {
-  return cols > 0 ? cols : (a.n + kBN - 1) / kBN * kBN;
+  const int64_t all = (a.n + kBN - 1) / kBN * kBN;
+  return cols > 0 && cols < all ? cols : all;
 }
 
 int col_pieces(const AsyncGemmArgs& a, int64_t cols) {
@@ -1111,14 +1115,23 @@ const char* sum_unsupported(const AsyncGemmArgs& a) {
 }
 
 // The walk's group height (see the file comment): kGroupM, or where rows become ready together
-// (pieces of ready_rows) or are counted together (pieces of done_rows: the native MM+RS, whose
-// own chunk must come last) and the pieces start on the tile grid, at most one piece's m-tiles.
+// (pieces of ready_rows) or are counted together (pieces of done_rows: the native MM+RS) and
+// the chunks and pieces start on the tile grid, the largest height up to kGroupM that divides
+// every piece and chunk: groups are laid from the first chunk's first m-tile on, so a group
+// never spans two pieces or two chunks. The native MM+RS depends on it: its own chunk must come
+// last in the walk, or two ranks can each hold the tile the other waits for (until the
+// timeout).
 int group_m_of(const AsyncGemmArgs& a, int64_t height) {
-  int64_t rows = 0;
-  if (a.ready != nullptr) rows = ready_rows_of(a);
-  if (a.done != nullptr) rows = rows == 0 ? done_rows_of(a) : std::min(rows, done_rows_of(a));
-  if (rows == 0 || rows % height != 0 || chunk_rows_of(a) % height != 0) return kGroupM;
-  return static_cast<int>(std::min<int64_t>(kGroupM, rows / height));
+  if (a.ready == nullptr && a.done == nullptr) return kGroupM;
+  int64_t rows = chunk_rows_of(a);
+  if (a.ready != nullptr) rows = std::gcd(rows, ready_rows_of(a));
+  if (a.done != nullptr) rows = std::gcd(rows, done_rows_of(a));
+  if (rows % height != 0) return kGroupM;  // off the tile grid: tiles straddle pieces anyway
+  const int64_t tiles = rows / height;
+  for (int64_t g = std::min<int64_t>(kGroupM, tiles); g > 1; --g) {
+    if (tiles % g == 0) return static_cast<int>(g);
+  }
+  return 1;
 }
 
 int out_code(DType d) {
@@ -1257,6 +1270,10 @@ bool uses_cluster(const AsyncGemmArgs& a) {
 size_t async_gemm_split_workspace_bytes() {
   const int ctas = sm_count();
   return split_flag_bytes(ctas) + static_cast<size_t>(ctas) * kPartialBytes;
+}
+
+int async_gemm_group_m(const AsyncGemmArgs& a) {
+  return group_m_of(a, int64_t{kBM} * (uses_cluster(a) ? 2 : 1));
 }
 
 int async_gemm_tail_split(const AsyncGemmArgs& a) {

@@ -72,10 +72,10 @@ PushPieces push_pieces(int64_t rows, size_t bytes, size_t piece_bytes);
 
 // How the native matmul_reduce_scatter pushes a finished chunk of `n` columns and `bytes`
 // bytes: `count` pieces of `cols` columns each (the last may be narrower; cols 0: one piece of
-// all n), a multiple of 256 (the native GEMM's tile width, so a tile counts in one piece), each
-// at least kRsPieceBytes, at most kMaxPushPieces. By columns, not rows: the GEMM's walk may then
-// take a whole chunk's height per group (see async_gemm.cu on group heights) and still finish
-// the pieces one after the other.
+// all n), a multiple of 256 (the native GEMM's tile width, so a tile counts in one piece), at
+// least kRsPieceBytes a piece on average, at most kMaxPushPieces. By columns, not rows: the GEMM's
+// walk may then take a whole chunk's height per group (see async_gemm.cu on group heights) and
+// still finish the pieces one after the other.
 inline constexpr size_t kRsPieceBytes = size_t{4} << 20;
 struct RsPieces {
   int count = 1;

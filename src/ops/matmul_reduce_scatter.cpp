@@ -337,8 +337,9 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
 //                        landed_{r+1}[0][r] = e, done[r+1][0] = 0 | piece 1 ... | chunk r+2 ...
 //
 // The GEMM counts the stored tiles of each piece (up to kMaxPushPieces per chunk, at least
-// kRsPieceBytes each, column ranges of whole 256-column tiles: the chunk's rows in one walk
-// group, its columns in walk order); the copy stream waits for a piece's count (a stream
+// kRsPieceBytes on average, column ranges of whole 256-column tiles: the GEMM's walk takes up
+// to 32 m-tiles of the chunk's rows per group and its columns in order, so the pieces finish one
+// after the other); the copy stream waits for a piece's count (a stream
 // memory wait: no SM needed while the GEMM holds them all) and pushes it while the GEMM goes on.
 // Every rank walks the chunks from its own r+1 on, so chunk r comes last on r and earlier on
 // every peer (on r-1 first, on r+1 second to last): its pieces have landed on r by the time r's

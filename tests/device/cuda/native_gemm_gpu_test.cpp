@@ -480,6 +480,52 @@ TEST(NativeGemm, TailSplitMatchesUnsplitAndRepeatsBitForBit) {
   }
 }
 
+// The walk's group height (host arithmetic, no GPU needed): 32 m-tiles where nothing waits or
+// counts; where rows become ready (AG) or are counted (MM+RS) by pieces, the largest height up
+// to 32 that divides every piece and chunk, so that a group never spans two chunks (the native
+// MM+RS's own chunk must come last in the walk) or two pieces.
+TEST(NativeGemm, WalkGroupsNeverSpanAPieceOrAChunk) {
+  uint32_t flag = 0;
+  kernels::AsyncGemmArgs a;
+  a.n = 4096;
+  a.k = 1024;
+  a.c_dtype = DType::kBF16;
+  a.m = 8192;
+  EXPECT_EQ(kernels::async_gemm_group_m(a), 32);
+  a.done = &flag;
+  for (int64_t chunk_tiles = 1; chunk_tiles <= 80; ++chunk_tiles) {
+    for (int64_t piece_tiles : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{4}, chunk_tiles}) {
+      if (piece_tiles > 0 && chunk_tiles % piece_tiles != 0) continue;
+      SCOPED_TRACE(fmt::format("chunks of {} m-tiles, pieces of {}", chunk_tiles, piece_tiles));
+      a.chunk_rows = 128 * chunk_tiles;
+      a.m = 2 * a.chunk_rows;
+      a.done_rows = 128 * piece_tiles;
+      const int g = kernels::async_gemm_group_m(a);
+      const int64_t piece = piece_tiles > 0 ? piece_tiles : chunk_tiles;
+      EXPECT_GE(g, 1);
+      EXPECT_LE(g, 32);
+      EXPECT_EQ(piece % g, 0);
+      EXPECT_EQ(chunk_tiles % g, 0);
+    }
+  }
+  a.done_rows = 0;
+  for (const auto& [chunk_tiles, want] : std::vector<std::pair<int64_t, int>>{
+           {8, 8}, {16, 16}, {40, 20}, {48, 24}, {56, 28}, {64, 32}, {37, 1}}) {
+    a.chunk_rows = 128 * chunk_tiles;
+    a.m = 2 * a.chunk_rows;
+    EXPECT_EQ(kernels::async_gemm_group_m(a), want) << chunk_tiles << " m-tiles a chunk";
+  }
+  // Ready pieces (AG) and chunks off the tile grid: no piece to keep whole, 32.
+  a.done = nullptr;
+  a.ready = &flag;
+  a.chunk_rows = 128 * 48;
+  a.ready_rows = 128 * 12;
+  EXPECT_EQ(kernels::async_gemm_group_m(a), 12);
+  a.chunk_rows = 1000;
+  a.ready_rows = 0;
+  EXPECT_EQ(kernels::async_gemm_group_m(a), 32);
+}
+
 TEST(NativeGemm, PublishesFinishedChunks) {
   SKIP_UNLESS_GPUS(1);
   for (DType out : {DType::kBF16, DType::kF32}) {

@@ -316,6 +316,10 @@ std::vector<RsCase> rs_cases() {
                                                                                 // the native GEMM
     cases.push_back({ws, {1, 1024, 64}, 96, 1, DType::kBF16, ReduceOp::kSum, 1});
   }
+  // The native path's pieces by columns: 2048-row chunks of 2304 columns (9.4 MB) pushed in two
+  // (1280 and 1024 columns); chunks of 40 m-tiles (the walk's groups must divide them: 20).
+  cases.push_back({2, {4096, 64}, 2304, 0, DType::kBF16, ReduceOp::kSum, 1});
+  cases.push_back({2, {10240, 64}, 512, 0, DType::kBF16, ReduceOp::kSum, 1});
   // World size 8: every scatter dim, both reductions and dtypes, the native GEMM's tails.
   cases.push_back({8, {128, 96}, 64, 0, DType::kBF16, ReduceOp::kSum, 1});
   cases.push_back({8, {64, 96}, 128, 1, DType::kF16, ReduceOp::kAvg, 1});
