@@ -397,22 +397,22 @@ __device__ __forceinline__ void store_pair(Out* row, int64_t col, int64_t n, flo
   }
 }
 
-// Stores one consumer's 64 x 256 accumulator block at rows [r0, r0 + 64), columns [n0, n0 + 256).
+// Stores one consumer's 64 x 256 accumulator block at rows [r0, r0 + 64), columns [n0, n0 + 256)
+// of `base` (row stride ld; rows from `rows` on and columns from n on are left out).
 // Fragment of m64nNk16 (f32): thread t = 32 w + l holds, for each 8-column group j,
 // d[4j + {0,1}] at (16 w + l/4, 8 j + 2 (l%4) + {0,1}) and d[4j + {2,3}] 8 rows below.
 template <typename Out>
-__device__ __forceinline__ void store_block(const Params& p, const float (&d)[128], int64_t r0,
-                                            int n0) {
+__device__ __forceinline__ void store_block(Out* base, int64_t ld, int64_t rows, int64_t n,
+                                            const float (&d)[128], int64_t r0, int n0) {
   const int t = threadIdx.x % 128;
   const int64_t row = r0 + 16 * (t / 32) + (t % 32) / 4;
   const int64_t col0 = n0 + 2 * (t % 4);
-  Out* base = static_cast<Out*>(p.c);
-  const bool row_ok = row < p.m, row8_ok = row + 8 < p.m;
+  const bool row_ok = row < rows, row8_ok = row + 8 < rows;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     const int64_t col = col0 + 8 * j;
-    if (row_ok) store_pair(base + row * p.ldc, col, p.n, d[4 * j], d[4 * j + 1]);
-    if (row8_ok) store_pair(base + (row + 8) * p.ldc, col, p.n, d[4 * j + 2], d[4 * j + 3]);
+    if (row_ok) store_pair(base + row * ld, col, n, d[4 * j], d[4 * j + 1]);
+    if (row8_ok) store_pair(base + (row + 8) * ld, col, n, d[4 * j + 2], d[4 * j + 3]);
   }
 }
 
@@ -462,6 +462,11 @@ __device__ __forceinline__ bool in_sum_chunk(const Params& p, int64_t m0) {
   return p.sum_chunk >= 0 && m0 / p.chunk_rows == p.sum_chunk;
 }
 
+// Row r of the product as a row of the sum chunk (of the parts and of sum_out).
+__device__ __forceinline__ int64_t sum_row_of(const Params& p, int64_t r) {
+  return r - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows;
+}
+
 // Whether unit w (its tile at row m0) ends in the reduce-scatter epilogue: a whole tile of the
 // sum chunk, or the last K-range of one.
 __device__ __forceinline__ bool sums_tile(const Params& p, const Unit& w, int64_t m0) {
@@ -490,7 +495,7 @@ __device__ __forceinline__ bool wait_sum_parts(const Params& p, int64_t row, int
 // coherence for the peers' writes into this GPU's memory.
 __device__ __forceinline__ void prefetch_parts(const Params& p, int64_t r0, int n0) {
   const int t = threadIdx.x % 128;
-  const int64_t row = r0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows + t / 2;
+  const int64_t row = sum_row_of(p, r0) + t / 2;
   const int64_t col = n0 + 128 * (t % 2);  // 16-bit parts: 64 columns per line
   if (col >= p.n) return;
   for (int s = 0; s < p.sum_count; ++s) {
@@ -552,22 +557,6 @@ __device__ __forceinline__ void add_part_half(const uint8_t* stage, float (&d)[1
       acc[0] += x.x;
       acc[1] += x.y;
     }
-  }
-}
-
-// The reduced rows from registers (where no TMA store is used): one consumer's 64 x 256 block
-// at chunk rows [r0, r0 + 64) of sum_out, columns [n0, n0 + 256).
-template <typename Out>
-__device__ __forceinline__ void store_sum_block(const Params& p, const float (&d)[128], int64_t r0,
-                                                int n0) {
-  const int t = threadIdx.x % 128;
-  const int64_t row = r0 + 16 * (t / 32) + (t % 32) / 4;
-  const int64_t col0 = n0 + 2 * (t % 4);
-  Out* out = static_cast<Out*>(p.sum_out);
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    store_pair(out + row * p.sum_ldo, col0 + 8 * j, p.n, d[4 * j], d[4 * j + 1]);
-    store_pair(out + (row + 8) * p.sum_ldo, col0 + 8 * j, p.n, d[4 * j + 2], d[4 * j + 3]);
   }
 }
 
@@ -678,7 +667,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // are issued, so the consumers can reach their count of the previous tile's pending
           // rows (the peers' own chunks wait for it through our pushes) while this thread
           // waits.
-          const int64_t row = m0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows;
+          const int64_t row = sum_row_of(p, m0);
           if (sum_waiting) sum_waiting = wait_sum_parts(p, row, tile.n0);
           asm volatile("fence.proxy.async.global;" ::: "memory");
           for (int s = 0; s < p.sum_count; ++s) {
@@ -849,12 +838,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           acc[i] *= inv;
       }
     }
-    const int64_t sum_row = r0 - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows;
+    const int64_t sum_row = sum_row_of(p, r0);
     if (sums && !(kTmaStore && p.sum_tma_store)) {
+      // From registers (no TMA store for sum_out); its rows all lie in the chunk.
       if (p.c_dtype == 1) {
-        store_sum_block<__nv_bfloat16>(p, acc, sum_row, tile.n0);
+        store_block(static_cast<__nv_bfloat16*>(p.sum_out), p.sum_ldo, p.chunk_rows, p.n, acc,
+                    sum_row, tile.n0);
       } else {
-        store_sum_block<__half>(p, acc, sum_row, tile.n0);
+        store_block(static_cast<__half*>(p.sum_out), p.sum_ldo, p.chunk_rows, p.n, acc, sum_row,
+                    tile.n0);
       }
       continue;
     }
@@ -903,13 +895,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else {
       switch (p.c_dtype) {
         case 0:
-          store_block<float>(p, acc, r0, tile.n0);
+          store_block(static_cast<float*>(p.c), p.ldc, p.m, p.n, acc, r0, tile.n0);
           break;
         case 1:
-          store_block<__nv_bfloat16>(p, acc, r0, tile.n0);
+          store_block(static_cast<__nv_bfloat16*>(p.c), p.ldc, p.m, p.n, acc, r0, tile.n0);
           break;
         default:
-          store_block<__half>(p, acc, r0, tile.n0);
+          store_block(static_cast<__half*>(p.c), p.ldc, p.m, p.n, acc, r0, tile.n0);
           break;
       }
       if (p.done != nullptr && r0 < p.m) {
@@ -947,18 +939,30 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// A 2-D tensor map: inner dim `inner` (contiguous), outer dim `outer` with row stride `ld`
-// elements, box inner x outer, 128-byte swizzle, zero fill out of bounds.
+// A tiled map of `rank` dims (dims[0] contiguous; strides in bytes for dims 1..), 128-byte
+// swizzle, zero fill out of bounds.
+bool encode_map(CUtensorMap* map, const void* base, CUtensorMapDataType type, int rank,
+                const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box) {
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode_tiled()(map, type, rank, const_cast<void*>(base), dims, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The map's element type for a 16-bit dtype.
+CUtensorMapDataType map_type(DType d) {
+  return d == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+// A 2-D map of 16-bit elements: inner dim `inner` (contiguous), outer dim `outer` with row
+// stride `ld` elements, box inner x outer.
 bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType type, int64_t inner,
               int64_t outer, int64_t ld, uint32_t box_inner, uint32_t box_outer) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * 2)};
   const cuuint32_t box[2] = {box_inner, box_outer};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  return encode_tiled()(map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_map(map, base, type, 2, dims, strides, box);
 }
 
 // The reduce-scatter epilogue's parts, [count, rows, n] (row stride ld, part stride `stride`
@@ -971,11 +975,7 @@ bool make_parts_map(CUtensorMap* map, const void* base, CUtensorMapDataType type
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld * 2),
                                  static_cast<cuuint64_t>(stride * 2)};
   const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kBM), 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  return encode_tiled()(map, type, 3, const_cast<void*>(base), dims, strides, box, elem_strides,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_map(map, base, type, 3, dims, strides, box);
 }
 
 // SMs of the current device, asked once per device (several calls per launch need it).
@@ -1290,8 +1290,8 @@ bool async_gemm_own_needs_ready(const AsyncGemmArgs& a) {
 
 cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   if (async_gemm_unsupported(a) != nullptr) return cudaErrorInvalidValue;
-  const CUtensorMapDataType type = a.in_dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type = map_type(a.in_dtype);
+  const CUtensorMapDataType c_type = map_type(a.c_dtype);  // 16-bit C only: TMA store, sums
   const bool tma_store = uses_tma_store(a);
   const int cluster = uses_cluster(a) ? 2 : 1;
   CUtensorMap map_a{}, map_b{};
@@ -1353,8 +1353,6 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   }
   CUtensorMap map_c{};
   if (tma_store) {
-    const CUtensorMapDataType c_type = a.c_dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     if (!make_map(&map_c, a.c, c_type, a.n, a.m, a.ldc, 64, 64)) return cudaErrorInvalidValue;
   }
   // The own chunk's rows straight from the caller's A: [chunk rows, K] with row stride own_lda.
@@ -1370,8 +1368,6 @@ cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {
   // TMA can address it, the reduced output (stored like C, through the staging area).
   CUtensorMap map_parts{}, map_sum{};
   if (a.sum_chunk >= 0) {
-    const CUtensorMapDataType c_type = a.c_dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     if (a.sum_count > 1 && !make_parts_map(&map_parts, a.sum_parts, c_type, a.n, p.chunk_rows,
                                            a.sum_count, a.sum_ld, a.sum_part_stride)) {
       return cudaErrorInvalidValue;
