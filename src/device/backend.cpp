@@ -94,6 +94,10 @@ uint32_t Backend::native_gemm_done_count(const ChunkedGemmArgs& args, int) {
   ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
 }
 
+std::vector<int> Backend::native_gemm_done_order(const ChunkedGemmArgs& args) {
+  ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
+}
+
 bool Backend::native_gemm_own_needs_ready(const ChunkedGemmArgs& args) {
   ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
 }

@@ -76,6 +76,7 @@
 #include <mutex>
 #include <numeric>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/device_sync.cuh"
 #include "kernels/kernels.h"
@@ -451,9 +452,15 @@ __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[1
 
 // Counts the stored 64-row half of a tile at (r0, n0) in its piece's counter: row piece
 // r0 / done_rows, column piece n0 / done_cols (a tile lies in one piece: kBN divides done_cols).
+// A release at GPU scope: the counters are read by this GPU's own stream front end
+// (cuStreamWaitValue32), and the rows they cover by its own copy engine, both through its L2.
+// System scope, as before, cost the native MM+RS 8-13 us per op at ws 2 beside the copy
+// engine's pushes (docs/PERFORMANCE.md, eighth session), for ordering towards observers
+// (the host, the peers) that never read these counters.
 __device__ __forceinline__ void publish_done(const Params& p, int r0, int n0) {
-  __threadfence_system();
-  atomicAdd_system(p.done + (r0 / p.done_rows) * p.done_col_pieces + n0 / p.done_cols, 1u);
+  uint32_t* counter = p.done + (r0 / p.done_rows) * p.done_col_pieces + n0 / p.done_cols;
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
 }
 
 // Whether the tile starting at row m0 belongs to the chunk whose tiles are reduced (sum_chunk:
@@ -1114,24 +1121,40 @@ const char* sum_unsupported(const AsyncGemmArgs& a) {
   return nullptr;
 }
 
-// The walk's group height (see the file comment): kGroupM, or where rows become ready together
-// (pieces of ready_rows) or are counted together (pieces of done_rows: the native MM+RS) and
-// the chunks and pieces start on the tile grid, the largest height up to kGroupM that divides
-// every piece and chunk: groups are laid from the first chunk's first m-tile on, so a group
-// never spans two pieces or two chunks. The native MM+RS depends on it: its own chunk must come
-// last in the walk, or two ranks can each hold the tile the other waits for (until the
-// timeout).
-int group_m_of(const AsyncGemmArgs& a, int64_t height) {
-  if (a.ready == nullptr && a.done == nullptr) return kGroupM;
-  int64_t rows = chunk_rows_of(a);
-  if (a.ready != nullptr) rows = std::gcd(rows, ready_rows_of(a));
-  if (a.done != nullptr) rows = std::gcd(rows, done_rows_of(a));
-  if (rows % height != 0) return kGroupM;  // off the tile grid: tiles straddle pieces anyway
-  const int64_t tiles = rows / height;
+// The largest height up to kGroupM that divides `tiles` m-tiles (1 if none above 1 does).
+int largest_group_dividing(int64_t tiles) {
   for (int64_t g = std::min<int64_t>(kGroupM, tiles); g > 1; --g) {
     if (tiles % g == 0) return static_cast<int>(g);
   }
   return 1;
+}
+
+// The walk's group height (see the file comment). kGroupM where no row waits for a flag or is
+// counted in done. The native MM+RS (sum_chunk, chunks counted whole, own chunk last: first_chunk
+// = sum_chunk + 1): the peers' chunks wait for nothing, so their groups may span chunks, and the
+// height only has to end a group where the own chunk starts: the largest up to kGroupM that
+// divides the m-tiles before it (at ws 4, 4096 rows: 24 where chunks of 8 m-tiles allowed 8).
+// Otherwise, where the chunks and pieces start on the tile grid, the largest height up to
+// kGroupM that divides every piece and chunk: groups are laid from the first chunk's first
+// m-tile on, so a group never spans two pieces or two chunks, and the tiles of the first wave
+// that are not the own chunk's wait for the piece that lands first. Either way the native
+// MM+RS's own chunk comes last in the walk, or two ranks could each hold a tile the other waits
+// for (until the timeout).
+int group_m_of(const AsyncGemmArgs& a, int64_t height) {
+  const int64_t rows = chunk_rows_of(a);
+  if (a.sum_chunk >= 0 && a.ready == nullptr && done_rows_of(a) == rows && rows % height == 0 &&
+      a.m % rows == 0) {
+    const int64_t chunks = a.m / rows;
+    if (chunks > 1 && a.first_chunk == (a.sum_chunk + 1) % chunks) {
+      return largest_group_dividing((chunks - 1) * (rows / height));
+    }
+  }
+  if (a.ready == nullptr && a.done == nullptr && a.sum_chunk < 0) return kGroupM;
+  int64_t pieces = rows;
+  if (a.ready != nullptr) pieces = std::gcd(pieces, ready_rows_of(a));
+  if (a.done != nullptr) pieces = std::gcd(pieces, done_rows_of(a));
+  if (pieces % height != 0) return kGroupM;  // off the tile grid: tiles straddle pieces anyway
+  return largest_group_dividing(pieces / height);
 }
 
 int out_code(DType d) {
@@ -1217,6 +1240,38 @@ uint32_t async_gemm_done_count(const AsyncGemmArgs& a, int index) {
   const int64_t first_col = index % pieces * cols;
   const int64_t width = std::min(a.n, first_col + cols) - first_col;
   return static_cast<uint32_t>(halves * ((width + kBN - 1) / kBN));
+}
+
+namespace {
+bool uses_cluster(const AsyncGemmArgs& a);
+}
+
+std::vector<int> async_gemm_done_order(const AsyncGemmArgs& a) {
+  // Each counter's last tile in the walk (tile_at inverted): an m-tile at walk row rel lies in
+  // group rel / g, whose h m-tiles run fastest, so tile (rel, ni) is number
+  // group * g * tiles_n + ni * h + rel % g; a counter's last one is in its last column.
+  const int64_t height = int64_t{kBM} * (uses_cluster(a) ? 2 : 1);
+  const int64_t g = group_m_of(a, height);
+  const int64_t tiles_m = (a.m + height - 1) / height, tiles_n = (a.n + kBN - 1) / kBN;
+  const int64_t pivot = a.first_chunk * chunk_rows_of(a) / height;
+  const int64_t rows = done_rows_of(a), cols = piece_cols(a, a.done_cols);
+  const int pieces = col_pieces(a, a.done_cols);
+  const int64_t counters = (a.m + rows - 1) / rows * pieces;
+  std::vector<int64_t> last(static_cast<size_t>(counters), -1);
+  for (int64_t r0 = 0; r0 < a.m; r0 += kBM) {  // each CTA's rows of a (cluster) tile
+    const int64_t rel = (r0 / height - pivot + tiles_m) % tiles_m;
+    const int64_t first = rel / g * g;
+    const int64_t h = std::min(g, tiles_m - first);
+    for (int q = 0; q < pieces; ++q) {
+      const int64_t ni = std::min(tiles_n, ((q + 1) * cols + kBN - 1) / kBN) - 1;
+      int64_t& t = last[static_cast<size_t>(r0 / rows * pieces + q)];
+      t = std::max(t, first * tiles_n + ni * h + (rel - first));
+    }
+  }
+  std::vector<int> order(static_cast<size_t>(counters));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return last[x] < last[y]; });
+  return order;
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "core/scalar_types.h"
 
@@ -119,9 +120,10 @@ cudaError_t scale_epilogue(void* d, DType d_dtype, int64_t ldd, const float* src
 //     (the last may be shorter), piece j of chunk c flagged by ready[j * ready_stride + c], and
 //     a tile waits only for the pieces its rows overlap;
 //   - done (optional, MM+RS): after the stores of each 64-row half tile in rows
-//     [i * done_rows, (i + 1) * done_rows), done[i] is incremented (release, system scope); those
-//     rows are complete when done[i] reaches async_gemm_done_count(args, i). done_rows is
-//     chunk_rows unless given (pieces of a chunk). Needs chunk_rows % 128 == 0;
+//     [i * done_rows, (i + 1) * done_rows), done[i] is incremented (release at GPU scope: for
+//     this GPU's stream waits and copy engines, not for the host or a peer); those rows are
+//     complete when done[i] reaches async_gemm_done_count(args, i). done_rows is chunk_rows
+//     unless given (pieces of a chunk). Needs chunk_rows % 128 == 0;
 //   - sum (optional, MM+RS): the own chunk's tiles add the peers' landed partials to their
 //     accumulators and store the reduced chunk instead (see sum_chunk below).
 struct AsyncGemmArgs {
@@ -216,6 +218,10 @@ cudaError_t async_gemm(const AsyncGemmArgs& args, cudaStream_t stream);
 // The value done[i] reaches once every tile of rows [i * done_rows, (i + 1) * done_rows) is
 // stored.
 uint32_t async_gemm_done_count(const AsyncGemmArgs& args, int index);
+// The done counters' indices in the order the walk completes them (of each, its last tile):
+// the order to wait for them in. Pieces of chunks that one walk group spans complete column
+// piece by column piece, across the chunks.
+std::vector<int> async_gemm_done_order(const AsyncGemmArgs& args);
 // Bytes of the tail-split workspace for the current device.
 size_t async_gemm_split_workspace_bytes();
 // The walk's group height in m-tiles for these arguments (see async_gemm.cu): up to 32, and

@@ -448,21 +448,23 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   be.native_gemm(args, compute);
   ctx.mark("gemm", compute);
   // The copy stream's waits for the counters (stream memory waits, no SM needed) are bounded by
-  // the GEMM: its tiles of other chunks wait for nothing, so every count is reached.
-  for (int i = 1; i < ws; ++i) {
-    const int d = (rank + i) % ws;
+  // the GEMM: its tiles of other chunks wait for nothing, so every count is reached. The pieces
+  // go in the order the GEMM finishes them: chunk by chunk (rank + 1, rank + 2, ...), or, where
+  // its walk groups span the peers' chunks (ws 4, 4096 rows), column piece by column piece
+  // across them.
+  for (const int index : be.native_gemm_done_order(args)) {
+    const int d = index / pieces.count;
+    const int q = index % pieces.count;
+    if (d == rank) continue;  // reduced in the GEMM's epilogue, never counted
     const Tensor from = product.narrow(0, d * rows, rows);
     const Tensor to = slots.at(d, rank).view({rows, plan.n});
-    for (int q = 0; q < pieces.count; ++q) {
-      const int index = d * pieces.count + q;
-      be.wait_flag(done + index, be.native_gemm_done_count(args, index), copy);
-      be.copy(piece_of(to, q), piece_of(from, q), copy);
-      be.write_flag(landed_of(d) + q * ws + rank, slots.number, copy);
-      // Counted in full: back to 0 for the next op, here beside the GEMM (a stream write takes
-      // ~3 us; after the GEMM they would add up).
-      be.write_flag(done + index, 0, copy);
-    }
-    if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", d), copy);
+    be.wait_flag(done + index, be.native_gemm_done_count(args, index), copy);
+    be.copy(piece_of(to, q), piece_of(from, q), copy);
+    be.write_flag(landed_of(d) + q * ws + rank, slots.number, copy);
+    // Counted in full: back to 0 for the next op, here beside the GEMM (a stream write takes
+    // ~3 us; after the GEMM they would add up).
+    be.write_flag(done + index, 0, copy);
+    if (ctx.tracing()) ctx.mark(fmt::format("pushed piece {} to {}", q, d), copy);
   }
   Event& pushed = ctx.event(ws);
   pushed.record(copy);

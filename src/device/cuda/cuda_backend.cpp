@@ -360,6 +360,13 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     return kernels::async_gemm_done_count(k, chunk);
   }
 
+  std::vector<int> native_gemm_done_order(const ChunkedGemmArgs& args) override {
+    kernels::AsyncGemmArgs k;
+    const std::string why = to_async_gemm(args, &k);
+    ASYNCTP_CHECK(why.empty(), "native_gemm_done_order: {}", why);
+    return kernels::async_gemm_done_order(k);
+  }
+
   bool native_gemm_own_needs_ready(const ChunkedGemmArgs& args) override {
     kernels::AsyncGemmArgs k;
     const std::string why = to_async_gemm(args, &k);

@@ -320,6 +320,11 @@ std::vector<RsCase> rs_cases() {
   // (1280 and 1024 columns); chunks of 40 m-tiles (the walk's groups must divide them: 20).
   cases.push_back({2, {4096, 64}, 2304, 0, DType::kBF16, ReduceOp::kSum, 1});
   cases.push_back({2, {10240, 64}, 512, 0, DType::kBF16, ReduceOp::kSum, 1});
+  // Walk groups spanning the peers' chunks (the native GEMM's own chunk last): at ws 4, chunks of
+  // 8 m-tiles in groups of 24, pushed in two column pieces (1024 x 2048, 4 MiB each) across
+  // the chunks; at ws 8, chunks of 4 m-tiles in groups of 28.
+  cases.push_back({4, {4096, 64}, 4096, 0, DType::kBF16, ReduceOp::kSum, 1});
+  cases.push_back({8, {4096, 64}, 512, 0, DType::kF16, ReduceOp::kAvg, 1});
   // World size 8: every scatter dim, both reductions and dtypes, the native GEMM's tails.
   cases.push_back({8, {128, 96}, 64, 0, DType::kBF16, ReduceOp::kSum, 1});
   cases.push_back({8, {64, 96}, 128, 1, DType::kF16, ReduceOp::kAvg, 1});
