@@ -1036,6 +1036,8 @@ cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUt
   const int64_t clusters = std::min<int64_t>({max_clusters, max_ctas / kCluster, units});
   if (clusters <= 0) return cudaErrorInvalidConfiguration;
   config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
+  // Single CTAs launch without the cluster attribute (the driver's plain launch path).
+  if constexpr (kCluster == 1) config.numAttrs = 0;
   return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, map_a_own, map_parts, map_sum, p);
 }
 
