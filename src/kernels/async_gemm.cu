@@ -1131,32 +1131,24 @@ int largest_group_dividing(int64_t tiles) {
   return 1;
 }
 
-// The walk's group height (see the file comment). kGroupM where no row waits for a flag or is
-// counted in done. The native MM+RS (sum_chunk, chunks counted whole, own chunk last: first_chunk
-// = sum_chunk + 1): the peers' chunks wait for nothing, so their groups may span chunks, and the
-// height only has to end a group where the own chunk starts: the largest up to kGroupM that
-// divides the m-tiles before it (at ws 4, 4096 rows: 24 where chunks of 8 m-tiles allowed 8).
-// Otherwise, where the chunks and pieces start on the tile grid, the largest height up to
-// kGroupM that divides every piece and chunk: groups are laid from the first chunk's first
-// m-tile on, so a group never spans two pieces or two chunks, and the tiles of the first wave
-// that are not the own chunk's wait for the piece that lands first. Either way the native
-// MM+RS's own chunk comes last in the walk, or two ranks could each hold a tile the other waits
-// for (until the timeout).
+// The walk's group height (see the file comment): kGroupM, or where rows become ready together
+// (pieces of ready_rows) or are counted together (pieces of done_rows: the native MM+RS) and
+// the chunks and pieces start on the tile grid, the largest height up to kGroupM that divides
+// every piece and chunk: groups are laid from the first chunk's first m-tile on, so a group
+// never spans two pieces or two chunks. The native MM+RS depends on it: its own chunk must come
+// last in the walk, or two ranks can each hold the tile the other waits for (until the
+// timeout), and its pushes want the peers' chunks finished one after the other. (Groups that
+// span the peers' chunks, the own chunk still last, were measured at ws 4 and set aside: the
+// kernel alone gained little, and the chunks then finished together, late, so that their pushes
+// no longer overlapped the GEMM: seed-like native 385 -> 444 us; docs/PERFORMANCE.md, eighth
+// session.)
 int group_m_of(const AsyncGemmArgs& a, int64_t height) {
-  const int64_t rows = chunk_rows_of(a);
-  if (a.sum_chunk >= 0 && a.ready == nullptr && done_rows_of(a) == rows && rows % height == 0 &&
-      a.m % rows == 0) {
-    const int64_t chunks = a.m / rows;
-    if (chunks > 1 && a.first_chunk == (a.sum_chunk + 1) % chunks) {
-      return largest_group_dividing((chunks - 1) * (rows / height));
-    }
-  }
   if (a.ready == nullptr && a.done == nullptr && a.sum_chunk < 0) return kGroupM;
-  int64_t pieces = rows;
-  if (a.ready != nullptr) pieces = std::gcd(pieces, ready_rows_of(a));
-  if (a.done != nullptr) pieces = std::gcd(pieces, done_rows_of(a));
-  if (pieces % height != 0) return kGroupM;  // off the tile grid: tiles straddle pieces anyway
-  return largest_group_dividing(pieces / height);
+  int64_t rows = chunk_rows_of(a);
+  if (a.ready != nullptr) rows = std::gcd(rows, ready_rows_of(a));
+  if (a.done != nullptr) rows = std::gcd(rows, done_rows_of(a));
+  if (rows % height != 0) return kGroupM;  // off the tile grid: tiles straddle pieces anyway
+  return largest_group_dividing(rows / height);
 }
 
 int out_code(DType d) {

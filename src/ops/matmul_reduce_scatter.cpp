@@ -449,9 +449,8 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   ctx.mark("gemm", compute);
   // The copy stream's waits for the counters (stream memory waits, no SM needed) are bounded by
   // the GEMM: its tiles of other chunks wait for nothing, so every count is reached. The pieces
-  // go in the order the GEMM finishes them: chunk by chunk (rank + 1, rank + 2, ...), or, where
-  // its walk groups span the peers' chunks (ws 4, 4096 rows), column piece by column piece
-  // across them.
+  // go in the order the GEMM finishes them (native_gemm_done_order: chunk by chunk, rank + 1,
+  // rank + 2, ..., each by columns).
   for (const int index : be.native_gemm_done_order(args)) {
     const int d = index / pieces.count;
     const int q = index % pieces.count;

@@ -320,9 +320,8 @@ std::vector<RsCase> rs_cases() {
   // (1280 and 1024 columns); chunks of 40 m-tiles (the walk's groups must divide them: 20).
   cases.push_back({2, {4096, 64}, 2304, 0, DType::kBF16, ReduceOp::kSum, 1});
   cases.push_back({2, {10240, 64}, 512, 0, DType::kBF16, ReduceOp::kSum, 1});
-  // Walk groups spanning the peers' chunks (the native GEMM's own chunk last): at ws 4, chunks of
-  // 8 m-tiles in groups of 24, pushed in two column pieces (1024 x 2048, 4 MiB each) across
-  // the chunks; at ws 8, chunks of 4 m-tiles in groups of 28.
+  // Column pieces at ws 4 (chunks of 1024 x 4096: two pieces of 4 MiB) and chunks of 4 m-tiles
+  // at ws 8.
   cases.push_back({4, {4096, 64}, 4096, 0, DType::kBF16, ReduceOp::kSum, 1});
   cases.push_back({8, {4096, 64}, 512, 0, DType::kF16, ReduceOp::kAvg, 1});
   // World size 8: every scatter dim, both reductions and dtypes, the native GEMM's tails.
