@@ -1132,7 +1132,8 @@ int largest_group_dividing(int64_t tiles) {
 }
 
 // The walk's group height (see the file comment): kGroupM, or where rows become ready together
-// (pieces of ready_rows) or are counted together (pieces of done_rows: the native MM+RS) and
+// (pieces of ready_rows), are counted together (pieces of done_rows) or are reduced (sum_chunk:
+// the native MM+RS) and
 // the chunks and pieces start on the tile grid, the largest height up to kGroupM that divides
 // every piece and chunk: groups are laid from the first chunk's first m-tile on, so a group
 // never spans two pieces or two chunks. The native MM+RS depends on it: its own chunk must come

@@ -219,8 +219,8 @@ cudaError_t async_gemm(const AsyncGemmArgs& args, cudaStream_t stream);
 // stored.
 uint32_t async_gemm_done_count(const AsyncGemmArgs& args, int index);
 // The done counters' indices in the order the walk completes them (of each, its last tile):
-// the order to wait for them in. Pieces of chunks that one walk group spans complete column
-// piece by column piece, across the chunks.
+// the order to wait for them in. The walk's groups never span two pieces or chunks, so this is
+// chunk by chunk from first_chunk on, each chunk's pieces in row order, then column order.
 std::vector<int> async_gemm_done_order(const AsyncGemmArgs& args);
 // Bytes of the tail-split workspace for the current device.
 size_t async_gemm_split_workspace_bytes();
