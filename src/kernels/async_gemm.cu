@@ -19,8 +19,9 @@
 // `first_chunk`'s first row come first, then the following rows, wrapping around; within a group
 // of group_m m-tiles the m index runs fastest (B panels stay in L2). CTA i takes tiles i, i+grid,
 // ...: all SMs work on the chunk that landed first while the copy engine brings the next ones.
-// group_m is kGroupM (32), or where rows wait for flags or are counted in done the largest
-// height up to 32 that divides every piece and chunk (on the tile grid): a group then never
+// group_m is kGroupM (32), or where rows wait for flags, are counted in done or are reduced
+// (sum_chunk) the largest height up to 32 that divides every piece and chunk (on the tile
+// grid): a group then never
 // spans two pieces or chunks, so the tiles of the first wave that are not the own chunk's wait
 // for the piece that lands first, not for the whole next chunk (or the one after), counted
 // pieces finish in walk order, and the native MM+RS's own chunk comes last.
@@ -452,11 +453,15 @@ __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[1
 
 // Counts the stored 64-row half of a tile at (r0, n0) in its piece's counter: row piece
 // r0 / done_rows, column piece n0 / done_cols (a tile lies in one piece: kBN divides done_cols).
-// A release at GPU scope: the counters are read by this GPU's own stream front end
-// (cuStreamWaitValue32), and the rows they cover by its own copy engine, both through its L2.
-// System scope, as before, cost the native MM+RS 8-13 us per op at ws 2 beside the copy
-// engine's pushes (docs/PERFORMANCE.md, eighth session), for ordering towards observers
-// (the host, the peers) that never read these counters.
+// A release at GPU scope: the counters (this GPU's memory, mapped by no peer) are read by this
+// GPU's own stream front end (cuStreamWaitValue32), and the rows they cover by its own copy
+// engine. Neither agent is a thread of the PTX memory model, at either scope: what this rests
+// on is that both reach this GPU's memory through its L2, the point of coherence of every local
+// access (the GPU tests push and check every counted piece). System scope, as before, cost the
+// native MM+RS 8-13 us per op at ws 2 beside the copy engine's pushes (docs/PERFORMANCE.md,
+// eighth session), for ordering towards observers (the host, the peers) that never read these
+// counters while the kernel runs. (The TMA stores were waited for with wait_group 0, whose
+// completion includes the async-to-generic proxy ordering.)
 __device__ __forceinline__ void publish_done(const Params& p, int r0, int n0) {
   uint32_t* counter = p.done + (r0 / p.done_rows) * p.done_col_pieces + n0 / p.done_cols;
   asm volatile("fence.acq_rel.gpu;" ::: "memory");

@@ -218,9 +218,12 @@ cudaError_t async_gemm(const AsyncGemmArgs& args, cudaStream_t stream);
 // The value done[i] reaches once every tile of rows [i * done_rows, (i + 1) * done_rows) is
 // stored.
 uint32_t async_gemm_done_count(const AsyncGemmArgs& args, int index);
-// The done counters' indices in the order the walk completes them (of each, its last tile):
-// the order to wait for them in. The walk's groups never span two pieces or chunks, so this is
-// chunk by chunk from first_chunk on, each chunk's pieces in row order, then column order.
+// The done counters' indices in walk order (of each, the position of its last tile in the
+// walk): the order to wait for them in. CTAs run side by side and the tail split reorders the
+// last wave, so counters may complete a little out of this order; nothing depends on it but
+// the pace of the waits. Where the walk's groups divide every piece and chunk (single CTAs, the
+// native MM+RS) it is chunk by chunk from first_chunk on, each chunk's pieces in row order, then
+// column order.
 std::vector<int> async_gemm_done_order(const AsyncGemmArgs& args);
 // Bytes of the tail-split workspace for the current device.
 size_t async_gemm_split_workspace_bytes();

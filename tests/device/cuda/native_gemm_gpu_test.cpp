@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <random>
 
 #include "device/backend.h"
 #include "device/cuda/cuda_backend.h"
@@ -525,6 +527,66 @@ TEST(NativeGemm, WalkGroupsNeverSpanAPieceOrAChunk) {
   a.chunk_rows = 1000;
   a.ready_rows = 0;
   EXPECT_EQ(kernels::async_gemm_group_m(a), 32);
+  // A reduced own chunk keeps the groups within chunks even with nothing waited for or counted.
+  a.ready = nullptr;
+  a.chunk_rows = 128 * 40;
+  a.m = 2 * a.chunk_rows;
+  a.sum_chunk = 0;
+  a.first_chunk = 1;
+  EXPECT_EQ(kernels::async_gemm_group_m(a), 20);
+}
+
+// async_gemm_done_order against the walk as the file comment of async_gemm.cu states it, run
+// forwards tile by tile (the function inverts it): random shapes with short last chunks and
+// column pieces, row pieces, clusters of two.
+TEST(NativeGemm, DoneOrderFollowsTheWalk) {
+  uint32_t flag = 0;
+  std::mt19937 rng(7);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int trial = 0; trial < 2000; ++trial) {
+    kernels::AsyncGemmArgs a;
+    a.c_dtype = DType::kBF16;
+    a.k = 256;
+    a.done = &flag;
+    a.cluster = pick(0, 3) == 0 ? 2 : 1;
+    const int64_t chunk_tiles = pick(1, 12);
+    a.chunk_rows = 128 * chunk_tiles;  // done needs chunks on the tile grid
+    const int64_t chunks = pick(1, 6);
+    a.m = chunks * a.chunk_rows - (pick(0, 2) == 0 ? 128 * pick(0, int(chunk_tiles) - 1) : 0);
+    a.n = 256 * pick(1, 12) - (pick(0, 1) == 0 ? 8 * pick(0, 31) : 0);
+    const int64_t chunk_count = (a.m + a.chunk_rows - 1) / a.chunk_rows;
+    a.first_chunk = pick(0, int(chunk_count) - 1);
+    if (pick(0, 1) == 0) {
+      std::vector<int64_t> divisors;
+      for (int64_t d = 1; d <= chunk_tiles; ++d)
+        if (chunk_tiles % d == 0) divisors.push_back(d);
+      a.done_rows = 128 * divisors[pick(0, int(divisors.size()) - 1)];
+    }
+    if (pick(0, 1) == 0) a.done_cols = 256 * pick(1, 4);
+    SCOPED_TRACE(
+        fmt::format("m {} n {} chunk_rows {} first {} done_rows {} done_cols {} cluster {}", a.m,
+                    a.n, a.chunk_rows, a.first_chunk, a.done_rows, a.done_cols, a.cluster));
+    const int64_t height = a.cluster == 2 ? 256 : 128;
+    const int64_t g = kernels::async_gemm_group_m(a);
+    const int64_t tiles_m = (a.m + height - 1) / height, tiles_n = (a.n + 255) / 256;
+    const int64_t pivot = a.first_chunk * a.chunk_rows / height;
+    const int64_t rows = a.done_rows > 0 ? a.done_rows : a.chunk_rows;
+    const int64_t cols =
+        a.done_cols > 0 && a.done_cols < tiles_n * 256 ? a.done_cols : tiles_n * 256;
+    const int64_t pieces = (a.n + cols - 1) / cols;
+    std::vector<int64_t> last(static_cast<size_t>((a.m + rows - 1) / rows * pieces), -1);
+    for (int64_t t = 0; t < tiles_m * tiles_n; ++t) {
+      const int64_t group = t / (g * tiles_n), first = group * g;
+      const int64_t h = std::min(g, tiles_m - first), local = t - group * g * tiles_n;
+      const int64_t mi = (first + local % h + pivot) % tiles_m, ni = local / h;
+      for (int64_t r0 = mi * height; r0 < std::min(a.m, (mi + 1) * height); r0 += 128)
+        last[static_cast<size_t>(r0 / rows * pieces + ni * 256 / cols)] = t;
+    }
+    std::vector<int> want(last.size());
+    std::iota(want.begin(), want.end(), 0);
+    std::stable_sort(want.begin(), want.end(), [&](int x, int y) { return last[x] < last[y]; });
+    ASSERT_EQ(kernels::async_gemm_done_order(a), want);
+  }
 }
 
 // The native MM+RS's walk (host arithmetic): groups never span two chunks, so the done
