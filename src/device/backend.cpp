@@ -94,7 +94,7 @@ uint32_t Backend::native_gemm_done_count(const ChunkedGemmArgs& args, int) {
   ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
 }
 
-std::vector<int> Backend::native_gemm_done_order(const ChunkedGemmArgs& args) {
+std::vector<Backend::DoneCounter> Backend::native_gemm_done_order(const ChunkedGemmArgs& args) {
   ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
 }
 

@@ -176,9 +176,14 @@ class Backend {
   virtual std::string native_gemm_unsupported(const ChunkedGemmArgs& args);
   virtual void native_gemm(const ChunkedGemmArgs& args, Stream& stream);
   virtual uint32_t native_gemm_done_count(const ChunkedGemmArgs& args, int chunk);
-  // The indices of done[] in the kernel's walk order (of each, its last tile): the order to wait
-  // for them in (they may complete a little out of it: only the waits' pace depends on it).
-  virtual std::vector<int> native_gemm_done_order(const ChunkedGemmArgs& args);
+  // Every counter of done[] with the count it reaches (native_gemm_done_count), in the kernel's
+  // walk order (of each, its last tile): the order to wait for them in (they may complete a
+  // little out of it: only the waits' pace depends on it). One conversion of `args` for all.
+  struct DoneCounter {
+    int index;
+    uint32_t count;
+  };
+  virtual std::vector<DoneCounter> native_gemm_done_order(const ChunkedGemmArgs& args);
   // With own_a given: whether some tile still reads own_chunk's rows from `a` (the chunk's edges
   // are off the kernel's tile grid), so that they must be there too and ready[own_chunk] raised.
   virtual bool native_gemm_own_needs_ready(const ChunkedGemmArgs& args);

@@ -1243,38 +1243,6 @@ uint32_t async_gemm_done_count(const AsyncGemmArgs& a, int index) {
 }
 
 namespace {
-bool uses_cluster(const AsyncGemmArgs& a);
-}
-
-std::vector<int> async_gemm_done_order(const AsyncGemmArgs& a) {
-  // Each counter's last tile in the walk (tile_at inverted): an m-tile at walk row rel lies in
-  // group rel / g, whose h m-tiles run fastest, so tile (rel, ni) is number
-  // group * g * tiles_n + ni * h + rel % g; a counter's last one is in its last column.
-  const int64_t height = int64_t{kBM} * (uses_cluster(a) ? 2 : 1);
-  const int64_t g = group_m_of(a, height);
-  const int64_t tiles_m = (a.m + height - 1) / height, tiles_n = (a.n + kBN - 1) / kBN;
-  const int64_t pivot = a.first_chunk * chunk_rows_of(a) / height;
-  const int64_t rows = done_rows_of(a), cols = piece_cols(a, a.done_cols);
-  const int pieces = col_pieces(a, a.done_cols);
-  const int64_t counters = (a.m + rows - 1) / rows * pieces;
-  std::vector<int64_t> last(static_cast<size_t>(counters), -1);
-  for (int64_t r0 = 0; r0 < a.m; r0 += kBM) {  // each CTA's rows of a (cluster) tile
-    const int64_t rel = (r0 / height - pivot + tiles_m) % tiles_m;
-    const int64_t first = rel / g * g;
-    const int64_t h = std::min(g, tiles_m - first);
-    for (int q = 0; q < pieces; ++q) {
-      const int64_t ni = std::min(tiles_n, ((q + 1) * cols + kBN - 1) / kBN) - 1;
-      int64_t& t = last[static_cast<size_t>(r0 / rows * pieces + q)];
-      t = std::max(t, first * tiles_n + ni * h + (rel - first));
-    }
-  }
-  std::vector<int> order(static_cast<size_t>(counters));
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return last[x] < last[y]; });
-  return order;
-}
-
-namespace {
 
 constexpr int kMaxSplit = 4;
 constexpr int kMinSplitKBlocks = 4;  // k-blocks per part at least (the pipeline must fill)
@@ -1321,6 +1289,34 @@ bool uses_cluster(const AsyncGemmArgs& a) {
 }
 
 }  // namespace
+
+std::vector<int> async_gemm_done_order(const AsyncGemmArgs& a) {
+  // Each counter's last tile in the walk (tile_at inverted): an m-tile at walk row rel lies in
+  // group rel / g, whose h m-tiles run fastest, so tile (rel, ni) is number
+  // group * g * tiles_n + ni * h + rel % g; a counter's last one is in its last column.
+  const int64_t height = int64_t{kBM} * (uses_cluster(a) ? 2 : 1);
+  const int64_t g = group_m_of(a, height);
+  const int64_t tiles_m = (a.m + height - 1) / height, tiles_n = (a.n + kBN - 1) / kBN;
+  const int64_t pivot = a.first_chunk * chunk_rows_of(a) / height;
+  const int64_t rows = done_rows_of(a), cols = piece_cols(a, a.done_cols);
+  const int pieces = col_pieces(a, a.done_cols);
+  const int64_t counters = (a.m + rows - 1) / rows * pieces;
+  std::vector<int64_t> last(static_cast<size_t>(counters), -1);
+  for (int64_t r0 = 0; r0 < a.m; r0 += kBM) {  // each CTA's rows of a (cluster) tile
+    const int64_t rel = (r0 / height - pivot + tiles_m) % tiles_m;
+    const int64_t first = rel / g * g;
+    const int64_t h = std::min(g, tiles_m - first);
+    for (int q = 0; q < pieces; ++q) {
+      const int64_t ni = std::min(tiles_n, ((q + 1) * cols + kBN - 1) / kBN) - 1;
+      int64_t& t = last[static_cast<size_t>(r0 / rows * pieces + q)];
+      t = std::max(t, first * tiles_n + ni * h + (rel - first));
+    }
+  }
+  std::vector<int> order(static_cast<size_t>(counters));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return last[x] < last[y]; });
+  return order;
+}
 
 size_t async_gemm_split_workspace_bytes() {
   const int ctas = sm_count();

@@ -451,13 +451,13 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   // the GEMM: its tiles of other chunks wait for nothing, so every count is reached. The pieces
   // go in the order the GEMM finishes them (native_gemm_done_order: chunk by chunk, rank + 1,
   // rank + 2, ..., each by columns).
-  for (const int index : be.native_gemm_done_order(args)) {
+  for (const auto [index, count] : be.native_gemm_done_order(args)) {
     const int d = index / pieces.count;
     const int q = index % pieces.count;
     if (d == rank) continue;  // reduced in the GEMM's epilogue, never counted
     const Tensor from = product.narrow(0, d * rows, rows);
     const Tensor to = slots.at(d, rank).view({rows, plan.n});
-    be.wait_flag(done + index, be.native_gemm_done_count(args, index), copy);
+    be.wait_flag(done + index, count, copy);
     be.copy(piece_of(to, q), piece_of(from, q), copy);
     be.write_flag(landed_of(d) + q * ws + rank, slots.number, copy);
     // Counted in full: back to 0 for the next op, here beside the GEMM (a stream write takes

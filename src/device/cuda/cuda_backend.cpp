@@ -360,11 +360,14 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     return kernels::async_gemm_done_count(k, chunk);
   }
 
-  std::vector<int> native_gemm_done_order(const ChunkedGemmArgs& args) override {
+  std::vector<DoneCounter> native_gemm_done_order(const ChunkedGemmArgs& args) override {
     kernels::AsyncGemmArgs k;
     const std::string why = to_async_gemm(args, &k);
     ASYNCTP_CHECK(why.empty(), "native_gemm_done_order: {}", why);
-    return kernels::async_gemm_done_order(k);
+    std::vector<DoneCounter> counters;
+    for (const int index : kernels::async_gemm_done_order(k))
+      counters.push_back({index, kernels::async_gemm_done_count(k, index)});
+    return counters;
   }
 
   bool native_gemm_own_needs_ready(const ChunkedGemmArgs& args) override {

@@ -483,17 +483,23 @@ TEST(NativeGemm, TailSplitMatchesUnsplitAndRepeatsBitForBit) {
   }
 }
 
+// Arguments for the host-only walk tests: only the shape matters (nothing is launched).
+kernels::AsyncGemmArgs walk_args(int64_t m, int64_t n) {
+  kernels::AsyncGemmArgs a;
+  a.m = m;
+  a.n = n;
+  a.k = 1024;
+  a.c_dtype = DType::kBF16;
+  return a;
+}
+
 // The walk's group height (host arithmetic, no GPU needed): 32 m-tiles where nothing waits or
 // counts; where rows become ready (AG) or are counted (MM+RS) by pieces, the largest height up
 // to 32 that divides every piece and chunk, so that a group never spans two chunks (the native
 // MM+RS's own chunk must come last in the walk) or two pieces.
 TEST(NativeGemm, WalkGroupsNeverSpanAPieceOrAChunk) {
   uint32_t flag = 0;
-  kernels::AsyncGemmArgs a;
-  a.n = 4096;
-  a.k = 1024;
-  a.c_dtype = DType::kBF16;
-  a.m = 8192;
+  kernels::AsyncGemmArgs a = walk_args(8192, 4096);
   EXPECT_EQ(kernels::async_gemm_group_m(a), 32);
   a.done = &flag;
   for (int64_t chunk_tiles = 1; chunk_tiles <= 80; ++chunk_tiles) {
@@ -544,9 +550,7 @@ TEST(NativeGemm, DoneOrderFollowsTheWalk) {
   std::mt19937 rng(7);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   for (int trial = 0; trial < 2000; ++trial) {
-    kernels::AsyncGemmArgs a;
-    a.c_dtype = DType::kBF16;
-    a.k = 256;
+    kernels::AsyncGemmArgs a = walk_args(0, 0);  // m, n: drawn below
     a.done = &flag;
     a.cluster = pick(0, 3) == 0 ? 2 : 1;
     const int64_t chunk_tiles = pick(1, 12);
@@ -595,10 +599,7 @@ TEST(NativeGemm, DoneOrderFollowsTheWalk) {
 // order async_gemm_done_order gives the pushes.
 TEST(NativeGemm, ReduceScatterWalkFinishesThePeersChunksOneByOneAndTheOwnLast) {
   uint32_t flag = 0;
-  kernels::AsyncGemmArgs a;
-  a.n = 8192;
-  a.k = 1024;
-  a.c_dtype = DType::kBF16;
+  kernels::AsyncGemmArgs a = walk_args(0, 8192);  // m: per case below
   a.done = &flag;
   a.done_cols = 2048;  // 4 column pieces of 8 n-tiles
   for (int ws : {2, 3, 4, 8}) {
