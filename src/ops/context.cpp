@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
 
 #include "symm/symm_communicator.h"
 #ifdef ASYNCTP_WITH_CUDA
@@ -46,6 +47,16 @@ size_t ContextOptions::default_push_piece_bytes() {
   return static_cast<size_t>(v);
 }
 
+int ContextOptions::default_push_streams() {
+  const char* env = std::getenv("ASYNCTP_PUSH_STREAMS");
+  if (env == nullptr || *env == '\0') return 2;
+  const std::string_view v(env);
+  ASYNCTP_CHECK(v.size() == 1 && v[0] >= '1' && v[0] - '0' <= kMaxPushStreams,
+                "ASYNCTP_PUSH_STREAMS must be a number from 1 to {}, got '{}'", kMaxPushStreams,
+                env);
+  return v[0] - '0';
+}
+
 std::unique_ptr<Context> Context::create(std::shared_ptr<Group> group, ContextOptions options) {
   ASYNCTP_CHECK(group != nullptr, "Context::create needs a group");
   return std::unique_ptr<Context>(new Context(std::move(group), std::move(options)));
@@ -56,8 +67,14 @@ Context::Context(std::shared_ptr<Group> group, ContextOptions options)
   backend_ = make_backend(options_.backend, group_->local_rank());
   ASYNCTP_CHECK(options_.gemm_streams == 1 || options_.gemm_streams == 2,
                 "ContextOptions::gemm_streams must be 1 or 2, got {}", options_.gemm_streams);
+  ASYNCTP_CHECK(
+      options_.push_streams >= 1 && options_.push_streams <= ContextOptions::kMaxPushStreams,
+      "ContextOptions::push_streams must be from 1 to {}, got {}", ContextOptions::kMaxPushStreams,
+      options_.push_streams);
   copy_stream_ = backend_->create_stream();
   aux_stream_ = backend_->create_stream();
+  for (int i = 1; i < options_.push_streams; ++i)
+    push_streams_.push_back(backend_->create_stream());
   symm_allocator_ = make_symm_allocator(*backend_, *group_);
   workspace_ =
       std::make_unique<SymmWorkspace>(*symm_allocator_, *backend_, options_.max_workspace_bytes);

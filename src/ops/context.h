@@ -42,6 +42,15 @@ struct ContextOptions {
   // ASYNCTP_PUSH_PIECE_BYTES sets it. Default 0: on 4 x H200 pieces of 8 MiB (2 for seed-4096 and
   // l3-8b-ffn-up, 4 for l3-70b-qkv) measured no faster (docs/PERFORMANCE.md, fourth session).
   size_t push_piece_bytes = default_push_piece_bytes();
+  // Copy streams the native matmul_reduce_scatter's pushes take by turns, piece by piece (1 to
+  // kMaxPushStreams). While the GEMM runs, one stream lands a 4 MiB piece every ~25 us (~170
+  // GB/s: each copy starts slowly, and each piece also waits for its GEMM counter and raises two
+  // flags), well below the link's bandwidth; on two streams two pieces are in flight at once.
+  // Default 2: at ws 2 (2 x H200) on push-bound shapes with 4 MiB pieces the native path took
+  // 116-129 us on 2 streams against 122-139 on 1 (4096x{1024,2048}x4096), and the same on the
+  // anchor shapes and on 16 MiB pieces (docs/PERFORMANCE.md, ninth session); 3 streams were
+  // better on one shape and worse on the other. ASYNCTP_PUSH_STREAMS sets it.
+  int push_streams = default_push_streams();
   // Where the measured path choices are kept between runs (see ops/dispatch.h): "" the default
   // location, "off" none.
   std::string dispatch_cache;
@@ -50,6 +59,8 @@ struct ContextOptions {
   static PathChoice default_path_choice();
   static int default_gemm_streams();
   static size_t default_push_piece_bytes();
+  static int default_push_streams();
+  static constexpr int kMaxPushStreams = 4;
 };
 
 // Local (non-symmetric) scratch buffers, one per purpose, so that buffers in use at the same
@@ -82,6 +93,12 @@ class Context {
   // The stream ops run on (the caller's) and the stream that moves data beside it.
   Stream& stream() { return backend_->compute_stream(); }
   Stream& copy_stream() { return *copy_stream_; }
+  // Push stream i (mod options().push_streams): 0 is copy_stream(), the others streams of their
+  // own.
+  Stream& push_stream(int i) {
+    const int k = i % options_.push_streams;
+    return k == 0 ? copy_stream() : *push_streams_[k - 1];
+  }
   // Stream i (mod options().gemm_streams) for chunk GEMMs: 0 is stream(), 1 a second one.
   Stream& gemm_stream(int i) { return i % options_.gemm_streams == 0 ? stream() : *aux_stream_; }
   // Pool of events for ordering between the two streams inside one op.
@@ -128,6 +145,7 @@ class Context {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Stream> copy_stream_;
   std::unique_ptr<Stream> aux_stream_;
+  std::vector<std::unique_ptr<Stream>> push_streams_;  // push_streams - 1 beside copy_stream_
   std::vector<std::unique_ptr<Event>> events_;
   std::unique_ptr<SymmAllocator> symm_allocator_;
   std::unique_ptr<SymmWorkspace> workspace_;

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -105,25 +107,22 @@ void Dispatcher::disk_store(const std::string& key, const DispatchTiming& timing
   }
 }
 
-std::vector<double> Dispatcher::sum_over_ranks(std::vector<double> values) {
+std::vector<std::vector<double>> Dispatcher::over_ranks(const std::vector<double>& values) {
   // Through the store, whose every wait is bounded by the group's timeout (a collective on the
   // device would hang on a rank that never comes).
   Group& group = ctx_.group();
-  const std::string key = group.next_key("dispatch/sum");
+  const std::string key = group.next_key("dispatch/values");
   std::string mine;
   for (double v : values)
     mine += fmt::format("{:.17g} ", v);
   group.store().set(fmt::format("{}/{}", key, group.rank()), mine);
-  std::vector<double> sums(values.size(), 0.0);
+  std::vector<std::vector<double>> all(group.world_size(), std::vector<double>(values.size()));
   for (int r = 0; r < group.world_size(); ++r) {
     std::istringstream in(group.store().get(fmt::format("{}/{}", key, r)));
-    for (double& s : sums) {
-      double v = 0;
+    for (double& v : all[r])
       in >> v;
-      s += v;
-    }
   }
-  return sums;
+  return all;
 }
 
 Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& run) {
@@ -141,9 +140,10 @@ Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& r
   // 1. The disk cache, if every rank found the same entry (codes c: all equal iff
   //    (sum c)^2 == ws * sum c^2).
   const int code = path_code(disk_lookup(key));
-  const std::vector<double> agree =
-      sum_over_ranks({static_cast<double>(code), static_cast<double>(code * code)});
-  if (code != 0 && agree[0] * agree[0] == ws * agree[1]) {
+  bool agree = code != 0;
+  for (const std::vector<double>& theirs : over_ranks({static_cast<double>(code)}))
+    agree = agree && theirs[0] == code;
+  if (agree) {
     DispatchTiming t;
     t.path = code == 1 ? Path::kFused : Path::kNative;
     t.from_disk = true;
@@ -183,19 +183,30 @@ Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& r
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
+  // Each path's time is its slowest rank's median: the op ends for the job when it ends on every
+  // rank (and the bench reports the slowest rank too). Every rank sees the same values, so all
+  // extend together and all choose alike.
+  auto slowest = [&] {
+    std::pair<double, double> t{0, 0};
+    for (const std::vector<double>& theirs : over_ranks({median(fused), median(native)})) {
+      t.first = std::max(t.first, theirs[0]);
+      t.second = std::max(t.second, theirs[1]);
+    }
+    return t;
+  };
   measure(kTuneRuns);
-  std::vector<double> sums = sum_over_ranks({median(fused), median(native)});
-  if (std::abs(sums[0] - sums[1]) < kCloseCall * std::min(sums[0], sums[1])) {
+  auto [fused_us, native_us] = slowest();
+  if (std::abs(fused_us - native_us) < kCloseCall * std::min(fused_us, native_us)) {
     measure(kCloseCallRuns);
-    sums = sum_over_ranks({median(fused), median(native)});
+    std::tie(fused_us, native_us) = slowest();
   }
   DispatchTiming t;
-  t.fused_us = sums[0] / ws;
-  t.native_us = sums[1] / ws;
+  t.fused_us = fused_us;
+  t.native_us = native_us;
   t.path = t.native_us <= t.fused_us ? Path::kNative : Path::kFused;
   decisions_[key] = t;
   disk_store(key, t);
-  ASYNCTP_LOG_INFO("{}: {} (fused {:.1f} us, native {:.1f} us, mean over {} ranks)", key,
+  ASYNCTP_LOG_INFO("{}: {} (fused {:.1f} us, native {:.1f} us, slowest of {} ranks)", key,
                    path_name(t.path), t.fused_us, t.native_us, ws);
   return t.path;
 }

@@ -4,11 +4,11 @@
 //
 // The first call of a problem (op, shape, dtypes, B layout, world size, GPU) in a process:
 //   1. every rank looks the problem up in the on-disk cache; the ranks agree (one small
-//      all-reduce) and use the cached path if they all found the same one;
+//      exchange through the store) and use the cached path if they all found the same one;
 //   2. otherwise every rank runs both paths (one warm-up each, then kTuneRuns interleaved timed
 //      runs, each after a device barrier and followed by an idle pause as long as the run
 //      (kTunePace); kCloseCallRuns more when the two are within
-//      kCloseCall), the per-path medians are averaged over the ranks, and the faster path is
+//      kCloseCall), each path's time is its slowest rank's median, and the faster path is
 //      taken (local rank 0 writes it to the cache).
 // Later calls reuse the decision without any communication. Under CUDA-graph capture nothing can
 // be measured or agreed on: an unknown problem then takes the native path and says so in the
@@ -32,7 +32,7 @@ class Context;
 
 struct DispatchTiming {
   Path path = Path::kNative;
-  double fused_us = 0;  // mean over ranks of the per-rank median (0: not measured)
+  double fused_us = 0;  // the slowest rank's median (0: not measured)
   double native_us = 0;
   bool from_disk = false;
 };
@@ -40,7 +40,7 @@ struct DispatchTiming {
 class Dispatcher {
  public:
   static constexpr int kTuneRuns = 15;
-  // Paths whose mean medians differ by less than this fraction get kCloseCallRuns more rounds.
+  // Paths whose times differ by less than this fraction get kCloseCallRuns more rounds.
   static constexpr double kCloseCall = 0.03;
   static constexpr int kCloseCallRuns = 30;
   // After each tuning run the host idles kTunePace x that run's time. Back to back, an H200
@@ -64,8 +64,8 @@ class Dispatcher {
  private:
   std::optional<Path> disk_lookup(const std::string& key);
   void disk_store(const std::string& key, const DispatchTiming& timing);
-  // Sum of a few doubles over the ranks (through the store; blocks, bounded by the timeout).
-  std::vector<double> sum_over_ranks(std::vector<double> values);
+  // Every rank's `values`, by rank (through the store; blocks, bounded by the timeout).
+  std::vector<std::vector<double>> over_ranks(const std::vector<double>& values);
 
   Context& ctx_;
   std::string cache_path_;

@@ -333,8 +333,10 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
 //            each piece counted in done as its tiles are stored; then the own chunk r, whose
 //            tiles wait for the peers' pieces, add them to their products and store the
 //            reduced rows straight into out | join
-//   copy:              | wait done[r+1][0], push piece 0 of P[r+1] -> slot r of rank r+1,
-//                        landed_{r+1}[0][r] = e, done[r+1][0] = 0 | piece 1 ... | chunk r+2 ...
+//   push 0:            | wait done[r+1][0], push piece 0 of P[r+1] -> slot r of rank r+1,
+//                        landed_{r+1}[0][r] = e, done[r+1][0] = 0 | piece 2 ... | chunk r+2 ...
+//   push 1:            | wait done[r+1][1], push piece 1 ...      | piece 3 ...
+//   (ContextOptions::push_streams of them, taking the pieces by turns; two by default)
 //
 // The GEMM counts the stored tiles of each piece (up to kMaxPushPieces per chunk, at least
 // kRsPieceBytes on average, column ranges of whole 256-column tiles: the GEMM's walk takes up
@@ -411,7 +413,6 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
                 const MatmulReduceScatterOptions& options) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
-  Stream& copy = ctx.copy_stream();
   const int ws = ctx.world_size();
   const int rank = ctx.rank();
   const int64_t rows = plan.m / ws;
@@ -437,9 +438,11 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
     sm.reset_and_barrier(landed_of(rank), pieces.count * ws, kBarrierChannel, compute);
     ctx.mark("opened", compute);
   }
+  const int streams = ctx.options().push_streams;
   Event& start = ctx.event(0);
   start.record(compute);
-  start.block(copy);
+  for (int i = 0; i < streams; ++i)
+    start.block(ctx.push_stream(i));
   ChunkedGemmArgs args = native_rs_args(ctx, a.view({plan.m, plan.k}), c.bs[0], product);
   detail::set_native_rs_reduction(args, rank, ws, pieces,
                                   sm.buffer(rank, {ws, rows, plan.n}, c.out.dtype(), slots.offset),
@@ -447,27 +450,32 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
                                   channel, options.reduce_op == ReduceOp::kAvg);
   be.native_gemm(args, compute);
   ctx.mark("gemm", compute);
-  // The copy stream's waits for the counters (stream memory waits, no SM needed) are bounded by
+  // The push streams' waits for the counters (stream memory waits, no SM needed) are bounded by
   // the GEMM: its tiles of other chunks wait for nothing, so every count is reached. The pieces
   // go in the order the GEMM finishes them (native_gemm_done_order: chunk by chunk, rank + 1,
-  // rank + 2, ..., each by columns).
+  // rank + 2, ..., each by columns), on the push streams by turns: each piece waits only for its
+  // own counter and raises only its own flag, so no piece waits for another's copy.
+  int turn = 0;
   for (const auto [index, count] : be.native_gemm_done_order(args)) {
     const int d = index / pieces.count;
     const int q = index % pieces.count;
     if (d == rank) continue;  // reduced in the GEMM's epilogue, never counted
+    Stream& push = ctx.push_stream(turn++);
     const Tensor from = product.narrow(0, d * rows, rows);
     const Tensor to = slots.at(d, rank).view({rows, plan.n});
-    be.wait_flag(done + index, count, copy);
-    be.copy(piece_of(to, q), piece_of(from, q), copy);
-    be.write_flag(landed_of(d) + q * ws + rank, slots.number, copy);
+    be.wait_flag(done + index, count, push);
+    be.copy(piece_of(to, q), piece_of(from, q), push);
+    be.write_flag(landed_of(d) + q * ws + rank, slots.number, push);
     // Counted in full: back to 0 for the next op, here beside the GEMM (a stream write takes
     // ~3 us; after the GEMM they would add up).
-    be.write_flag(done + index, 0, copy);
-    if (ctx.tracing()) ctx.mark(fmt::format("pushed piece {} to {}", q, d), copy);
+    be.write_flag(done + index, 0, push);
+    if (ctx.tracing()) ctx.mark(fmt::format("pushed piece {} to {}", q, d), push);
   }
-  Event& pushed = ctx.event(ws);
-  pushed.record(copy);
-  pushed.block(compute);
+  for (int i = 0; i < streams; ++i) {
+    Event& pushed = ctx.event(ws + i);
+    pushed.record(ctx.push_stream(i));
+    pushed.block(compute);
+  }
   ctx.mark("end", compute);
 }
 

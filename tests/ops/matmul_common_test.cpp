@@ -6,7 +6,9 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "ops/context.h"
 #include "ops/matmul_common.h"
+#include "support/multiprocess.h"
 
 namespace asynctp {
 namespace {
@@ -50,7 +52,7 @@ TEST(PushPieces, WholeTilesOfAtLeastThePieceSize) {
     for (size_t bytes : {size_t{1}, 3 * kMiB, 17 * kMiB, 100 * kMiB}) {
       for (size_t piece : {size_t{1}, kMiB, 8 * kMiB}) {
         const auto p = push_pieces(rows, bytes, piece);
-        SCOPED_TRACE(testing::Message() << rows << " rows, " << bytes << " B, pieces " << piece);
+        SCOPED_TRACE(::testing::Message() << rows << " rows, " << bytes << " B, pieces " << piece);
         expect_covers(p, rows);
         if (p.count > 1) {
           EXPECT_EQ(p.rows % 128, 0);
@@ -81,7 +83,7 @@ TEST(RsPieces, ColumnRangesOfWholeTilesOfAtLeast4MiB) {
   EXPECT_EQ(native_rs_pieces(256, 1024 * kMiB).count, 1);  // one tile wide
   for (int64_t n : {2, 255, 256, 257, 520, 1000, 4096, 5000, 28672}) {
     for (size_t bytes : {size_t{1}, 5 * kMiB, 17 * kMiB, 1024 * kMiB}) {
-      SCOPED_TRACE(testing::Message() << n << " columns, " << bytes << " B");
+      SCOPED_TRACE(::testing::Message() << n << " columns, " << bytes << " B");
       const auto p = native_rs_pieces(n, bytes);
       ASSERT_GE(p.count, 1);
       ASSERT_LE(p.count, kMaxPushPieces);
@@ -110,13 +112,52 @@ TEST(PushPieces, SettingComesFromTheEnvironment) {
   for (const char* bad : {"-1", "4M", "x"}) {
     ::setenv("ASYNCTP_PUSH_PIECE_BYTES", bad, 1);
     EXPECT_THAT([] { ContextOptions::default_push_piece_bytes(); },
-                testing::ThrowsMessage<Error>(testing::HasSubstr("ASYNCTP_PUSH_PIECE_BYTES")));
+                ::testing::ThrowsMessage<Error>(::testing::HasSubstr("ASYNCTP_PUSH_PIECE_BYTES")));
   }
   if (saved != nullptr) {
     ::setenv("ASYNCTP_PUSH_PIECE_BYTES", keep.c_str(), 1);
   } else {
     ::unsetenv("ASYNCTP_PUSH_PIECE_BYTES");
   }
+}
+
+TEST(PushStreams, SettingComesFromTheEnvironmentAndIsChecked) {
+  const char* saved = std::getenv("ASYNCTP_PUSH_STREAMS");
+  const std::string keep = saved != nullptr ? saved : "";
+  ::unsetenv("ASYNCTP_PUSH_STREAMS");
+  EXPECT_EQ(ContextOptions::default_push_streams(), 2);
+  for (int k = 1; k <= ContextOptions::kMaxPushStreams; ++k) {
+    ::setenv("ASYNCTP_PUSH_STREAMS", std::to_string(k).c_str(), 1);
+    EXPECT_EQ(ContextOptions::default_push_streams(), k);
+  }
+  for (const char* bad : {"0", "5", "12", "-1", "x", "2 "}) {
+    ::setenv("ASYNCTP_PUSH_STREAMS", bad, 1);
+    EXPECT_THAT([] { ContextOptions::default_push_streams(); },
+                ::testing::ThrowsMessage<Error>(::testing::AllOf(
+                    ::testing::HasSubstr("ASYNCTP_PUSH_STREAMS"), ::testing::HasSubstr(bad))));
+  }
+  if (saved != nullptr) {
+    ::setenv("ASYNCTP_PUSH_STREAMS", keep.c_str(), 1);
+  } else {
+    ::unsetenv("ASYNCTP_PUSH_STREAMS");
+  }
+  // Out of range in the options themselves: the context refuses to start, naming the value.
+  const asynctp::testing::HarnessOptions harness;
+  auto statuses = asynctp::testing::run_processes(
+      1,
+      [&](const RendezvousInfo& info) {
+        auto group = Group::create(info, asynctp::testing::rank_group_options(harness, 0));
+        for (const int bad : {0, ContextOptions::kMaxPushStreams + 1}) {
+          ContextOptions options;
+          options.push_streams = bad;
+          EXPECT_THAT([&] { Context::create(group, options); },
+                      ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
+                          fmt::format("ContextOptions::push_streams must be from 1 to {}, got {}",
+                                      ContextOptions::kMaxPushStreams, bad))));
+        }
+      },
+      harness);
+  EXPECT_RANKS_OK(statuses);
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 // because the workspace limit is too small, taken because the group spans nodes; the usage
 // counters and reasons; and the error when the caller insists on a fused path that is not
 // possible. Every fallback result is checked against the reference.
+#include <chrono>
+#include <thread>
+
 #include "ops/op_testing.h"
 
 namespace asynctp {
@@ -228,6 +231,37 @@ TEST(DispatcherTest, CacheLocationFollowsTheEnvironment) {
   ::setenv("XDG_CACHE_HOME", "/tmp/xdg", 1);
   EXPECT_EQ(Dispatcher::default_cache_path(), "/tmp/xdg/asynctp/dispatch.json");
   ::unsetenv("XDG_CACHE_HOME");
+}
+
+// The dispatcher's measured choice on the CPU backend, with runs that take a set time per rank:
+// the native path is faster on average but slower on its slowest rank, so the fused path must
+// win (the op ends when its slowest rank ends; the bench reports the slowest rank too), on every
+// rank alike, with the slowest rank's times in the decision.
+TEST(DispatcherTest, ChoosesByTheSlowestRank) {
+  HarnessOptions options;
+  options.context.dispatch_cache = "off";
+  auto statuses = run_ranks(
+      2,
+      [](Context& ctx) {
+        using Ms = std::chrono::duration<double, std::milli>;
+        const double native_ms = ctx.rank() == 0 ? 0.2 : 5.0;  // mean 2.6, slowest 5
+        const double fused_ms = 3.0;
+        int runs = 0;
+        const Path path = ctx.dispatcher().pick("test|slowest", [&](Path p) {
+          ++runs;
+          std::this_thread::sleep_for(Ms(p == Path::kNative ? native_ms : fused_ms));
+        });
+        EXPECT_EQ(path, Path::kFused);
+        EXPECT_EQ(runs, 2 + 2 * Dispatcher::kTuneRuns);  // no close call
+        const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|slowest");
+        ASSERT_TRUE(t.has_value());
+        EXPECT_FALSE(t->from_disk);
+        EXPECT_GE(t->native_us, 5000.0);
+        EXPECT_GE(t->fused_us, 3000.0);
+        EXPECT_LT(t->fused_us, t->native_us);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
 }
 
 TEST(PathChoiceTest, NamesRoundTrip) {

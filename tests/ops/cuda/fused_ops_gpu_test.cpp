@@ -3,6 +3,8 @@
 // matmul_reduce_scatter; capture and replay in a CUDA graph; a rank that never joins an op makes
 // the others fail with the timeout error. Skips, saying why, without enough GPUs.
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 #include "ops/collectives.h"
 #include "ops/cuda/gpu_testing.h"
 #include "ops/fused_matmul.h"
+#include "ops/matmul_common.h"
 #include "support/multiprocess.h"
 
 namespace asynctp::testing {
@@ -842,6 +845,77 @@ TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
         },
         gpu_options());
     EXPECT_RANKS_OK(statuses);
+  }
+}
+
+// The native matmul_reduce_scatter with its pieces on 1, 2 and 3 push streams
+// (ContextOptions::push_streams): chunks of 1024 x 8192 bf16 (16 MiB) go in 4 pieces each, so
+// that every stream carries pieces of several chunks. Eager (twice) and replayed from a CUDA
+// graph, each against the split path's result; the bits are the same on every number of streams
+// (the pieces' sums do not depend on which stream landed them).
+TEST(FusedOpsGpu, NativeReduceScatterPushesOnSeveralStreams) {
+  SKIP_UNLESS_GPUS(2);
+  const std::filesystem::path dir = ::testing::TempDir();
+  for (const int ws : {2, 4}) {
+    if (visible_gpus() < ws) continue;
+    for (const int streams : {1, 2, 3}) {
+      SCOPED_TRACE(fmt::format("world size {}, push_streams {}", ws, streams));
+      HarnessOptions options = gpu_options();
+      options.context.push_streams = streams;
+      auto statuses = run_ranks(
+          ws,
+          [&](Context& ctx) {
+            const int64_t rows = 1024, k = 64, n = 8192, m = rows * ws;
+            ASSERT_EQ(detail::native_rs_pieces(n, rows * n * 2).count, 4);
+            const uint64_t me = static_cast<uint64_t>(ctx.rank());
+            DeviceTensor a =
+                upload_seeded(ctx, {m, k}, DType::kBF16, seed_of({81, me}), Values::kRandom);
+            DeviceTensor b =
+                upload_seeded(ctx, {k, n}, DType::kBF16, seed_of({82, me}), Values::kRandom);
+            OwnedTensor split = device_empty(ctx, {rows, n}, DType::kBF16);
+            OwnedTensor native = device_empty(ctx, {rows, n}, DType::kBF16);
+            OwnedTensor again = device_empty(ctx, {rows, n}, DType::kBF16);
+            OwnedTensor replayed = device_empty(ctx, {rows, n}, DType::kBF16);
+            const MatmulReduceScatterOptions native_path{.path = PathChoice::kNative};
+            matmul_reduce_scatter(ctx, *a, *b, split, {.path = PathChoice::kFused});
+            matmul_reduce_scatter(ctx, *a, *b, native, native_path);
+            matmul_reduce_scatter(ctx, *a, *b, again, native_path);
+            ctx.backend().synchronize();
+            cuda::Graph graph;
+            graph.begin_capture(ctx.stream());
+            matmul_reduce_scatter(ctx, *a, *b, replayed, native_path);
+            graph.end_capture();
+            ctx.backend().fill(replayed, std::nanf(""), ctx.stream());
+            graph.replay(ctx.stream());
+            graph.replay(ctx.stream());
+            ctx.backend().synchronize();
+            EXPECT_EQ(ctx.usage().count("matmul_reduce_scatter", Path::kNative), 3);
+            const OwnedTensor got = download(ctx, native);
+            const std::vector<float> reference = to_vector(download(ctx, split));
+            EXPECT_LT(rel_error(got, std::vector<double>(reference.begin(), reference.end())),
+                      1e-2);
+            EXPECT_TRUE(same_bits(download(ctx, again), got)) << "two eager runs differ";
+            EXPECT_TRUE(same_bits(download(ctx, replayed), got)) << "the replay differs";
+            std::ofstream file(
+                dir / fmt::format("push_streams_ws{}_{}_rank{}.bin", ws, streams, ctx.rank()),
+                std::ios::binary);
+            file.write(static_cast<const char*>(got->data()),
+                       static_cast<std::streamsize>(got->nbytes()));
+          },
+          options);
+      EXPECT_RANKS_OK(statuses);
+    }
+    for (int r = 0; r < ws; ++r) {
+      auto bytes_of = [&](int streams) {
+        std::ifstream file(dir / fmt::format("push_streams_ws{}_{}_rank{}.bin", ws, streams, r),
+                           std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(file), {});
+      };
+      const std::string one = bytes_of(1);
+      EXPECT_EQ(one.size(), size_t{1024} * 8192 * 2) << "rank " << r;
+      EXPECT_TRUE(bytes_of(2) == one) << "rank " << r << ": 2 push streams changed the bits";
+      EXPECT_TRUE(bytes_of(3) == one) << "rank " << r << ": 3 push streams changed the bits";
+    }
   }
 }
 
