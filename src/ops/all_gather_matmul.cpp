@@ -248,8 +248,9 @@ void run_fused(Context& ctx, const AgMmCall& c) {
     const int p = (rank - i + ws) % ws;
     be.copy(shard_slot(p, rank), own_a, copy);
     if (rowwise) be.copy(scale_slot(p, rank), own_scale, copy);
-    be.write_flag(buf.ready(p) + rank, buf.number, copy);
-    if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", p), copy);
+    Stream& flags = ctx.flags_behind(copy, 0);  // the next push starts at once
+    be.write_flag(buf.ready(p) + rank, buf.number, flags);
+    if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", p), flags);
   };
   // Waits (on `stream`, bounded) until chunk p has landed.
   auto wait_for = [&](int p, Stream& stream) {
@@ -338,6 +339,7 @@ void run_fused(Context& ctx, const AgMmCall& c) {
   Event& pushed = ctx.event(ws + 1);
   pushed.record(copy);
   pushed.block(compute);
+  ctx.join_flag_streams(compute);
   ctx.mark("joined", compute);
   if (buf.captured) {
     // Past this barrier no rank reads any buffer of this op, and every flag is back to 0.
@@ -444,7 +446,8 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   auto land = [&](int owner, const Tensor& from, Stream& stream, int first_piece, int end_piece) {
     for (int q = first_piece; q < end_piece; ++q) {
       be.copy(piece_of(slot(owner, rank), q), piece_of(from, q), stream);
-      be.write_flag(flag_of(owner, q), number, stream);
+      // Beside the copy stream, which goes on to the next piece at once.
+      be.write_flag(flag_of(owner, q), number, ctx.flags_behind(stream, 0));
     }
   };
 
@@ -497,7 +500,9 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   auto push = [&](int i, int first_piece, int end_piece) {
     const int p = (rank - i + ws) % ws;
     land(p, source, copy, first_piece, end_piece);
-    if (ctx.tracing() && end_piece == pieces.count) ctx.mark(fmt::format("pushed to {}", p), copy);
+    if (ctx.tracing() && end_piece == pieces.count) {
+      ctx.mark(fmt::format("pushed to {}", p), ctx.flags_behind(copy, 0));
+    }
   };
   // The first piece of the first push is enqueued before the GEMM: r-1's GEMM needs it right
   // after its own chunk, and enqueueing the GEMM (tensor maps, launch) would otherwise delay it
@@ -533,6 +538,7 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   }
   // The pushes read A_shard: the caller may write it again once the op is through.
   pushed.block(compute);
+  ctx.join_flag_streams(compute);
   ctx.mark("joined", compute);
   if (buf.captured) {
     // Past this barrier no rank reads any buffer of this op, and every flag is back to 0 (reset

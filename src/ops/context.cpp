@@ -75,6 +75,12 @@ Context::Context(std::shared_ptr<Group> group, ContextOptions options)
   aux_stream_ = backend_->create_stream();
   for (int i = 1; i < options_.push_streams; ++i)
     push_streams_.push_back(backend_->create_stream());
+  for (int i = 0; i < options_.push_streams; ++i) {
+    flag_streams_.push_back(backend_->create_stream());
+    flag_events_.push_back(backend_->create_event());
+    flag_events_.push_back(backend_->create_event());
+  }
+  flag_used_.assign(flag_streams_.size(), false);
   symm_allocator_ = make_symm_allocator(*backend_, *group_);
   workspace_ =
       std::make_unique<SymmWorkspace>(*symm_allocator_, *backend_, options_.max_workspace_bytes);
@@ -122,6 +128,25 @@ void Context::align_ranks() {
     symm.get(symm.capacity()).barrier(0, stream());
   } else {
     group().barrier("align");
+  }
+}
+
+Stream& Context::flags_behind(Stream& push, int i) {
+  const size_t k = static_cast<size_t>(i % options_.push_streams);
+  Event& pushed = *flag_events_[2 * k];
+  pushed.record(push);
+  pushed.block(*flag_streams_[k]);
+  flag_used_[k] = true;
+  return *flag_streams_[k];
+}
+
+void Context::join_flag_streams(Stream& stream) {
+  for (size_t k = 0; k < flag_streams_.size(); ++k) {
+    if (!flag_used_[k]) continue;
+    flag_used_[k] = false;
+    Event& flagged = *flag_events_[2 * k + 1];
+    flagged.record(*flag_streams_[k]);
+    flagged.block(stream);
   }
 }
 

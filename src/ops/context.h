@@ -99,6 +99,18 @@ class Context {
     const int k = i % options_.push_streams;
     return k == 0 ? copy_stream() : *push_streams_[k - 1];
   }
+  // The flags that say a push has landed go on a stream beside it: flag stream i (mod
+  // options().push_streams) waits for everything enqueued on `push` so far and is returned, for
+  // the flag's stream write (and any other bookkeeping behind the copy). Why: a stream memory
+  // operation queued on the copy stream itself holds that stream's next copy until the copy
+  // before it has drained, ~3-4 us per operation on an H200; eight back-to-back 4 MiB pushes with
+  // a wait, a flag and a reset each took 173 us instead of 106, and 139 with the flag and the
+  // reset beside them (scripts/experiments/ce_under_load.cu, docs/PERFORMANCE.md, ninth
+  // session). An op that uses it ends with join_flag_streams.
+  Stream& flags_behind(Stream& push, int i);
+  // Makes `stream` wait for everything enqueued so far on the flag streams used since the last
+  // join (only those: under CUDA-graph capture an unused one is not part of the capture).
+  void join_flag_streams(Stream& stream);
   // Stream i (mod options().gemm_streams) for chunk GEMMs: 0 is stream(), 1 a second one.
   Stream& gemm_stream(int i) { return i % options_.gemm_streams == 0 ? stream() : *aux_stream_; }
   // Pool of events for ordering between the two streams inside one op.
@@ -146,6 +158,11 @@ class Context {
   std::unique_ptr<Stream> copy_stream_;
   std::unique_ptr<Stream> aux_stream_;
   std::vector<std::unique_ptr<Stream>> push_streams_;  // push_streams - 1 beside copy_stream_
+  std::vector<std::unique_ptr<Stream>> flag_streams_;  // push_streams of them
+  // One event per flag stream for what it waits on, one for joining it (each block() takes the
+  // event's latest record, so one object serves every push of an op).
+  std::vector<std::unique_ptr<Event>> flag_events_;
+  std::vector<bool> flag_used_;
   std::vector<std::unique_ptr<Event>> events_;
   std::unique_ptr<SymmAllocator> symm_allocator_;
   std::unique_ptr<SymmWorkspace> workspace_;

@@ -293,9 +293,10 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
     Event& done = ctx.event(i);
     done.record(stream);
     done.block(copy);
-    be.copy(slot(dst, rank), part, copy);  // copy engine, beside the next GEMM
-    be.write_flag(landed_of(dst) + rank, slots.number, copy);
-    if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", dst), copy);
+    be.copy(slot(dst, rank), part, copy);       // copy engine, beside the next GEMM
+    Stream& flags = ctx.flags_behind(copy, 0);  // the next push starts at once
+    be.write_flag(landed_of(dst) + rank, slots.number, flags);
+    if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", dst), flags);
   }
   writer.write(rank, slot(rank, rank), stream_of(ws - 1));
   if (ctx.tracing()) ctx.mark(fmt::format("gemm {}", rank), stream_of(ws - 1));
@@ -322,6 +323,7 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   Event& pushed = ctx.event(ws);
   pushed.record(copy);
   pushed.block(compute);
+  ctx.join_flag_streams(compute);
   ctx.mark("end", compute);
 }
 
@@ -336,7 +338,9 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
 //   push 0:            | wait done[r+1][0], push piece 0 of P[r+1] -> slot r of rank r+1,
 //                        landed_{r+1}[0][r] = e, done[r+1][0] = 0 | piece 2 ... | chunk r+2 ...
 //   push 1:            | wait done[r+1][1], push piece 1 ...      | piece 3 ...
-//   (ContextOptions::push_streams of them, taking the pieces by turns; two by default)
+//   (ContextOptions::push_streams of them, taking the pieces by turns; two by default; each
+//   piece's flag and reset go on a flag stream beside its push stream, Context::flags_behind,
+//   so that the push stream's next copy does not wait for them)
 //
 // The GEMM counts the stored tiles of each piece (up to kMaxPushPieces per chunk, at least
 // kRsPieceBytes on average, column ranges of whole 256-column tiles: the GEMM's walk takes up
@@ -465,17 +469,20 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
     const Tensor to = slots.at(d, rank).view({rows, plan.n});
     be.wait_flag(done + index, count, push);
     be.copy(piece_of(to, q), piece_of(from, q), push);
-    be.write_flag(landed_of(d) + q * ws + rank, slots.number, push);
+    // The flag and the reset beside the push stream, which goes on to its next piece at once.
+    Stream& flags = ctx.flags_behind(push, turn - 1);
+    be.write_flag(landed_of(d) + q * ws + rank, slots.number, flags);
     // Counted in full: back to 0 for the next op, here beside the GEMM (a stream write takes
     // ~3 us; after the GEMM they would add up).
-    be.write_flag(done + index, 0, push);
-    if (ctx.tracing()) ctx.mark(fmt::format("pushed piece {} to {}", q, d), push);
+    be.write_flag(done + index, 0, flags);
+    if (ctx.tracing()) ctx.mark(fmt::format("pushed piece {} to {}", q, d), flags);
   }
   for (int i = 0; i < streams; ++i) {
     Event& pushed = ctx.event(ws + i);
     pushed.record(ctx.push_stream(i));
     pushed.block(compute);
   }
+  ctx.join_flag_streams(compute);
   ctx.mark("end", compute);
 }
 
