@@ -43,12 +43,12 @@ struct ContextOptions {
   // l3-8b-ffn-up, 4 for l3-70b-qkv) measured no faster (docs/PERFORMANCE.md, fourth session).
   size_t push_piece_bytes = default_push_piece_bytes();
   // Copy streams the native matmul_reduce_scatter's pushes take by turns, piece by piece (1 to
-  // kMaxPushStreams). While the GEMM runs, one stream lands a 4 MiB piece every ~25 us (~170
-  // GB/s: each copy starts slowly, and each piece also waits for its GEMM counter and raises two
-  // flags), well below the link's bandwidth; on two streams two pieces are in flight at once.
-  // Default 2: at ws 2 (2 x H200) on push-bound shapes with 4 MiB pieces the native path took
-  // 116-129 us on 2 streams against 122-139 on 1 (4096x{1024,2048}x4096), and the same on the
-  // anchor shapes and on 16 MiB pieces (docs/PERFORMANCE.md, ninth session); 3 streams were
+  // kMaxPushStreams). Each piece first waits for its GEMM counter, a stream memory operation: on
+  // the stream that made the previous copy it waits for that copy to drain (~3 us per piece on an
+  // H200, scripts/experiments/ce_under_load.cu); on two streams one's wait overlaps the other's
+  // copy. Default 2: at ws 2 (2 x H200) on push-bound shapes with 4 MiB pieces the native path
+  // took 116-129 us on 2 streams against 122-139 on 1 (4096x{1024,2048}x4096), and the same on
+  // the anchor shapes and on 16 MiB pieces (docs/PERFORMANCE.md, ninth session); 3 streams were
   // better on one shape and worse on the other. ASYNCTP_PUSH_STREAMS sets it.
   int push_streams = default_push_streams();
   // Where the measured path choices are kept between runs (see ops/dispatch.h): "" the default

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <set>
@@ -114,6 +115,39 @@ TEST(Cli, HelpForEveryCommand) {
   const Finished version = asynctp({"--version"});
   EXPECT_TRUE(version.exited && version.exit_code == 0) << version.describe();
   EXPECT_THAT(version.out, HasSubstr("asynctp 0.1.0"));
+}
+
+// The bench's table (one rank, CPU backend, a tiny shape): a column for every header, and the
+// native path with pieces gets its own ("npiece") only when --native-pieces asks for it.
+TEST(Cli, BenchTableHasAColumnPerHeader) {
+  for (const bool pieces : {false, true}) {
+    SCOPED_TRACE(pieces ? "--native-pieces" : "no --native-pieces");
+    std::vector<std::string> args{"bench", "ag-mm",    "--shape", "256x64x256", "--iters",
+                                  "2",     "--warmup", "0",       "--backend",  "cpu"};
+    if (pieces) {
+      args.push_back("--native-pieces");
+      args.push_back("1048576");
+    }
+    const Finished bench = asynctp(args);
+    ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
+    std::vector<std::string> header, row;
+    for (const auto& line : lines_of(bench.out)) {
+      std::istringstream words(line);
+      std::vector<std::string> w{std::istream_iterator<std::string>(words), {}};
+      if (!w.empty() && w[0] == "op") header = w;
+      if (!w.empty() && w[0] == "ag-mm") row = w;
+    }
+    ASSERT_FALSE(header.empty()) << bench.out;
+    ASSERT_FALSE(row.empty()) << bench.out;
+    // "auto took" is two words over one column.
+    EXPECT_EQ(row.size() + 1, header.size()) << bench.out;
+    const auto npiece = std::find(header.begin(), header.end(), "npiece");
+    EXPECT_EQ(npiece != header.end(), pieces) << bench.out;
+    if (pieces && npiece != header.end()) {
+      // The CPU backend has no native path: its column says so.
+      EXPECT_EQ(row[npiece - header.begin()], "-") << bench.out;
+    }
+  }
 }
 
 TEST(Cli, BadArgumentsFailNamingTheOption) {
