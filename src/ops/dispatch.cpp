@@ -137,8 +137,7 @@ Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& r
     return Path::kNative;
   }
   const int ws = ctx_.world_size();
-  // 1. The disk cache, if every rank found the same entry (codes c: all equal iff
-  //    (sum c)^2 == ws * sum c^2).
+  // 1. The disk cache, if every rank found the same entry (every rank sees every rank's code).
   const int code = path_code(disk_lookup(key));
   bool agree = code != 0;
   for (const std::vector<double>& theirs : over_ranks({static_cast<double>(code)}))
