@@ -190,8 +190,9 @@ class Backend {
   // Stream-ordered operations on u32 flags in device memory (this device's, or a peer's mapped
   // into this process), carried out by the stream's front
   // end (no SM needed, so they progress beside a kernel that holds every SM): set *flag (after
-  // all earlier work of the stream, whose writes it makes visible), and hold later work of the
-  // stream until *flag >= value. zero_flags sets count flags to 0.
+  // all earlier work of the stream, whose writes it makes visible: that includes work another
+  // stream did before an event this stream waited on, as the ops' flag streams do), and hold
+  // later work of the stream until *flag >= value. zero_flags sets count flags to 0.
   virtual void write_flag(uint32_t* flag, uint32_t value, Stream& stream);
   virtual void wait_flag(const uint32_t* flag, uint32_t value, Stream& stream);
   virtual void zero_flags(uint32_t* flags, size_t count, Stream& stream);

@@ -3,12 +3,15 @@
 // Both overlapped paths push: every rank copies its shard (with the copy engine, straight from
 // A_shard) into slot r of every peer's symmetric buffer and then raises that peer's ready flag r
 // (a stream memory write over NVLink, ordered after the copy: no SM needed while a GEMM holds
-// them all). It pushes to r-1 first, then r-2, ...: at each step every rank is written by
-// exactly one peer and receives the chunk its GEMMs take next (the own chunk comes first and
-// needs no communication; pushing to r+1 first delivered the chunk each GEMM needed first last of
-// all). Nothing but the first GEMM stands at the start of the op (and a copy of A_shard where it
-// is not contiguous): no publication copy, no opening barrier (the split path had both before:
-// 17-50 us at ws 4).
+// them all). The write goes on a flag stream that waits for the copy through an event
+// (Context::flags_behind), so the copy stream goes on to the next push at once; each op joins
+// its flag streams into the compute stream before it ends (captured: before its closing
+// barrier, so that no flag of it lands after the barrier's reset). It pushes to r-1 first, then
+// r-2, ...: at each step every rank is written by exactly one peer and receives the chunk its GEMMs
+// take next (the own chunk comes first and needs no communication; pushing to r+1 first delivered
+// the chunk each GEMM needed first last of all). Nothing but the first GEMM stands at the start of
+// the op (and a copy of A_shard where it is not contiguous): no publication copy, no opening
+// barrier (the split path had both before: 17-50 us at ws 4).
 //
 // When may a rank push again into a peer's buffer, which the peer's GEMMs read? Two protocols:
 //
@@ -39,7 +42,8 @@
 // Split schedule on rank r of ws (row gather, g < last dim), two streams:
 //
 //   compute: GEMM own chunk | wait flag r+1, GEMM r+1 | wait flag r+2, GEMM r+2 | ... | join
-//   copy:    push to r-1, flag | push to r-2, flag | ... | push to r+1, flag |
+//   copy:    push to r-1 | push to r-2 | ... | push to r+1 |
+//   flags:        flag (behind its push) | flag | ... | flag
 //
 // The waits are one-block kernels on the GEMM's stream, between GEMMs (bounded by the group's
 // timeout, naming the peer and channel); the chunk GEMMs read the slots in place. A returned A
@@ -352,7 +356,8 @@ void run_fused(Context& ctx, const AgMmCall& c) {
 //
 //   compute: native GEMM: own chunk from A_shard, then chunks r+1, r+2, ... as they land | join |
 //            (captured into a CUDA graph: barrier, which also sets ready back to 0)
-//   copy:    A_shard -> S_{r-1}[r], ready_{r-1}[r] = e | A_shard -> S_{r-2}[r], ... |
+//   copy:    A_shard -> S_{r-1}[r] | A_shard -> S_{r-2}[r] | ...
+//   flags:        ready_{r-1}[r] = e (behind its push) | ready_{r-2}[r] = e | ...
 //
 //   ws 4, step i = the i-th push of every rank (arrows: who writes whose slot):
 //     step 1: 1->0, 2->1, 3->2, 0->3   each rank gets the chunk its GEMM takes after its own
@@ -554,6 +559,7 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   // A wait of an earlier op that timed out is reported here: no barrier of these ops would (and
   // every later bounded wait gives up at once while the error stands).
   ctx.backend().check_errors();
+  ctx.forget_flag_streams();
   validate(ctx, c, options.gather_dim);
   c.push_piece_bytes = options.push_piece_bytes.value_or(ctx.options().push_piece_bytes);
   const size_t symm_bytes = detail::op_buffers_bytes(push_buffer_bytes(

@@ -111,6 +111,10 @@ class Context {
   // Makes `stream` wait for everything enqueued so far on the flag streams used since the last
   // join (only those: under CUDA-graph capture an unused one is not part of the capture).
   void join_flag_streams(Stream& stream);
+  // Forgets the flag streams an op that threw midway left unjoined. The ops call it as they
+  // start: nothing of the new op waits for those, and a capture that starts now would not
+  // contain them (joining one into a capturing stream would break the capture).
+  void forget_flag_streams() { flag_used_.assign(flag_used_.size(), false); }
   // Stream i (mod options().gemm_streams) for chunk GEMMs: 0 is stream(), 1 a second one.
   Stream& gemm_stream(int i) { return i % options_.gemm_streams == 0 ? stream() : *aux_stream_; }
   // Pool of events for ordering between the two streams inside one op.

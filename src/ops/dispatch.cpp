@@ -153,7 +153,7 @@ Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& r
   // 2. Measure: warm-up, then interleaved timed runs on every rank, each run started from a
   //    device barrier (as the bench does) so that no rank's time includes waiting for a peer
   //    that is still finishing the previous run. A close call (within kCloseCall) gets
-  //    kCloseCallRuns more rounds: every rank sees the same sums, so all extend together.
+  //    kCloseCallRuns more rounds: every rank sees the same values, so all extend together.
   run(Path::kFused);
   run(Path::kNative);
   Stream& s = ctx_.stream();

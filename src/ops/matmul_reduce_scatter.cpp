@@ -4,7 +4,8 @@
 //
 //   compute: (captured: reset landed, barrier) | GEMM chunk r+1 | GEMM chunk r+2 | ... | GEMM
 //            chunk r -> own slot | reduce (waits for landed[s] of every peer s) | wait for copy
-//   copy:                          | push r+1, landed_{r+1}[r] = e | push r+2, ... | push r-1 ...
+//   copy:                          | push r+1 | push r+2 | ... | push r-1
+//   flags:                                    | landed_{r+1}[r] = e | ... (each behind its push)
 //
 // Rank r computes the chunks in the order their owners need them, r+1 first, so at each step
 // every rank feeds a different peer; the copy engine pushes each finished chunk into slot r of
@@ -13,8 +14,13 @@
 // straight into the own slot. The reduction waits (in its kernel, bounded by the group's timeout)
 // until every peer's flag is up, then adds the ws slots in f32 in rank order 0..ws-1 and rounds
 // once: deterministic, identical on every run, and on the CPU backend identical to GEMM followed
-// by reduce-scatter. The copy stream carries only copy-engine work and stream memory writes,
-// since a kernel queued there would wait for an SM until the running GEMM ends.
+// by reduce-scatter. The copy stream carries only copy-engine work, and the flag stream beside
+// it only stream memory writes, since a kernel queued there would wait for an SM until the
+// running GEMM ends. A flag's write waits on the flag stream for an event recorded after its
+// copy (Context::flags_behind): behind the copy on the copy stream it would hold the next copy
+// until this one had drained. Every step of the protocols below that says "after the push" holds
+// through that event; each op joins its flag streams into the compute stream before it ends (and,
+// captured, before the next op's opening barrier and reset).
 //
 // When may a rank push again into an owner's slots, which the owner's reduction reads? As in the
 // native all_gather_matmul (all_gather_matmul.cpp), two protocols:
@@ -345,8 +351,8 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
 // The GEMM counts the stored tiles of each piece (up to kMaxPushPieces per chunk, at least
 // kRsPieceBytes on average, column ranges of whole 256-column tiles: the GEMM's walk takes up
 // to 32 m-tiles of the chunk's rows per group and its columns in order, so the pieces finish one
-// after the other); the copy stream waits for a piece's count (a stream
-// memory wait: no SM needed while the GEMM holds them all) and pushes it while the GEMM goes on.
+// after the other); each piece's push stream waits for its count (a stream memory wait: no SM
+// needed while the GEMM holds them all) and pushes it while the GEMM goes on.
 // Every rank walks the chunks from its own r+1 on, so chunk r comes last on r and earlier on
 // every peer (on r-1 first, on r+1 second to last): its pieces have landed on r by the time r's
 // GEMM reaches its own chunk, and nothing is left once the GEMM ends (no reduction kernel, no
@@ -491,6 +497,7 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
   ctx.mark("call", ctx.stream());
   // A wait of an earlier op that timed out is reported here (see all_gather_matmul.cpp).
   ctx.backend().check_errors();
+  ctx.forget_flag_streams();
   validate(ctx, c, options.scatter_dim);
   std::vector<Tensor> as = contiguous_as(ctx, c.as);
   Tensor a_scale = c.a_scale;
