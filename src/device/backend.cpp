@@ -90,10 +90,6 @@ void Backend::native_gemm(const ChunkedGemmArgs& args, Stream&) {
   ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
 }
 
-uint32_t Backend::native_gemm_done_count(const ChunkedGemmArgs& args, int) {
-  ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
-}
-
 std::vector<Backend::DoneCounter> Backend::native_gemm_done_order(const ChunkedGemmArgs& args) {
   ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
 }

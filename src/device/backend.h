@@ -80,7 +80,7 @@ void validate_gemm(const GemmArgs& args);
 //     0/1 flags, or op numbers) (bounded by `timeout`; a timeout
 //     is reported as a TimeoutError naming `rank` and the chunk at the next synchronization);
 //   - after storing the output rows of chunk c, counts them in done[c]: chunk c of d is complete
-//     once done[c] >= native_gemm_done_count(args, c).
+//     once done[c] reaches its count in native_gemm_done_order(args).
 // ready and done are device arrays of one u32 per chunk (or null); the caller zeroes them.
 struct ChunkedGemmArgs {
   Tensor a;                // [m, k], unit column stride
@@ -175,10 +175,9 @@ class Backend {
   // backend cannot run `args` ("" when it can); the others throw where it cannot.
   virtual std::string native_gemm_unsupported(const ChunkedGemmArgs& args);
   virtual void native_gemm(const ChunkedGemmArgs& args, Stream& stream);
-  virtual uint32_t native_gemm_done_count(const ChunkedGemmArgs& args, int chunk);
-  // Every counter of done[] with the count it reaches (native_gemm_done_count), in the kernel's
-  // walk order (of each, its last tile): the order to wait for them in (they may complete a
-  // little out of it: only the waits' pace depends on it). One conversion of `args` for all.
+  // Every counter of done[] with the count it reaches once its rows are all stored, in the
+  // kernel's walk order (of each, its last tile): the order to wait for them in (they may complete
+  // a little out of it: only the waits' pace depends on it). One conversion of `args` for all.
   struct DoneCounter {
     int index;
     uint32_t count;

@@ -252,7 +252,7 @@ void run_fused(Context& ctx, const AgMmCall& c) {
     const int p = (rank - i + ws) % ws;
     be.copy(shard_slot(p, rank), own_a, copy);
     if (rowwise) be.copy(scale_slot(p, rank), own_scale, copy);
-    Stream& flags = ctx.flags_behind(copy, 0);  // the next push starts at once
+    Stream& flags = ctx.flags_behind(0);  // behind the copy stream, which goes on at once
     be.write_flag(buf.ready(p) + rank, buf.number, flags);
     if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", p), flags);
   };
@@ -446,13 +446,12 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   };
   // The flag of piece q of this rank's chunk on `owner`.
   auto flag_of = [&](int owner, int q) { return ready_of(owner) + q * ws + rank; };
-  // Copies pieces [first_piece, end_piece) of this rank's chunk into `owner`'s slot, each
-  // followed by its flag.
-  auto land = [&](int owner, const Tensor& from, Stream& stream, int first_piece, int end_piece) {
+  // Copies pieces [first_piece, end_piece) of this rank's chunk into `owner`'s slot on the copy
+  // stream, each followed by its flag (beside it: the copy stream goes on at once).
+  auto land = [&](int owner, const Tensor& from, int first_piece, int end_piece) {
     for (int q = first_piece; q < end_piece; ++q) {
-      be.copy(piece_of(slot(owner, rank), q), piece_of(from, q), stream);
-      // Beside the copy stream, which goes on to the next piece at once.
-      be.write_flag(flag_of(owner, q), number, ctx.flags_behind(stream, 0));
+      be.copy(piece_of(slot(owner, rank), q), piece_of(from, q), copy);
+      be.write_flag(flag_of(owner, q), number, ctx.flags_behind(0));
     }
   };
 
@@ -504,9 +503,9 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   // chunk that q+i pushes to q lands at step i, the step q's GEMM reaches it.
   auto push = [&](int i, int first_piece, int end_piece) {
     const int p = (rank - i + ws) % ws;
-    land(p, source, copy, first_piece, end_piece);
+    land(p, source, first_piece, end_piece);
     if (ctx.tracing() && end_piece == pieces.count) {
-      ctx.mark(fmt::format("pushed to {}", p), ctx.flags_behind(copy, 0));
+      ctx.mark(fmt::format("pushed to {}", p), ctx.flags_behind(0));
     }
   };
   // The first piece of the first push is enqueued before the GEMM: r-1's GEMM needs it right
@@ -520,7 +519,7 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   if (ws > 1) push(1, 1, pieces.count);
   for (int i = 2; i < ws; ++i)
     push(i, 0, pieces.count);
-  if (in_place && own_slot) land(rank, source, copy, 0, pieces.count);
+  if (in_place && own_slot) land(rank, source, 0, pieces.count);
   // A returned A: the own rows from the source, on the copy stream (the own slot may still be
   // landing there: the GEMM waited only for the pieces its edge tiles touch); the others from the
   // slots, on the compute stream, where every chunk has landed once the GEMMs are through (they

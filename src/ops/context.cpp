@@ -131,10 +131,10 @@ void Context::align_ranks() {
   }
 }
 
-Stream& Context::flags_behind(Stream& push, int i) {
+Stream& Context::flags_behind(int i) {
   const size_t k = static_cast<size_t>(i % options_.push_streams);
   Event& pushed = *flag_events_[2 * k];
-  pushed.record(push);
+  pushed.record(push_stream(i));
   pushed.block(*flag_streams_[k]);
   flag_used_[k] = true;
   return *flag_streams_[k];

@@ -100,14 +100,14 @@ class Context {
     return k == 0 ? copy_stream() : *push_streams_[k - 1];
   }
   // The flags that say a push has landed go on a stream beside it: flag stream i (mod
-  // options().push_streams) waits for everything enqueued on `push` so far and is returned, for
-  // the flag's stream write (and any other bookkeeping behind the copy). Why: a stream memory
-  // operation queued on the copy stream itself holds that stream's next copy until the copy
-  // before it has drained, ~3-4 us per operation on an H200; eight back-to-back 4 MiB pushes with
-  // a wait, a flag and a reset each took 173 us instead of 106, and 139 with the flag and the
-  // reset beside them (scripts/experiments/ce_under_load.cu, docs/PERFORMANCE.md, ninth
+  // options().push_streams) waits for everything enqueued on push_stream(i) so far and is
+  // returned, for the flag's stream write (and any other bookkeeping behind the copy). Why: a
+  // stream memory operation queued on the copy stream itself holds that stream's next copy until
+  // the copy before it has drained, ~3-4 us per operation on an H200; eight back-to-back 4 MiB
+  // pushes with a wait, a flag and a reset each took 173 us instead of 106, and 139 with the flag
+  // and the reset beside them (scripts/experiments/ce_under_load.cu, docs/PERFORMANCE.md, ninth
   // session). An op that uses it ends with join_flag_streams.
-  Stream& flags_behind(Stream& push, int i);
+  Stream& flags_behind(int i);
   // Makes `stream` wait for everything enqueued so far on the flag streams used since the last
   // join (only those: under CUDA-graph capture an unused one is not part of the capture).
   void join_flag_streams(Stream& stream);

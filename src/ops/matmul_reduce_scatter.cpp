@@ -299,8 +299,8 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
     Event& done = ctx.event(i);
     done.record(stream);
     done.block(copy);
-    be.copy(slot(dst, rank), part, copy);       // copy engine, beside the next GEMM
-    Stream& flags = ctx.flags_behind(copy, 0);  // the next push starts at once
+    be.copy(slot(dst, rank), part, copy);  // copy engine, beside the next GEMM
+    Stream& flags = ctx.flags_behind(0);   // behind the copy stream, which goes on at once
     be.write_flag(landed_of(dst) + rank, slots.number, flags);
     if (ctx.tracing()) ctx.mark(fmt::format("pushed to {}", dst), flags);
   }
@@ -470,13 +470,14 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
     const int d = index / pieces.count;
     const int q = index % pieces.count;
     if (d == rank) continue;  // reduced in the GEMM's epilogue, never counted
-    Stream& push = ctx.push_stream(turn++);
+    const int t = turn++;
+    Stream& push = ctx.push_stream(t);
     const Tensor from = product.narrow(0, d * rows, rows);
     const Tensor to = slots.at(d, rank).view({rows, plan.n});
     be.wait_flag(done + index, count, push);
     be.copy(piece_of(to, q), piece_of(from, q), push);
     // The flag and the reset beside the push stream, which goes on to its next piece at once.
-    Stream& flags = ctx.flags_behind(push, turn - 1);
+    Stream& flags = ctx.flags_behind(t);
     be.write_flag(landed_of(d) + q * ws + rank, slots.number, flags);
     // Counted in full: back to 0 for the next op, here beside the GEMM (a stream write takes
     // ~3 us; after the GEMM they would add up).

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "ops/context.h"
 #include "ops/matmul_common.h"
+#include "support/env_testing.h"
 #include "support/multiprocess.h"
 
 namespace asynctp {
@@ -101,9 +102,7 @@ TEST(RsPieces, ColumnRangesOfWholeTilesOfAtLeast4MiB) {
 }
 
 TEST(PushPieces, SettingComesFromTheEnvironment) {
-  const char* saved = std::getenv("ASYNCTP_PUSH_PIECE_BYTES");
-  const std::string keep = saved != nullptr ? saved : "";
-  ::unsetenv("ASYNCTP_PUSH_PIECE_BYTES");
+  const asynctp::testing::ScopedUnsetEnv unset("ASYNCTP_PUSH_PIECE_BYTES");
   EXPECT_EQ(ContextOptions::default_push_piece_bytes(), 0u);
   ::setenv("ASYNCTP_PUSH_PIECE_BYTES", "8388608", 1);
   EXPECT_EQ(ContextOptions::default_push_piece_bytes(), 8 * kMiB);
@@ -114,17 +113,10 @@ TEST(PushPieces, SettingComesFromTheEnvironment) {
     EXPECT_THAT([] { ContextOptions::default_push_piece_bytes(); },
                 ::testing::ThrowsMessage<Error>(::testing::HasSubstr("ASYNCTP_PUSH_PIECE_BYTES")));
   }
-  if (saved != nullptr) {
-    ::setenv("ASYNCTP_PUSH_PIECE_BYTES", keep.c_str(), 1);
-  } else {
-    ::unsetenv("ASYNCTP_PUSH_PIECE_BYTES");
-  }
 }
 
 TEST(PushStreams, SettingComesFromTheEnvironmentAndIsChecked) {
-  const char* saved = std::getenv("ASYNCTP_PUSH_STREAMS");
-  const std::string keep = saved != nullptr ? saved : "";
-  ::unsetenv("ASYNCTP_PUSH_STREAMS");
+  const asynctp::testing::ScopedUnsetEnv unset("ASYNCTP_PUSH_STREAMS");
   EXPECT_EQ(ContextOptions::default_push_streams(), 2);
   for (int k = 1; k <= ContextOptions::kMaxPushStreams; ++k) {
     ::setenv("ASYNCTP_PUSH_STREAMS", std::to_string(k).c_str(), 1);
@@ -135,11 +127,6 @@ TEST(PushStreams, SettingComesFromTheEnvironmentAndIsChecked) {
     EXPECT_THAT([] { ContextOptions::default_push_streams(); },
                 ::testing::ThrowsMessage<Error>(::testing::AllOf(
                     ::testing::HasSubstr("ASYNCTP_PUSH_STREAMS"), ::testing::HasSubstr(bad))));
-  }
-  if (saved != nullptr) {
-    ::setenv("ASYNCTP_PUSH_STREAMS", keep.c_str(), 1);
-  } else {
-    ::unsetenv("ASYNCTP_PUSH_STREAMS");
   }
   // Out of range in the options themselves: the context refuses to start, naming the value.
   const asynctp::testing::HarnessOptions harness;

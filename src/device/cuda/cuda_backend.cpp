@@ -353,13 +353,6 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     ASYNCTP_CUDA_CHECK(kernels::async_gemm(k, raw(stream)));
   }
 
-  uint32_t native_gemm_done_count(const ChunkedGemmArgs& args, int chunk) override {
-    kernels::AsyncGemmArgs k;
-    const std::string why = to_async_gemm(args, &k);
-    ASYNCTP_CHECK(why.empty(), "native_gemm_done_count: {}", why);
-    return kernels::async_gemm_done_count(k, chunk);
-  }
-
   std::vector<DoneCounter> native_gemm_done_order(const ChunkedGemmArgs& args) override {
     kernels::AsyncGemmArgs k;
     const std::string why = to_async_gemm(args, &k);

@@ -623,6 +623,17 @@ TEST(NativeGemm, ReduceScatterWalkFinishesThePeersChunksOneByOneAndTheOwnLast) {
   }
 }
 
+// Each done counter's count once its rows are stored, by counter (native_gemm_done_order gives
+// them in walk order).
+std::vector<uint32_t> done_counts(Backend& be, const ChunkedGemmArgs& args) {
+  std::vector<uint32_t> counts;
+  for (const auto& [index, count] : be.native_gemm_done_order(args)) {
+    if (static_cast<size_t>(index) >= counts.size()) counts.resize(index + 1);
+    counts[index] = count;
+  }
+  return counts;
+}
+
 TEST(NativeGemm, PublishesFinishedChunks) {
   SKIP_UNLESS_GPUS(1);
   for (DType out : {DType::kBF16, DType::kF32}) {
@@ -650,9 +661,11 @@ TEST(NativeGemm, PublishesFinishedChunks) {
     args.first_chunk = first;
     args.done = done;
     gpu.be().native_gemm(args, gpu.stream());
+    const std::vector<uint32_t> counts = done_counts(gpu.be(), args);
+    ASSERT_EQ(counts.size(), static_cast<size_t>(chunks));
     for (int i = 0; i < chunks; ++i) {
       const int c = (first + i) % chunks;
-      gpu.be().wait_flag(done + c, gpu.be().native_gemm_done_count(args, c), *copy_stream);
+      gpu.be().wait_flag(done + c, counts[c], *copy_stream);
       gpu.be().copy(copied->narrow(0, c * chunk_rows, chunk_rows),
                     d->narrow(0, c * chunk_rows, chunk_rows), *copy_stream);
     }
@@ -662,7 +675,7 @@ TEST(NativeGemm, PublishesFinishedChunks) {
     ASSERT_EQ(cudaMemcpy(host.data(), done, chunks * sizeof(uint32_t), cudaMemcpyDeviceToHost),
               cudaSuccess);
     for (int c = 0; c < chunks; ++c)
-      EXPECT_EQ(host[c], gpu.be().native_gemm_done_count(args, c)) << "chunk " << c;
+      EXPECT_EQ(host[c], counts[c]) << "chunk " << c;
   }
 }
 
@@ -753,10 +766,10 @@ TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
     std::vector<uint32_t> host(chunks * pieces);
     ASSERT_EQ(cudaMemcpy(host.data(), done, host.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost),
               cudaSuccess);
-    for (int i = 0; i < chunks * pieces; ++i) {
-      EXPECT_EQ(host[i], i / pieces == own ? 0u : gpu.be().native_gemm_done_count(args, i))
-          << "piece " << i;
-    }
+    const std::vector<uint32_t> counts = done_counts(gpu.be(), args);
+    ASSERT_EQ(counts.size(), host.size());
+    for (int i = 0; i < chunks * pieces; ++i)
+      EXPECT_EQ(host[i], i / pieces == own ? 0u : counts[i]) << "piece " << i;
     if (padded) {
       // Parts whose row stride the TMA cannot take (1044 bytes) are refused, with the reason.
       OwnedTensor wide = gpu.empty({chunks, rows, n + 2}, dt);

@@ -965,7 +965,7 @@ TEST(FusedOpsGpu, CaptureAfterAFlagStreamLeftUnjoined) {
         const MatmulReduceScatterOptions native_path{.path = PathChoice::kNative};
         matmul_reduce_scatter(ctx, *a, *b, eager, native_path);
         ctx.backend().synchronize();
-        ctx.flags_behind(ctx.push_stream(1), 1);  // as an op that threw would leave it
+        ctx.flags_behind(1);  // as an op that threw would leave it
         cuda::Graph graph;
         graph.begin_capture(ctx.stream());
         matmul_reduce_scatter(ctx, *a, *b, replayed, native_path);
