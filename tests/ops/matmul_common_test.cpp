@@ -116,17 +116,20 @@ TEST(PushPieces, SettingComesFromTheEnvironment) {
 }
 
 TEST(PushStreams, SettingComesFromTheEnvironmentAndIsChecked) {
-  const asynctp::testing::ScopedUnsetEnv unset("ASYNCTP_PUSH_STREAMS");
-  EXPECT_EQ(ContextOptions::default_push_streams(), 2);
-  for (int k = 1; k <= ContextOptions::kMaxPushStreams; ++k) {
-    ::setenv("ASYNCTP_PUSH_STREAMS", std::to_string(k).c_str(), 1);
-    EXPECT_EQ(ContextOptions::default_push_streams(), k);
-  }
-  for (const char* bad : {"0", "5", "12", "-1", "x", "2 "}) {
-    ::setenv("ASYNCTP_PUSH_STREAMS", bad, 1);
-    EXPECT_THAT([] { ContextOptions::default_push_streams(); },
-                ::testing::ThrowsMessage<Error>(::testing::AllOf(
-                    ::testing::HasSubstr("ASYNCTP_PUSH_STREAMS"), ::testing::HasSubstr(bad))));
+  {
+    // The variable is back before the contexts below read it.
+    const asynctp::testing::ScopedUnsetEnv unset("ASYNCTP_PUSH_STREAMS");
+    EXPECT_EQ(ContextOptions::default_push_streams(), 2);
+    for (int k = 1; k <= ContextOptions::kMaxPushStreams; ++k) {
+      ::setenv("ASYNCTP_PUSH_STREAMS", std::to_string(k).c_str(), 1);
+      EXPECT_EQ(ContextOptions::default_push_streams(), k);
+    }
+    for (const char* bad : {"0", "5", "12", "-1", "x", "2 "}) {
+      ::setenv("ASYNCTP_PUSH_STREAMS", bad, 1);
+      EXPECT_THAT([] { ContextOptions::default_push_streams(); },
+                  ::testing::ThrowsMessage<Error>(::testing::AllOf(
+                      ::testing::HasSubstr("ASYNCTP_PUSH_STREAMS"), ::testing::HasSubstr(bad))));
+    }
   }
   // Out of range in the options themselves: the context refuses to start, naming the value.
   const asynctp::testing::HarnessOptions harness;
