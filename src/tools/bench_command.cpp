@@ -108,13 +108,13 @@ void gemm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& d,
 }
 
 // The op's own step marks (ops/trace.h), median over runs started together, printed by every
-// rank: where the time of one path goes.
+// rank: where the time of one path goes, on the device and (in brackets) on the host.
 void print_trace(Context& ctx, int rank, const std::string& what,
                  const std::function<void()>& run) {
   constexpr int kRuns = 15;
   OpTrace trace(ctx.backend());
   std::vector<std::string> labels;
-  std::vector<std::vector<double>> times;
+  std::vector<std::vector<double>> device, host;
   for (int i = 0; i < kRuns; ++i) {
     ctx.align_ranks();
     trace.clear();
@@ -124,20 +124,26 @@ void print_trace(Context& ctx, int rank, const std::string& what,
     const auto marks = trace.read();
     if (i == 0) {
       for (const auto& m : marks)
-        labels.push_back(m.first);
-      times.resize(marks.size());
+        labels.push_back(m.label);
+      device.resize(marks.size());
+      host.resize(marks.size());
     }
-    for (size_t j = 0; j < marks.size() && j < times.size(); ++j)
-      times[j].push_back(marks[j].second);
+    for (size_t j = 0; j < marks.size() && j < labels.size(); ++j) {
+      device[j].push_back(marks[j].device_ms);
+      host[j].push_back(marks[j].host_ms);
+    }
   }
+  auto median_us = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return 1e3 * v[v.size() / 2];
+  };
   std::string line;
   for (size_t j = 0; j < labels.size(); ++j) {
-    std::sort(times[j].begin(), times[j].end());
-    line +=
-        fmt::format("{}{} {:.1f}", j ? " | " : "", labels[j], 1e3 * times[j][times[j].size() / 2]);
+    line += fmt::format("{}{} {:.1f} ({:.1f})", j ? " | " : "", labels[j], median_us(device[j]),
+                        median_us(host[j]));
   }
-  std::fprintf(stderr, "trace rank %d %s (us after start, median of %d): %s\n", rank, what.c_str(),
-               kRuns, line.c_str());
+  std::fprintf(stderr, "trace rank %d %s (us after start: device (host), median of %d): %s\n", rank,
+               what.c_str(), kRuns, line.c_str());
 }
 
 bool bitwise_equal(Context& ctx, const Tensor& x, const Tensor& y) {
@@ -384,6 +390,7 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   if (o.trace && gpu) {
     std::vector<std::pair<const char*, PathChoice>> paths{{"split", PathChoice::kFused}};
     if (!std::isnan(r.err_native)) paths.push_back({"native", PathChoice::kNative});
+    paths.push_back({"auto", PathChoice::kAuto});
     for (const auto& [name, path] : paths)
       print_trace(ctx, s.rank(), fmt::format("{} {} {}", shape.op, shape.label, name),
                   [&, path = path] { fused_with(path); });
@@ -540,8 +547,9 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
   cmd->add_flag("!--no-graph", o->graph, "skip the CUDA-graph replay");
   cmd->add_flag("--trace", o->trace,
-                "on a GPU, after timing, print each rank's timeline of the split and native "
-                "paths (the ops' own step marks, median of 15 runs) to stderr");
+                "on a GPU, after timing, print each rank's timeline of the split, native and "
+                "auto paths (the ops' own step marks, device and host times, median of 15 "
+                "runs) to stderr");
   cmd->footer(
       "Examples:\n  asynctp launch --nproc 4 -- asynctp bench ag-mm --shape 4096x8192x3584\n"
       "  asynctp launch --nproc 4 -- asynctp bench --suite anchors --json");

@@ -14,10 +14,10 @@ namespace {
 
 using ::testing::ElementsAre;
 
-std::vector<std::string> labels_of(const std::vector<std::pair<std::string, double>>& marks) {
+std::vector<std::string> labels_of(const std::vector<OpTrace::Mark>& marks) {
   std::vector<std::string> out;
   for (const auto& m : marks)
-    out.push_back(m.first);
+    out.push_back(m.label);
   return out;
 }
 
@@ -52,9 +52,12 @@ TEST(OpTrace, MarksTheStepsOfBothSplitPathsInOrder) {
         ElementsAre("call", "start", fmt::format("pushed to {}", p2), fmt::format("gemm {}", r),
                     fmt::format("pushed to {}", p1), fmt::format("gemm {}", p1),
                     fmt::format("gemm {}", p2), "joined", "end"));
-    EXPECT_EQ(ag.front().second, 0.0);
-    for (size_t i = 1; i < ag.size(); ++i)
-      EXPECT_GE(ag[i].second, ag[i - 1].second) << ag[i].first;
+    EXPECT_EQ(ag.front().device_ms, 0.0);
+    EXPECT_EQ(ag.front().host_ms, 0.0);
+    for (size_t i = 1; i < ag.size(); ++i) {
+      EXPECT_GE(ag[i].device_ms, ag[i - 1].device_ms) << ag[i].label;
+      EXPECT_GE(ag[i].host_ms, ag[i - 1].host_ms) << ag[i].label;
+    }
 
     trace.clear();
     ctx.set_trace(&trace);
