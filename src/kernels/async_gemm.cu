@@ -19,21 +19,20 @@
 // `first_chunk`'s first row come first, then the following rows, wrapping around; within a group
 // of group_m m-tiles the m index runs fastest (B panels stay in L2). CTA i takes tiles i, i+grid,
 // ...: all SMs work on the chunk that landed first while the copy engine brings the next ones.
-// group_m is kGroupM (32), or where rows wait for flags, are counted in done or are reduced
-// (sum_chunk) the largest height up to 32 that divides every piece and chunk (on the tile
-// grid): a group then never
-// spans two pieces or chunks, so the tiles of the first wave that are not the own chunk's wait
-// for the piece that lands first, not for the whole next chunk (or the one after), counted
-// pieces finish in walk order, and the native MM+RS's own chunk comes last.
+// group_m is kGroupM (16), or where rows wait for flags, are counted in done or are reduced
+// (sum_chunk) the largest height up to 16 that divides every piece and chunk (on the tile
+// grid): a group then never spans two pieces or chunks, so the tiles of the first wave that are
+// not the own chunk's wait for the piece that lands first, not for the whole next chunk (or the
+// one after), counted pieces finish in walk order, and the native MM+RS's own chunk comes last.
 //
-// Why 32 (H200, one GPU, bf16, the 17 per-rank GEMMs of the anchor shapes at world sizes 2 and
-// 4, median of 20 paced runs; docs/PERFORMANCE.md, seventh session): heights 16, 32 and 64 run
-// within 1% of each other, 6 to 33% faster than height 8 on the 15 shapes of 14 n-tiles or more
-// (8192 x 8192 x 14336: 2096 against 3030 us) and the same on the two of 7 and 10; at 32 the
-// kernel beat cuBLAS (cublasGemmEx) on all 17. With 132 CTAs a wave of height 8 spans 8
-// m-tiles x 16.5 n-tiles, of height 32 at most 32 x 4.1: the tiles sharing B's 32 KiB k-block
-// (one column) outnumber those sharing A's 16 KiB one. Why that costs a third at height 8 was
-// not measured (L2 hit rates were not read).
+// Why 16: a wave of 132 CTAs spans about 16 m-tiles x 8 n-tiles, and per k-block its tiles then
+// read 16 of A's 16 KiB blocks and 8 of B's 32 KiB ones: the fewest bytes for 132 tiles (height
+// 32 reads 32 x 16 + 4 x 32 KiB, height 8 about 8 x 16 + 17 x 32). Measured (H200, ws 2, the
+// anchor suite, old and new binaries alternated; docs/PERFORMANCE.md, tenth session): the kernel
+// alone 3.0% faster than at 32 on 8192 x 8192 x 28672, 1.9% on 8192 x 14336 x 8192, 0.9-1.3% on
+// four more, the same where the shards hold 16 m-tiles or fewer. (The seventh session had
+// measured 16, 32 and 64 within 1% of each other on one GPU and picked 32; height 8 6-33% slower
+// there, while on 8192 x 8192 x 28672 it now runs as fast as 16.)
 //
 // Tail split: with T tiles on G CTAs, the last wave holds T mod G tiles; where that is at most
 // half of G, each of its tiles is cut into s <= 4 K-ranges (s = G / tail, at least 4 k-blocks
@@ -90,7 +89,7 @@ namespace {
 constexpr int kBM = 128;
 constexpr int kBN = 256;
 constexpr int kBK = 64;
-constexpr int kGroupM = 32;
+constexpr int kGroupM = 16;
 constexpr int kThreads = 384;
 constexpr int kStageABytes = kBM * kBK * 2;
 constexpr int kStageBBytes = kBN * kBK * 2;

@@ -227,7 +227,7 @@ uint32_t async_gemm_done_count(const AsyncGemmArgs& args, int index);
 std::vector<int> async_gemm_done_order(const AsyncGemmArgs& args);
 // Bytes of the tail-split workspace for the current device.
 size_t async_gemm_split_workspace_bytes();
-// The walk's group height in m-tiles for these arguments (see async_gemm.cu): up to 32, and
+// The walk's group height in m-tiles for these arguments (see async_gemm.cu): up to 16, and
 // where rows wait for flags or are counted in done, a divisor of every piece and chunk.
 int async_gemm_group_m(const AsyncGemmArgs& args);
 // The number of K-ranges each tile of the last wave is cut into for these arguments (1: none).

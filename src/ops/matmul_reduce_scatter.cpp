@@ -350,7 +350,7 @@ void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
 //
 // The GEMM counts the stored tiles of each piece (up to kMaxPushPieces per chunk, at least
 // kRsPieceBytes on average, column ranges of whole 256-column tiles: the GEMM's walk takes up
-// to 32 m-tiles of the chunk's rows per group and its columns in order, so the pieces finish one
+// to 16 m-tiles of the chunk's rows per group and its columns in order, so the pieces finish one
 // after the other); each piece's push stream waits for its count (a stream memory wait: no SM
 // needed while the GEMM holds them all) and pushes it while the GEMM goes on.
 // Every rank walks the chunks from its own r+1 on, so chunk r comes last on r and earlier on

@@ -493,14 +493,14 @@ kernels::AsyncGemmArgs walk_args(int64_t m, int64_t n) {
   return a;
 }
 
-// The walk's group height (host arithmetic, no GPU needed): 32 m-tiles where nothing waits or
+// The walk's group height (host arithmetic, no GPU needed): 16 m-tiles where nothing waits or
 // counts; where rows become ready (AG) or are counted (MM+RS) by pieces, the largest height up
-// to 32 that divides every piece and chunk, so that a group never spans two chunks (the native
+// to 16 that divides every piece and chunk, so that a group never spans two chunks (the native
 // MM+RS's own chunk must come last in the walk) or two pieces.
 TEST(NativeGemm, WalkGroupsNeverSpanAPieceOrAChunk) {
   uint32_t flag = 0;
   kernels::AsyncGemmArgs a = walk_args(8192, 4096);
-  EXPECT_EQ(kernels::async_gemm_group_m(a), 32);
+  EXPECT_EQ(kernels::async_gemm_group_m(a), 16);
   a.done = &flag;
   for (int64_t chunk_tiles = 1; chunk_tiles <= 80; ++chunk_tiles) {
     for (int64_t piece_tiles : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{4}, chunk_tiles}) {
@@ -512,19 +512,19 @@ TEST(NativeGemm, WalkGroupsNeverSpanAPieceOrAChunk) {
       const int g = kernels::async_gemm_group_m(a);
       const int64_t piece = piece_tiles > 0 ? piece_tiles : chunk_tiles;
       EXPECT_GE(g, 1);
-      EXPECT_LE(g, 32);
+      EXPECT_LE(g, 16);
       EXPECT_EQ(piece % g, 0);
       EXPECT_EQ(chunk_tiles % g, 0);
     }
   }
   a.done_rows = 0;
   for (const auto& [chunk_tiles, want] : std::vector<std::pair<int64_t, int>>{
-           {8, 8}, {16, 16}, {40, 20}, {48, 24}, {56, 28}, {64, 32}, {37, 1}}) {
+           {8, 8}, {16, 16}, {40, 10}, {48, 16}, {56, 14}, {64, 16}, {37, 1}, {13, 13}}) {
     a.chunk_rows = 128 * chunk_tiles;
     a.m = 2 * a.chunk_rows;
     EXPECT_EQ(kernels::async_gemm_group_m(a), want) << chunk_tiles << " m-tiles a chunk";
   }
-  // Ready pieces (AG) and chunks off the tile grid: no piece to keep whole, 32.
+  // Ready pieces (AG) and chunks off the tile grid: no piece to keep whole, 16.
   a.done = nullptr;
   a.ready = &flag;
   a.chunk_rows = 128 * 48;
@@ -532,14 +532,14 @@ TEST(NativeGemm, WalkGroupsNeverSpanAPieceOrAChunk) {
   EXPECT_EQ(kernels::async_gemm_group_m(a), 12);
   a.chunk_rows = 1000;
   a.ready_rows = 0;
-  EXPECT_EQ(kernels::async_gemm_group_m(a), 32);
+  EXPECT_EQ(kernels::async_gemm_group_m(a), 16);
   // A reduced own chunk keeps the groups within chunks even with nothing waited for or counted.
   a.ready = nullptr;
   a.chunk_rows = 128 * 40;
   a.m = 2 * a.chunk_rows;
   a.sum_chunk = 0;
   a.first_chunk = 1;
-  EXPECT_EQ(kernels::async_gemm_group_m(a), 20);
+  EXPECT_EQ(kernels::async_gemm_group_m(a), 10);
 }
 
 // async_gemm_done_order against the walk as the file comment of async_gemm.cu states it, run
