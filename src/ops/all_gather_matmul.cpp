@@ -508,15 +508,35 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
       ctx.mark(fmt::format("pushed to {}", p), ctx.flags_behind(0));
     }
   };
-  // The first piece of the first push is enqueued before the GEMM: r-1's GEMM needs it right
-  // after its own chunk, and enqueueing the GEMM (tensor maps, launch) would otherwise delay it
-  // by that much host time when the op is not replayed from a graph.
-  if (ws > 1) push(1, 0, 1);
+  // Host order. Unless replayed from a graph, each call's host time delays what is enqueued after
+  // it, and on an idle GPU the device waits for it (scripts/experiments/host_costs.cu, H200:
+  // the GEMM's launch ~4 us + ~2 of ours, a copy ~2.6, a flag with its event ~1.7):
+  //
+  //   ws 2:   GEMM | copy piece 0 | flag 0 | the other pieces
+  //   ws > 2: copy piece 0 | GEMM | flag 0 | the other pieces, then the pushes to r-2, r-3, ...
+  //
+  // With more than two ranks each copy stream carries a chain of pushes (to r-1, then r-2, ...)
+  // and each chunk lands as late as the first push started, the last one bounding the GEMM; so
+  // the first copy goes before the launch (its flag after: the copy takes longer than the launch
+  // anyway). With two there is one push, and it lands long before the GEMM is through its own
+  // chunk: the GEMM goes first (measured at ws 2: 5-10 us faster on seed-4096 and seed-2048,
+  // docs/PERFORMANCE.md, tenth session).
+  const bool gemm_first = ws == 2;
+  const int first_peer = (rank - 1 + ws) % ws;
+  auto copy_first_piece = [&] {
+    be.copy(piece_of(slot(first_peer, rank), 0), piece_of(source, 0), copy);
+  };
+  if (ws > 1 && !gemm_first) copy_first_piece();
   ctx.mark("launch", compute);
   for (const ChunkedGemmArgs& args : gemms)
     be.native_gemm(args, compute);
   ctx.mark("gemm", compute);
-  if (ws > 1) push(1, 1, pieces.count);
+  if (ws > 1) {
+    if (gemm_first) copy_first_piece();
+    // Nothing went on the copy stream since that copy: the flag stream waits for it.
+    be.write_flag(flag_of(first_peer, 0), number, ctx.flags_behind(0));
+    push(1, 1, pieces.count);  // (marks "pushed to" with one piece too)
+  }
   for (int i = 2; i < ws; ++i)
     push(i, 0, pieces.count);
   if (in_place && own_slot) land(rank, source, 0, pieces.count);
