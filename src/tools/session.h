@@ -38,13 +38,18 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b);
 // Median milliseconds of `fn` over `iters` runs after `warmup`, timed with backend events around
 // each run; all ranks start each run together (host barrier through the store).
 double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int iters);
-// Medians of several variants timed round-robin (every round runs every variant once, in a
-// shuffled order that is the same on every rank, each timed on its own): slow drifts of the
-// GPU's clocks (power, heat) hit every variant alike, and no variant always follows the same
-// one. Before each timed run the ranks are aligned on the device (a symmetric-memory barrier,
-// or the group's barrier without symmetric memory), so that a variant with communication does
-// not pay for how far apart the ranks finished the previous one. host_ms (optional): the median
-// host time each variant's call took to return (its enqueueing, on an asynchronous backend).
+// Orders for rounds of n variants, a Williams design: every row runs each variant once, and
+// over all rows each variant comes right after each other one equally often (once in n rows for
+// even n; twice in 2n rows for odd n, the rows and their reverses).
+std::vector<std::vector<size_t>> balanced_orders(size_t n);
+// Medians of several variants timed round-robin (every round runs every variant once, round i
+// in the order balanced_orders(n)[i % rows], the same on every rank, each timed on its own):
+// slow drifts of the GPU's clocks (power, heat) hit every variant alike, and every variant
+// follows every other one equally often (what ran just before leaves its data in L2 and sets
+// the clocks). Before each timed run the ranks are aligned on the device (a symmetric-memory
+// barrier, or the group's barrier without symmetric memory), so that a variant with communication
+// does not pay for how far apart the ranks finished the previous one. host_ms (optional): the
+// median host time each variant's call took to return (its enqueueing, on an asynchronous backend).
 // warmup_ms: after the `warmup` rounds, more rounds until that much time has passed (the same
 // number on every rank). pace: after each timed run the host pauses pace x that run's time, so
 // the GPU works at most 1/(1+pace) of the time: back to back (pace 0) an H200 reaches its 700 W
