@@ -510,17 +510,19 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   };
   // Host order. Unless replayed from a graph, each call's host time delays what is enqueued after
   // it, and on an idle GPU the device waits for it (scripts/experiments/host_costs.cu, H200:
-  // the GEMM's launch ~4 us + ~2 of ours, a copy ~2.6, a flag with its event ~1.7):
+  // a GEMM's launch ~4 us + ~2 of ours, a copy ~2.6, a flag with its event ~1.7):
   //
-  //   ws 2:   GEMM | copy piece 0 | flag 0 | the other pieces
-  //   ws > 2: copy piece 0 | GEMM | flag 0 | the other pieces, then the pushes to r-2, r-3, ...
+  //   ws 2:   GEMM 0 | copy piece 0 | flag 0 | GEMMs of the other Bs | the other pieces
+  //   ws > 2: copy piece 0 | GEMM 0 | flag 0 | GEMMs of the other Bs | the other pieces, then
+  //           the pushes to r-2, r-3, ...
   //
   // With more than two ranks each copy stream carries a chain of pushes (to r-1, then r-2, ...)
   // and each chunk lands as late as the first push started, the last one bounding the GEMM; so
   // the first copy goes before the launch (its flag after: the copy takes longer than the launch
   // anyway). With two there is one push, and it lands long before the GEMM is through its own
   // chunk: the GEMM goes first (measured at ws 2: 5-10 us faster on seed-4096 and seed-2048,
-  // docs/PERFORMANCE.md, tenth session).
+  // docs/PERFORMANCE.md, tenth session). The other Bs' GEMMs run after the first on the compute
+  // stream, so their launches wait until the first piece is on its way.
   const bool gemm_first = ws == 2;
   const int first_peer = (rank - 1 + ws) % ws;
   auto copy_first_piece = [&] {
@@ -528,15 +530,15 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   };
   if (ws > 1 && !gemm_first) copy_first_piece();
   ctx.mark("launch", compute);
-  for (const ChunkedGemmArgs& args : gemms)
-    be.native_gemm(args, compute);
-  ctx.mark("gemm", compute);
-  if (ws > 1) {
+  for (size_t j = 0; j < gemms.size(); ++j) {
+    be.native_gemm(gemms[j], compute);
+    if (j > 0 || ws == 1) continue;
     if (gemm_first) copy_first_piece();
     // Nothing went on the copy stream since that copy: the flag stream waits for it.
     be.write_flag(flag_of(first_peer, 0), number, ctx.flags_behind(0));
-    push(1, 1, pieces.count);  // (marks "pushed to" with one piece too)
   }
+  ctx.mark("gemm", compute);
+  if (ws > 1) push(1, 1, pieces.count);  // (marks "pushed to" with one piece too)
   for (int i = 2; i < ws; ++i)
     push(i, 0, pieces.count);
   if (in_place && own_slot) land(rank, source, 0, pieces.count);
