@@ -39,14 +39,22 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b);
 // each run; all ranks start each run together (host barrier through the store).
 double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int iters);
 // Orders for rounds of n variants, a Williams design: every row runs each variant once, and
-// over all rows each variant comes right after each other one equally often (once in n rows for
-// even n; twice in 2n rows for odd n, the rows and their reverses).
+// over all rows each variant comes right after each other one within a row equally often (once
+// in n rows for even n; twice in 2n rows for odd n, the rows and their reverses).
 std::vector<std::vector<size_t>> balanced_orders(size_t n);
-// Medians of several variants timed round-robin (every round runs every variant once, round i
-// in the order balanced_orders(n)[i % rows], the same on every rank, each timed on its own):
-// slow drifts of the GPU's clocks (power, heat) hit every variant alike, and every variant
-// follows every other one equally often (what ran just before leaves its data in L2 and sets
-// the clocks). Before each timed run the ranks are aligned on the device (a symmetric-memory
+// The order of round `round` of the timing loop: block b = round / rows.size() visits the rows
+// with the b-th stride coprime to their count (1, then the next, ...), so that the pair across
+// the boundary between two rounds (the last run of one, the first of the next), which the rows
+// do not balance, changes from block to block: for an even number of variants, in the joined
+// runs of as many blocks as there are strides (up to three tested) no ordered pair of distinct
+// variants comes more than once more often than another (with one stride: up to twice as often).
+const std::vector<size_t>& round_order(const std::vector<std::vector<size_t>>& rows, size_t round);
+// Medians of several variants timed round-robin (every round runs every variant once, in the
+// order round_order(balanced_orders(n), i), the same on every rank, each timed on its own): slow
+// drifts of the GPU's clocks (power, heat) hit every variant alike, and within whole blocks of
+// rounds (iters a multiple of the rows: n for even n, 2n for odd) every variant follows every
+// other one about equally often (what ran just before leaves its data in L2 and sets the
+// clocks). Before each timed run the ranks are aligned on the device (a symmetric-memory
 // barrier, or the group's barrier without symmetric memory), so that a variant with communication
 // does not pay for how far apart the ranks finished the previous one. host_ms (optional): the
 // median host time each variant's call took to return (its enqueueing, on an asynchronous backend).
