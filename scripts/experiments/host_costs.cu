@@ -73,6 +73,7 @@ void measure(const char* name, cudaStream_t busy_stream, const std::function<voi
   }
   CHECK(cudaDeviceSynchronize());
   spin<<<1, 1, 0, busy_stream>>>(4'000'000);
+  CHECK(cudaGetLastError());
   for (int i = 0; i < kCalls; ++i) {
     const auto t0 = Clock::now();
     call();
@@ -144,11 +145,15 @@ int main() {
     });
   }
   Small sm{};
-  measure("kernel <<<>>>, 64 B of parameters", s,
-          [&] { small_params<<<132, 128, 0, s>>>(sm, nullptr); });
+  measure("kernel <<<>>>, 64 B of parameters", s, [&] {
+    small_params<<<132, 128, 0, s>>>(sm, nullptr);
+    CHECK(cudaGetLastError());
+  });
   Big big{};
-  measure("kernel <<<>>>, 1 KiB of parameters", s,
-          [&] { big_params_plain<<<132, 384, 0, s>>>(big, nullptr); });
+  measure("kernel <<<>>>, 1 KiB of parameters", s, [&] {
+    big_params_plain<<<132, 384, 0, s>>>(big, nullptr);
+    CHECK(cudaGetLastError());
+  });
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(132);
   config.blockDim = dim3(384);
@@ -168,8 +173,8 @@ int main() {
     CHECK(cudaLaunchKernelEx(&clustered, big_params_plain, big, static_cast<int*>(nullptr)));
   });
   CUtensorMap map;
-  const cuuint64_t dims[2] = {8192, 4096};
-  const cuuint64_t strides[1] = {8192 * 2};
+  const cuuint64_t dims[2] = {2048, kBytes / 4096};  // the 4 MiB of src as bf16 rows of 4 KiB
+  const cuuint64_t strides[1] = {2048 * 2};
   const cuuint32_t box[2] = {64, 128};
   const cuuint32_t elem[2] = {1, 1};
   measure("cuTensorMapEncodeTiled", s, [&] {
@@ -178,6 +183,14 @@ int main() {
                                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE));
   });
+  CHECK(cudaFree(src));
+  CHECK(cudaFree(dst));
+  CHECK(cudaFree(flag));
+  if (remote != nullptr) CHECK(cudaFree(remote));
+  CHECK(cudaEventDestroy(ev));
+  CHECK(cudaEventDestroy(timed));
+  CHECK(cudaStreamDestroy(s));
+  CHECK(cudaStreamDestroy(side));
   std::printf("done\n");
   return 0;
 }
