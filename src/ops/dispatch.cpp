@@ -22,20 +22,32 @@ namespace asynctp {
 
 namespace {
 
-constexpr int kCacheVersion = 1;
-
-nlohmann::json read_cache(const std::string& path) {
+// The cache's entries, or an empty object if there is no usable cache (said once per
+// dispatcher, through `warned`).
+nlohmann::json read_cache(const std::string& path, bool& warned) {
   std::ifstream in(path);
   if (!in) return nlohmann::json::object();
   try {
     nlohmann::json j = nlohmann::json::parse(in);
-    if (j.is_object() && j.value("version", 0) == kCacheVersion && j.contains("entries") &&
-        j["entries"].is_object()) {
-      return j;
+    const bool layout = j.is_object() && j.contains("entries") && j["entries"].is_object();
+    const int version = j.is_object() && j.contains("version") && j["version"].is_number_integer()
+                            ? j["version"].get<int>()
+                            : 0;
+    if (layout && version == Dispatcher::kCacheVersion) return j;
+    if (std::exchange(warned, true)) return nlohmann::json::object();
+    if (layout) {
+      ASYNCTP_LOG_WARN(
+          "dispatch cache {} holds choices measured on version {} of the paths, this is version "
+          "{}: they are measured again and the file rewritten",
+          path, version, Dispatcher::kCacheVersion);
+    } else {
+      ASYNCTP_LOG_WARN("dispatch cache {} has another layout; it will be rewritten", path);
     }
-    ASYNCTP_LOG_WARN("dispatch cache {} has another version or layout; it will be rewritten", path);
   } catch (const std::exception& e) {
-    ASYNCTP_LOG_WARN("dispatch cache {} is unreadable ({}); it will be rewritten", path, e.what());
+    if (!std::exchange(warned, true)) {
+      ASYNCTP_LOG_WARN("dispatch cache {} is unreadable ({}); it will be rewritten", path,
+                       e.what());
+    }
   }
   return nlohmann::json::object();
 }
@@ -74,7 +86,7 @@ std::optional<DispatchTiming> Dispatcher::decision(const std::string& key) const
 
 std::optional<Path> Dispatcher::disk_lookup(const std::string& key) {
   if (cache_path_.empty()) return std::nullopt;
-  const nlohmann::json j = read_cache(cache_path_);
+  const nlohmann::json j = read_cache(cache_path_, cache_warned_);
   if (!j.contains("entries") || !j["entries"].contains(key)) return std::nullopt;
   const std::string path = j["entries"][key].value("path", "");
   if (path == "native") return Path::kNative;
@@ -88,8 +100,8 @@ void Dispatcher::disk_store(const std::string& key, const DispatchTiming& timing
   try {
     const fs::path path(cache_path_);
     if (path.has_parent_path()) fs::create_directories(path.parent_path());
-    nlohmann::json j = read_cache(cache_path_);
-    j["version"] = kCacheVersion;
+    nlohmann::json j = read_cache(cache_path_, cache_warned_);
+    j["version"] = Dispatcher::kCacheVersion;
     j["entries"][key] = {{"path", std::string(path_name(timing.path))},
                          {"fused_us", timing.fused_us},
                          {"native_us", timing.native_us}};

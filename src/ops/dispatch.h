@@ -39,6 +39,11 @@ struct DispatchTiming {
 
 class Dispatcher {
  public:
+  // The disk cache's format and the paths its choices were measured on. Bumped whenever a change
+  // to the paths can change which of them is faster, so that choices measured before are
+  // measured again: 2 since the native GEMM's walk groups of 16 and the native AG's GEMM-first
+  // order at ws 2 (and the choice by the slowest rank, which version 1 did not have).
+  static constexpr int kCacheVersion = 2;
   static constexpr int kTuneRuns = 15;
   // Paths whose times differ by less than this fraction get kCloseCallRuns more rounds.
   static constexpr double kCloseCall = 0.03;
@@ -70,6 +75,7 @@ class Dispatcher {
   Context& ctx_;
   std::string cache_path_;
   std::map<std::string, DispatchTiming> decisions_;
+  bool cache_warned_ = false;  // an unusable cache file was reported
 };
 
 }  // namespace asynctp

@@ -2,8 +2,14 @@
 // because the workspace limit is too small, taken because the group spans nodes; the usage
 // counters and reasons; and the error when the caller insists on a fused path that is not
 // possible. Every fallback result is checked against the reference.
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "ops/op_testing.h"
 
@@ -263,6 +269,59 @@ TEST(DispatcherTest, ChoosesByTheSlowestRank) {
       },
       options);
   EXPECT_RANKS_OK(statuses);
+}
+
+// The disk cache: choices written by another version of the paths are measured again and the
+// file rewritten at this version; a later process then takes the choice from the file without
+// measuring anything.
+TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
+  namespace fs = std::filesystem;
+  const fs::path file =
+      fs::temp_directory_path() / fmt::format("asynctp_dispatch_{}.json", ::getpid());
+  {
+    std::ofstream out(file);
+    out << nlohmann::json{{"version", Dispatcher::kCacheVersion - 1},
+                          {"entries", {{"test|stale", {{"path", "native"}}}}}}
+               .dump();
+  }
+  HarnessOptions options;
+  options.context.dispatch_cache = file.string();
+  // Native much slower than fused: the stale entry said native.
+  auto pick = [](Context& ctx, int* runs) {
+    return ctx.dispatcher().pick("test|stale", [&](Path p) {
+      ++*runs;
+      std::this_thread::sleep_for(std::chrono::milliseconds(p == Path::kNative ? 12 : 1));
+    });
+  };
+  auto measured = run_ranks(
+      2,
+      [&](Context& ctx) {
+        int runs = 0;
+        EXPECT_EQ(pick(ctx, &runs), Path::kFused);
+        EXPECT_GT(runs, 0);
+        ASSERT_TRUE(ctx.dispatcher().decision("test|stale").has_value());
+        EXPECT_FALSE(ctx.dispatcher().decision("test|stale")->from_disk);
+      },
+      options);
+  EXPECT_RANKS_OK(measured);
+  {
+    std::ifstream in(file);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    EXPECT_EQ(j.value("version", 0), Dispatcher::kCacheVersion);
+    EXPECT_EQ(j["entries"]["test|stale"].value("path", ""), "fused");
+  }
+  auto from_disk = run_ranks(
+      2,
+      [&](Context& ctx) {
+        int runs = 0;
+        EXPECT_EQ(pick(ctx, &runs), Path::kFused);
+        EXPECT_EQ(runs, 0);
+        ASSERT_TRUE(ctx.dispatcher().decision("test|stale").has_value());
+        EXPECT_TRUE(ctx.dispatcher().decision("test|stale")->from_disk);
+      },
+      options);
+  EXPECT_RANKS_OK(from_disk);
+  fs::remove(file);
 }
 
 TEST(PathChoiceTest, NamesRoundTrip) {
