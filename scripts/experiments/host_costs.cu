@@ -19,22 +19,7 @@
 #include <functional>
 #include <vector>
 
-#define CHECK(x)                                                                                 \
-  do {                                                                                           \
-    cudaError_t err_ = (x);                                                                      \
-    if (err_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-#define CU_CHECK(x)                                                                          \
-  do {                                                                                       \
-    CUresult r_ = (x);                                                                       \
-    if (r_ != CUDA_SUCCESS) {                                                                \
-      std::fprintf(stderr, "%s:%d: %s: %d\n", __FILE__, __LINE__, #x, static_cast<int>(r_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
+#include "check.cuh"
 
 __global__ void spin(long long cycles) {
   const long long start = clock64();

@@ -446,12 +446,20 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   };
   // The flag of piece q of this rank's chunk on `owner`.
   auto flag_of = [&](int owner, int q) { return ready_of(owner) + q * ws + rank; };
-  // Copies pieces [first_piece, end_piece) of this rank's chunk into `owner`'s slot on the copy
-  // stream, each followed by its flag (beside it: the copy stream goes on at once).
+  // Piece q of this rank's chunk into `owner`'s slot, on the copy stream.
+  auto copy_piece = [&](int owner, const Tensor& from, int q) {
+    be.copy(piece_of(slot(owner, rank), q), piece_of(from, q), copy);
+  };
+  // Its flag, beside the copy stream (which goes on at once), behind everything on it so far.
+  auto flag_piece = [&](int owner, int q) {
+    be.write_flag(flag_of(owner, q), number, ctx.flags_behind(0));
+  };
+  // Copies pieces [first_piece, end_piece) of this rank's chunk into `owner`'s slot, each
+  // followed by its flag.
   auto land = [&](int owner, const Tensor& from, int first_piece, int end_piece) {
     for (int q = first_piece; q < end_piece; ++q) {
-      be.copy(piece_of(slot(owner, rank), q), piece_of(from, q), copy);
-      be.write_flag(flag_of(owner, q), number, ctx.flags_behind(0));
+      copy_piece(owner, from, q);
+      flag_piece(owner, q);
     }
   };
 
@@ -525,17 +533,13 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   // stream, so their launches wait until the first piece is on its way.
   const bool gemm_first = ws == 2;
   const int first_peer = (rank - 1 + ws) % ws;
-  auto copy_first_piece = [&] {
-    be.copy(piece_of(slot(first_peer, rank), 0), piece_of(source, 0), copy);
-  };
-  if (ws > 1 && !gemm_first) copy_first_piece();
+  if (ws > 1 && !gemm_first) copy_piece(first_peer, source, 0);
   ctx.mark("launch", compute);
   for (size_t j = 0; j < gemms.size(); ++j) {
     be.native_gemm(gemms[j], compute);
     if (j > 0 || ws == 1) continue;
-    if (gemm_first) copy_first_piece();
-    // Nothing went on the copy stream since that copy: the flag stream waits for it.
-    be.write_flag(flag_of(first_peer, 0), number, ctx.flags_behind(0));
+    if (gemm_first) copy_piece(first_peer, source, 0);
+    flag_piece(first_peer, 0);  // nothing went on the copy stream since that copy
   }
   ctx.mark("gemm", compute);
   if (ws > 1) push(1, 1, pieces.count);  // (marks "pushed to" with one piece too)
