@@ -302,10 +302,16 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 }
 
 // Arrives on the mbarrier at the same shared-memory offset in CTA `cta` of this cluster.
+// Release at CTA scope (the default), not .release.cluster: ptxas makes the cluster-scope
+// release a full fence (MEMBAR.ALL.CTA + MEMBAR.ALL.GPU before the arrive), which the consumers
+// paid twice per k-block and which made CTA pairs 1.7-1.9x slower than single CTAs (H200,
+// docs/PERFORMANCE.md, twelfth session). It orders nothing that is needed here: what the
+// arrive hands over is a stage that wgmma (the async proxy) has finished reading, which
+// wgmma.wait_group already guarantees, and the peer refills it with TMA, also the async proxy.
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
       "r"(cta)
       : "memory");
 }
