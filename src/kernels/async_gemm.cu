@@ -433,26 +433,36 @@ __device__ __forceinline__ int swizzled(int row, int col) {
 
 // Writes columns [128 half, 128 half + 128) of one consumer's 64 x 256 accumulator block
 // (16-bit) into its staging area as two 64 x 64 boxes laid out as the 128-byte-swizzled TMA
-// store expects (box j: columns 64j..64j+63 of the half, 8 KiB apart).
+// store expects (box j: columns 64j..64j+63 of the half, 8 KiB apart). stmatrix takes the
+// accumulator's fragment layout as it is (each thread's pair of adjacent columns, see
+// add_part_half's ldmatrix): one x4 per two 8-column groups, 8 per thread and half, where 4-byte
+// stores took 32. Lane l gives the address of row l % 8 of matrix l / 8, the matrices being
+// (warp rows 0-7, group j), (rows 8-15, j), (0-7, j + 1), (8-15, j + 1): 16 contiguous bytes,
+// one swizzle chunk, so the 8 rows of a matrix land in 8 different chunks (no bank conflicts).
 template <typename Out, int kHalf>
 __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[128]) {
-  const int t = threadIdx.x % 128;
-  const int row = 16 * (t / 32) + (t % 32) / 4;
+  const int lane = threadIdx.x % 32;
+  const int row = 16 * (threadIdx.x % 128 / 32) + 8 * (lane / 8 % 2) + lane % 8;
+  const uint32_t base = smem_u32(staging);
 #pragma unroll
-  for (int j = 16 * kHalf; j < 16 * kHalf + 16; ++j) {
-    const int col = 8 * j + 2 * (t % 4) - 128 * kHalf;
-    uint8_t* box = staging + (col / 64) * 8192;
-    Out lo[2], hi[2];
-    if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
-      *reinterpret_cast<__nv_bfloat162*>(lo) = __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]);
-      *reinterpret_cast<__nv_bfloat162*>(hi) = __floats2bfloat162_rn(d[4 * j + 2], d[4 * j + 3]);
-    } else {
-      *reinterpret_cast<__half2*>(lo) = __floats2half2_rn(d[4 * j], d[4 * j + 1]);
-      *reinterpret_cast<__half2*>(hi) = __floats2half2_rn(d[4 * j + 2], d[4 * j + 3]);
+  for (int j = 16 * kHalf; j < 16 * kHalf + 16; j += 2) {
+    const int col = 8 * (j + lane / 16) - 128 * kHalf;  // of the half
+    uint32_t v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float* x = d + 4 * (j + i / 2) + 2 * (i % 2);
+      if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(x[0], x[1]);
+        v[i] = *reinterpret_cast<const uint32_t*>(&h);
+      } else {
+        const __half2 h = __floats2half2_rn(x[0], x[1]);
+        v[i] = *reinterpret_cast<const uint32_t*>(&h);
+      }
     }
-    *reinterpret_cast<uint32_t*>(box + swizzled(row, col % 64)) = *reinterpret_cast<uint32_t*>(lo);
-    *reinterpret_cast<uint32_t*>(box + swizzled(row + 8, col % 64)) =
-        *reinterpret_cast<uint32_t*>(hi);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                     base + (col / 64) * 8192 + swizzled(row, col % 64)),
+                 "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+                 : "memory");
   }
 }
 
@@ -594,8 +604,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ CUtensorMap map_parts,
                       const __grid_constant__ CUtensorMap map_sum, const Params p) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem =
-      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  // 1024-byte aligned (the 128-byte swizzle's atom) by an offset from smem_raw rather than by
+  // masking its generic address: a pointer rebuilt from an integer loses its address space, so
+  // the staging stores compiled to generic 64-bit ST.E and every k-block read the shared window
+  // (S2UR SR_SWINHI) to convert its stage addresses back. (Fewer instructions; the same time on
+  // one H200, docs/PERFORMANCE.md, thirteenth session.)
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem + kStages * kStageABytes;
   uint8_t* smem_c = smem_b + kStages * kStageBBytes;
@@ -1280,8 +1294,10 @@ int tail_split_of(const AsyncGemmArgs& a, int ctas, bool clustered) {
 }
 
 // The TMA store needs a 16-bit C with a 16-byte aligned base and row stride; clusters of two
-// (B multicast) only come with it, and only when asked for: on the H200 they are correct but
-// run at half the speed of single CTAs (docs/PERFORMANCE.md), for reasons not yet found.
+// (B multicast) only come with it, and only when asked for: on one H200 they run 0-2.5% behind
+// single CTAs (10% on seed-4096, where only single CTAs split the last wave's tiles); given a
+// tail split too (tried, not kept), 0-2% behind (docs/PERFORMANCE.md, twelfth and thirteenth
+// sessions).
 bool uses_tma_store(const AsyncGemmArgs& a) {
   return a.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(a.c) % 16 == 0 && a.ldc % 8 == 0 &&
          !a.force_register_store;
