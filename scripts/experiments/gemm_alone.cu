@@ -1,0 +1,284 @@
+// The native GEMM alone (kernels::async_gemm, one chunk, every row present) beside cuBLASLt on
+// one GPU, for comparing builds of the kernel: bf16 A [M, K] and B [K, N] row-major, bf16 C.
+// Why: `asynctp bench` validates and times whole ops; an experiment on the kernel (a variant
+// source file, compiled with -D switches) needs only the kernel, timed beside cuBLASLt's first
+// heuristic in one loop, the two alternating, each run followed by an idle pause as long as it
+// took (as `asynctp bench --pace 1`: off the power cap), median of the runs.
+//
+// Not part of the build (a measurement, run by hand on a GPU machine):
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I src \
+//     scripts/experiments/gemm_alone.cu src/kernels/async_gemm.cu -lcuda -lcublasLt -o gemm_alone
+//   ./gemm_alone [--iters N] [--cluster 1|2] [--no-cublas] MxKxN [MxKxN ...]
+// Prints per shape: cuBLASLt and native medians (us), their ratio, and the relative error of the
+// native C against cuBLASLt's (both bf16; 0 to ~1e-4 when right: both sum in f32, often in the
+// same order). With -DEXP_TRACE, compiled against the copy of the kernel that
+// scripts/experiments/trace_units.py writes, also the kernel's main loop and epilogue per unit
+// and the SM clock they ran at.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "check.cuh"
+#include "kernels/kernels.h"
+
+#ifdef EXP_TRACE
+namespace asynctp::kernels {
+cudaError_t exp_set_trace(void* p);  // defined by the source trace_units.py writes
+}
+constexpr int kTraceUnits = 256;  // trace_units.py's TRACE_UNITS
+#endif
+
+namespace {
+
+#define CUBLAS_OK(x)                                                                              \
+  do {                                                                                            \
+    cublasStatus_t s_ = (x);                                                                      \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                            \
+      std::fprintf(stderr, "%s:%d: cuBLAS error %d\n", __FILE__, __LINE__, static_cast<int>(s_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+__global__ void fill_random(__nv_bfloat16* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = __float2bfloat16((h & 0xFFFF) / 32768.0f - 1.0f);
+  }
+}
+
+// sums[0] += (x - y)^2, sums[1] += y^2 over n elements.
+__global__ void diff_norms(const __nv_bfloat16* x, const __nv_bfloat16* y, size_t n, double* sums) {
+  double d = 0, r = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const double a = __bfloat162float(x[i]), b = __bfloat162float(y[i]);
+    d += (a - b) * (a - b);
+    r += b * b;
+  }
+  atomicAdd(&sums[0], d);
+  atomicAdd(&sums[1], r);
+}
+
+struct Lt {
+  cublasLtHandle_t handle{};
+  cublasLtMatmulDesc_t desc{};
+  cublasLtMatrixLayout_t la{}, lb{}, lc{};
+  cublasLtMatmulAlgo_t algo{};
+  void* workspace = nullptr;
+  size_t workspace_bytes = size_t{64} << 20;
+
+  // Row-major C [m, n] = A [m, k] B [k, n] is column-major C^T = B^T A^T: cuBLAS's (n, m, k)
+  // with B as its first operand.
+  void init(int64_t m, int64_t k, int64_t n) {
+    CUBLAS_OK(cublasLtCreate(&handle));
+    CUBLAS_OK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_OK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, n, k, n));
+    CUBLAS_OK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, m, k));
+    CUBLAS_OK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, m, n));
+    CHECK(cudaMalloc(&workspace, workspace_bytes));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_OK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &workspace_bytes, sizeof(workspace_bytes)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    CUBLAS_OK(
+        cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, lc, lc, pref, 1, &result, &found));
+    if (found == 0) {
+      std::fprintf(stderr, "cuBLASLt: no algorithm\n");
+      std::exit(1);
+    }
+    algo = result.algo;
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  void run(const void* a, const void* b, void* c, cudaStream_t stream) {
+    const float one = 1.f, zero = 0.f;
+    CUBLAS_OK(cublasLtMatmul(handle, desc, &one, b, la, a, lb, &zero, c, lc, c, lc, &algo,
+                             workspace, workspace_bytes, stream));
+  }
+  ~Lt() {
+    if (handle == nullptr) return;
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(handle);
+    cudaFree(workspace);
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? NAN : v[v.size() / 2];
+}
+
+void spin_for(double ms) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(ms);
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 20;
+  int cluster = 1;
+  bool cublas = true;
+  std::vector<std::string> shapes;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
+      iters = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--cluster") && i + 1 < argc) {
+      cluster = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--no-cublas")) {
+      cublas = false;
+    } else {
+      shapes.emplace_back(argv[i]);
+    }
+  }
+  if (shapes.empty() || iters < 1) {
+    std::fprintf(stderr, "usage: %s [--iters N] [--cluster 1|2] [--no-cublas] MxKxN [MxKxN ...]\n",
+                 argv[0]);
+    return 2;
+  }
+  cudaStream_t stream;
+  CHECK(cudaStreamCreate(&stream));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  void* split_ws = nullptr;
+  CHECK(cudaMalloc(&split_ws, asynctp::kernels::async_gemm_split_workspace_bytes()));
+  CHECK(cudaMemset(split_ws, 0, asynctp::kernels::async_gemm_split_workspace_bytes()));
+  double* sums = nullptr;
+  CHECK(cudaMalloc(&sums, 2 * sizeof(double)));
+  std::printf("%-18s %10s %10s %8s %10s\n", "MxKxN", "cublas_us", "native_us", "nat/cub",
+              "rel_err");
+  for (const auto& s : shapes) {
+    long long m = 0, k = 0, n = 0;
+    if (std::sscanf(s.c_str(), "%lldx%lldx%lld", &m, &k, &n) != 3 || m <= 0 || k <= 0 || n <= 0) {
+      std::fprintf(stderr, "bad shape '%s' (want MxKxN)\n", s.c_str());
+      return 2;
+    }
+    __nv_bfloat16 *a, *b, *c, *c_ref;
+    CHECK(cudaMalloc(&a, sizeof(*a) * m * k));
+    CHECK(cudaMalloc(&b, sizeof(*b) * k * n));
+    CHECK(cudaMalloc(&c, sizeof(*c) * m * n));
+    CHECK(cudaMalloc(&c_ref, sizeof(*c) * m * n));
+    fill_random<<<1024, 256, 0, stream>>>(a, m * k, 1);
+    fill_random<<<1024, 256, 0, stream>>>(b, k * n, 2);
+    CHECK(cudaGetLastError());
+
+    asynctp::kernels::AsyncGemmArgs args;
+    args.a = a;
+    args.lda = k;
+    args.b = b;
+    args.ldb = n;
+    args.c = c;
+    args.ldc = n;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.split_workspace = split_ws;
+    args.cluster = cluster;
+    if (const char* why = asynctp::kernels::async_gemm_unsupported(args)) {
+      std::fprintf(stderr, "%s: native GEMM unsupported: %s\n", s.c_str(), why);
+      return 1;
+    }
+    Lt lt;
+    if (cublas) lt.init(m, k, n);
+
+    auto native = [&] { CHECK(asynctp::kernels::async_gemm(args, stream)); };
+    auto timed = [&](auto&& fn) {
+      CHECK(cudaEventRecord(start, stream));
+      fn();
+      CHECK(cudaEventRecord(stop, stream));
+      CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      CHECK(cudaEventElapsedTime(&ms, start, stop));
+      spin_for(ms);  // pace 1
+      return static_cast<double>(ms);
+    };
+    double err = NAN;
+    if (cublas) {
+      lt.run(a, b, c_ref, stream);
+      native();
+      CHECK(cudaMemsetAsync(sums, 0, 2 * sizeof(double), stream));
+      diff_norms<<<512, 256, 0, stream>>>(c, c_ref, m * n, sums);
+      double h[2];
+      CHECK(cudaMemcpyAsync(h, sums, sizeof(h), cudaMemcpyDeviceToHost, stream));
+      CHECK(cudaStreamSynchronize(stream));
+      err = std::sqrt(h[0] / h[1]);
+    }
+    std::vector<double> tn, tc;
+    for (int i = -3; i < iters; ++i) {
+      // Alternate which goes first, so that neither always follows the other.
+      const bool native_first = (i & 1) != 0;
+      double x = NAN, y = NAN;
+      if (native_first) x = timed(native);
+      if (cublas) y = timed([&] { lt.run(a, b, c_ref, stream); });
+      if (!native_first) x = timed(native);
+      if (i >= 0) {
+        tn.push_back(x * 1e3);
+        if (cublas) tc.push_back(y * 1e3);
+      }
+    }
+#ifdef EXP_TRACE
+    {
+      // One more run with each unit stamped by consumer 0 of every CTA (trace_units.py): the
+      // main loop's duration, the time from its end to the next unit's start (the epilogue and
+      // the unit's bookkeeping) and the SM clock, over every unit followed by another.
+      int sms = 0;
+      CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      const size_t entries = static_cast<size_t>(sms) * kTraceUnits * 4;
+      unsigned long long* tr = nullptr;
+      CHECK(cudaMalloc(&tr, entries * 8));
+      CHECK(cudaMemset(tr, 0, entries * 8));
+      CHECK(asynctp::kernels::exp_set_trace(tr));
+      native();
+      CHECK(cudaStreamSynchronize(stream));
+      CHECK(asynctp::kernels::exp_set_trace(nullptr));
+      std::vector<unsigned long long> h(entries);
+      CHECK(cudaMemcpy(h.data(), tr, entries * 8, cudaMemcpyDeviceToHost));
+      CHECK(cudaFree(tr));
+      std::vector<double> loop, gap, ghz;
+      for (int b = 0; b < sms; ++b) {
+        for (int i = 0; i + 1 < kTraceUnits; ++i) {
+          const unsigned long long* t = &h[(static_cast<size_t>(b) * kTraceUnits + i) * 4];
+          const unsigned long long* next = t + 4;
+          if (t[0] == 0 || t[1] == 0 || next[0] == 0) break;
+          loop.push_back((t[1] - t[0]) * 1e-3);
+          gap.push_back((next[0] - t[1]) * 1e-3);
+          ghz.push_back(static_cast<double>(t[3] - t[2]) / static_cast<double>(t[1] - t[0]));
+        }
+      }
+      std::printf(
+          "  trace: %zu units, main loop median %.2f us, to the next unit median %.3f us, "
+          "SM clock median %.3f GHz\n",
+          loop.size(), median(loop), median(gap), median(ghz));
+    }
+#endif
+    const double mn = median(tn), mc = median(tc);
+    std::printf("%-18s %10.1f %10.1f %8.3f %10.2e\n", s.c_str(), mc, mn, mn / mc, err);
+    std::fflush(stdout);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+    cudaFree(c_ref);
+  }
+  cudaFree(sums);
+  cudaFree(split_ws);
+  return 0;
+}
