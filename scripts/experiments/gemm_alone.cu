@@ -8,10 +8,11 @@
 // Not part of the build (a measurement, run by hand on a GPU machine):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I src \
 //     scripts/experiments/gemm_alone.cu src/kernels/async_gemm.cu -lcuda -lcublasLt -o gemm_alone
-//   ./gemm_alone [--iters N] [--cluster 1|2] [--no-cublas] MxKxN [MxKxN ...]
+//   ./gemm_alone [--iters N] [--cluster 1|2] [--sum N] [--no-cublas] MxKxN [MxKxN ...]
 // Prints per shape: cuBLASLt and native medians (us), their ratio, and the relative error of the
 // native C against cuBLASLt's (both bf16; 0 to ~1e-4 when right: both sum in f32, often in the
-// same order). With -DEXP_TRACE, compiled against the copy of the kernel that
+// same order; with --sum N the last chunk's rows differ: they hold the reduced sums). With
+// -DEXP_TRACE, compiled against the copy of the kernel that
 // scripts/experiments/trace_units.py writes, also the kernel's main loop and epilogue per unit
 // and the SM clock they ran at.
 #include <cublasLt.h>
@@ -136,11 +137,14 @@ void spin_for(double ms) {
 int main(int argc, char** argv) {
   int iters = 20;
   int cluster = 1;
+  int sum = 0;
   bool cublas = true;
   std::vector<std::string> shapes;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--sum") && i + 1 < argc) {
+      sum = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--cluster") && i + 1 < argc) {
       cluster = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--no-cublas")) {
@@ -150,8 +154,9 @@ int main(int argc, char** argv) {
     }
   }
   if (shapes.empty() || iters < 1) {
-    std::fprintf(stderr, "usage: %s [--iters N] [--cluster 1|2] [--no-cublas] MxKxN [MxKxN ...]\n",
-                 argv[0]);
+    std::fprintf(
+        stderr, "usage: %s [--iters N] [--cluster 1|2] [--sum N] [--no-cublas] MxKxN [MxKxN ...]\n",
+        argv[0]);
     return 2;
   }
   cudaStream_t stream;
@@ -193,6 +198,37 @@ int main(int argc, char** argv) {
     args.k = k;
     args.split_workspace = split_ws;
     args.cluster = cluster;
+    // --sum N: the native matmul_reduce_scatter's kernel at world size N, every peer's part
+    // landed: M in N chunks walked from chunk 0, the last one (rank N - 1's own) adding the other
+    // N - 1 chunks' parts (random) in its epilogue and stored into sum_out instead of C.
+    __nv_bfloat16 *parts = nullptr, *sum_out = nullptr;
+    uint32_t* flags = nullptr;
+    if (sum > 1) {
+      const int64_t rows = m / sum;
+      if (m % sum != 0 || rows % 128 != 0) {
+        std::fprintf(stderr, "--sum %d: M / N must be a multiple of 128\n", sum);
+        return 2;
+      }
+      CHECK(cudaMalloc(&parts, sizeof(*parts) * sum * rows * n));
+      CHECK(cudaMalloc(&sum_out, sizeof(*sum_out) * rows * n));
+      CHECK(cudaMalloc(&flags, sizeof(uint32_t) * sum));
+      fill_random<<<1024, 256, 0, stream>>>(parts, sum * rows * n, 3);
+      CHECK(cudaGetLastError());
+      const std::vector<uint32_t> up(sum, 1u);
+      CHECK(cudaMemcpy(flags, up.data(), sizeof(uint32_t) * sum, cudaMemcpyHostToDevice));
+      args.chunk_rows = rows;
+      args.sum_chunk = sum - 1;
+      args.sum_parts = parts;
+      args.sum_part_stride = rows * n;
+      args.sum_ld = n;
+      args.sum_out = sum_out;
+      args.sum_ldo = n;
+      args.sum_count = sum;
+      args.sum_self = sum - 1;
+      args.sum_flags = flags;
+      args.sum_flag_stride = sum;
+      args.timeout_ns = 10'000'000'000ull;
+    }
     if (const char* why = asynctp::kernels::async_gemm_unsupported(args)) {
       std::fprintf(stderr, "%s: native GEMM unsupported: %s\n", s.c_str(), why);
       return 1;
@@ -253,21 +289,38 @@ int main(int argc, char** argv) {
       std::vector<unsigned long long> h(entries);
       CHECK(cudaMemcpy(h.data(), tr, entries * 8, cudaMemcpyDeviceToHost));
       CHECK(cudaFree(tr));
+      // With --sum, units in the last chunk (the tiles that add the parts: last in the walk)
+      // are summed apart: unit i of CTA b is tile b + i * sms (whole tiles, one CTA per SM).
+      const int64_t tiles = ((m + 127) / 128) * ((n + 255) / 256);
+      const int64_t first_sum = sum > 1 ? tiles / sum * (sum - 1) : tiles;
       std::vector<double> loop, gap, ghz;
+      double sum_loop = 0, sum_gap = 0, plain_loop = 0, plain_gap = 0;
+      int sums = 0, plains = 0;
       for (int b = 0; b < sms; ++b) {
         for (int i = 0; i + 1 < kTraceUnits; ++i) {
           const unsigned long long* t = &h[(static_cast<size_t>(b) * kTraceUnits + i) * 4];
           const unsigned long long* next = t + 4;
           if (t[0] == 0 || t[1] == 0 || next[0] == 0) break;
-          loop.push_back((t[1] - t[0]) * 1e-3);
-          gap.push_back((next[0] - t[1]) * 1e-3);
+          const double l = (t[1] - t[0]) * 1e-3, g = (next[0] - t[1]) * 1e-3;
+          loop.push_back(l);
+          gap.push_back(g);
           ghz.push_back(static_cast<double>(t[3] - t[2]) / static_cast<double>(t[1] - t[0]));
+          if (b + static_cast<int64_t>(i) * sms >= first_sum) {
+            sum_loop += l, sum_gap += g, ++sums;
+          } else {
+            plain_loop += l, plain_gap += g, ++plains;
+          }
         }
       }
       std::printf(
           "  trace: %zu units, main loop median %.2f us, to the next unit median %.3f us, "
-          "SM clock median %.3f GHz\n",
+          "SM clock median %.3f GHz",
           loop.size(), median(loop), median(gap), median(ghz));
+      if (sum > 1 && sums > 0 && plains > 0) {
+        std::printf("; means: %d plain units %.2f + %.3f us, %d sum units %.2f + %.3f us", plains,
+                    plain_loop / plains, plain_gap / plains, sums, sum_loop / sums, sum_gap / sums);
+      }
+      std::printf("\n");
     }
 #endif
     const double mn = median(tn), mc = median(tc);
@@ -277,6 +330,9 @@ int main(int argc, char** argv) {
     cudaFree(b);
     cudaFree(c);
     cudaFree(c_ref);
+    cudaFree(parts);
+    cudaFree(sum_out);
+    cudaFree(flags);
   }
   cudaFree(sums);
   cudaFree(split_ws);
