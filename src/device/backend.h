@@ -154,6 +154,10 @@ class Backend {
   // Whether work on the compute stream is being captured into a CUDA graph right now: nothing
   // may then allocate, synchronize or talk to the store.
   virtual bool capturing() = 0;
+  // Whether the dispatcher chooses among an op's paths by timing them here (CUDA). The CPU
+  // backend, a reference whose ranks are threads sharing the host's cores, says no: its timings
+  // would pick a path by noise, so auto there takes the overlapped path (ops/dispatch.h).
+  virtual bool times_paths() const { return false; }
 
   // dst <- src, same shape, any strides, converting the dtype when they differ. Either side may
   // be host memory or memory mapped into this process from a peer.

@@ -53,6 +53,8 @@
 // B[p*k:(p+1)*k, :] is a partial sum. The partial sums are accumulated in f32 in rank order
 // 0..ws-1, so every rank computes the same bits (and, on the CPU backend, exactly the unfused
 // GEMM's): replicas of the output never drift apart.
+#include <fmt/ranges.h>
+
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
@@ -578,6 +580,23 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   ctx.mark("end", compute);
 }
 
+// The dispatcher's key of a call: the gathered product [ws x shard rows, K] @ [K, sum of the Bs'
+// columns], and what else sets the paths' times.
+std::string problem_key(Context& ctx, const AgMmCall& c) {
+  const int64_t k = c.bs[0].size(0);
+  const int64_t m = k == 0 ? 0 : ctx.world_size() * c.a_shard.numel() / k;
+  int64_t n = 0;
+  for (const Tensor& b : c.bs)
+    n += b.size(1);
+  std::vector<std::string> variant;
+  if (c.g != 0) variant.push_back(fmt::format("gather dim {} of {}", c.g, c.a_shard.dim()));
+  if (c.bs.size() > 1) variant.push_back(fmt::format("{} Bs", c.bs.size()));
+  if (c.a_out.defined()) variant.push_back("returns A");
+  if (c.rowwise()) variant.push_back("row-wise A scale");
+  return detail::problem_key(ctx, c.op, m, n, k, c.a_shard.dtype(), c.outs[0].dtype(), c.bs[0],
+                             fmt::format("{}", fmt::join(variant, ", ")));
+}
+
 void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   // Where the host's time goes before the first GPU work of the op (bench --trace).
   ctx.mark("call", ctx.stream());
@@ -589,37 +608,35 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   c.push_piece_bytes = options.push_piece_bytes.value_or(ctx.options().push_piece_bytes);
   const size_t symm_bytes = detail::op_buffers_bytes(push_buffer_bytes(
       ctx.world_size(), c.a_shard.nbytes(), c.rowwise() ? c.a_scale.nbytes() : 0));
-  detail::NativeOption native;
-  const std::optional<NativePlan> plan = native_plan(c, &native.unsupported);
+  detail::CallPaths paths;
+  const std::optional<NativePlan> plan = native_plan(c, &paths.native_unsupported);
   if (plan) {
-    native.symm_bytes = symm_bytes;
+    paths.native_symm_bytes = symm_bytes;
     const int64_t m = ctx.world_size() * plan->rows;
-    for (size_t j = 0; j < c.bs.size() && native.unsupported.empty(); ++j) {
+    for (size_t j = 0; j < c.bs.size() && paths.native_unsupported.empty(); ++j) {
       const ChunkedGemmArgs args = native_args(
           ctx, *plan, detail::shape_only_matrix(c.a_shard.dtype(), m, plan->k, c.a_shard.device()),
           detail::shape_only(c.bs[j]), detail::shape_only(c.outs[j]));
-      native.unsupported = ctx.backend().native_gemm_unsupported(args);
+      paths.native_unsupported = ctx.backend().native_gemm_unsupported(args);
     }
-    native.key =
-        detail::problem_key(ctx, c.op, m, c.bs[0].size(1) * static_cast<int64_t>(c.bs.size()),
-                            plan->k, c.a_shard.dtype(), c.outs[0].dtype(), c.bs[0]);
-    native.run = [&](Path p) {
-      if (p == Path::kNative) {
+  }
+  paths.key = problem_key(ctx, c);
+  paths.run = [&](Path p) {
+    switch (p) {
+      case Path::kNative:
         run_native(ctx, c, *plan);
-      } else {
+        break;
+      case Path::kFused:
         run_fused(ctx, c);
-      }
-    };
-  }
-  const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, native);
+        break;
+      case Path::kFallback:
+        run_fallback(ctx, c);
+        break;
+    }
+  };
+  const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, paths);
   ctx.usage().record(c.op, decision.path, decision.reason, !decision.requested);
-  if (decision.path == Path::kFallback) {
-    run_fallback(ctx, c);
-  } else if (native.run) {
-    native.run(decision.path);
-  } else {
-    run_fused(ctx, c);
-  }
+  paths.run(decision.path);
 }
 
 }  // namespace

@@ -4,12 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
-#include <tuple>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -52,8 +51,13 @@ nlohmann::json read_cache(const std::string& path, bool& warned) {
   return nlohmann::json::object();
 }
 
+// A path as a number for the ranks' exchange through the store (0: none).
 int path_code(std::optional<Path> p) {
-  return !p ? 0 : *p == Path::kFused ? 1 : 2;
+  return !p ? 0 : *p == Path::kFused ? 1 : *p == Path::kNative ? 2 : 3;
+}
+
+Path path_of_code(int code) {
+  return code == 1 ? Path::kFused : code == 2 ? Path::kNative : Path::kFallback;
 }
 
 }  // namespace
@@ -89,8 +93,8 @@ std::optional<Path> Dispatcher::disk_lookup(const std::string& key) {
   const nlohmann::json j = read_cache(cache_path_, cache_warned_);
   if (!j.contains("entries") || !j["entries"].contains(key)) return std::nullopt;
   const std::string path = j["entries"][key].value("path", "");
-  if (path == "native") return Path::kNative;
-  if (path == "fused") return Path::kFused;
+  for (Path p : {Path::kNative, Path::kFused, Path::kFallback})
+    if (path == path_name(p)) return p;
   return std::nullopt;
 }
 
@@ -102,9 +106,11 @@ void Dispatcher::disk_store(const std::string& key, const DispatchTiming& timing
     if (path.has_parent_path()) fs::create_directories(path.parent_path());
     nlohmann::json j = read_cache(cache_path_, cache_warned_);
     j["version"] = Dispatcher::kCacheVersion;
-    j["entries"][key] = {{"path", std::string(path_name(timing.path))},
-                         {"fused_us", timing.fused_us},
-                         {"native_us", timing.native_us}};
+    nlohmann::json entry = {{"path", std::string(path_name(timing.path))}};
+    DispatchTiming t = timing;
+    for (Path p : {Path::kNative, Path::kFused, Path::kFallback})
+      if (t.us(p) > 0) entry[fmt::format("{}_us", path_name(p))] = t.us(p);
+    j["entries"][key] = std::move(entry);
     // Write beside and rename: readers never see a half-written file.
     const fs::path tmp = path.string() + fmt::format(".tmp{}", ::getpid());
     {
@@ -137,54 +143,88 @@ std::vector<std::vector<double>> Dispatcher::over_ranks(const std::vector<double
   return all;
 }
 
-Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& run) {
-  if (auto it = decisions_.find(key); it != decisions_.end()) return it->second.path;
+Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
+                      const std::function<void(Path)>& run) {
+  ASYNCTP_CHECK(!offered.empty(), "dispatcher: no path can run {}", key);
+  for (size_t i = 0; i < offered.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      ASYNCTP_CHECK(offered[i] != offered[j], "dispatcher: path {} named twice for {}",
+                    path_name(offered[i]), key);
+    }
+  }
+  if (offered.size() == 1) return offered[0];
+  // (A remembered path that can no longer run here is chosen anew, as the first time.)
+  if (auto it = decisions_.find(key);
+      it != decisions_.end() &&
+      std::find(offered.begin(), offered.end(), it->second.path) != offered.end()) {
+    return it->second.path;
+  }
   Backend& be = ctx_.backend();
   if (be.capturing()) {
     ASYNCTP_LOG_INFO(
-        "{}: first seen during CUDA-graph capture, where nothing can be measured: taking the "
-        "native "
+        "{}: first seen during CUDA-graph capture, where nothing can be measured: taking the {} "
         "path (run it once before capturing to have it measured)",
-        key);
-    return Path::kNative;
+        key, path_name(offered[0]));
+    return offered[0];
   }
   const int ws = ctx_.world_size();
-  // 1. The disk cache, if every rank found the same entry (every rank sees every rank's code).
+  // 1. The disk cache, if every rank found the same entry and it can run on every rank. One
+  //    exchange carries each rank's cached path and the paths it can run: the ranks measure and
+  //    choose among the paths they all can run, so that they all choose alike.
+  int mask = 0;
+  for (Path p : offered)
+    mask |= 1 << path_code(p);
   const int code = path_code(disk_lookup(key));
   bool agree = code != 0;
-  for (const std::vector<double>& theirs : over_ranks({static_cast<double>(code)}))
+  int shared = mask;
+  for (const std::vector<double>& theirs :
+       over_ranks({static_cast<double>(code), static_cast<double>(mask)})) {
     agree = agree && theirs[0] == code;
-  if (agree) {
+    shared &= static_cast<int>(theirs[1]);
+  }
+  std::vector<Path> candidates;
+  for (Path p : offered)
+    if ((shared & (1 << path_code(p))) != 0) candidates.push_back(p);
+  ASYNCTP_CHECK(!candidates.empty(), "dispatcher: no path can run {} on every rank", key);
+  if (agree && (shared & (1 << code)) != 0) {
     DispatchTiming t;
-    t.path = code == 1 ? Path::kFused : Path::kNative;
+    t.path = path_of_code(code);
     t.from_disk = true;
     decisions_[key] = t;
     ASYNCTP_LOG_DEBUG("{}: {} (from {})", key, path_name(t.path), cache_path_);
     return t.path;
   }
-  // 2. Measure: warm-up, then interleaved timed runs on every rank, each run started from a
-  //    device barrier (as the bench does) so that no rank's time includes waiting for a peer
-  //    that is still finishing the previous run. A close call (within kCloseCall) gets
-  //    kCloseCallRuns more rounds: every rank sees the same values, so all extend together.
-  run(Path::kFused);
-  run(Path::kNative);
+  if (candidates.size() == 1) {
+    DispatchTiming t;
+    t.path = candidates[0];
+    decisions_[key] = t;
+    ASYNCTP_LOG_INFO("{}: {}, the only path every rank can run", key, path_name(t.path));
+    return t.path;
+  }
+  // 2. Measure: warm-up, then rounds on every rank, each run started from a device barrier (as
+  //    the bench does) so that no rank's time includes waiting for a peer that is still
+  //    finishing the previous run. Round i runs the candidates rotated by i: each goes first,
+  //    second, ... equally often over n rounds. A close call (the two fastest within kCloseCall)
+  //    gets kCloseCallRuns more rounds: every rank sees the same values, so all extend together.
+  const size_t n = candidates.size();
+  for (Path p : candidates)
+    run(p);
   Stream& s = ctx_.stream();
   auto start = be.create_event(true);
   auto stop = be.create_event(true);
-  std::vector<double> fused, native;
+  std::vector<std::vector<double>> times(n);
+  int round = 0;
   auto measure = [&](int rounds) {
-    for (int i = 0; i < rounds; ++i) {
-      // Alternating which path goes first: neither always follows the other.
-      const bool fused_first = (fused.size() % 2) == 0;
-      for (Path p : {fused_first ? Path::kFused : Path::kNative,
-                     fused_first ? Path::kNative : Path::kFused}) {
+    for (int r = 0; r < rounds; ++r, ++round) {
+      for (size_t i = 0; i < n; ++i) {
+        const size_t c = (i + round) % n;
         ctx_.align_ranks();
         start->record(s);
-        run(p);
+        run(candidates[c]);
         stop->record(s);
         stop->synchronize();
         const double us = 1000.0 * stop->elapsed_ms(*start);
-        (p == Path::kFused ? fused : native).push_back(us);
+        times[c].push_back(us);
         // Idle as long as the run took (see kTunePace), spinning: the bench's default.
         pause_host(std::chrono::duration<double, std::micro>(kTunePace * us), HostPause::kSpin);
       }
@@ -198,27 +238,41 @@ Path Dispatcher::pick(const std::string& key, const std::function<void(Path)>& r
   // rank (and the bench reports the slowest rank too). Every rank sees the same values, so all
   // extend together and all choose alike.
   auto slowest = [&] {
-    std::pair<double, double> t{0, 0};
-    for (const std::vector<double>& theirs : over_ranks({median(fused), median(native)})) {
-      t.first = std::max(t.first, theirs[0]);
-      t.second = std::max(t.second, theirs[1]);
-    }
-    return t;
+    std::vector<double> mine(n), worst(n, 0.0);
+    for (size_t c = 0; c < n; ++c)
+      mine[c] = median(times[c]);
+    for (const std::vector<double>& theirs : over_ranks(mine))
+      for (size_t c = 0; c < n; ++c)
+        worst[c] = std::max(worst[c], theirs[c]);
+    return worst;
+  };
+  // The fastest candidate (ties: the earlier) and the runner-up's time.
+  auto fastest = [&](const std::vector<double>& us) {
+    size_t best = 0;
+    for (size_t c = 1; c < n; ++c)
+      if (us[c] < us[best]) best = c;
+    double second = std::numeric_limits<double>::infinity();
+    for (size_t c = 0; c < n; ++c)
+      if (c != best) second = std::min(second, us[c]);
+    return std::pair{best, second};
   };
   measure(kTuneRuns);
-  auto [fused_us, native_us] = slowest();
-  if (std::abs(fused_us - native_us) < kCloseCall * std::min(fused_us, native_us)) {
+  std::vector<double> us = slowest();
+  if (auto [best, second] = fastest(us); second - us[best] < kCloseCall * us[best]) {
     measure(kCloseCallRuns);
-    std::tie(fused_us, native_us) = slowest();
+    us = slowest();
   }
   DispatchTiming t;
-  t.fused_us = fused_us;
-  t.native_us = native_us;
-  t.path = t.native_us <= t.fused_us ? Path::kNative : Path::kFused;
+  for (size_t c = 0; c < n; ++c)
+    t.us(candidates[c]) = us[c];
+  t.path = candidates[fastest(us).first];
   decisions_[key] = t;
   disk_store(key, t);
-  ASYNCTP_LOG_INFO("{}: {} (fused {:.1f} us, native {:.1f} us, slowest of {} ranks)", key,
-                   path_name(t.path), t.fused_us, t.native_us, ws);
+  std::string times_text;
+  for (size_t c = 0; c < n; ++c)
+    times_text +=
+        fmt::format("{}{} {:.1f} us", c == 0 ? "" : ", ", path_name(candidates[c]), us[c]);
+  ASYNCTP_LOG_INFO("{}: {} ({}, slowest of {} ranks)", key, path_name(t.path), times_text, ws);
   return t.path;
 }
 

@@ -1,17 +1,21 @@
-// Which of the overlapped paths a fused op takes: the split pipeline (Path::kFused) or the
-// native async-input GEMM (Path::kNative), chosen per problem from measurements, never from
-// size thresholds.
+// Which path a fused op takes under PathChoice::kAuto: the split pipeline (Path::kFused), the
+// native async-input GEMM (Path::kNative) or the unfused fallback (NCCL + one GEMM,
+// Path::kFallback), chosen per problem from measurements, never from size thresholds.
 //
-// The first call of a problem (op, shape, dtypes, B layout, world size, GPU) in a process:
+// The first call of a problem (op, shape, dtypes, B layout, variant, world size, GPU) in a
+// process, given the paths that can run it on each rank (the candidates: those every rank can
+// run):
 //   1. every rank looks the problem up in the on-disk cache; the ranks agree (one small
-//      exchange through the store) and use the cached path if they all found the same one;
-//   2. otherwise every rank runs both paths (one warm-up each, then kTuneRuns interleaved timed
-//      runs, each after a device barrier and followed by an idle pause as long as the run
-//      (kTunePace); kCloseCallRuns more when the two are within
-//      kCloseCall), each path's time is its slowest rank's median, and the faster path is
-//      taken (local rank 0 writes it to the cache).
+//      exchange through the store, which also tells each rank what the others can run) and use
+//      the cached path if they all found the same one and it is still a candidate;
+//   2. otherwise every rank runs every candidate (one warm-up each, then kTuneRuns rounds, each
+//      running every candidate once in a rotating order, each run after a device barrier and
+//      followed by an idle pause as long as the run (kTunePace); kCloseCallRuns more rounds when
+//      the two fastest are within kCloseCall), each path's time is its slowest rank's median,
+//      and the fastest path is taken (ties: the earlier candidate; local rank 0 writes it to the
+//      cache).
 // Later calls reuse the decision without any communication. Under CUDA-graph capture nothing can
-// be measured or agreed on: an unknown problem then takes the native path and says so in the
+// be measured or agreed on: an unknown problem then takes the first candidate and says so in the
 // log (run the op once before capturing it to have the choice measured).
 //
 // The cache: $ASYNCTP_CACHE_DIR/dispatch.json, else $XDG_CACHE_HOME/asynctp/dispatch.json, else
@@ -22,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "ops/usage.h"
@@ -34,7 +39,12 @@ struct DispatchTiming {
   Path path = Path::kNative;
   double fused_us = 0;  // the slowest rank's median (0: not measured)
   double native_us = 0;
+  double fallback_us = 0;
   bool from_disk = false;
+
+  double& us(Path p) {
+    return p == Path::kFused ? fused_us : p == Path::kNative ? native_us : fallback_us;
+  }
 };
 
 class Dispatcher {
@@ -42,10 +52,12 @@ class Dispatcher {
   // The disk cache's format and the paths its choices were measured on. Bumped whenever a change
   // to the paths can change which of them is faster, so that choices measured before are
   // measured again: 2 since the native GEMM's walk groups of 16 and the native AG's GEMM-first
-  // order at ws 2 (and the choice by the slowest rank, which version 1 did not have).
-  static constexpr int kCacheVersion = 2;
+  // order at ws 2 (and the choice by the slowest rank, which version 1 did not have); 3 since the
+  // fallback is measured beside the overlapped paths (and keys name the call's variant).
+  static constexpr int kCacheVersion = 3;
   static constexpr int kTuneRuns = 15;
-  // Paths whose times differ by less than this fraction get kCloseCallRuns more rounds.
+  // The two fastest paths, if their times differ by less than this fraction, get kCloseCallRuns
+  // more rounds.
   static constexpr double kCloseCall = 0.03;
   static constexpr int kCloseCallRuns = 30;
   // After each tuning run the host idles kTunePace x that run's time. Back to back, an H200
@@ -57,9 +69,12 @@ class Dispatcher {
 
   Dispatcher(Context& ctx, std::string cache_path);
 
-  // The path for `key`; `run(path)` runs the op on that path (used for measuring; the caller
-  // runs the chosen path itself afterwards).
-  Path pick(const std::string& key, const std::function<void(Path)>& run);
+  // The path for `key`, one of `offered` (the paths this rank can run: not empty, no path twice;
+  // ties go to the earlier) that every rank offered; `run(path)` runs the op on that path (used
+  // for measuring; the caller runs the chosen path itself afterwards). A single path offered is
+  // taken as it is, unmeasured and unrecorded, without talking to the other ranks.
+  Path pick(const std::string& key, std::span<const Path> offered,
+            const std::function<void(Path)>& run);
   // What was decided for `key` in this process, if anything.
   std::optional<DispatchTiming> decision(const std::string& key) const;
   const std::string& cache_path() const { return cache_path_; }

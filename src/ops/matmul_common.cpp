@@ -1,6 +1,7 @@
 #include "ops/matmul_common.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace asynctp::detail {
 
@@ -24,7 +25,7 @@ Tensor gemm_view(const Tensor& t, int split, const char* what) {
 }
 
 PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
-                         const char* op, const NativeOption& native) {
+                         const char* op, const CallPaths& paths) {
   const PathChoice choice = requested.value_or(ctx.options().path);
   if (choice == PathChoice::kFallback)
     return {Path::kFallback, "the caller asked for the fallback", true};
@@ -39,8 +40,8 @@ PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size
     return "";
   };
   const std::string fused_why = symm_problem(symm_bytes);
-  std::string native_why = native.unsupported;
-  if (native_why.empty()) native_why = symm_problem(native.symm_bytes);
+  std::string native_why = paths.native_unsupported;
+  if (native_why.empty()) native_why = symm_problem(paths.native_symm_bytes);
   if (choice == PathChoice::kNative) {
     ASYNCTP_CHECK(native_why.empty(), "{}: the native path was requested but cannot run: {}", op,
                   native_why);
@@ -50,18 +51,22 @@ PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size
     ASYNCTP_CHECK(fused_why.empty(), "{}: the fused path was requested but {}", op, fused_why);
     return {Path::kFused, "", true};
   }
-  if (native_why.empty() && fused_why.empty())
-    return {ctx.dispatcher().pick(native.key, native.run), ""};
-  if (native_why.empty()) return {Path::kNative, ""};
-  if (fused_why.empty()) return {Path::kFused, ""};
-  return {Path::kFallback, fused_why};
+  // In order of preference where nothing is measured (and for ties).
+  std::vector<Path> candidates;
+  if (native_why.empty()) candidates.push_back(Path::kNative);
+  if (fused_why.empty()) candidates.push_back(Path::kFused);
+  if (candidates.empty()) return {Path::kFallback, fused_why};
+  if (!ctx.backend().times_paths()) return {candidates[0], ""};
+  candidates.push_back(Path::kFallback);
+  return {ctx.dispatcher().pick(paths.key, candidates, paths.run), ""};
 }
 
 std::string problem_key(Context& ctx, const char* op, int64_t m, int64_t n, int64_t k, DType in,
-                        DType out, const Tensor& b) {
+                        DType out, const Tensor& b, const std::string& variant) {
   const bool b_row_major = b.stride(1) == 1 || b.size(1) == 1;
-  return fmt::format("{}|{}x{}x{}|{}->{}|B {}|ws{}|{}", op, m, n, k, in, out,
-                     b_row_major ? "row" : "col", ctx.world_size(), ctx.backend().hardware());
+  return fmt::format("{}|{}x{}x{}|{}->{}|B {}|ws{}|{}{}{}", op, m, n, k, in, out,
+                     b_row_major ? "row" : "col", ctx.world_size(), ctx.backend().hardware(),
+                     variant.empty() ? "" : "|", variant);
 }
 
 namespace {

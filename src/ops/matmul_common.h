@@ -22,23 +22,27 @@ struct PathDecision {
   bool requested = false;  // the caller forced this path
 };
 
-// What choose_path needs to know about the native path of one call.
-struct NativeOption {
-  std::string unsupported;        // why the native path cannot run this call ("" when it can)
-  size_t symm_bytes = 0;          // symmetric workspace it needs per rank
-  std::string key;                // the problem, for the dispatcher
-  std::function<void(Path)> run;  // runs the op on a path (the dispatcher measures with it)
+// What choose_path needs to know about one call.
+struct CallPaths {
+  std::string native_unsupported;  // why the native path cannot run this call ("" when it can)
+  size_t native_symm_bytes = 0;    // symmetric workspace the native path needs per rank
+  std::string key;                 // the problem, for the dispatcher
+  std::function<void(Path)> run;   // runs the op on any path (the dispatcher measures with it)
 };
 
-// The caller's choice where possible; under kAuto the dispatcher's pick between native and fused
-// (fused alone where native cannot run), else the fallback with the reason. Throws if the caller
-// insisted on a path that cannot run, saying why.
+// The caller's choice where possible. Under kAuto, on a backend that times paths
+// (Backend::times_paths), the dispatcher's pick among the paths that can run (native, fused,
+// fallback: the fallback always can); elsewhere native where it can run, else fused, else the
+// fallback with the reason. Throws if the caller insisted on a path that cannot run, saying why.
 PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
-                         const char* op, const NativeOption& native);
+                         const char* op, const CallPaths& paths);
 
-// "op|MxNxK|in dtype->out dtype|B row/col|wsN|device": a dispatcher key.
+// "op|MxNxK|in dtype->out dtype|B row/col|wsN|device", then "|variant" unless it is empty: a
+// dispatcher key. m x n x k: the whole product (every rank's rows; n over every B; k summed over
+// several products); the variant names what else sets the paths' times (a gather or scatter dim
+// other than 0, several Bs or products, a returned A, ...).
 std::string problem_key(Context& ctx, const char* op, int64_t m, int64_t n, int64_t k, DType in,
-                        DType out, const Tensor& b);
+                        DType out, const Tensor& b, const std::string& variant);
 
 // A tensor of `t`'s shape, strides and dtype at a 256-byte aligned dummy address: for asking
 // Backend::native_gemm_unsupported about shapes and strides before the real buffers exist.

@@ -49,6 +49,8 @@
 // Symmetric buffer of each rank, three times over: [slot 0 | slot 1 | ... | slot ws-1], slot s =
 // rank s's partial of this rank's chunk, in the output dtype; its signal pad's flags
 // [channel][s] = slot s has landed.
+#include <fmt/ranges.h>
+
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
@@ -493,6 +495,22 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
   ctx.mark("end", compute);
 }
 
+// The dispatcher's key of a call: the product [M, K] @ [K, N] before the scatter (K summed over
+// several products), and what else sets the paths' times.
+std::string problem_key(Context& ctx, const MmRsCall& c, ReduceOp reduce_op) {
+  int64_t k = 0;
+  for (const Tensor& a : c.as)
+    k += a.size(-1);
+  const int64_t m = c.a().size(-1) == 0 ? 0 : c.a().numel() / c.a().size(-1);
+  std::vector<std::string> variant;
+  if (c.g != 0) variant.push_back(fmt::format("scatter dim {} of {}", c.g, c.a().dim()));
+  if (c.as.size() > 1) variant.push_back(fmt::format("{} products", c.as.size()));
+  if (c.rowwise()) variant.push_back("row-wise A scale");
+  if (reduce_op == ReduceOp::kAvg) variant.push_back("avg");
+  return detail::problem_key(ctx, c.op, m, c.n(), k, c.a().dtype(), c.out.dtype(), c.bs[0],
+                             fmt::format("{}", fmt::join(variant, ", ")));
+}
+
 void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
   // Where the host's time goes before the first GPU work of the op (bench --trace).
   ctx.mark("call", ctx.stream());
@@ -508,14 +526,14 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
   }
   ProductWriter writer(ctx, c, std::move(as), a_scale);
   const size_t symm_bytes = detail::op_buffers_bytes(ctx.world_size() * chunk_bytes(c.out));
-  detail::NativeOption native;
-  const std::optional<NativeRsPlan> plan = native_rs_plan(c, &native.unsupported);
+  detail::CallPaths paths;
+  const std::optional<NativeRsPlan> plan = native_rs_plan(c, &paths.native_unsupported);
   const Tensor a0 = writer.a0();
   if (plan) {
-    native.symm_bytes = symm_bytes;
+    paths.native_symm_bytes = symm_bytes;
     if (plan->m % ctx.world_size() != 0) {
-      native.unsupported = fmt::format("the product's {} rows do not split evenly over {} ranks",
-                                       plan->m, ctx.world_size());
+      paths.native_unsupported = fmt::format(
+          "the product's {} rows do not split evenly over {} ranks", plan->m, ctx.world_size());
     } else {
       ChunkedGemmArgs args = native_rs_args(
           ctx, detail::shape_only(a0.view({plan->m, plan->k})), detail::shape_only(c.bs[0]),
@@ -529,27 +547,26 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
           detail::shape_only_matrix(c.out.dtype(), ws * rows, plan->n, c.out.device())
               .view({ws, rows, plan->n}),
           c.out.view({rows, plan->n}), flags, flags, 1, 0, options.reduce_op == ReduceOp::kAvg);
-      native.unsupported = ctx.backend().native_gemm_unsupported(args);
+      paths.native_unsupported = ctx.backend().native_gemm_unsupported(args);
     }
-    native.key = detail::problem_key(ctx, c.op, plan->m, plan->n, plan->k, c.a().dtype(),
-                                     c.out.dtype(), c.bs[0]);
-    native.run = [&](Path p) {
-      if (p == Path::kNative) {
+  }
+  paths.key = problem_key(ctx, c, options.reduce_op);
+  paths.run = [&](Path p) {
+    switch (p) {
+      case Path::kNative:
         run_native(ctx, c, a0, *plan, options);
-      } else {
+        break;
+      case Path::kFused:
         run_fused(ctx, c, writer, options);
-      }
-    };
-  }
-  const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, native);
+        break;
+      case Path::kFallback:
+        run_fallback(ctx, c, writer, options);
+        break;
+    }
+  };
+  const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, paths);
   ctx.usage().record(c.op, decision.path, decision.reason, !decision.requested);
-  if (decision.path == Path::kFallback) {
-    run_fallback(ctx, c, writer, options);
-  } else if (native.run) {
-    native.run(decision.path);
-  } else {
-    run_fused(ctx, c, writer, options);
-  }
+  paths.run(decision.path);
 }
 
 }  // namespace

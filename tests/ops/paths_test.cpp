@@ -7,7 +7,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +20,7 @@ namespace {
 
 using namespace asynctp::testing;  // NOLINT(google-build-using-namespace)
 using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 
 constexpr char kAgMm[] = "all_gather_matmul";
 constexpr char kMmRs[] = "matmul_reduce_scatter";
@@ -230,6 +233,10 @@ TEST_P(PathsTest, NativeRequestedWhereItCannotRunSaysWhy) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, PathsTest, ::testing::ValuesIn(kWorldSizes), world_size_name);
 
+// The overlapped paths, in the ops' order of preference.
+constexpr Path kOverlapped[] = {Path::kNative, Path::kFused};
+constexpr Path kAllPaths[] = {Path::kNative, Path::kFused, Path::kFallback};
+
 TEST(DispatcherTest, CacheLocationFollowsTheEnvironment) {
   ::setenv("ASYNCTP_CACHE_DIR", "/tmp/somewhere", 1);
   EXPECT_EQ(Dispatcher::default_cache_path(), "/tmp/somewhere/dispatch.json");
@@ -254,7 +261,7 @@ TEST(DispatcherTest, ChoosesByTheSlowestRank) {
         const double native_ms = ctx.rank() == 0 ? 1.0 : 30.0;  // mean 15.5, slowest 30
         const double fused_ms = 20.0;
         int runs = 0;
-        const Path path = ctx.dispatcher().pick("test|slowest", [&](Path p) {
+        const Path path = ctx.dispatcher().pick("test|slowest", kOverlapped, [&](Path p) {
           ++runs;
           std::this_thread::sleep_for(Ms(p == Path::kNative ? native_ms : fused_ms));
         });
@@ -288,7 +295,7 @@ TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
   options.context.dispatch_cache = file.string();
   // Native much slower than fused: the stale entry said native.
   auto pick = [](Context& ctx, int* runs) {
-    return ctx.dispatcher().pick("test|stale", [&](Path p) {
+    return ctx.dispatcher().pick("test|stale", kOverlapped, [&](Path p) {
       ++*runs;
       std::this_thread::sleep_for(std::chrono::milliseconds(p == Path::kNative ? 12 : 1));
     });
@@ -320,6 +327,148 @@ TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
   }
   pick_on_ranks(/*measured=*/false);
   fs::remove(file);
+}
+
+// Three candidates: the fallback, fastest on every rank, is taken, each candidate measured as
+// often as the others, the times in the decision and in the cache file.
+TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
+  namespace fs = std::filesystem;
+  const fs::path file =
+      fs::temp_directory_path() / fmt::format("asynctp_dispatch3_{}.json", ::getpid());
+  fs::remove(file);
+  HarnessOptions options;
+  options.context.dispatch_cache = file.string();
+  auto statuses = run_ranks(
+      2,
+      [](Context& ctx) {
+        std::map<Path, int> runs;
+        const Path path = ctx.dispatcher().pick("test|three", kAllPaths, [&](Path p) {
+          ++runs[p];
+          // Margins of 10 ms and more (see ChoosesByTheSlowestRank).
+          const int ms = p == Path::kFallback ? 2 : p == Path::kNative ? 15 : 30;
+          std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        });
+        EXPECT_EQ(path, Path::kFallback);
+        for (Path p : kAllPaths)
+          EXPECT_EQ(runs[p], 1 + Dispatcher::kTuneRuns) << path_name(p);
+        const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|three");
+        ASSERT_TRUE(t.has_value());
+        EXPECT_GE(t->fallback_us, 2000.0);
+        EXPECT_LT(t->fallback_us, t->native_us);
+        EXPECT_LT(t->native_us, t->fused_us);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+  std::ifstream in(file);
+  const nlohmann::json entry = nlohmann::json::parse(in)["entries"]["test|three"];
+  EXPECT_EQ(entry.value("path", ""), "fallback");
+  for (const char* field : {"native_us", "fused_us", "fallback_us"})
+    EXPECT_GT(entry.value(field, 0.0), 0.0) << field;
+  fs::remove(file);
+}
+
+// A cached path that is no longer a candidate (here: native, where only fused and the fallback
+// can run now, e.g. under a smaller workspace limit) is measured again, not taken.
+TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
+  namespace fs = std::filesystem;
+  const fs::path file =
+      fs::temp_directory_path() / fmt::format("asynctp_dispatch_gone_{}.json", ::getpid());
+  {
+    std::ofstream out(file);
+    out << nlohmann::json{{"version", Dispatcher::kCacheVersion},
+                          {"entries", {{"test|gone", {{"path", "native"}}}}}}
+               .dump();
+  }
+  HarnessOptions options;
+  options.context.dispatch_cache = file.string();
+  auto statuses = run_ranks(
+      2,
+      [](Context& ctx) {
+        const Path candidates[] = {Path::kFused, Path::kFallback};
+        int runs = 0;
+        const Path path = ctx.dispatcher().pick("test|gone", candidates, [&](Path p) {
+          ++runs;
+          EXPECT_NE(p, Path::kNative);
+          std::this_thread::sleep_for(std::chrono::milliseconds(p == Path::kFused ? 1 : 12));
+        });
+        EXPECT_EQ(path, Path::kFused);
+        EXPECT_GT(runs, 0);
+        EXPECT_FALSE(ctx.dispatcher().decision("test|gone")->from_disk);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+  fs::remove(file);
+}
+
+// One candidate is no choice: taken without running anything or talking to the other ranks (a
+// rank whose only candidate is the fallback must not wait in an exchange the others skip).
+TEST(DispatcherTest, SingleCandidateIsTakenUnmeasured) {
+  HarnessOptions options;
+  options.context.dispatch_cache = "off";
+  auto statuses = run_ranks(
+      2,
+      [](Context& ctx) {
+        const Path only[] = {Path::kFallback};
+        int runs = 0;
+        EXPECT_EQ(ctx.dispatcher().pick("test|one", only, [&](Path) { ++runs; }), Path::kFallback);
+        EXPECT_EQ(runs, 0);
+        EXPECT_FALSE(ctx.dispatcher().decision("test|one").has_value());
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+}
+
+// Ranks that can run different paths choose among those all of them can run, alike: measured
+// where two or more remain, taken unmeasured where one does.
+TEST(DispatcherTest, ChoosesAmongThePathsEveryRankCanRun) {
+  HarnessOptions options;
+  options.context.dispatch_cache = "off";
+  auto statuses = run_ranks(
+      2,
+      [](Context& ctx) {
+        // Rank 1 cannot run the native path (which would be fastest).
+        const std::vector<Path> offered =
+            ctx.rank() == 0 ? std::vector<Path>{Path::kNative, Path::kFused, Path::kFallback}
+                            : std::vector<Path>{Path::kFused, Path::kFallback};
+        std::map<Path, int> runs;
+        const Path path = ctx.dispatcher().pick("test|some", offered, [&](Path p) {
+          ++runs[p];
+          const int ms = p == Path::kNative ? 1 : p == Path::kFused ? 20 : 5;
+          std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        });
+        EXPECT_EQ(path, Path::kFallback);
+        EXPECT_EQ(runs[Path::kNative], 0);
+        EXPECT_EQ(runs[Path::kFused], 1 + Dispatcher::kTuneRuns);
+        // Here only the fallback is common: nothing runs, and the choice is remembered.
+        const std::vector<Path> one = ctx.rank() == 0
+                                          ? std::vector<Path>{Path::kNative, Path::kFallback}
+                                          : std::vector<Path>{Path::kFused, Path::kFallback};
+        int later = 0;
+        EXPECT_EQ(ctx.dispatcher().pick("test|one common", one, [&](Path) { ++later; }),
+                  Path::kFallback);
+        EXPECT_EQ(later, 0);
+        ASSERT_TRUE(ctx.dispatcher().decision("test|one common").has_value());
+        EXPECT_EQ(ctx.dispatcher().decision("test|one common")->path, Path::kFallback);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+}
+
+TEST(DispatcherTest, RejectsNoCandidateOrOneTwice) {
+  HarnessOptions options;
+  options.context.dispatch_cache = "off";
+  auto statuses = run_ranks(
+      1,
+      [](Context& ctx) {
+        auto run = [](Path) { FAIL() << "nothing may run"; };
+        EXPECT_THAT([&] { ctx.dispatcher().pick("test|none", {}, run); },
+                    ThrowsMessage<Error>(HasSubstr("no path can run test|none")));
+        const Path twice[] = {Path::kFused, Path::kNative, Path::kFused};
+        EXPECT_THAT([&] { ctx.dispatcher().pick("test|twice", twice, run); },
+                    ThrowsMessage<Error>(HasSubstr("path fused named twice for test|twice")));
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
 }
 
 TEST(PathChoiceTest, NamesRoundTrip) {

@@ -250,6 +250,8 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   std::unique_ptr<Event> create_event(bool timing) override {
     return std::make_unique<CudaEvent>(timing, this);
   }
+  bool times_paths() const override { return true; }
+
   bool capturing() override {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     ASYNCTP_CUDA_CHECK(cudaStreamIsCapturing(stream_->get(), &status));

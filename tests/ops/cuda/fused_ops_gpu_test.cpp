@@ -502,51 +502,57 @@ TEST(FusedOpsGpu, CapturedInACudaGraphAndReplayedWithNewInputs) {
 
 // ---- dispatch -------------------------------------------------------------------------------
 
-// The first auto call of a problem measures both overlapped paths on every rank and agrees on
-// the faster; later calls reuse it; a new process finds it in the disk cache.
+// The first auto call of a problem measures every path (native, fused, fallback) on every rank
+// and agrees on the fastest; later calls reuse it; a new process finds it in the disk cache. At
+// world sizes 1 and 2, as far as there are GPUs.
 TEST(FusedOpsGpu, DispatcherMeasuresOnceAndCachesOnDisk) {
-  SKIP_UNLESS_GPUS(2);
-  char dir_template[] = "/tmp/asynctp-dispatch-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir_template), nullptr);
-  const std::string cache = std::string(dir_template) + "/dispatch.json";
-  HarnessOptions options = gpu_options();
-  options.context.dispatch_cache = cache;
-  for (int round = 0; round < 2; ++round) {
-    auto statuses = run_ranks(
-        2,
-        [&](Context& ctx) {
-          const uint64_t r = static_cast<uint64_t>(ctx.rank());
-          DeviceTensor a =
-              upload_seeded(ctx, {512, 512}, DType::kBF16, seed_of({31, r}), Values::kRandom);
-          DeviceTensor b =
-              upload_seeded(ctx, {512, 768}, DType::kBF16, seed_of({32}), Values::kRandom);
-          OwnedTensor out = device_empty(ctx, {1024, 768}, DType::kBF16);
-          const Tensor bs[] = {*b};
-          const Tensor outs[] = {out.tensor};
-          for (int i = 0; i < 3; ++i)
-            all_gather_matmul(ctx, *a, bs, outs);
-          const auto last = ctx.usage().last("all_gather_matmul");
-          ASSERT_TRUE(last.has_value());
-          EXPECT_TRUE(last->path == Path::kNative || last->path == Path::kFused);
-          EXPECT_EQ(ctx.usage().count("all_gather_matmul", last->path), 3)
-              << "the choice changed between calls";
-          const std::string key =
-              "all_gather_matmul|1024x768x512|bf16->bf16|B row|ws2|" + ctx.backend().hardware();
-          const auto decision = ctx.dispatcher().decision(key);
-          ASSERT_TRUE(decision.has_value()) << key;
-          EXPECT_EQ(decision->path, last->path);
-          if (round == 0) {
-            EXPECT_FALSE(decision->from_disk);
-            EXPECT_GT(decision->fused_us, 0);
-            EXPECT_GT(decision->native_us, 0);
-          } else {
-            EXPECT_TRUE(decision->from_disk) << "the second process did not find the cached choice";
-          }
-        },
-        options);
-    EXPECT_RANKS_OK(statuses) << "round " << round;
+  SKIP_UNLESS_GPUS(1);
+  for (const int ws : {1, 2}) {
+    if (visible_gpus() < ws) continue;
+    char dir_template[] = "/tmp/asynctp-dispatch-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir_template), nullptr);
+    const std::string cache = std::string(dir_template) + "/dispatch.json";
+    HarnessOptions options = gpu_options();
+    options.context.dispatch_cache = cache;
+    for (int round = 0; round < 2; ++round) {
+      auto statuses = run_ranks(
+          ws,
+          [&](Context& ctx) {
+            const uint64_t r = static_cast<uint64_t>(ctx.rank());
+            DeviceTensor a =
+                upload_seeded(ctx, {512, 512}, DType::kBF16, seed_of({31, r}), Values::kRandom);
+            DeviceTensor b =
+                upload_seeded(ctx, {512, 768}, DType::kBF16, seed_of({32}), Values::kRandom);
+            OwnedTensor out = device_empty(ctx, {512 * ws, 768}, DType::kBF16);
+            const Tensor bs[] = {*b};
+            const Tensor outs[] = {out.tensor};
+            for (int i = 0; i < 3; ++i)
+              all_gather_matmul(ctx, *a, bs, outs);
+            const auto last = ctx.usage().last("all_gather_matmul");
+            ASSERT_TRUE(last.has_value());
+            EXPECT_EQ(ctx.usage().count("all_gather_matmul", last->path), 3)
+                << "the choice changed between calls";
+            const std::string key =
+                fmt::format("all_gather_matmul|{}x768x512|bf16->bf16|B row|ws{}|", 512 * ws, ws) +
+                ctx.backend().hardware();
+            const auto decision = ctx.dispatcher().decision(key);
+            ASSERT_TRUE(decision.has_value()) << key;
+            EXPECT_EQ(decision->path, last->path);
+            if (round == 0) {
+              EXPECT_FALSE(decision->from_disk);
+              EXPECT_GT(decision->fused_us, 0);
+              EXPECT_GT(decision->native_us, 0);
+              EXPECT_GT(decision->fallback_us, 0);
+            } else {
+              EXPECT_TRUE(decision->from_disk)
+                  << "the second process did not find the cached choice";
+            }
+          },
+          options);
+      EXPECT_RANKS_OK(statuses) << "ws " << ws << ", round " << round;
+    }
+    std::filesystem::remove_all(dir_template);
   }
-  std::filesystem::remove_all(dir_template);
 }
 
 TEST(FusedOpsGpu, CaptureRefusesToGrowTheWorkspace) {
