@@ -206,6 +206,7 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   //    finishing the previous run. Round i runs the candidates rotated by i: each goes first,
   //    second, ... equally often over n rounds. A close call (the two fastest within kCloseCall)
   //    gets kCloseCallRuns more rounds: every rank sees the same values, so all extend together.
+  const auto tuning_start = std::chrono::steady_clock::now();
   const size_t n = candidates.size();
   for (Path p : candidates)
     run(p);
@@ -272,7 +273,9 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   for (size_t c = 0; c < n; ++c)
     times_text +=
         fmt::format("{}{} {:.1f} us", c == 0 ? "" : ", ", path_name(candidates[c]), us[c]);
-  ASYNCTP_LOG_INFO("{}: {} ({}, slowest of {} ranks)", key, path_name(t.path), times_text, ws);
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - tuning_start;
+  ASYNCTP_LOG_INFO("{}: {} ({}, slowest of {} ranks; {} rounds in {:.2f} s)", key,
+                   path_name(t.path), times_text, ws, round, took.count());
   return t.path;
 }
 
