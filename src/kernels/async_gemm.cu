@@ -516,24 +516,6 @@ __device__ __forceinline__ bool wait_sum_parts(const Params& p, int64_t row, int
   return true;
 }
 
-// Late in the main loop of a tile of the sum chunk: one consumer's 64 x 256 block of every
-// peer's part into L2 (two 128-byte lines per thread and part), so that the TMA loads of the
-// parts, at the tile's end, find it there. A part not landed yet is harmless: L2 is the point of
-// coherence for the peers' writes into this GPU's memory.
-__device__ __forceinline__ void prefetch_parts(const Params& p, int64_t r0, int n0) {
-  const int t = threadIdx.x % 128;
-  const int64_t row = sum_row_of(p, r0) + t / 2;
-  const int64_t col = n0 + 128 * (t % 2);  // 16-bit parts: 64 columns per line
-  if (col >= p.n) return;
-  for (int s = 0; s < p.sum_count; ++s) {
-    if (s == p.sum_self) continue;
-    const char* line =
-        static_cast<const char*>(p.sum_parts) + 2 * (s * p.sum_part_stride + row * p.sum_ld + col);
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-    if (col + 64 < p.n) asm volatile("prefetch.global.L2 [%0];" ::"l"(line + 128));
-  }
-}
-
 template <typename Out>
 struct PairOf;
 template <>
@@ -554,9 +536,12 @@ struct PairOf<__half> {
 // swizzle; columns past n are zeros). This adds one consumer's 64 rows of it to the
 // accumulators (fragment layout as in store_block).
 constexpr int kSumBoxBytes = kBM * 64 * 2;
-// How many k-blocks before a sum tile's end its parts are prefetched into L2 (~10 us of main
-// loop on an H200: an HBM load's latency several times over).
-constexpr int kPrefetchKBlocks = 16;
+// The parts are not prefetched into L2 during the tile's main loop: every SM of a wave reaches
+// its sum tile's end together, so the prefetches (192 KiB per SM at ws 4, ~25 MB a wave) came as
+// one burst from HBM that slowed the main loop by as much as it took off the epilogue, and more:
+// without it the kernel alone ran 2-3.5% faster at ws 4 on K <= 3584 and the same at ws 2 and on
+// long K (docs/PERFORMANCE.md, fourteenth session). Spread one peer at a time, or as TMA
+// prefetches, or at the tile's start (evicted before the epilogue), it was slower too.
 constexpr int kSumStageBytes = 2 * kSumBoxBytes;
 static_assert(kSumStageBytes <= kStageBBytes);
 
@@ -753,13 +738,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     Tile tile = tile_at(w.t, tiles_m, tiles_n, pivot_m, height, p.group_m);
     tile.m0 += kBM * static_cast<int>(cta);
     const bool sums = kCluster == 1 && sums_tile(p, w, tile.m0);  // (host: single CTAs)
-    // The peers' parts of a sum tile go into L2 kPrefetchKBlocks before its last k-block (at
-    // the tile's start where it has fewer): late enough that the main loop's operands streaming
-    // through L2 do not evict them first, early enough to hide a load from HBM.
-    const int prefetch_kb = sums ? max(w.kb0, w.kb1 - kPrefetchKBlocks) : -1;
     int prev_stage = -1;
     for (int kb = w.kb0; kb < w.kb1; ++kb, ++it) {
-      if (kb == prefetch_kb) prefetch_parts(p, tile.m0 + 64 * consumer, tile.n0);
       const int s = it % kStages;
       mbar_wait(&full[s], (it / kStages) & 1);
       const uint32_t a_addr = smem_u32(smem_a + s * kStageABytes + consumer * (64 * 128));
