@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <thread>
 #include <vector>
@@ -237,6 +238,14 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, PathsTest, ::testing::ValuesIn(kWorldSizes)
 constexpr Path kOverlapped[] = {Path::kNative, Path::kFused};
 constexpr Path kAllPaths[] = {Path::kNative, Path::kFused, Path::kFallback};
 
+// Runs `body` on `ranks` ranks without a dispatch cache; the test fails where a rank fails.
+void on_ranks_without_cache(int ranks, const std::function<void(Context&)>& body) {
+  HarnessOptions options;
+  options.context.dispatch_cache = "off";
+  auto statuses = run_ranks(ranks, body, options);
+  EXPECT_RANKS_OK(statuses);
+}
+
 TEST(DispatcherTest, CacheLocationFollowsTheEnvironment) {
   ::setenv("ASYNCTP_CACHE_DIR", "/tmp/somewhere", 1);
   EXPECT_EQ(Dispatcher::default_cache_path(), "/tmp/somewhere/dispatch.json");
@@ -251,31 +260,25 @@ TEST(DispatcherTest, CacheLocationFollowsTheEnvironment) {
 // win (the op ends when its slowest rank ends; the bench reports the slowest rank too), on every
 // rank alike, with the slowest rank's times in the decision.
 TEST(DispatcherTest, ChoosesByTheSlowestRank) {
-  HarnessOptions options;
-  options.context.dispatch_cache = "off";
-  auto statuses = run_ranks(
-      2,
-      [](Context& ctx) {
-        using Ms = std::chrono::duration<double, std::milli>;
-        // Margins of 10 ms: a loaded 2-core machine oversleeps by a few ms.
-        const double native_ms = ctx.rank() == 0 ? 1.0 : 30.0;  // mean 15.5, slowest 30
-        const double fused_ms = 20.0;
-        int runs = 0;
-        const Path path = ctx.dispatcher().pick("test|slowest", kOverlapped, [&](Path p) {
-          ++runs;
-          std::this_thread::sleep_for(Ms(p == Path::kNative ? native_ms : fused_ms));
-        });
-        EXPECT_EQ(path, Path::kFused);
-        EXPECT_EQ(runs, 2 + 2 * Dispatcher::kTuneRuns);  // no close call
-        const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|slowest");
-        ASSERT_TRUE(t.has_value());
-        EXPECT_FALSE(t->from_disk);
-        EXPECT_GE(t->native_us, 30000.0);
-        EXPECT_GE(t->fused_us, 20000.0);
-        EXPECT_LT(t->fused_us, t->native_us);
-      },
-      options);
-  EXPECT_RANKS_OK(statuses);
+  on_ranks_without_cache(2, [](Context& ctx) {
+    using Ms = std::chrono::duration<double, std::milli>;
+    // Margins of 10 ms: a loaded 2-core machine oversleeps by a few ms.
+    const double native_ms = ctx.rank() == 0 ? 1.0 : 30.0;  // mean 15.5, slowest 30
+    const double fused_ms = 20.0;
+    int runs = 0;
+    const Path path = ctx.dispatcher().pick("test|slowest", kOverlapped, [&](Path p) {
+      ++runs;
+      std::this_thread::sleep_for(Ms(p == Path::kNative ? native_ms : fused_ms));
+    });
+    EXPECT_EQ(path, Path::kFused);
+    EXPECT_EQ(runs, 2 + 2 * Dispatcher::kTuneRuns);  // no close call
+    const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|slowest");
+    ASSERT_TRUE(t.has_value());
+    EXPECT_FALSE(t->from_disk);
+    EXPECT_GE(t->native_us, 30000.0);
+    EXPECT_GE(t->fused_us, 20000.0);
+    EXPECT_LT(t->fused_us, t->native_us);
+  });
 }
 
 // The disk cache: choices written by another version of the paths are measured again and the
@@ -403,72 +406,54 @@ TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
 // One candidate is no choice: taken without running anything or talking to the other ranks (a
 // rank whose only candidate is the fallback must not wait in an exchange the others skip).
 TEST(DispatcherTest, SingleCandidateIsTakenUnmeasured) {
-  HarnessOptions options;
-  options.context.dispatch_cache = "off";
-  auto statuses = run_ranks(
-      2,
-      [](Context& ctx) {
-        const Path only[] = {Path::kFallback};
-        int runs = 0;
-        EXPECT_EQ(ctx.dispatcher().pick("test|one", only, [&](Path) { ++runs; }), Path::kFallback);
-        EXPECT_EQ(runs, 0);
-        EXPECT_FALSE(ctx.dispatcher().decision("test|one").has_value());
-      },
-      options);
-  EXPECT_RANKS_OK(statuses);
+  on_ranks_without_cache(2, [](Context& ctx) {
+    const Path only[] = {Path::kFallback};
+    int runs = 0;
+    EXPECT_EQ(ctx.dispatcher().pick("test|one", only, [&](Path) { ++runs; }), Path::kFallback);
+    EXPECT_EQ(runs, 0);
+    EXPECT_FALSE(ctx.dispatcher().decision("test|one").has_value());
+  });
 }
 
 // Ranks that can run different paths choose among those all of them can run, alike: measured
 // where two or more remain, taken unmeasured where one does.
 TEST(DispatcherTest, ChoosesAmongThePathsEveryRankCanRun) {
-  HarnessOptions options;
-  options.context.dispatch_cache = "off";
-  auto statuses = run_ranks(
-      2,
-      [](Context& ctx) {
-        // Rank 1 cannot run the native path (which would be fastest).
-        const std::vector<Path> offered =
-            ctx.rank() == 0 ? std::vector<Path>{Path::kNative, Path::kFused, Path::kFallback}
-                            : std::vector<Path>{Path::kFused, Path::kFallback};
-        std::map<Path, int> runs;
-        const Path path = ctx.dispatcher().pick("test|some", offered, [&](Path p) {
-          ++runs[p];
-          const int ms = p == Path::kNative ? 1 : p == Path::kFused ? 20 : 5;
-          std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-        });
-        EXPECT_EQ(path, Path::kFallback);
-        EXPECT_EQ(runs[Path::kNative], 0);
-        EXPECT_EQ(runs[Path::kFused], 1 + Dispatcher::kTuneRuns);
-        // Here only the fallback is common: nothing runs, and the choice is remembered.
-        const std::vector<Path> one = ctx.rank() == 0
-                                          ? std::vector<Path>{Path::kNative, Path::kFallback}
-                                          : std::vector<Path>{Path::kFused, Path::kFallback};
-        int later = 0;
-        EXPECT_EQ(ctx.dispatcher().pick("test|one common", one, [&](Path) { ++later; }),
-                  Path::kFallback);
-        EXPECT_EQ(later, 0);
-        ASSERT_TRUE(ctx.dispatcher().decision("test|one common").has_value());
-        EXPECT_EQ(ctx.dispatcher().decision("test|one common")->path, Path::kFallback);
-      },
-      options);
-  EXPECT_RANKS_OK(statuses);
+  on_ranks_without_cache(2, [](Context& ctx) {
+    // Rank 1 cannot run the native path (which would be fastest).
+    const std::vector<Path> offered =
+        ctx.rank() == 0 ? std::vector<Path>{Path::kNative, Path::kFused, Path::kFallback}
+                        : std::vector<Path>{Path::kFused, Path::kFallback};
+    std::map<Path, int> runs;
+    const Path path = ctx.dispatcher().pick("test|some", offered, [&](Path p) {
+      ++runs[p];
+      const int ms = p == Path::kNative ? 1 : p == Path::kFused ? 20 : 5;
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    });
+    EXPECT_EQ(path, Path::kFallback);
+    EXPECT_EQ(runs[Path::kNative], 0);
+    EXPECT_EQ(runs[Path::kFused], 1 + Dispatcher::kTuneRuns);
+    // Here only the fallback is common: nothing runs, and the choice is remembered.
+    const std::vector<Path> one = ctx.rank() == 0
+                                      ? std::vector<Path>{Path::kNative, Path::kFallback}
+                                      : std::vector<Path>{Path::kFused, Path::kFallback};
+    int later = 0;
+    EXPECT_EQ(ctx.dispatcher().pick("test|one common", one, [&](Path) { ++later; }),
+              Path::kFallback);
+    EXPECT_EQ(later, 0);
+    ASSERT_TRUE(ctx.dispatcher().decision("test|one common").has_value());
+    EXPECT_EQ(ctx.dispatcher().decision("test|one common")->path, Path::kFallback);
+  });
 }
 
 TEST(DispatcherTest, RejectsNoCandidateOrOneTwice) {
-  HarnessOptions options;
-  options.context.dispatch_cache = "off";
-  auto statuses = run_ranks(
-      1,
-      [](Context& ctx) {
-        auto run = [](Path) { FAIL() << "nothing may run"; };
-        EXPECT_THAT([&] { ctx.dispatcher().pick("test|none", {}, run); },
-                    ThrowsMessage<Error>(HasSubstr("no path can run test|none")));
-        const Path twice[] = {Path::kFused, Path::kNative, Path::kFused};
-        EXPECT_THAT([&] { ctx.dispatcher().pick("test|twice", twice, run); },
-                    ThrowsMessage<Error>(HasSubstr("path fused named twice for test|twice")));
-      },
-      options);
-  EXPECT_RANKS_OK(statuses);
+  on_ranks_without_cache(1, [](Context& ctx) {
+    auto run = [](Path) { FAIL() << "nothing may run"; };
+    EXPECT_THAT([&] { ctx.dispatcher().pick("test|none", {}, run); },
+                ThrowsMessage<Error>(HasSubstr("no path can run test|none")));
+    const Path twice[] = {Path::kFused, Path::kNative, Path::kFused};
+    EXPECT_THAT([&] { ctx.dispatcher().pick("test|twice", twice, run); },
+                ThrowsMessage<Error>(HasSubstr("path fused named twice for test|twice")));
+  });
 }
 
 TEST(PathChoiceTest, NamesRoundTrip) {
