@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/balanced_orders.h"
 #include "core/deadline.h"
 #include "core/log.h"
 #include "ops/context.h"
@@ -61,6 +62,17 @@ Path path_of_code(int code) {
 }
 
 }  // namespace
+
+namespace {
+// `rounds` rounded up to whole blocks of `rows` rounds (the balanced orders' rows).
+size_t whole_blocks(size_t rounds, size_t rows) {
+  return (rounds + rows - 1) / rows * rows;
+}
+}  // namespace
+
+int Dispatcher::tuning_rounds(size_t candidates) {
+  return static_cast<int>(whole_blocks(kTuneRuns, balanced_orders(candidates).size()));
+}
 
 std::string Dispatcher::default_cache_path() {
   namespace fs = std::filesystem;
@@ -203,11 +215,14 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   }
   // 2. Measure: warm-up, then rounds on every rank, each run started from a device barrier (as
   //    the bench does) so that no rank's time includes waiting for a peer that is still
-  //    finishing the previous run. Round i runs the candidates rotated by i: each goes first,
-  //    second, ... equally often over n rounds. A close call (the two fastest within kCloseCall)
-  //    gets kCloseCallRuns more rounds: every rank sees the same values, so all extend together.
+  //    finishing the previous run. The rounds follow the bench's balanced orders: every
+  //    candidate runs right after every other one equally often (what ran before leaves its
+  //    data in L2 and sets the clocks), in whole blocks of the orders. A close call (the two
+  //    fastest within kCloseCall) gets kCloseCallRuns more rounds (whole blocks too): every rank
+  //    sees the same values, so all extend together.
   const auto tuning_start = std::chrono::steady_clock::now();
   const size_t n = candidates.size();
+  const std::vector<std::vector<size_t>> orders = balanced_orders(n);
   for (Path p : candidates)
     run(p);
   Stream& s = ctx_.stream();
@@ -217,8 +232,7 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   int round = 0;
   auto measure = [&](int rounds) {
     for (int r = 0; r < rounds; ++r, ++round) {
-      for (size_t i = 0; i < n; ++i) {
-        const size_t c = (i + round) % n;
+      for (const size_t c : round_order(orders, static_cast<size_t>(round))) {
         ctx_.align_ranks();
         start->record(s);
         run(candidates[c]);
@@ -257,10 +271,10 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
       if (c != best) second = std::min(second, us[c]);
     return std::pair{best, second};
   };
-  measure(kTuneRuns);
+  measure(tuning_rounds(n));
   std::vector<double> us = slowest();
   if (auto [best, second] = fastest(us); second - us[best] < kCloseCall * us[best]) {
-    measure(kCloseCallRuns);
+    measure(static_cast<int>(whole_blocks(kCloseCallRuns, orders.size())));
     us = slowest();
   }
   DispatchTiming t;

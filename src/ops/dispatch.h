@@ -8,8 +8,8 @@
 //   1. every rank looks the problem up in the on-disk cache; the ranks agree (one small
 //      exchange through the store, which also tells each rank what the others can run) and use
 //      the cached path if they all found the same one and it is still a candidate;
-//   2. otherwise every rank runs every candidate (one warm-up each, then kTuneRuns rounds, each
-//      running every candidate once in a rotating order, each run after a device barrier and
+//   2. otherwise every rank runs every candidate (one warm-up each, then tuning_rounds() rounds,
+//      each running every candidate once in a balanced order, each run after a device barrier and
 //      followed by an idle pause as long as the run (kTunePace); kCloseCallRuns more rounds when
 //      the two fastest are within kCloseCall), each path's time is its slowest rank's median,
 //      and the fastest path is taken (ties: the earlier candidate; local rank 0 writes it to the
@@ -55,7 +55,10 @@ class Dispatcher {
   // order at ws 2 (and the choice by the slowest rank, which version 1 did not have); 3 since the
   // fallback is measured beside the overlapped paths (and keys name the call's variant).
   static constexpr int kCacheVersion = 3;
+  // Rounds of the first measurement: at least kTuneRuns, whole blocks of the balanced orders
+  // (core/balanced_orders.h) for that many candidates (16 for two, 18 for three).
   static constexpr int kTuneRuns = 15;
+  static int tuning_rounds(size_t candidates);
   // The two fastest paths, if their times differ by less than this fraction, get kCloseCallRuns
   // more rounds.
   static constexpr double kCloseCall = 0.03;

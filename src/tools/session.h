@@ -38,17 +38,6 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b);
 // Median milliseconds of `fn` over `iters` runs after `warmup`, timed with backend events around
 // each run; all ranks start each run together (host barrier through the store).
 double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int iters);
-// Orders for rounds of n variants, a Williams design: every row runs each variant once, and
-// over all rows each variant comes right after each other one within a row equally often (once
-// in n rows for even n; twice in 2n rows for odd n, the rows and their reverses).
-std::vector<std::vector<size_t>> balanced_orders(size_t n);
-// The order of round `round` of the timing loop: block b = round / rows.size() visits the rows
-// with the b-th stride coprime to their count (1, then the next, ...), so that the pair across
-// the boundary between two rounds (the last run of one, the first of the next), which the rows
-// do not balance, changes from block to block: for an even number of variants, in the joined
-// runs of as many blocks as there are strides (up to three tested) no ordered pair of distinct
-// variants comes more than once more often than another (with one stride: up to twice as often).
-const std::vector<size_t>& round_order(const std::vector<std::vector<size_t>>& rows, size_t round);
 // Medians of several variants timed round-robin (every round runs every variant once, in the
 // order round_order(balanced_orders(n), i), the same on every rank, each timed on its own): slow
 // drifts of the GPU's clocks (power, heat) hit every variant alike, and within whole blocks of

@@ -271,7 +271,7 @@ TEST(DispatcherTest, ChoosesByTheSlowestRank) {
       std::this_thread::sleep_for(Ms(p == Path::kNative ? native_ms : fused_ms));
     });
     EXPECT_EQ(path, Path::kFused);
-    EXPECT_EQ(runs, 2 + 2 * Dispatcher::kTuneRuns);  // no close call
+    EXPECT_EQ(runs, 2 + 2 * Dispatcher::tuning_rounds(2));  // no close call
     const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|slowest");
     ASSERT_TRUE(t.has_value());
     EXPECT_FALSE(t->from_disk);
@@ -353,7 +353,7 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
         });
         EXPECT_EQ(path, Path::kFallback);
         for (Path p : kAllPaths)
-          EXPECT_EQ(runs[p], 1 + Dispatcher::kTuneRuns) << path_name(p);
+          EXPECT_EQ(runs[p], 1 + Dispatcher::tuning_rounds(3)) << path_name(p);
         const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|three");
         ASSERT_TRUE(t.has_value());
         EXPECT_GE(t->fallback_us, 2000.0);
@@ -431,7 +431,7 @@ TEST(DispatcherTest, ChoosesAmongThePathsEveryRankCanRun) {
     });
     EXPECT_EQ(path, Path::kFallback);
     EXPECT_EQ(runs[Path::kNative], 0);
-    EXPECT_EQ(runs[Path::kFused], 1 + Dispatcher::kTuneRuns);
+    EXPECT_EQ(runs[Path::kFused], 1 + Dispatcher::tuning_rounds(2));
     // Here only the fallback is common: nothing runs, and the choice is remembered.
     const std::vector<Path> one = ctx.rank() == 0
                                       ? std::vector<Path>{Path::kNative, Path::kFallback}

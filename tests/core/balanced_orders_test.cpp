@@ -1,5 +1,5 @@
-// tools/session.h: the orders in which the bench times its variants.
-#include "tools/session.h"
+// core/balanced_orders.h: the orders in which the bench and the dispatcher time their variants.
+#include "core/balanced_orders.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <numeric>
 #include <utility>
 
-namespace asynctp::tools {
+namespace asynctp {
 namespace {
 
 // Every row a permutation; over all rows every ordered pair of distinct variants adjacent
@@ -83,4 +83,4 @@ TEST(BalancedOrders, NoVariantsIsOneEmptyRound) {
 }
 
 }  // namespace
-}  // namespace asynctp::tools
+}  // namespace asynctp
