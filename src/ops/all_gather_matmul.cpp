@@ -635,7 +635,7 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
     }
   };
   const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, paths);
-  ctx.usage().record(c.op, decision.path, decision.reason, !decision.requested);
+  ctx.usage().record(c.op, decision.path, decision.reason, decision.warns());
   paths.run(decision.path);
 }
 

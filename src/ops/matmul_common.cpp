@@ -58,7 +58,8 @@ PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size
   if (candidates.empty()) return {Path::kFallback, fused_why};
   if (!ctx.backend().times_paths()) return {candidates[0], ""};
   candidates.push_back(Path::kFallback);
-  return {ctx.dispatcher().pick(paths.key, candidates, paths.run), ""};
+  const Path path = ctx.dispatcher().pick(paths.key, candidates, paths.run);
+  return {path, path == Path::kFallback ? "measured fastest" : "", false, true};
 }
 
 std::string problem_key(Context& ctx, const char* op, int64_t m, int64_t n, int64_t k, DType in,

@@ -20,6 +20,9 @@ struct PathDecision {
   Path path;
   std::string reason;
   bool requested = false;  // the caller forced this path
+  bool measured = false;   // the dispatcher measured it fastest
+  // Whether a fallback is worth a warning: neither asked for nor chosen for its speed.
+  bool warns() const { return path == Path::kFallback && !requested && !measured; }
 };
 
 // What choose_path needs to know about one call.

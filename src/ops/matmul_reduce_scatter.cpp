@@ -565,7 +565,7 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
     }
   };
   const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, paths);
-  ctx.usage().record(c.op, decision.path, decision.reason, !decision.requested);
+  ctx.usage().record(c.op, decision.path, decision.reason, decision.warns());
   paths.run(decision.path);
 }
 

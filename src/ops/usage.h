@@ -18,20 +18,24 @@ namespace asynctp {
 enum class Path : uint8_t { kFused, kFallback, kNative };
 std::string_view path_name(Path path);
 
-// How the caller wants an op to run: kAuto takes the faster of native and fused (measured once
-// per problem, see ops/dispatch.h) wherever they can run, else the fallback.
+// How the caller wants an op to run: kAuto takes the fastest of native, fused and the fallback
+// (measured once per problem, see ops/dispatch.h), or the fallback where neither overlapped path
+// can run.
 enum class PathChoice : uint8_t { kAuto, kFused, kFallback, kNative };
 PathChoice parse_path_choice(std::string_view text);
 std::string_view path_choice_name(PathChoice choice);
 
 struct PathRecord {
   Path path = Path::kFused;
-  std::string reason;  // why the fallback ran; empty for the fused path
+  // Why the fallback ran (the caller asked, measured fastest, or what stops the overlapped
+  // paths); empty for the other paths.
+  std::string reason;
 };
 
 class Usage {
  public:
-  // `warn`: log the first fallback of each (op, reason); off when the caller asked for it.
+  // `warn`: log the first fallback of each (op, reason); off when the caller asked for it or the
+  // dispatcher measured it fastest.
   void record(std::string_view op, Path path, std::string_view reason, bool warn = true);
   int64_t count(std::string_view op, Path path) const;
   std::optional<PathRecord> last(std::string_view op) const;

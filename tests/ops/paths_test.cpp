@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ops/matmul_common.h"
 #include "ops/op_testing.h"
 
 namespace asynctp {
@@ -454,6 +455,17 @@ TEST(DispatcherTest, RejectsNoCandidateOrOneTwice) {
     EXPECT_THAT([&] { ctx.dispatcher().pick("test|twice", twice, run); },
                 ThrowsMessage<Error>(HasSubstr("path fused named twice for test|twice")));
   });
+}
+
+// A fallback is warned about only where nobody chose it: not asked for by the caller, not
+// measured fastest by the dispatcher.
+TEST(PathDecisionTest, WarnsOnlyOfAFallbackNobodyChose) {
+  EXPECT_TRUE((detail::PathDecision{Path::kFallback, "the limit is 0"}).warns());
+  EXPECT_FALSE(
+      (detail::PathDecision{Path::kFallback, "the caller asked for the fallback", true}).warns());
+  EXPECT_FALSE((detail::PathDecision{Path::kFallback, "measured fastest", false, true}).warns());
+  EXPECT_FALSE((detail::PathDecision{Path::kFused, ""}).warns());
+  EXPECT_FALSE((detail::PathDecision{Path::kNative, "", false, true}).warns());
 }
 
 TEST(PathChoiceTest, NamesRoundTrip) {
