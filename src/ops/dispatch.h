@@ -16,7 +16,9 @@
 //      cache).
 // Later calls reuse the decision without any communication. Under CUDA-graph capture nothing can
 // be measured or agreed on: an unknown problem then takes the first candidate and says so in the
-// log (run the op once before capturing it to have the choice measured).
+// log (run the op once before capturing it to have the choice measured). On a backend whose
+// timings say nothing (Backend::times_paths: the CPU backend) the ops do not ask: they take
+// native where it can run, else fused, else the fallback.
 //
 // The cache: $ASYNCTP_CACHE_DIR/dispatch.json, else $XDG_CACHE_HOME/asynctp/dispatch.json, else
 // ~/.cache/asynctp/dispatch.json; ContextOptions::dispatch_cache overrides it ("off": none).
