@@ -119,9 +119,8 @@ void Dispatcher::disk_store(const std::string& key, const DispatchTiming& timing
     nlohmann::json j = read_cache(cache_path_, cache_warned_);
     j["version"] = Dispatcher::kCacheVersion;
     nlohmann::json entry = {{"path", std::string(path_name(timing.path))}};
-    DispatchTiming t = timing;
     for (Path p : {Path::kNative, Path::kFused, Path::kFallback})
-      if (t.us(p) > 0) entry[fmt::format("{}_us", path_name(p))] = t.us(p);
+      if (timing.us(p) > 0) entry[fmt::format("{}_us", path_name(p))] = timing.us(p);
     j["entries"][key] = std::move(entry);
     // Write beside and rename: readers never see a half-written file.
     const fs::path tmp = path.string() + fmt::format(".tmp{}", ::getpid());
@@ -157,6 +156,13 @@ std::vector<std::vector<double>> Dispatcher::over_ranks(const std::vector<double
 
 Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
                       const std::function<void(Path)>& run) {
+  // Every call of an op comes here: the remembered choice first. (A remembered path that can no
+  // longer run here is chosen anew, as the first time.)
+  if (auto it = decisions_.find(key);
+      it != decisions_.end() &&
+      std::find(offered.begin(), offered.end(), it->second.path) != offered.end()) {
+    return it->second.path;
+  }
   ASYNCTP_CHECK(!offered.empty(), "dispatcher: no path can run {}", key);
   for (size_t i = 0; i < offered.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
@@ -165,12 +171,6 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
     }
   }
   if (offered.size() == 1) return offered[0];
-  // (A remembered path that can no longer run here is chosen anew, as the first time.)
-  if (auto it = decisions_.find(key);
-      it != decisions_.end() &&
-      std::find(offered.begin(), offered.end(), it->second.path) != offered.end()) {
-    return it->second.path;
-  }
   Backend& be = ctx_.backend();
   if (be.capturing()) {
     ASYNCTP_LOG_INFO(
@@ -271,7 +271,7 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
       if (c != best) second = std::min(second, us[c]);
     return std::pair{best, second};
   };
-  measure(tuning_rounds(n));
+  measure(tuning_rounds(n));  // (what the tests count on)
   std::vector<double> us = slowest();
   if (auto [best, second] = fastest(us); second - us[best] < kCloseCall * us[best]) {
     measure(static_cast<int>(whole_blocks(kCloseCallRuns, orders.size())));

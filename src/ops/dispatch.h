@@ -47,6 +47,7 @@ struct DispatchTiming {
   double& us(Path p) {
     return p == Path::kFused ? fused_us : p == Path::kNative ? native_us : fallback_us;
   }
+  double us(Path p) const { return const_cast<DispatchTiming*>(this)->us(p); }
 };
 
 class Dispatcher {

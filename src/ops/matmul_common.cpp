@@ -1,7 +1,8 @@
 #include "ops/matmul_common.h"
 
 #include <algorithm>
-#include <vector>
+#include <array>
+#include <span>
 
 namespace asynctp::detail {
 
@@ -51,14 +52,17 @@ PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size
     ASYNCTP_CHECK(fused_why.empty(), "{}: the fused path was requested but {}", op, fused_why);
     return {Path::kFused, "", true};
   }
-  // In order of preference where nothing is measured (and for ties).
-  std::vector<Path> candidates;
-  if (native_why.empty()) candidates.push_back(Path::kNative);
-  if (fused_why.empty()) candidates.push_back(Path::kFused);
-  if (candidates.empty()) return {Path::kFallback, fused_why};
+  // In order of preference where nothing is measured (and for ties); no allocation: every auto
+  // call passes here.
+  std::array<Path, 3> candidates{};
+  size_t count = 0;
+  if (native_why.empty()) candidates[count++] = Path::kNative;
+  if (fused_why.empty()) candidates[count++] = Path::kFused;
+  if (count == 0) return {Path::kFallback, fused_why};
   if (!ctx.backend().times_paths()) return {candidates[0], ""};
-  candidates.push_back(Path::kFallback);
-  const Path path = ctx.dispatcher().pick(paths.key, candidates, paths.run);
+  candidates[count++] = Path::kFallback;
+  const Path path =
+      ctx.dispatcher().pick(paths.key, std::span<const Path>(candidates.data(), count), paths.run);
   return {path, path == Path::kFallback ? "measured fastest" : "", false, true};
 }
 

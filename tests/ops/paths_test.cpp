@@ -247,6 +247,17 @@ void on_ranks_without_cache(int ranks, const std::function<void(Context&)>& body
   EXPECT_RANKS_OK(statuses);
 }
 
+// A run for Dispatcher::pick that counts its calls per path in `runs` and sleeps the path's
+// milliseconds.
+std::function<void(Path)> counting_sleeper(std::map<Path, int>& runs, int native_ms, int fused_ms,
+                                           int fallback_ms) {
+  return [&runs, native_ms, fused_ms, fallback_ms](Path p) {
+    ++runs[p];
+    const int ms = p == Path::kNative ? native_ms : p == Path::kFused ? fused_ms : fallback_ms;
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  };
+}
+
 TEST(DispatcherTest, CacheLocationFollowsTheEnvironment) {
   ::setenv("ASYNCTP_CACHE_DIR", "/tmp/somewhere", 1);
   EXPECT_EQ(Dispatcher::default_cache_path(), "/tmp/somewhere/dispatch.json");
@@ -346,12 +357,9 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
       2,
       [](Context& ctx) {
         std::map<Path, int> runs;
-        const Path path = ctx.dispatcher().pick("test|three", kAllPaths, [&](Path p) {
-          ++runs[p];
-          // Margins of 10 ms and more (see ChoosesByTheSlowestRank).
-          const int ms = p == Path::kFallback ? 2 : p == Path::kNative ? 15 : 30;
-          std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-        });
+        // Margins of 10 ms and more (see ChoosesByTheSlowestRank).
+        const Path path =
+            ctx.dispatcher().pick("test|three", kAllPaths, counting_sleeper(runs, 15, 30, 2));
         EXPECT_EQ(path, Path::kFallback);
         for (Path p : kAllPaths)
           EXPECT_EQ(runs[p], 1 + Dispatcher::tuning_rounds(3)) << path_name(p);
@@ -425,11 +433,7 @@ TEST(DispatcherTest, ChoosesAmongThePathsEveryRankCanRun) {
         ctx.rank() == 0 ? std::vector<Path>{Path::kNative, Path::kFused, Path::kFallback}
                         : std::vector<Path>{Path::kFused, Path::kFallback};
     std::map<Path, int> runs;
-    const Path path = ctx.dispatcher().pick("test|some", offered, [&](Path p) {
-      ++runs[p];
-      const int ms = p == Path::kNative ? 1 : p == Path::kFused ? 20 : 5;
-      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-    });
+    const Path path = ctx.dispatcher().pick("test|some", offered, counting_sleeper(runs, 1, 20, 5));
     EXPECT_EQ(path, Path::kFallback);
     EXPECT_EQ(runs[Path::kNative], 0);
     EXPECT_EQ(runs[Path::kFused], 1 + Dispatcher::tuning_rounds(2));
