@@ -315,8 +315,10 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     r.err_baseline = max_over_ranks(*s.group, relative_error(base_h, ref_h));
     r.err_fused_vs_baseline = max_over_ranks(*s.group, relative_error(fused_h, base_h));
     if (!ag) {
+      // The same call as fused_fn (an explicit auto, which ASYNCTP_PATH does not override),
+      // into another tensor.
       const Tensor again = make(out_dims, dtype);
-      matmul_reduce_scatter(ctx, a, b, again);
+      matmul_reduce_scatter(ctx, a, b, again, {.path = PathChoice::kAuto});
       r.deterministic =
           max_over_ranks(*s.group, bitwise_equal(ctx, again, fused_out) ? 0.0 : 1.0) == 0.0;
     }
