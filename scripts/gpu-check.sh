@@ -4,7 +4,8 @@
 #
 #   BIN=dir-with-asynctp-and-test-binaries  (default: build/bin)
 #   NGPU=4                                  (default: every visible GPU)
-#   STEPS="env tests sanitize bench demo torch"  (default: all of them, in that order)
+#   STEPS="env tests shared sanitize bench demo torch"  (default: all but shared, in that order)
+#   SHARED=4                                (shared: how many ranks per GPU; default 4 / NGPU)
 #   TORCH_BENCH=path/to/torch_asynctp_bench.py (the anchor script; default .carry/torch_asynctp_bench.py)
 #   GTEST_FILTER=...                        (passed to the GPU test binary)
 #   BENCH_ARGS="--pace 0 ..."               (more options for asynctp bench)
@@ -17,6 +18,7 @@ mkdir -p "$OUT"
 BIN=${BIN:-build/bin}
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
 STEPS=${STEPS:-env tests sanitize bench demo torch}
+SHARED=${SHARED:-$(( (4 + NGPU - 1) / NGPU ))}
 TORCH_BENCH=${TORCH_BENCH:-.carry/torch_asynctp_bench.py}
 status=0
 
@@ -68,6 +70,17 @@ if step tests; then
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|FAILED  \]" "$OUT/$t.log" | tail -25
     [ $rc -eq 0 ] || status=1
   done
+fi
+
+if step shared; then
+  # The multi-rank op tests with SHARED ranks on each GPU (ASYNCTP_SHARED_GPUS; correctness
+  # only: the ranks share the SMs). On fewer GPUs than ranks, this is what runs ws 2 and 4.
+  echo "== GPU tests, $SHARED ranks per GPU: test_ops_gpu"
+  ASYNCTP_SHARED_GPUS=$SHARED "$BIN/test_ops_gpu" --gtest_brief=1 ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} \
+    > "$OUT/test_ops_gpu_shared.log" 2>&1
+  rc=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|FAILED  \]" "$OUT/test_ops_gpu_shared.log" | tail -25
+  [ $rc -eq 0 ] || status=1
 fi
 
 if step sanitize; then

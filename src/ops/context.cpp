@@ -6,6 +6,7 @@
 
 #include "symm/symm_communicator.h"
 #ifdef ASYNCTP_WITH_CUDA
+#include "device/cuda/cuda_backend.h"
 #include "device/cuda/nccl_communicator.h"
 #endif
 
@@ -87,7 +88,10 @@ Context::Context(std::shared_ptr<Group> group, ContextOptions options)
   push_workspace_ =
       std::make_unique<SymmWorkspace>(*symm_allocator_, *backend_, options_.max_workspace_bytes);
 #ifdef ASYNCTP_WITH_CUDA
-  if (backend_->device().is_cuda()) communicator_ = make_nccl_communicator(*backend_, *group_);
+  // NCCL refuses two ranks on one GPU; where ranks may share one (tests), the collectives go
+  // through symmetric memory or the store.
+  if (backend_->device().is_cuda() && cuda_ranks_per_gpu() == 1)
+    communicator_ = make_nccl_communicator(*backend_, *group_);
 #endif
   if (!communicator_) {
     // The symmetric-memory collectives stage at least one f32 per rank in the workspace; under a

@@ -2,6 +2,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -20,6 +23,16 @@ int cuda_device_count() {
     return 0;
   }
   return count;
+}
+
+int cuda_ranks_per_gpu() {
+  const char* env = std::getenv("ASYNCTP_SHARED_GPUS");
+  if (env == nullptr || *env == '\0') return 1;
+  const std::string_view v(env);
+  ASYNCTP_CHECK(v.size() == 1 && v[0] >= '1' && v[0] <= '8',
+                "ASYNCTP_SHARED_GPUS must be how many ranks may share one GPU, 1 to 8, got '{}'",
+                env);
+  return v[0] - '0';
 }
 
 namespace {
@@ -53,6 +66,24 @@ CopyPlan coalesce(const Tensor& dst, const Tensor& src) {
 uint64_t timeout_ns(std::chrono::milliseconds timeout) {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
+}
+
+// The native GEMM's CTAs where ranks share a GPU: a GPU does not switch away from a kernel
+// that spins on another process's work (measured on an H100: with two ranks on it, a native
+// GEMM on every SM waited out its timeout for chunks that the other rank could not start), but
+// runs kernels of two processes side by side on free SMs; so each rank takes its share of the
+// SMs. 0 (one CTA per SM) where every rank has a GPU of its own.
+int shared_gpu_ctas() {
+  static const int ctas = [] {
+    const int per_gpu = cuda_ranks_per_gpu();
+    int device = 0, sms = 0;
+    if (per_gpu == 1 || cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return 0;
+    }
+    return std::max(sms / per_gpu, 1);
+  }();
+  return ctas;
 }
 
 std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k) {
@@ -98,6 +129,7 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
   k->timeout_ns = timeout_ns(args.timeout);
   k->rank = args.rank;
   k->reserve_sms = args.reserve_sms;
+  k->max_ctas = shared_gpu_ctas();
   k->tail_split = args.tail_split;
   if (args.own_a.defined()) {
     const Tensor& o = args.own_a;

@@ -224,14 +224,35 @@ class CudaSymmAllocator final : public SymmAllocator {
     if (!vmm || !posix)
       mine =
           fmt::format("cuda:{} supports no VMM allocations exported as file descriptors", device_);
-    // Every rank publishes its device; each checks peer access to every other rank's device.
+    // Every rank publishes its GPU by PCI bus id (device ordinals are per process: ranks that
+    // each see one GPU through CUDA_VISIBLE_DEVICES all call theirs cuda:0); each checks that it
+    // can reach every other rank's GPU.
+    char bus[32] = {};
+    ASYNCTP_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, device_));
     const std::string key = group_.next_key("symm/cuda/caps");
-    group_.store().set(fmt::format("{}/device/{}", key, rank), std::to_string(device_));
+    group_.store().set(fmt::format("{}/gpu/{}", key, rank), bus);
+    const int per_gpu = cuda_ranks_per_gpu();
+    int sharing = 1;  // ranks on this GPU, this one included
     for (int peer = 0; peer < ws && mine.empty(); ++peer) {
-      const int peer_device = std::stoi(group_.store().get(fmt::format("{}/device/{}", key, peer)));
       if (peer == rank) continue;
-      if (peer_device == device_) {
-        mine = fmt::format("ranks {} and {} share cuda:{}", rank, peer, device_);
+      const std::string peer_bus = group_.store().get(fmt::format("{}/gpu/{}", key, peer));
+      if (peer_bus == bus) {
+        if (++sharing > per_gpu) {
+          mine = per_gpu == 1 ? fmt::format(
+                                    "ranks {} and {} share GPU {} (cuda:{} of rank {}); "
+                                    "ASYNCTP_SHARED_GPUS=N lets up to N ranks share one GPU, for "
+                                    "tests",
+                                    rank, peer, bus, device_, rank)
+                              : fmt::format("more than ASYNCTP_SHARED_GPUS={} ranks share GPU {}",
+                                            per_gpu, bus);
+        }
+        continue;
+      }
+      int peer_device = -1;
+      if (cudaDeviceGetByPCIBusId(&peer_device, peer_bus.c_str()) != cudaSuccess) {
+        (void)cudaGetLastError();
+        mine = fmt::format("rank {}'s GPU {} is not visible to rank {} (CUDA_VISIBLE_DEVICES?)",
+                           peer, peer_bus, rank);
         break;
       }
       int can = 0;

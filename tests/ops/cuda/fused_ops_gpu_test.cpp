@@ -439,7 +439,7 @@ TEST(FusedOpsGpu, CapturedInACudaGraphAndReplayedWithNewInputs) {
   for (int ws : {2, 4, 8}) {
     for (PathChoice path : {PathChoice::kFused, PathChoice::kNative, PathChoice::kAuto}) {
       SCOPED_TRACE(fmt::format("path {}", path_choice_name(path)));
-      if (visible_gpus() < ws) continue;
+      if (gpu_rank_slots() < ws) continue;
       auto statuses = run_ranks(
           ws,
           [&](Context& ctx) {
@@ -508,7 +508,7 @@ TEST(FusedOpsGpu, CapturedInACudaGraphAndReplayedWithNewInputs) {
 TEST(FusedOpsGpu, DispatcherMeasuresOnceAndCachesOnDisk) {
   SKIP_UNLESS_GPUS(1);
   for (const int ws : {1, 2}) {
-    if (visible_gpus() < ws) continue;
+    if (gpu_rank_slots() < ws) continue;
     char dir_template[] = "/tmp/asynctp-dispatch-XXXXXX";
     ASSERT_NE(::mkdtemp(dir_template), nullptr);
     const std::string cache = std::string(dir_template) + "/dispatch.json";
@@ -695,7 +695,7 @@ TEST(FusedOpsGpu, AllGatherBuffersAcrossEagerOpsAndReplaysOfBothPaths) {
   for (const int ws : {2, 4}) {
     for (const size_t piece_bytes : {size_t{0}, size_t{1}}) {
       SCOPED_TRACE(fmt::format("world size {}, push_piece_bytes {}", ws, piece_bytes));
-      if (visible_gpus() < ws) continue;
+      if (gpu_rank_slots() < ws) continue;
       HarnessOptions options = gpu_options();
       options.context.push_piece_bytes = piece_bytes;
       auto statuses = run_ranks(
@@ -789,7 +789,7 @@ TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
   SKIP_UNLESS_GPUS(2);
   for (const int ws : {2, 4}) {
     SCOPED_TRACE(fmt::format("world size {}", ws));
-    if (visible_gpus() < ws) continue;
+    if (gpu_rank_slots() < ws) continue;
     auto statuses = run_ranks(
         ws,
         [&](Context& ctx) {
@@ -873,7 +873,7 @@ TEST(FusedOpsGpu, NativeReduceScatterPushesOnSeveralStreams) {
            fmt::format("push_streams_{}_ws{}_s{}_rank{}_op{}.bin", tag, ws, streams, rank, op);
   };
   for (const int ws : {2, 4}) {
-    if (visible_gpus() < ws) continue;
+    if (gpu_rank_slots() < ws) continue;
     for (const int streams : {1, 2, 3}) {
       SCOPED_TRACE(fmt::format("world size {}, push_streams {}", ws, streams));
       HarnessOptions options = gpu_options();
@@ -943,6 +943,61 @@ TEST(FusedOpsGpu, NativeReduceScatterPushesOnSeveralStreams) {
         for (const int streams : {1, 2, 3})
           std::filesystem::remove(file_of(ws, streams, r, i));
       }
+    }
+  }
+}
+
+// The native matmul_reduce_scatter gives the same bits every time, whatever runs between its
+// calls: the split path (the same buffers by turns) and the unfused reduce-scatter (the
+// context's communicator), in the order the bench validates them.
+TEST(FusedOpsGpu, NativeReduceScatterRepeatsAmongOtherOps) {
+  SKIP_UNLESS_GPUS(2);
+  for (const int ws : {2, 4}) {
+    if (gpu_rank_slots() < ws) continue;
+    // R: the unfused path in f32, F: the split path, C: GEMM + the communicator's
+    // reduce-scatter, N: the native path (the bench's validation order is RFNCNN).
+    for (const std::string steps : {"FNCNN", "RFNCNN"}) {
+      SCOPED_TRACE(fmt::format("world size {}, steps {}", ws, steps));
+      auto statuses = run_ranks(
+          ws,
+          [&](Context& ctx) {
+            const int64_t m = 512, k = 256, n = 384;
+            const uint64_t me = static_cast<uint64_t>(ctx.rank());
+            DeviceTensor a =
+                upload_seeded(ctx, {m, k}, DType::kBF16, seed_of({91, me}), Values::kRandom);
+            DeviceTensor b =
+                upload_seeded(ctx, {k, n}, DType::kBF16, seed_of({92, me}), Values::kRandom);
+            OwnedTensor product = device_empty(ctx, {m, n}, DType::kBF16);
+            OwnedTensor reduced = device_empty(ctx, {m / ctx.world_size(), n}, DType::kBF16);
+            OwnedTensor a32 = device_empty(ctx, {m, k}, DType::kF32);
+            OwnedTensor b32 = device_empty(ctx, {k, n}, DType::kF32);
+            OwnedTensor reference = device_empty(ctx, {m / ctx.world_size(), n}, DType::kF32);
+            ctx.backend().copy(a32, *a, ctx.stream());
+            ctx.backend().copy(b32, *b, ctx.stream());
+            std::vector<OwnedTensor> natives;
+            for (const char step : steps) {
+              OwnedTensor out = device_empty(ctx, {m / ctx.world_size(), n}, DType::kBF16);
+              if (step == 'R') {
+                matmul_reduce_scatter(ctx, a32, b32, reference, {.path = PathChoice::kFallback});
+                continue;
+              }
+              if (step == 'C') {
+                ctx.backend().gemm({.a = *a, .b = *b, .d = product}, ctx.stream());
+                reduce_scatter(ctx, reduced, product, ReduceOp::kSum);
+                continue;
+              }
+              matmul_reduce_scatter(
+                  ctx, *a, *b, out,
+                  {.path = step == 'N' ? PathChoice::kNative : PathChoice::kFused});
+              if (step == 'N') natives.push_back(std::move(out));
+            }
+            const OwnedTensor first = download(ctx, natives[0]);
+            for (size_t i = 1; i < natives.size(); ++i)
+              EXPECT_TRUE(same_bits(download(ctx, natives[i]), first))
+                  << "native call " << i << " differs from the first";
+          },
+          gpu_options());
+      EXPECT_RANKS_OK(statuses);
     }
   }
 }

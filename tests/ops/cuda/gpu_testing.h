@@ -1,6 +1,6 @@
-// What the GPU tests share: how many GPUs there are (asked in a child process, so that the test
-// process itself never initialises CUDA before it forks its ranks), moving seeded host tensors to
-// and from the device, and an f64 host reference GEMM.
+// What the GPU tests share: how many ranks the GPUs take (asked in a child process, so that the
+// test process itself never initialises CUDA before it forks its ranks), moving seeded host tensors
+// to and from the device, and an f64 host reference GEMM.
 #pragma once
 
 #include <sys/wait.h>
@@ -17,21 +17,25 @@
 
 namespace asynctp::testing {
 
-inline int visible_gpus() {
+// How many ranks the GPU tests may run: one per visible GPU, or ASYNCTP_SHARED_GPUS per GPU
+// (device/cuda/cuda_backend.h), which runs the multi-rank tests on fewer GPUs than ranks.
+inline int gpu_rank_slots() {
   static int cached = -1;
   if (cached >= 0) return cached;
   const pid_t pid = ::fork();
   if (pid == 0) ::_exit(std::min(cuda_device_count(), 100));
   int status = 0;
   ::waitpid(pid, &status, 0);
-  cached = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+  cached = (WIFEXITED(status) ? WEXITSTATUS(status) : 0) * cuda_ranks_per_gpu();
   return cached;
 }
 
-#define SKIP_UNLESS_GPUS(n)                                                               \
-  do {                                                                                    \
-    const int have_ = ::asynctp::testing::visible_gpus();                                 \
-    if (have_ < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, " << have_ << " visible"; \
+#define SKIP_UNLESS_GPUS(n)                                                                    \
+  do {                                                                                         \
+    const int have_ = ::asynctp::testing::gpu_rank_slots();                                    \
+    if (have_ < (n))                                                                           \
+      GTEST_SKIP() << "needs " << (n) << " GPUs (or ASYNCTP_SHARED_GPUS ranks per GPU), room " \
+                   << "for " << have_ << " ranks";                                             \
   } while (0)
 
 // A device tensor plus the host copy it was made from.
