@@ -81,6 +81,17 @@ if step shared; then
   rc=$?
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran|FAILED  \]" "$OUT/test_ops_gpu_shared.log" | tail -25
   [ $rc -eq 0 ] || status=1
+  # And the bench's validation of every anchor shape (each path against the f32 reference, the
+  # reduce-scatters bit for bit) at ws SHARED * NGPU; its timings mean nothing here.
+  ranks=$(( SHARED * NGPU ))
+  echo "== asynctp bench --suite anchors, validation only ($ranks ranks, $SHARED per GPU)"
+  ASYNCTP_SHARED_GPUS=$SHARED "$BIN/asynctp" launch --nproc "$ranks" --timeout 500 -- \
+    "$BIN/asynctp" bench --suite anchors --iters 1 --warmup 0 --no-graph --pace 0 \
+    > "$OUT/bench_shared.txt" 2>&1
+  rc=$?
+  echo "rc $rc: $(grep -cE '^\[rank 0\] (ag-mm|mm-rs) ' "$OUT/bench_shared.txt") shapes validated"
+  grep -iE "error|wrong" "$OUT/bench_shared.txt" | head -5
+  [ $rc -eq 0 ] || status=1
 fi
 
 if step sanitize; then

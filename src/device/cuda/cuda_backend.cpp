@@ -68,11 +68,12 @@ uint64_t timeout_ns(std::chrono::milliseconds timeout) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
 }
 
-// The native GEMM's CTAs where ranks share a GPU: a GPU does not switch away from a kernel
-// that spins on another process's work (measured on an H100: with two ranks on it, a native
-// GEMM on every SM waited out its timeout for chunks that the other rank could not start), but
-// runs kernels of two processes side by side on free SMs; so each rank takes its share of the
-// SMs. 0 (one CTA per SM) where every rank has a GPU of its own.
+// The native GEMM's CTAs where ranks share a GPU: each rank's share of the SMs. Measured on an
+// H100 (scripts/experiments/shared_gpu_probe.cu): beside a kernel spinning on every SM, a
+// one-block kernel of another process started only after ~150 ms, and the native ops, whose
+// ranks wait on each other's GEMMs many times per op, waited out their timeouts; beside one on
+// half the SMs it started at once (0.3 ms), and with every rank's GEMM on its share the ws-2 and
+// ws-4 op tests all pass. 0 (one CTA per SM) where every rank has a GPU of its own.
 int shared_gpu_ctas() {
   static const int ctas = [] {
     const int per_gpu = cuda_ranks_per_gpu();
@@ -250,6 +251,10 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     cudaDeviceProp prop{};
     hardware_ =
         cudaGetDeviceProperties(&prop, device_) == cudaSuccess ? std::string(prop.name) : "cuda";
+    // Timings of ranks sharing a GPU say nothing about ranks with a GPU each: the dispatcher's
+    // keys (and its disk cache) keep them apart.
+    if (const int per_gpu = cuda_ranks_per_gpu(); per_gpu > 1)
+      hardware_ += fmt::format(", shared by up to {} ranks", per_gpu);
   }
 
   ~CudaBackend() override {

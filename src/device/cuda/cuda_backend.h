@@ -19,8 +19,8 @@ std::unique_ptr<Backend> make_cuda_backend(int local_rank);
 
 // How many ranks may share one GPU: ASYNCTP_SHARED_GPUS (default 1, at most 8). Above 1, for
 // testing the multi-rank schedules on fewer GPUs than ranks (correctness only, not speed):
-// the ranks are processes whose kernels share the GPU's SMs (each native GEMM takes its share
-// of them, see cuda_backend.cpp), symmetric memory maps a GPU's own memory as its "peer's",
+// the ranks are processes on one GPU (each native GEMM on its share of the SMs, see
+// cuda_backend.cpp), symmetric memory maps a GPU's own memory as its "peer's",
 // and there is no NCCL communicator (NCCL refuses two ranks on one GPU): the unfused paths'
 // collectives go through symmetric memory.
 int cuda_ranks_per_gpu();

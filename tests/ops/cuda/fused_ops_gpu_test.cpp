@@ -535,6 +535,10 @@ TEST(FusedOpsGpu, DispatcherMeasuresOnceAndCachesOnDisk) {
             const std::string key =
                 fmt::format("all_gather_matmul|{}x768x512|bf16->bf16|B row|ws{}|", 512 * ws, ws) +
                 ctx.backend().hardware();
+            // Ranks sharing a GPU measure (and cache) under a hardware of their own.
+            EXPECT_EQ(ctx.backend().hardware().find("shared by") != std::string::npos,
+                      cuda_ranks_per_gpu() > 1)
+                << ctx.backend().hardware();
             const auto decision = ctx.dispatcher().decision(key);
             ASSERT_TRUE(decision.has_value()) << key;
             EXPECT_EQ(decision->path, last->path);
