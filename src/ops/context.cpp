@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "core/log.h"
 #include "symm/symm_communicator.h"
 #ifdef ASYNCTP_WITH_CUDA
 #include "device/cuda/cuda_backend.h"
@@ -90,8 +91,16 @@ Context::Context(std::shared_ptr<Group> group, ContextOptions options)
 #ifdef ASYNCTP_WITH_CUDA
   // NCCL refuses two ranks on one GPU; where ranks may share one (tests), the collectives go
   // through symmetric memory or the store.
-  if (backend_->device().is_cuda() && cuda_ranks_per_gpu() == 1)
-    communicator_ = make_nccl_communicator(*backend_, *group_);
+  if (backend_->device().is_cuda()) {
+    if (const int per_gpu = cuda_ranks_per_gpu(); per_gpu == 1) {
+      communicator_ = make_nccl_communicator(*backend_, *group_);
+    } else {
+      ASYNCTP_LOG_WARN(
+          "ASYNCTP_SHARED_GPUS={}: up to {} ranks may share a GPU (for tests, not for speed): no "
+          "NCCL, each native GEMM on 1/{} of the SMs, path timings that mean nothing elsewhere",
+          per_gpu, per_gpu, per_gpu);
+    }
+  }
 #endif
   if (!communicator_) {
     // The symmetric-memory collectives stage at least one f32 per rank in the workspace; under a
