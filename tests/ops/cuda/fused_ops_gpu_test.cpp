@@ -1094,11 +1094,13 @@ TEST(FusedOpsGpu, NativeAllGatherNamesTheChunkThatNeverLands) {
 
 // ---- the unfused paths on CUDA (NCCL + cuBLASLt) ----------------------------------------------
 
+// Through NCCL; where ranks share GPUs (no NCCL there), through symmetric memory.
 TEST(FusedOpsGpu, FallbackThroughNcclMatchesReference) {
   SKIP_UNLESS_GPUS(2);
   auto statuses = run_ranks(
       2,
       [&](Context& ctx) {
+        EXPECT_EQ(ctx.communicator().name(), cuda_ranks_per_gpu() == 1 ? "nccl" : "symm");
         const int ws = ctx.world_size();
         const int64_t ms = 64, k = 96, n = 80;
         const uint64_t r = static_cast<uint64_t>(ctx.rank());
