@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -999,6 +1000,94 @@ TEST(FusedOpsGpu, NativeReduceScatterRepeatsAmongOtherOps) {
             for (size_t i = 1; i < natives.size(); ++i)
               EXPECT_TRUE(same_bits(download(ctx, natives[i]), first))
                   << "native call " << i << " differs from the first";
+          },
+          gpu_options());
+      EXPECT_RANKS_OK(statuses);
+    }
+  }
+}
+
+// Random sequences of both ops on every path, shapes changing from op to op (so the push
+// pieces, their streams and the workspace's size change too; a larger op grows the symmetric
+// workspace mid-sequence), fresh inputs for every op and no synchronization in between; then every
+// result against the same op on the unfused path. A push into a buffer a peer still reads, a flag
+// taken for another op's, or a stale chunk or part would show up as a wrong result. The same
+// sequence on every rank (one seed).
+TEST(FusedOpsGpu, RandomSequencesOfOpsMatchTheUnfusedPath) {
+  SKIP_UNLESS_GPUS(2);
+  for (const int ws : {2, 4}) {
+    if (gpu_rank_slots() < ws) continue;
+    for (const uint64_t seed : {1u, 2u, 3u}) {
+      SCOPED_TRACE(fmt::format("world size {}, seed {}", ws, seed));
+      auto statuses = run_ranks(
+          ws,
+          [&](Context& ctx) {
+            struct Step {
+              bool ag;
+              PathChoice path;
+              std::optional<size_t> piece_bytes;
+              DeviceTensor a, b;
+              OwnedTensor out;
+            };
+            const uint64_t me = static_cast<uint64_t>(ctx.rank());
+            std::mt19937_64 rng(seed);
+            auto pick = [&](std::initializer_list<int64_t> v) {
+              return *(v.begin() + rng() % v.size());
+            };
+            // auto measures its candidates (with barriers) in the middle of the sequence.
+            const PathChoice paths[] = {PathChoice::kNative, PathChoice::kNative,
+                                        PathChoice::kFused, PathChoice::kFallback,
+                                        PathChoice::kAuto};
+            std::vector<Step> steps;
+            for (int i = 0; i < 20; ++i) {
+              Step s;
+              s.ag = rng() % 2 == 0;
+              s.path = paths[rng() % std::size(paths)];
+              const int64_t rows = pick({128, 256, 384}), k = pick({64, 192});
+              // One reduce-scatter in four in chunks of 4 column pieces (1024 x 8192).
+              const bool wide = !s.ag && rng() % 4 == 0;
+              const int64_t n = wide ? 8192 : pick({128, 256, 640});
+              const uint64_t i64 = static_cast<uint64_t>(i);
+              if (s.ag) {
+                if (rng() % 2 == 0) s.piece_bytes = 1;  // as many pieces as there may be
+                s.a = upload_seeded(ctx, {rows, k}, DType::kBF16, seed_of({101, seed, i64, me}),
+                                    Values::kRandom);
+                s.b = upload_seeded(ctx, {k, n}, DType::kBF16, seed_of({102, seed, i64}),
+                                    Values::kRandom);
+                s.out = device_empty(ctx, {rows * ctx.world_size(), n}, DType::kBF16);
+                const Tensor bs[] = {*s.b};
+                const Tensor outs[] = {s.out.tensor};
+                all_gather_matmul(ctx, *s.a, bs, outs, Tensor(),
+                                  {.path = s.path, .push_piece_bytes = s.piece_bytes});
+              } else {
+                const int64_t own = wide ? 1024 : rows;
+                s.a = upload_seeded(ctx, {own * ctx.world_size(), k}, DType::kBF16,
+                                    seed_of({103, seed, i64, me}), Values::kRandom);
+                s.b = upload_seeded(ctx, {k, n}, DType::kBF16, seed_of({104, seed, i64, me}),
+                                    Values::kRandom);
+                s.out = device_empty(ctx, {own, n}, DType::kBF16);
+                matmul_reduce_scatter(ctx, *s.a, *s.b, s.out, {.path = s.path});
+              }
+              steps.push_back(std::move(s));
+            }
+            for (size_t i = 0; i < steps.size(); ++i) {
+              const Step& s = steps[i];
+              SCOPED_TRACE(fmt::format("op {}: {} on path {}", i,
+                                       s.ag ? "all_gather_matmul" : "matmul_reduce_scatter",
+                                       path_choice_name(s.path)));
+              OwnedTensor expected = device_empty(ctx, s.out.tensor.shape(), DType::kBF16);
+              if (s.ag) {
+                const Tensor bs[] = {*s.b};
+                const Tensor outs[] = {expected.tensor};
+                all_gather_matmul(ctx, *s.a, bs, outs, Tensor(), {.path = PathChoice::kFallback});
+              } else {
+                matmul_reduce_scatter(ctx, *s.a, *s.b, expected, {.path = PathChoice::kFallback});
+              }
+              const std::vector<float> want = to_vector(download(ctx, expected));
+              EXPECT_LT(
+                  rel_error(download(ctx, s.out), std::vector<double>(want.begin(), want.end())),
+                  1e-2);
+            }
           },
           gpu_options());
       EXPECT_RANKS_OK(statuses);
