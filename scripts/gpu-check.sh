@@ -126,7 +126,7 @@ for line in open(sys.argv[1]):
     line = line.split("] ", 1)[-1]
     if not line.startswith("{"): continue
     d = json.loads(line)
-    print(f"world {d['world_size']}, {d['backend']}, {d['dtype']}, peer bandwidth {d['peer_bandwidth_GBps']:.0f} GB/s, us:")
+    print(f"world {d['world_size']}, {d['backend']} ({d.get('hardware', '?')}), {d['dtype']}, peer bandwidth {d['peer_bandwidth_GBps']:.0f} GB/s, us:")
     print(f"{'op':6} {'shape':26} {'gemm':>7} {'ngemm':>7} {'ngsig':>7} {'ng/gemm':>7} {'splitg':>7} {'coll':>7} {'base':>7} {'split':>7} {'native':>7} {'npiece':>7} {'auto':>7} {'graph':>7} {'floor':>7} {'a/floor':>7} {'n/floor':>7} {'base/a':>6} {'err':>8} took")
     u = lambda v: f"{v*1e3:7.1f}" if v is not None else f"{'-':>7}"
     for r in d["results"]:

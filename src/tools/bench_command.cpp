@@ -453,11 +453,11 @@ int run_bench(const BenchOptions& o) {
   // Peer ingress bandwidth, measured once: every rank pulls 64 MiB from each peer at once.
   const double bandwidth = measure_peer_bandwidth(ctx, size_t{64} << 20, o.iters);
   if (s.rank() == 0 && !o.json) {
+    // The hardware says where timings compare (and, where ranks share GPUs, that they do not).
     std::printf(
-        "asynctp bench: %d ranks, backend %s, %s, peer ingress bandwidth %.1f GB/s, median of %d "
-        "runs, "
-        "slowest rank, times in us\n",
-        s.world_size(), std::string(ctx.backend().name()).c_str(),
+        "asynctp bench: %d ranks, backend %s (%s), %s, peer ingress bandwidth %.1f GB/s, median "
+        "of %d runs, slowest rank, times in us\n",
+        s.world_size(), std::string(ctx.backend().name()).c_str(), ctx.backend().hardware().c_str(),
         std::string(dtype_name(dtype)).c_str(), bandwidth, o.iters);
     // With --native-pieces, the native path with pieces gets a column beside the native one.
     std::printf("%-6s %-26s %-16s %8s %8s %8s %9s %8s %8s%s %8s %8s %8s %7s %7s %8s  %s\n", "op",
@@ -491,6 +491,7 @@ int run_bench(const BenchOptions& o) {
   if (s.rank() == 0 && o.json) {
     nlohmann::json doc{{"world_size", s.world_size()},
                        {"backend", std::string(ctx.backend().name())},
+                       {"hardware", ctx.backend().hardware()},
                        {"dtype", std::string(dtype_name(dtype))},
                        {"iters", o.iters},
                        {"pace", o.pace},

@@ -117,8 +117,9 @@ TEST(Cli, HelpForEveryCommand) {
   EXPECT_THAT(version.out, HasSubstr("asynctp 0.1.0"));
 }
 
-// The bench's table (one rank, CPU backend, a tiny shape): a column for every header, and the
-// native path with pieces gets its own ("npiece") only when --native-pieces asks for it.
+// The bench's table (one rank, CPU backend, a tiny shape): its title names the hardware, a column
+// for every header, and the native path with pieces gets its own ("npiece") only when
+// --native-pieces asks for it.
 TEST(Cli, BenchTableHasAColumnPerHeader) {
   for (const bool pieces : {false, true}) {
     SCOPED_TRACE(pieces ? "--native-pieces" : "no --native-pieces");
@@ -130,6 +131,8 @@ TEST(Cli, BenchTableHasAColumnPerHeader) {
     }
     const Finished bench = asynctp(args);
     ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
+    // The title names the hardware the timings belong to.
+    EXPECT_THAT(bench.out, HasSubstr("backend cpu (cpu)")) << bench.out;
     std::vector<std::string> header, row;
     for (const auto& line : lines_of(bench.out)) {
       std::istringstream words(line);
