@@ -27,6 +27,10 @@ std::vector<std::vector<size_t>> balanced_orders(size_t n) {
   return rows;
 }
 
+size_t balanced_order_rows(size_t n) {
+  return n == 0 ? 1 : n % 2 == 1 ? 2 * n : n;
+}
+
 const std::vector<size_t>& round_order(const std::vector<std::vector<size_t>>& rows, size_t round) {
   const size_t count = rows.size();
   const size_t block = round / count;

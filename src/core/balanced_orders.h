@@ -12,6 +12,8 @@ namespace asynctp {
 // over all rows each variant comes right after each other one within a row equally often (once
 // in n rows for even n; twice in 2n rows for odd n, the rows and their reverses).
 std::vector<std::vector<size_t>> balanced_orders(size_t n);
+// How many rows balanced_orders(n) has (n, 2n for odd n, 1 for none), without building them.
+size_t balanced_order_rows(size_t n);
 // The order of round `round` of the timing loop: block b = round / rows.size() visits the rows
 // with the b-th stride coprime to their count (1, then the next, ...), so that the pair across
 // the boundary between two rounds (the last run of one, the first of the next), which the rows

@@ -61,17 +61,15 @@ Path path_of_code(int code) {
   return code == 1 ? Path::kFused : code == 2 ? Path::kNative : Path::kFallback;
 }
 
-}  // namespace
-
-namespace {
 // `rounds` rounded up to whole blocks of `rows` rounds (the balanced orders' rows).
 size_t whole_blocks(size_t rounds, size_t rows) {
   return (rounds + rows - 1) / rows * rows;
 }
+
 }  // namespace
 
 int Dispatcher::tuning_rounds(size_t candidates) {
-  return static_cast<int>(whole_blocks(kTuneRuns, balanced_orders(candidates).size()));
+  return static_cast<int>(whole_blocks(kTuneRuns, balanced_order_rows(candidates)));
 }
 
 std::string Dispatcher::default_cache_path() {

@@ -18,6 +18,7 @@ TEST(BalancedOrders, EveryVariantFollowsEveryOtherEquallyOften) {
     SCOPED_TRACE(n);
     const auto rows = balanced_orders(n);
     ASSERT_EQ(rows.size(), n % 2 == 0 ? n : 2 * n);
+    EXPECT_EQ(balanced_order_rows(n), rows.size());
     std::map<std::pair<size_t, size_t>, int> adjacent;
     for (const auto& row : rows) {
       std::vector<size_t> sorted = row;
@@ -77,6 +78,7 @@ TEST(BalancedOrders, BoundariesBetweenRoundsChangeFromBlockToBlock) {
 
 TEST(BalancedOrders, NoVariantsIsOneEmptyRound) {
   const auto rows = balanced_orders(0);
+  EXPECT_EQ(balanced_order_rows(0), rows.size());
   ASSERT_EQ(rows.size(), 1u);
   EXPECT_TRUE(rows[0].empty());
   EXPECT_TRUE(round_order(rows, 7).empty());
