@@ -94,7 +94,7 @@ std::vector<Backend::DoneCounter> Backend::native_gemm_done_order(const ChunkedG
   ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
 }
 
-bool Backend::native_gemm_own_needs_ready(const ChunkedGemmArgs& args) {
+Backend::OwnEdgeRows Backend::native_gemm_own_edge_rows(const ChunkedGemmArgs& args) {
   ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
 }
 

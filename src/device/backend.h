@@ -99,7 +99,7 @@ struct ChunkedGemmArgs {
   int rank = 0;
   // Chunk own_chunk's rows as the caller holds them ([rows of that chunk, k], unit column
   // stride): read from here, without waiting for ready[own_chunk], by every tile wholly inside
-  // the chunk (all of them unless native_gemm_own_needs_ready says otherwise).
+  // the chunk (all of them unless native_gemm_own_edge_rows says otherwise).
   Tensor own_a;
   int own_chunk = -1;
   // SMs the kernel leaves free, for a kernel of another stream to run beside it (0 to 8).
@@ -187,9 +187,14 @@ class Backend {
     uint32_t count;
   };
   virtual std::vector<DoneCounter> native_gemm_done_order(const ChunkedGemmArgs& args);
-  // With own_a given: whether some tile still reads own_chunk's rows from `a` (the chunk's edges
-  // are off the kernel's tile grid), so that they must be there too and ready[own_chunk] raised.
-  virtual bool native_gemm_own_needs_ready(const ChunkedGemmArgs& args);
+  // With own_a given: the rows of own_chunk that tiles still read from `a` (tiles that straddle
+  // the chunk's edges, off the kernel's tile grid): its first `head` and last `tail` rows (both 0:
+  // none). Those rows must be in `a` too and ready[own_chunk] (its pieces) raised.
+  struct OwnEdgeRows {
+    int64_t head = 0, tail = 0;
+    bool any() const { return head + tail > 0; }
+  };
+  virtual OwnEdgeRows native_gemm_own_edge_rows(const ChunkedGemmArgs& args);
   // Stream-ordered operations on u32 flags in device memory (this device's, or a peer's mapped
   // into this process), carried out by the stream's front
   // end (no SM needed, so they progress beside a kernel that holds every SM): set *flag (after

@@ -1332,12 +1332,18 @@ int async_gemm_tail_split(const AsyncGemmArgs& a) {
   return tail_split_of(a, ctas_of(a), uses_cluster(a));
 }
 
-bool async_gemm_own_needs_ready(const AsyncGemmArgs& a) {
-  if (a.own_a == nullptr || a.own_chunk < 0) return false;
+AsyncGemmOwnEdges async_gemm_own_edge_rows(const AsyncGemmArgs& a) {
+  if (a.own_a == nullptr || a.own_chunk < 0) return {};
+  // As the producer decides (own: m0 >= own_first && m0 + kBM <= own_first + chunk_rows; with
+  // clusters each CTA loads its own 128 rows), for the tiles that overlap [first, last).
   const int64_t rows = chunk_rows_of(a);
   const int64_t first = a.own_chunk * rows;
   const int64_t last = std::min(a.m, first + rows);
-  return first % kBM != 0 || (last - first) % kBM != 0;
+  if (last <= first) return {};
+  const int64_t head = first % kBM == 0 ? 0 : std::min(last, (first / kBM + 1) * kBM) - first;
+  const int64_t m0 = (last - 1) / kBM * kBM;  // the tile holding the chunk's last row
+  const int64_t tail = m0 + kBM > first + rows && m0 >= first + head ? last - m0 : 0;
+  return {head, tail};
 }
 
 cudaError_t async_gemm(const AsyncGemmArgs& a, cudaStream_t stream) {

@@ -233,10 +233,14 @@ size_t async_gemm_split_workspace_bytes();
 int async_gemm_group_m(const AsyncGemmArgs& args);
 // The number of K-ranges each tile of the last wave is cut into for these arguments (1: none).
 int async_gemm_tail_split(const AsyncGemmArgs& args);
-// Whether, with own_a given, some tile still reads rows of own_chunk from `a` (one that
-// straddles the chunk's first or last row: chunk edges off the 128-row tile grid) and so waits
-// for ready[own_chunk] and needs those rows in `a`.
-bool async_gemm_own_needs_ready(const AsyncGemmArgs& args);
+// With own_a given, the rows of own_chunk that tiles still read from `a` (tiles that straddle
+// the chunk's first or last row: chunk edges off the 128-row tile grid): the chunk's first
+// `head` and last `tail` rows (both 0: none; they may cover the whole chunk). Those tiles wait
+// for ready[own_chunk] (its pieces) and need those rows in `a`; no tile reads the others there.
+struct AsyncGemmOwnEdges {
+  int64_t head = 0, tail = 0;
+};
+AsyncGemmOwnEdges async_gemm_own_edge_rows(const AsyncGemmArgs& args);
 // The obviously-correct reference for the tests: one thread per output, f32 accumulation.
 cudaError_t reference_gemm(const AsyncGemmArgs& args, cudaStream_t stream);
 

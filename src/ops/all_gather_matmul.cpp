@@ -371,9 +371,10 @@ void run_fused(Context& ctx, const AgMmCall& c) {
 // group's timeout) for each other chunk's flag before it loads that chunk's tiles, in the
 // kernel. Big shards may go in up to 4 pieces of at least push_piece_bytes (whole 128-row tiles;
 // off by default), each flagged: a tile of the next chunk waits for its piece only. Where a tile
-// straddles the own chunk's edges (chunk rows off the GEMM's tile grid) the own shard is also
-// copied into the own slot, with its flag; where A_shard cannot be read in place (strided,
-// misaligned) it is copied there first, on the compute stream, and pushed from there.
+// straddles the own chunk's edges (chunk rows off the GEMM's tile grid) the own shard's edge
+// rows are also copied into the own slot, with its flags, on the compute stream before the GEMM;
+// where A_shard cannot be read in place (strided, misaligned) all of it is copied there first,
+// on the compute stream, and pushed from there.
 //
 // Tried and set aside (docs/PERFORMANCE.md): pulling instead of pushing, with the own shard
 // published into the own slot and an opening barrier, on the compute stream before the GEMM (1-7%
@@ -485,7 +486,8 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
       args.own_chunk = rank;
     }
   }
-  const bool own_slot = !in_place || be.native_gemm_own_needs_ready(gemms[0]);
+  const Backend::OwnEdgeRows edges =
+      in_place ? be.native_gemm_own_edge_rows(gemms[0]) : Backend::OwnEdgeRows{};
   // Every GEMM's arguments (the real B and out of each) are checked before anything is enqueued:
   // an op that throws after its first push would leave the ranks' op counts apart.
   for (const ChunkedGemmArgs& args : gemms) {
@@ -493,10 +495,10 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
     ASYNCTP_CHECK(why.empty(), "{}: the native GEMM cannot run these operands: {}", c.op, why);
   }
 
-  // The copy stream moves only contiguous matrices (copy engine, beside a GEMM that holds every
-  // SM and waits for those copies: a copy kernel there would never get an SM). A shard the GEMM
-  // cannot read in place is first gathered into the own slot on the compute stream, before the
-  // GEMM (a strided copy may take a kernel), and pushed from there.
+  // The copy stream moves only contiguous matrices to peers (copy engine, beside a GEMM that
+  // holds every SM and waits for those copies: a copy kernel there would get no SM until CTAs
+  // exit). A shard the GEMM cannot read in place is first gathered into the own slot on the
+  // compute stream, before the GEMM (a strided copy may take a kernel), and pushed from there.
   ctx.mark("start", compute);
   if (!in_place) {
     be.copy(slot(rank, rank).view(c.a_shard.shape()), c.a_shard, compute);
@@ -504,6 +506,22 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
       be.write_flag(flag_of(rank, q), number, compute);
   }
   const Tensor source = in_place ? c.a_shard.view({plan.rows, plan.k}) : slot(rank, rank);
+  // Read in place but off the tile grid: the tiles over the own chunk's edges read its first
+  // head and last tail rows from the own slot. Those rows only, on the compute stream before the
+  // GEMM: a copy within one GPU is a kernel (even a contiguous one; scripts/experiments/
+  // shared_gpu_probe.cu), which on the copy stream would wait beside the GEMM for an SM until
+  // CTAs exit, and the edge tiles with it.
+  if (edges.any()) {
+    const Tensor own = slot(rank, rank);
+    if (edges.head > 0)
+      be.copy(own.narrow(0, 0, edges.head), source.narrow(0, 0, edges.head), compute);
+    if (edges.tail > 0) {
+      const int64_t begin = plan.rows - edges.tail;
+      be.copy(own.narrow(0, begin, edges.tail), source.narrow(0, begin, edges.tail), compute);
+    }
+    for (int q = 0; q < pieces.count; ++q)
+      be.write_flag(flag_of(rank, q), number, compute);
+  }
   // The copy stream starts behind the caller's writes of A_shard and the previous op's GEMM (and
   // barrier, if it was captured): see the protocol above.
   Event& start = ctx.event(0);
@@ -547,11 +565,10 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   if (ws > 1) push(1, 1, pieces.count);  // (marks "pushed to" with one piece too)
   for (int i = 2; i < ws; ++i)
     push(i, 0, pieces.count);
-  if (in_place && own_slot) land(rank, source, 0, pieces.count);
-  // A returned A: the own rows from the source, on the copy stream (the own slot may still be
-  // landing there: the GEMM waited only for the pieces its edge tiles touch); the others from the
-  // slots, on the compute stream, where every chunk has landed once the GEMMs are through (they
-  // waited for each flag).
+  // A returned A: the own rows from the source (read in place, the own slot holds at most their
+  // edge rows), on the copy stream behind the pushes (a copy within the GPU: a kernel, which
+  // starts as the GEMM's CTAs finish); the others from the slots, on the compute stream, where
+  // every chunk has landed once the GEMMs are through (they waited for each flag).
   Tensor a_out;
   if (c.a_out.defined()) {
     a_out = c.a_out.view({ws * plan.rows, plan.k});

@@ -230,7 +230,7 @@ struct Landing {
 //
 // With own_a (the AG+MM own shard read in place), the first chunk is never copied and never
 // flagged: its whole tiles come from own_a, and a tile straddling its edge (chunk_rows 250)
-// waits for the copy that does land it.
+// waits for the copy that lands the edge rows (native_gemm_own_edge_rows) and only those.
 TEST(NativeGemm, ConsumesChunksAsTheyLand) {
   SKIP_UNLESS_GPUS(1);
   for (const auto& [m, chunk_rows, first, use_own] :
@@ -238,7 +238,9 @@ TEST(NativeGemm, ConsumesChunksAsTheyLand) {
                                                             {1000, 250, 1, false},
                                                             {4096, 1024, 3, false},
                                                             {1024, 256, 2, true},
-                                                            {1000, 250, 1, true}}) {
+                                                            {1000, 250, 1, true},
+                                                            {1000, 250, 3, true},
+                                                            {1000, 50, 3, true}}) {
     SCOPED_TRACE(
         fmt::format("m {} chunk_rows {} first {} own_a {}", m, chunk_rows, first, use_own));
     Gpu gpu;
@@ -258,19 +260,37 @@ TEST(NativeGemm, ConsumesChunksAsTheyLand) {
       args.own_chunk = first;
       args.reserve_sms = 1;
     }
-    // Whole tiles of the own chunk never look at the gathered buffer; only a straddling tile
-    // (chunk edges off the 128-row tile grid) needs the own chunk landed and flagged.
-    const bool own_needs_ready = gpu.be().native_gemm_own_needs_ready(args);
-    const int64_t own_last = std::min(m, (first + 1) * chunk_rows);
-    EXPECT_EQ(own_needs_ready, use_own && ((first * chunk_rows) % 128 != 0 ||
-                                           (own_last - first * chunk_rows) % 128 != 0));
+    // Whole tiles of the own chunk never look at the gathered buffer; only the tiles over its
+    // edges (off the 128-row tile grid) read its first head and last tail rows there. Row by
+    // row, the own rows that some tile not wholly inside the chunk covers:
+    const Backend::OwnEdgeRows edges = gpu.be().native_gemm_own_edge_rows(args);
+    std::vector<bool> from_a(first_rows, false);
+    for (int64_t m0 = 0; use_own && m0 < m; m0 += 128) {
+      const int64_t own_first = first * chunk_rows;
+      if (m0 >= own_first && m0 + 128 <= own_first + chunk_rows) continue;
+      for (int64_t r = std::max(m0, own_first); r < std::min(m0 + 128, own_first + first_rows); ++r)
+        from_a[r - own_first] = true;
+    }
+    for (int64_t r = 0; r < first_rows; ++r) {
+      EXPECT_EQ(from_a[r], r < edges.head || r >= first_rows - edges.tail) << "own row " << r;
+    }
     gpu.be().native_gemm(args, gpu.stream());  // enqueued first: it waits for the copies below
     for (int i = 0; i < chunks; ++i) {
       const int c = (first + i) % chunks;
-      if (use_own && c == first && !own_needs_ready) continue;
       const int64_t rows = std::min(chunk_rows, m - c * chunk_rows);
-      gpu.be().copy(t.gathered->narrow(0, c * chunk_rows, rows),
-                    src->narrow(0, c * chunk_rows, rows), *copy_stream);
+      if (use_own && c == first) {
+        // Only the edge rows: the rest of the chunk stays NaN in the gathered buffer.
+        if (!edges.any()) continue;
+        for (const auto& [begin, count] :
+             {std::pair{int64_t{0}, edges.head}, std::pair{rows - edges.tail, edges.tail}}) {
+          if (count == 0) continue;
+          gpu.be().copy(t.gathered->narrow(0, c * chunk_rows + begin, count),
+                        src->narrow(0, c * chunk_rows + begin, count), *copy_stream);
+        }
+      } else {
+        gpu.be().copy(t.gathered->narrow(0, c * chunk_rows, rows),
+                      src->narrow(0, c * chunk_rows, rows), *copy_stream);
+      }
       gpu.be().write_flag(ready + c, 1, *copy_stream);
     }
     OwnedTensor got = gpu.download(t.d);

@@ -194,7 +194,7 @@ std::vector<AgCase> ag_cases() {
     // Whole tiles: the native path reads the own chunk in place and returns A from the pushes.
     cases.push_back({ws, {256, 64}, 0, DType::kBF16, 2, true});
     // Shards pushed in pieces: 4 whole-tile pieces; 3 pieces, the last one short (44 rows), with
-    // a chunk grid off the tile grid (the own shard also copied into its slot, in pieces).
+    // a chunk grid off the tile grid (the own shard's edge rows also copied into its slot).
     cases.push_back({ws, {512, 256}, 0, DType::kBF16, 2, true, true});
     cases.push_back({ws, {300, 136}, 0, DType::kF16, 1, false, true});
   }
