@@ -24,6 +24,8 @@
 // grid): a group then never spans two pieces or chunks, so the tiles of the first wave that are
 // not the own chunk's wait for the piece that lands first, not for the whole next chunk (or the
 // one after), counted pieces finish in walk order, and the native MM+RS's own chunk comes last.
+// Pieces off the tile grid (AG+MM chunks of any rows): the whole m-tiles of a piece, up to 16,
+// so that a group spans at most two pieces.
 //
 // Why 16: a wave of 132 CTAs spans about 16 m-tiles x 8 n-tiles, and per k-block its tiles then
 // read 16 of A's 16 KiB blocks and 8 of B's 32 KiB ones: the fewest bytes for 132 tiles (height
@@ -1152,7 +1154,16 @@ int group_m_of(const AsyncGemmArgs& a, int64_t height) {
   int64_t rows = chunk_rows_of(a);
   if (a.ready != nullptr) rows = std::gcd(rows, ready_rows_of(a));
   if (a.done != nullptr) rows = std::gcd(rows, done_rows_of(a));
-  if (rows % height != 0) return kGroupM;  // off the tile grid: tiles straddle pieces anyway
+  // Off the tile grid (AG+MM chunks of any rows; the counted and reduced ones are on it): tiles
+  // straddle pieces anyway, but groups of at most a piece's whole m-tiles still span at most two
+  // pieces, so the walk follows the pieces as they land. (With groups of 16 the first groups of
+  // a ws-4 GEMM of 1000-row chunks took tiles of three chunks: emulated, the GEMM spent ~100 us
+  // more than with every chunk ready, against ~20 on the grid; docs/PERFORMANCE.md, sixteenth
+  // session.)
+  if (rows % height != 0) {
+    return a.ready != nullptr ? static_cast<int>(std::clamp<int64_t>(rows / height, 1, kGroupM))
+                              : kGroupM;
+  }
   return largest_group_dividing(rows / height);
 }
 

@@ -516,7 +516,8 @@ kernels::AsyncGemmArgs walk_args(int64_t m, int64_t n) {
 // The walk's group height (host arithmetic, no GPU needed): 16 m-tiles where nothing waits or
 // counts; where rows become ready (AG) or are counted (MM+RS) by pieces, the largest height up
 // to 16 that divides every piece and chunk, so that a group never spans two chunks (the native
-// MM+RS's own chunk must come last in the walk) or two pieces.
+// MM+RS's own chunk must come last in the walk) or two pieces; where AG pieces are off the tile
+// grid, the whole m-tiles of a piece (up to 16), so that a group spans at most two.
 TEST(NativeGemm, WalkGroupsNeverSpanAPieceOrAChunk) {
   uint32_t flag = 0;
   kernels::AsyncGemmArgs a = walk_args(8192, 4096);
@@ -544,15 +545,23 @@ TEST(NativeGemm, WalkGroupsNeverSpanAPieceOrAChunk) {
     a.m = 2 * a.chunk_rows;
     EXPECT_EQ(kernels::async_gemm_group_m(a), want) << chunk_tiles << " m-tiles a chunk";
   }
-  // Ready pieces (AG) and chunks off the tile grid: no piece to keep whole, 16.
+  // Ready pieces (AG); chunks off the tile grid: as many whole m-tiles as a piece holds (up to
+  // 16), so that a group spans at most two pieces.
   a.done = nullptr;
   a.ready = &flag;
   a.chunk_rows = 128 * 48;
   a.ready_rows = 128 * 12;
   EXPECT_EQ(kernels::async_gemm_group_m(a), 12);
-  a.chunk_rows = 1000;
   a.ready_rows = 0;
-  EXPECT_EQ(kernels::async_gemm_group_m(a), 16);
+  for (const auto& [rows, want] : std::vector<std::pair<int64_t, int>>{
+           {1000, 7}, {2000, 15}, {4000, 16}, {100, 1}, {250, 1}, {300, 2}}) {
+    a.chunk_rows = rows;
+    a.m = 4 * rows;
+    EXPECT_EQ(kernels::async_gemm_group_m(a), want) << rows << "-row chunks";
+  }
+  a.chunk_rows = 1000;
+  a.ready_rows = 300;  // pieces of 300 rows: gcd 100, below a tile
+  EXPECT_EQ(kernels::async_gemm_group_m(a), 1);
   // A reduced own chunk keeps the groups within chunks even with nothing waited for or counted.
   a.ready = nullptr;
   a.chunk_rows = 128 * 40;
