@@ -1,7 +1,8 @@
 // What ranks sharing one GPU (ASYNCTP_SHARED_GPUS, src/device/cuda/cuda_backend.h) can count on
 // while a kernel spins on every SM, as the native GEMM does waiting for chunks or parts:
-//   1. in one process, does a device-to-device copy on another stream progress (a copy engine),
-//      or does it wait for an SM (a copy kernel)?
+//   1. in one process, does a copy on another stream progress (a copy engine), or does it wait
+//      for an SM (a copy kernel)? With the spinning kernel leaving room on each SM for other
+//      blocks, and with it taking every thread slot (as the native GEMM takes every register).
 //   2. from a second process, does a write to the spinning kernel's flag get through, from a
 //      kernel of one block or from a stream memory write, with the spinning kernel on every SM
 //      or on half of them?
@@ -68,26 +69,50 @@ void same_process() {
   CHECK(cudaMalloc(&flag, 4));
   CHECK(cudaMallocManaged(&timed_out, 4));
   const size_t bytes = 64 << 20;
-  char *src, *dst;
+  char *src, *dst, *host;
   CHECK(cudaMalloc(&src, bytes));
   CHECK(cudaMalloc(&dst, bytes));
-  const char* names[] = {"1-D copy", "2-D copy (half of each 8 KiB row)", "no copy"};
-  for (int kind = 0; kind < 3; ++kind) {
-    CHECK(cudaMemset(flag, 0, 4));
-    *timed_out = 0;
-    CHECK(cudaDeviceSynchronize());
-    const auto t0 = std::chrono::steady_clock::now();
-    spin<<<sms, 128, kSmem, a>>>(flag, timed_out);
-    if (kind == 0) CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, b));
-    if (kind == 1) {
-      CHECK(cudaMemcpy2DAsync(dst, 8192, src, 8192, 4096, bytes / 8192, cudaMemcpyDeviceToDevice,
-                              b));
+  CHECK(cudaMallocHost(&host, bytes));
+  // The spinning kernel as one block of 128 threads per SM (200 KiB of shared memory: room left
+  // for other blocks' threads and registers), or as two of 1024 threads (every thread slot taken,
+  // as the native GEMM's 384 threads take every register).
+  const struct {
+    const char* name;
+    int blocks_per_sm, threads, smem;
+  } spinners[] = {{"1 x 128 threads", 1, 128, kSmem}, {"2 x 1024 threads", 2, 1024, kSmem / 2}};
+  const char* names[] = {"1-D copy", "2-D copy (half of each 8 KiB row)", "host-to-device copy",
+                         "1-D batch copy, prefer overlap", "no copy"};
+  for (const auto& sp : spinners) {
+    for (int kind = 0; kind < 5; ++kind) {
+      CHECK(cudaMemset(flag, 0, 4));
+      *timed_out = 0;
+      CHECK(cudaDeviceSynchronize());
+      const auto t0 = std::chrono::steady_clock::now();
+      spin<<<sms * sp.blocks_per_sm, sp.threads, sp.smem, a>>>(flag, timed_out);
+      if (kind == 0) CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, b));
+      if (kind == 1) {
+        CHECK(cudaMemcpy2DAsync(dst, 8192, src, 8192, 4096, bytes / 8192, cudaMemcpyDeviceToDevice,
+                                b));
+      }
+      if (kind == 2) CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, b));
+      if (kind == 3) {
+        // cudaMemcpyFlagPreferOverlapWithCompute: a hint to take a copy engine (CUDA 12.8).
+        cudaMemcpyAttributes attr{};
+        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+        void* dsts[] = {dst};
+        const void* srcs[] = {src};
+        size_t sizes[] = {bytes}, attr_index = 0;
+        CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, &attr_index, 1, b));
+      }
+      CU_CHECK(cuStreamWriteValue32(b, reinterpret_cast<CUdeviceptr>(flag), 1, 0));
+      CHECK(cudaDeviceSynchronize());
+      std::printf(
+          "one process, kernel on all %d SMs (%s), %-34s then a stream write: %s (%.1f ms)\n", sms,
+          sp.name, names[kind], *timed_out ? "TIMED OUT" : "released", ms_since(t0));
     }
-    CU_CHECK(cuStreamWriteValue32(b, reinterpret_cast<CUdeviceptr>(flag), 1, 0));
-    CHECK(cudaDeviceSynchronize());
-    std::printf("one process, kernel on all %d SMs, %-34s then a stream write: %s (%.1f ms)\n",
-                sms, names[kind], *timed_out ? "TIMED OUT" : "released", ms_since(t0));
   }
+  CHECK(cudaFreeHost(host));
 }
 
 // Parent: spins; child: raises the parent's flag (shared through cudaIpc) while it spins.
