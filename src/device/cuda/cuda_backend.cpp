@@ -73,9 +73,9 @@ uint64_t timeout_ns(std::chrono::milliseconds timeout) {
 // one-block kernel of another process started only after ~150 ms, and the native ops, whose
 // ranks wait on each other's GEMMs many times per op, waited out their timeouts; beside one on
 // half the SMs it started at once (0.3 ms), and with every rank's GEMM on its share the ws-2 and
-// ws-4 op tests all pass. The share also lets the ranks' pushes run: between ranks of one GPU
-// they are copies within the GPU, which are kernels (even contiguous ones: beside a kernel that
-// takes every thread slot they wait for an SM; same probe). 0 (one CTA per SM) where every rank has a GPU of its own.
+// ws-4 op tests all pass. Between ranks of one GPU the pushes are copies within the GPU, which
+// are kernels too (even contiguous ones; same probe): they need SMs that the GEMMs leave free.
+// 0 (one CTA per SM) where every rank has a GPU of its own.
 int shared_gpu_ctas() {
   static const int ctas = [] {
     const int per_gpu = cuda_ranks_per_gpu();
