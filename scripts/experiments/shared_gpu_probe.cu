@@ -96,7 +96,7 @@ void same_process() {
       }
       if (kind == 2) CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, b));
       if (kind == 3) {
-        // cudaMemcpyFlagPreferOverlapWithCompute: a hint to take a copy engine (CUDA 12.8).
+        // cudaMemcpyFlagPreferOverlapWithCompute: a hint to take a copy engine (CUDA 13 form).
         cudaMemcpyAttributes attr{};
         attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
         attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;

@@ -24,8 +24,8 @@
 // grid): a group then never spans two pieces or chunks, so the tiles of the first wave that are
 // not the own chunk's wait for the piece that lands first, not for the whole next chunk (or the
 // one after), counted pieces finish in walk order, and the native MM+RS's own chunk comes last.
-// Pieces off the tile grid (AG+MM chunks of any rows): the whole m-tiles of a piece, up to 16,
-// so that a group spans at most two pieces.
+// Pieces off the tile grid (AG+MM chunks of any rows): a piece's whole m-tiles, up to 16, so that
+// a group spans few pieces.
 //
 // Why 16: a wave of 132 CTAs spans about 16 m-tiles x 8 n-tiles, and per k-block its tiles then
 // read 16 of A's 16 KiB blocks and 8 of B's 32 KiB ones: the fewest bytes for 132 tiles (height
@@ -361,8 +361,8 @@ __device__ bool wait_chunks_ready(const Params& p, int m0) {
       return false;
     }
   }
-  // The chunk was written by the copy engine; the TMA loads that follow read through the async
-  // proxy, ordered after this thread's acquire by the proxy fence.
+  // The chunk was written by a copy (a copy engine's or a copy kernel's); the TMA loads that
+  // follow read through the async proxy, ordered after this thread's acquire by the proxy fence.
   asm volatile("fence.proxy.async.global;" ::: "memory");
   return true;
 }
@@ -1155,14 +1155,17 @@ int group_m_of(const AsyncGemmArgs& a, int64_t height) {
   if (a.ready != nullptr) rows = std::gcd(rows, ready_rows_of(a));
   if (a.done != nullptr) rows = std::gcd(rows, done_rows_of(a));
   // Off the tile grid (AG+MM chunks of any rows; the counted and reduced ones are on it): tiles
-  // straddle pieces anyway, but groups of at most a piece's whole m-tiles still span at most two
-  // pieces, so the walk follows the pieces as they land. (With groups of 16 the first groups of
+  // straddle pieces anyway, but groups of at most a piece's whole m-tiles span few pieces, so the
+  // walk follows the pieces as they land. (With groups of 16 the first groups of
   // a ws-4 GEMM of 1000-row chunks took tiles of three chunks: emulated, the GEMM spent ~100 us
   // more than with every chunk ready, against ~20 on the grid; docs/PERFORMANCE.md, sixteenth
   // session.)
   if (rows % height != 0) {
-    return a.ready != nullptr ? static_cast<int>(std::clamp<int64_t>(rows / height, 1, kGroupM))
-                              : kGroupM;
+    if (a.ready == nullptr) return kGroupM;
+    // A piece's rows (the op's push pieces are whole tiles, but a chunk's last may be shorter:
+    // sized by it, the groups of 1000-row chunks in pieces of 896 and 104 would be 1 m-tile).
+    const int64_t piece = std::min(ready_rows_of(a), chunk_rows_of(a));
+    return static_cast<int>(std::clamp<int64_t>(piece / height, 1, kGroupM));
   }
   return largest_group_dividing(rows / height);
 }

@@ -10,8 +10,9 @@
 // r-2, ...: at each step every rank is written by exactly one peer and receives the chunk its GEMMs
 // take next (the own chunk comes first and needs no communication; pushing to r+1 first delivered
 // the chunk each GEMM needed first last of all). Nothing but the first GEMM stands at the start of
-// the op (and a copy of A_shard where it is not contiguous): no publication copy, no opening
-// barrier (the split path had both before: 17-50 us at ws 4).
+// the op (and a copy of A_shard where it is not contiguous, or of its edge rows off the native
+// GEMM's tile grid): no publication copy, no opening barrier (the split path had both before:
+// 17-50 us at ws 4).
 //
 // When may a rank push again into a peer's buffer, which the peer's GEMMs read? Two protocols:
 //
@@ -356,8 +357,9 @@ void run_fused(Context& ctx, const AgMmCall& c) {
 
 // The native schedule on rank r of ws (row gather with no batch dims before g, bf16/f16):
 //
-//   compute: native GEMM: own chunk from A_shard, then chunks r+1, r+2, ... as they land | join |
-//            (captured into a CUDA graph: barrier, which also sets ready back to 0)
+//   compute: [own edge rows -> S_r[r], ready_r[r] = e] | native GEMM: own chunk from A_shard,
+//            then chunks r+1, r+2, ... as they land | join | (captured into a CUDA graph:
+//            barrier, which also sets ready back to 0)
 //   copy:    A_shard -> S_{r-1}[r] | A_shard -> S_{r-2}[r] | ...
 //   flags:        ready_{r-1}[r] = e (behind its push) | ready_{r-2}[r] = e | ...
 //
@@ -495,10 +497,12 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
     ASYNCTP_CHECK(why.empty(), "{}: the native GEMM cannot run these operands: {}", c.op, why);
   }
 
-  // The copy stream moves only contiguous matrices to peers (copy engine, beside a GEMM that
-  // holds every SM and waits for those copies: a copy kernel there would get no SM until CTAs
-  // exit). A shard the GEMM cannot read in place is first gathered into the own slot on the
-  // compute stream, before the GEMM (a strided copy may take a kernel), and pushed from there.
+  // The copy stream pushes only contiguous matrices to peers (a copy engine's copies, beside a GEMM
+  // that holds every SM and waits for them: a copy kernel there would get no SM until CTAs exit;
+  // a copy within one GPU is such a kernel, even a contiguous one: scripts/experiments/
+  // shared_gpu_probe.cu). A shard the GEMM cannot read in place is first gathered into the own
+  // slot on the compute stream, before the GEMM (a strided copy may take a kernel), and pushed
+  // from there.
   ctx.mark("start", compute);
   if (!in_place) {
     be.copy(slot(rank, rank).view(c.a_shard.shape()), c.a_shard, compute);
@@ -506,11 +510,17 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
       be.write_flag(flag_of(rank, q), number, compute);
   }
   const Tensor source = in_place ? c.a_shard.view({plan.rows, plan.k}) : slot(rank, rank);
+  // The copy stream starts behind the caller's writes of A_shard and the previous op's GEMM (and
+  // barrier, if it was captured): see the protocol above.
+  Event& start = ctx.event(0);
+  start.record(compute);
+  start.block(copy);
   // Read in place but off the tile grid: the tiles over the own chunk's edges read its first
   // head and last tail rows from the own slot. Those rows only, on the compute stream before the
   // GEMM: a copy within one GPU is a kernel (even a contiguous one; scripts/experiments/
   // shared_gpu_probe.cu), which on the copy stream would wait beside the GEMM for an SM until
-  // CTAs exit, and the edge tiles with it.
+  // CTAs exit, and the edge tiles with it. After the copy stream's start: the pushes read
+  // A_shard, not the own slot, and need not wait for this copy.
   if (edges.any()) {
     const Tensor own = slot(rank, rank);
     if (edges.head > 0)
@@ -522,11 +532,6 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
     for (int q = 0; q < pieces.count; ++q)
       be.write_flag(flag_of(rank, q), number, compute);
   }
-  // The copy stream starts behind the caller's writes of A_shard and the previous op's GEMM (and
-  // barrier, if it was captured): see the protocol above.
-  Event& start = ctx.event(0);
-  start.record(compute);
-  start.block(copy);
   // Pushes to r-1 first: rank q's GEMM wants chunk q+1 right after its own, and so on, so the
   // chunk that q+i pushes to q lands at step i, the step q's GEMM reaches it.
   auto push = [&](int i, int first_piece, int end_piece) {

@@ -74,7 +74,7 @@ uint64_t timeout_ns(std::chrono::milliseconds timeout) {
 // ranks wait on each other's GEMMs many times per op, waited out their timeouts; beside one on
 // half the SMs it started at once (0.3 ms), and with every rank's GEMM on its share the ws-2 and
 // ws-4 op tests all pass. Between ranks of one GPU the pushes are copies within the GPU, which
-// are kernels too (even contiguous ones; same probe): they need SMs that the GEMMs leave free.
+// are kernels too (so the probe measured within one process): they need SMs the GEMMs leave free.
 // 0 (one CTA per SM) where every rank has a GPU of its own.
 int shared_gpu_ctas() {
   static const int ctas = [] {
@@ -312,7 +312,8 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
             cudaMemcpyAsync(dst.data(), src.data(), dst.nbytes(), cudaMemcpyDefault, s));
         return;
       }
-      // Pitched copies on the copy engine: [outer..., rows, width] with unit inner strides.
+      // Pitched copies (a copy engine's to a peer; within one GPU a copy kernel's, as are the 1-D
+      // ones): [outer..., rows, width] with unit inner strides.
       if (p.dst_strides.back() == 1 && p.src_strides.back() == 1 && dims <= 3) {
         const size_t width = p.sizes[dims - 1] * esize;
         const size_t rows = dims >= 2 ? p.sizes[dims - 2] : 1;

@@ -228,9 +228,9 @@ struct Landing {
 // The AG+MM pattern: the kernel starts with no chunk present; the copy stream lands chunk after
 // chunk (from first_chunk on) and raises its ready flag; the result equals the GEMM of the whole.
 //
-// With own_a (the AG+MM own shard read in place), the first chunk is never copied and never
-// flagged: its whole tiles come from own_a, and a tile straddling its edge (chunk_rows 250)
-// waits for the copy that lands the edge rows (native_gemm_own_edge_rows) and only those.
+// With own_a (the AG+MM own shard read in place), the first chunk's whole tiles come from own_a;
+// on the tile grid it is never copied nor flagged, and off it (chunk_rows 250, 50) a tile over
+// its edge waits for the copy that lands its edge rows (native_gemm_own_edge_rows), only those.
 TEST(NativeGemm, ConsumesChunksAsTheyLand) {
   SKIP_UNLESS_GPUS(1);
   for (const auto& [m, chunk_rows, first, use_own] :
@@ -517,7 +517,7 @@ kernels::AsyncGemmArgs walk_args(int64_t m, int64_t n) {
 // counts; where rows become ready (AG) or are counted (MM+RS) by pieces, the largest height up
 // to 16 that divides every piece and chunk, so that a group never spans two chunks (the native
 // MM+RS's own chunk must come last in the walk) or two pieces; where AG pieces are off the tile
-// grid, the whole m-tiles of a piece (up to 16), so that a group spans at most two.
+// grid, a piece's whole m-tiles (up to 16), so that a group spans few pieces.
 TEST(NativeGemm, WalkGroupsNeverSpanAPieceOrAChunk) {
   uint32_t flag = 0;
   kernels::AsyncGemmArgs a = walk_args(8192, 4096);
@@ -559,9 +559,14 @@ TEST(NativeGemm, WalkGroupsNeverSpanAPieceOrAChunk) {
     a.m = 4 * rows;
     EXPECT_EQ(kernels::async_gemm_group_m(a), want) << rows << "-row chunks";
   }
-  a.chunk_rows = 1000;
-  a.ready_rows = 300;  // pieces of 300 rows: gcd 100, below a tile
-  EXPECT_EQ(kernels::async_gemm_group_m(a), 1);
+  // Pieces (whole tiles but each chunk's last): a piece's whole m-tiles.
+  for (const auto& [rows, piece, want] : std::vector<std::tuple<int64_t, int64_t, int>>{
+           {4000, 1024, 8}, {1000, 512, 4}, {1000, 896, 7}, {300, 256, 2}}) {
+    a.chunk_rows = rows;
+    a.ready_rows = piece;
+    a.m = 4 * rows;
+    EXPECT_EQ(kernels::async_gemm_group_m(a), want) << rows << "-row chunks, pieces of " << piece;
+  }
   // A reduced own chunk keeps the groups within chunks even with nothing waited for or counted.
   a.ready = nullptr;
   a.chunk_rows = 128 * 40;
