@@ -254,11 +254,13 @@ TEST(NativeGemm, ConsumesChunksAsTheyLand) {
     args.first_chunk = first;
     const int64_t first_rows = std::min(chunk_rows, m - first * chunk_rows);
     OwnedTensor own = gpu.empty({first_rows, 512}, DType::kBF16);
+    // The chunks land by copies within the GPU, which are kernels: one SM is left to them
+    // (a GEMM holding every SM would hold them back until its timeout).
+    args.reserve_sms = 1;
     if (use_own) {
       gpu.be().copy(own, src->narrow(0, first * chunk_rows, first_rows), gpu.stream());
       args.own_a = own;
       args.own_chunk = first;
-      args.reserve_sms = 1;
     }
     // Whole tiles of the own chunk never look at the gathered buffer; only the tiles over its
     // edges (off the 128-row tile grid) read its first head and last tail rows there. Row by
@@ -321,6 +323,7 @@ TEST(NativeGemm, ConsumesChunksLandingInPieces) {
     args.first_chunk = first;
     args.ready_rows = ready_rows;
     args.ready_stride = stride;
+    args.reserve_sms = 1;                      // for the copies (kernels within one GPU)
     gpu.be().native_gemm(args, gpu.stream());  // enqueued first: it waits for the copies below
     auto land = [&](int c, int j) {
       const int64_t begin = c * chunk_rows + j * ready_rows;
