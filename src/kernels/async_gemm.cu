@@ -15,8 +15,9 @@
 // (16 KiB of A + 32 KiB of B each, 128-byte swizzle written by TMA and read by wgmma) and a
 // 32 KiB staging area for C: 225 KiB of the 227 a block may have.
 //
-// Tile order (the async part): tiles are numbered so that all tiles of the m-tile group holding
-// `first_chunk`'s first row come first, then the following rows, wrapping around; within a group
+// Tile order (the async part): tiles are numbered so that all tiles of the m-tile group starting
+// at `first_chunk`'s first whole m-tile come first, then the following rows, wrapping around (a
+// tile over the chunk's first row, off the tile grid, comes last); within a group
 // of group_m m-tiles the m index runs fastest (B panels stay in L2). CTA i takes tiles i, i+grid,
 // ...: all SMs work on the chunk that landed first while the copy engine brings the next ones.
 // group_m is kGroupM (16), or where rows wait for flags, are counted in done or are reduced
@@ -280,6 +281,15 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
 struct Tile {
   int m0, n0;
 };
+
+// The walk's first m-tile: the first one wholly inside first_chunk's rows. Where the chunks are
+// off the tile grid, the tile over that chunk's first row also holds rows of the chunk before,
+// which (AG+MM) lands last: it comes last in the walk instead of holding a CTA of the first wave
+// until then (emulated ws 4 on one H100, 4000x8192x3584 as rank 1: landing 507 and 496 -> 372
+// and 373 us; docs/PERFORMANCE.md, sixteenth session).
+__host__ __device__ __forceinline__ int64_t walk_pivot(int64_t first_row, int64_t height) {
+  return (first_row + height - 1) / height;
+}
 
 // Tile t of the walk described in the file comment; tiles are `height` rows (a cluster's).
 __device__ __forceinline__ Tile tile_at(int t, int tiles_m, int tiles_n, int pivot_m, int height,
@@ -626,7 +636,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tiles_n = static_cast<int>((p.n + kBN - 1) / kBN);
   const int num_tiles = tiles_m * tiles_n;
   const int k_blocks = static_cast<int>((p.k + kBK - 1) / kBK);
-  const int pivot_m = static_cast<int>(p.first_chunk * p.chunk_rows / height);
+  const int pivot_m = static_cast<int>(walk_pivot(p.first_chunk * p.chunk_rows, height));
   // Clusters never split tiles (the host turns the tail split off for them).
   const int num_units =
       kCluster == 1 ? p.full_tiles + (num_tiles - p.full_tiles) * p.split : num_tiles;
@@ -1312,7 +1322,7 @@ std::vector<int> async_gemm_done_order(const AsyncGemmArgs& a) {
   const int64_t height = int64_t{kBM} * (uses_cluster(a) ? 2 : 1);
   const int64_t g = group_m_of(a, height);
   const int64_t tiles_m = (a.m + height - 1) / height, tiles_n = (a.n + kBN - 1) / kBN;
-  const int64_t pivot = a.first_chunk * chunk_rows_of(a) / height;
+  const int64_t pivot = walk_pivot(a.first_chunk * chunk_rows_of(a), height);
   const int64_t rows = done_rows_of(a), cols = piece_cols(a, a.done_cols);
   const int pieces = col_pieces(a, a.done_cols);
   const int64_t counters = (a.m + rows - 1) / rows * pieces;

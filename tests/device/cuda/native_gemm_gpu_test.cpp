@@ -610,7 +610,8 @@ TEST(NativeGemm, DoneOrderFollowsTheWalk) {
     const int64_t height = a.cluster == 2 ? 256 : 128;
     const int64_t g = kernels::async_gemm_group_m(a);
     const int64_t tiles_m = (a.m + height - 1) / height, tiles_n = (a.n + 255) / 256;
-    const int64_t pivot = a.first_chunk * a.chunk_rows / height;
+    // The walk starts at the first (cluster) tile wholly inside first_chunk.
+    const int64_t pivot = (a.first_chunk * a.chunk_rows + height - 1) / height;
     const int64_t rows = a.done_rows > 0 ? a.done_rows : a.chunk_rows;
     const int64_t cols =
         a.done_cols > 0 && a.done_cols < tiles_n * 256 ? a.done_cols : tiles_n * 256;
