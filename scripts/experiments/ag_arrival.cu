@@ -1,11 +1,12 @@
 // The native all-gather matmul's GEMM on one GPU with its chunks landing as they would at world
 // size W: an emulation of the ws-W arrival for when no machine with several GPUs is lent.
 //
-// Rank 0's view (the ranks are symmetric): A [M, K] in W chunks of M/W rows, chunk 0 its own
-// shard (read in place, no wait), chunks 1 .. W-1 landing in that order (at ws W every rank
+// Rank R's view (--rank, default 0): A [M, K] in W chunks of M/W rows, chunk R its own shard
+// (read in place, no wait), chunks R+1, R+2, ... landing in that order (at ws W every rank
 // receives one push at a time: from r+1, then r+2, ...; see src/ops/all_gather_matmul.cpp), each
-// in P pieces with a ready flag per piece. The rows are in place from the start; what is
-// emulated is when their flags rise. A piece of B bytes is modelled as taking
+// in P pieces with a ready flag per piece. The peers' rows are in place from the start (what is
+// emulated is when their flags rise); the own chunk's rows in A are NaN but for the edge rows
+// that the op copies there (below). A piece of B bytes is modelled as taking
 //   latency + B / rate                         (defaults 10 us, 330 GB/s)
 // on one copy stream, the fit to the eighth session's ws-4 traces (4 MiB pieces every ~25 us,
 // 8 MiB every ~37 us; docs/PERFORMANCE.md). The copy stream spends that time on a host-to-device
@@ -26,7 +27,7 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -I src \
 //     scripts/experiments/ag_arrival.cu src/kernels/async_gemm.cu -lcuda -lcublasLt -o ag_arrival
 //   ./ag_arrival [--ws W] [--pieces P] [--gbps G] [--latency-us L] [--iters N]
-//                [--own-edges-late] MxKxN ...
+//                [--rank R] [--own-edges-late] MxKxN ...
 // Where M / W is off the 128-row tile grid, the tiles over the own chunk's edges read its edge
 // rows from A: they are copied there (within the GPU) and the own flags raised on the compute
 // stream before the GEMM, as the op does, or with --own-edges-late on the copy stream after the
@@ -94,7 +95,7 @@ H2dModel calibrate(void* dst, const void* src, cudaStream_t stream, cudaEvent_t 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int iters = 20, ws = 4, pieces = 1;
+  int iters = 20, ws = 4, pieces = 1, rank = 0;
   double gbps = 330, latency_us = 10;
   bool edges_late = false;
   std::vector<std::string> shapes;
@@ -110,16 +111,19 @@ int main(int argc, char** argv) {
       gbps = std::atof(argv[++i]);
     } else if (!std::strcmp(argv[i], "--latency-us") && more) {
       latency_us = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--rank") && more) {
+      rank = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--own-edges-late")) {
       edges_late = true;
     } else {
       shapes.emplace_back(argv[i]);
     }
   }
-  if (shapes.empty() || iters < 1 || ws < 2 || pieces < 1 || gbps <= 0 || latency_us < 0) {
+  if (shapes.empty() || iters < 1 || ws < 2 || pieces < 1 || gbps <= 0 || latency_us < 0 ||
+      rank < 0 || rank >= ws) {
     std::fprintf(stderr,
                  "usage: %s [--ws W>=2] [--pieces P] [--gbps G] [--latency-us L] [--iters N] "
-                 "[--own-edges-late] "
+                 "[--rank R] [--own-edges-late] "
                  "MxKxN [MxKxN ...]\n",
                  argv[0]);
     return 2;
@@ -168,10 +172,17 @@ int main(int argc, char** argv) {
     fill_random<<<1024, 256, 0, compute>>>(a, m * k, 1);
     fill_random<<<1024, 256, 0, compute>>>(b, k * n, 2);
     CHECK(cudaGetLastError());
-    // The own shard as the op holds it (chunk 0's rows; A holds them too, as after a landing).
-    __nv_bfloat16* own = nullptr;
-    CHECK(cudaMalloc(&own, sizeof(*own) * rows * k));
-    CHECK(cudaMemcpyAsync(own, a, sizeof(*own) * rows * k, cudaMemcpyDeviceToDevice, compute));
+    // The own shard as the op holds it (chunk R's rows). In A (the gathered buffer) those rows
+    // are NaN but for what the edge copies land, so a wrong edge shows in the check below; the
+    // reference (cuBLASLt) multiplies a_ref, A as it should be.
+    __nv_bfloat16 *own = nullptr, *a_ref = nullptr;
+    const size_t row_bytes = sizeof(*a) * k;
+    CHECK(cudaMalloc(&own, rows * row_bytes));
+    CHECK(cudaMalloc(&a_ref, m * row_bytes));
+    CHECK(cudaMemcpyAsync(a_ref, a, m * row_bytes, cudaMemcpyDeviceToDevice, compute));
+    CHECK(cudaMemcpyAsync(own, a + rank * rows * k, rows * row_bytes, cudaMemcpyDeviceToDevice,
+                          compute));
+    CHECK(cudaMemsetAsync(a + rank * rows * k, 0xFF, rows * row_bytes, compute));
     uint32_t* ready = nullptr;  // piece q of chunk c: ready[q * ws + c]
     CHECK(cudaMalloc(&ready, sizeof(uint32_t) * pieces * ws));
     CHECK(cudaMemset(ready, 0, sizeof(uint32_t) * pieces * ws));
@@ -187,13 +198,13 @@ int main(int argc, char** argv) {
     args.n = n;
     args.k = k;
     args.chunk_rows = rows;
-    args.first_chunk = 0;
+    args.first_chunk = rank;
     args.ready = ready;
     args.ready_rows = rows / pieces;
     args.ready_stride = ws;
     args.own_a = own;
     args.own_lda = k;
-    args.own_chunk = 0;
+    args.own_chunk = rank;
     args.timeout_ns = 10'000'000'000ull;
     args.split_workspace = split_ws;
     if (const char* why = asynctp::kernels::async_gemm_unsupported(args)) {
@@ -212,18 +223,18 @@ int main(int argc, char** argv) {
     const asynctp::kernels::AsyncGemmOwnEdges edges =
         asynctp::kernels::async_gemm_own_edge_rows(args);
     auto land_own_edges = [&](cudaStream_t stream) {
-      const size_t row_bytes = sizeof(*a) * k;
       if (edges.head > 0) {
-        CHECK(cudaMemcpyAsync(a, own, edges.head * row_bytes, cudaMemcpyDeviceToDevice, stream));
+        CHECK(cudaMemcpyAsync(a + rank * rows * k, own, edges.head * row_bytes,
+                              cudaMemcpyDeviceToDevice, stream));
       }
       if (edges.tail > 0) {
         const int64_t begin = rows - edges.tail;
-        CHECK(cudaMemcpyAsync(a + begin * k, own + begin * k, edges.tail * row_bytes,
-                              cudaMemcpyDeviceToDevice, stream));
+        CHECK(cudaMemcpyAsync(a + (rank * rows + begin) * k, own + begin * k,
+                              edges.tail * row_bytes, cudaMemcpyDeviceToDevice, stream));
       }
       for (int q = 0; q < pieces; ++q)
-        CU_CHECK(
-            cuStreamWriteValue32(stream, reinterpret_cast<CUdeviceptr>(ready + q * ws), op, 0));
+        CU_CHECK(cuStreamWriteValue32(stream, reinterpret_cast<CUdeviceptr>(ready + q * ws + rank),
+                                      op, 0));
     };
 
     // One op: the flags of this op's number rise either all before the GEMM (landed) or one
@@ -239,7 +250,8 @@ int main(int argc, char** argv) {
       } else {
         if (edges.head + edges.tail > 0 && !edges_late) land_own_edges(compute);
         CHECK(cudaStreamWaitEvent(copy, start));
-        for (int ch = 1; ch < ws; ++ch) {
+        for (int i = 1; i < ws; ++i) {
+          const int ch = (rank + i) % ws;
           for (int q = 0; q < pieces; ++q) {
             CHECK(cudaMemcpyAsync(sink, pinned, delay_bytes, cudaMemcpyHostToDevice, copy));
             CU_CHECK(cuStreamWriteValue32(copy, reinterpret_cast<CUdeviceptr>(ready + q * ws + ch),
@@ -265,7 +277,7 @@ int main(int argc, char** argv) {
     };
     auto cublas = [&] {
       CHECK(cudaEventRecord(start, compute));
-      lt.run(a, b, c_ref, compute);
+      lt.run(a_ref, b, c_ref, compute);
       CHECK(cudaEventRecord(stop, compute));
       CHECK(cudaEventSynchronize(stop));
       float ms = 0;
@@ -311,6 +323,7 @@ int main(int argc, char** argv) {
     cudaFree(c_ref);
     cudaFree(ready);
     cudaFree(own);
+    cudaFree(a_ref);
   }
   cudaFree(sums);
   cudaFree(split_ws);
