@@ -153,25 +153,15 @@ int main(int argc, char** argv) {
               "own edge rows");
   uint32_t op = 0;  // the flags carry op numbers: no reset between runs
   for (const auto& s : shapes) {
-    long long m = 0, k = 0, n = 0;
-    if (std::sscanf(s.c_str(), "%lldx%lldx%lld", &m, &k, &n) != 3 || m <= 0 || k <= 0 || n <= 0) {
-      std::fprintf(stderr, "bad shape '%s' (want MxKxN)\n", s.c_str());
-      return 2;
-    }
+    const Problem problem(s, compute);
+    const long long m = problem.m, k = problem.k, n = problem.n;
+    __nv_bfloat16 *a = problem.a, *b = problem.b, *c = problem.c, *c_ref = problem.c_ref;
     const int64_t rows = m / ws;
     if (m % ws != 0 || rows % pieces != 0 || (pieces > 1 && (rows / pieces) % 128 != 0)) {
       std::fprintf(stderr, "%s: M / ws / pieces must be a multiple of 128 (with pieces)\n",
                    s.c_str());
       return 2;
     }
-    __nv_bfloat16 *a, *b, *c, *c_ref;
-    CHECK(cudaMalloc(&a, sizeof(*a) * m * k));
-    CHECK(cudaMalloc(&b, sizeof(*b) * k * n));
-    CHECK(cudaMalloc(&c, sizeof(*c) * m * n));
-    CHECK(cudaMalloc(&c_ref, sizeof(*c) * m * n));
-    fill_random<<<1024, 256, 0, compute>>>(a, m * k, 1);
-    fill_random<<<1024, 256, 0, compute>>>(b, k * n, 2);
-    CHECK(cudaGetLastError());
     // The own shard as the op holds it (chunk R's rows). In A (the gathered buffer) those rows
     // are NaN but for what the edge copies land, so a wrong edge shows in the check below; the
     // reference (cuBLASLt) multiplies a_ref, A as it should be.
@@ -317,10 +307,6 @@ int main(int argc, char** argv) {
                 asynctp::kernels::async_gemm_tail_split(args), err,
                 static_cast<long long>(edges.head), static_cast<long long>(edges.tail));
     std::fflush(stdout);
-    cudaFree(a);
-    cudaFree(b);
-    cudaFree(c);
-    cudaFree(c_ref);
     cudaFree(ready);
     cudaFree(own);
     cudaFree(a_ref);

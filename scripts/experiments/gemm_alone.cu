@@ -76,19 +76,9 @@ int main(int argc, char** argv) {
   std::printf("%-18s %10s %10s %8s %10s\n", "MxKxN", "cublas_us", "native_us", "nat/cub",
               "rel_err");
   for (const auto& s : shapes) {
-    long long m = 0, k = 0, n = 0;
-    if (std::sscanf(s.c_str(), "%lldx%lldx%lld", &m, &k, &n) != 3 || m <= 0 || k <= 0 || n <= 0) {
-      std::fprintf(stderr, "bad shape '%s' (want MxKxN)\n", s.c_str());
-      return 2;
-    }
-    __nv_bfloat16 *a, *b, *c, *c_ref;
-    CHECK(cudaMalloc(&a, sizeof(*a) * m * k));
-    CHECK(cudaMalloc(&b, sizeof(*b) * k * n));
-    CHECK(cudaMalloc(&c, sizeof(*c) * m * n));
-    CHECK(cudaMalloc(&c_ref, sizeof(*c) * m * n));
-    fill_random<<<1024, 256, 0, stream>>>(a, m * k, 1);
-    fill_random<<<1024, 256, 0, stream>>>(b, k * n, 2);
-    CHECK(cudaGetLastError());
+    const Problem problem(s, stream);
+    const long long m = problem.m, k = problem.k, n = problem.n;
+    __nv_bfloat16 *a = problem.a, *b = problem.b, *c = problem.c, *c_ref = problem.c_ref;
 
     asynctp::kernels::AsyncGemmArgs args;
     args.a = a;
@@ -230,10 +220,6 @@ int main(int argc, char** argv) {
     const double mn = median(tn), mc = median(tc);
     std::printf("%-18s %10.1f %10.1f %8.3f %10.2e\n", s.c_str(), mc, mn, mn / mc, err);
     std::fflush(stdout);
-    cudaFree(a);
-    cudaFree(b);
-    cudaFree(c);
-    cudaFree(c_ref);
     cudaFree(parts);
     cudaFree(sum_out);
     cudaFree(flags);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "check.cuh"
@@ -107,3 +108,33 @@ inline void spin_for(double ms) {
   while (std::chrono::steady_clock::now() < end) {
   }
 }
+
+// One GEMM's operands from "MxKxN": bf16 A [m, k] and B [k, n] filled at random (seeds 1 and 2,
+// on `stream`), C and a reference C, [m, n] bf16; freed with it. A bad shape exits (status 2).
+struct Problem {
+  long long m = 0, k = 0, n = 0;
+  __nv_bfloat16 *a = nullptr, *b = nullptr, *c = nullptr, *c_ref = nullptr;
+
+  Problem(const std::string& shape, cudaStream_t stream) {
+    if (std::sscanf(shape.c_str(), "%lldx%lldx%lld", &m, &k, &n) != 3 || m <= 0 || k <= 0 ||
+        n <= 0) {
+      std::fprintf(stderr, "bad shape '%s' (want MxKxN)\n", shape.c_str());
+      std::exit(2);
+    }
+    CHECK(cudaMalloc(&a, sizeof(*a) * m * k));
+    CHECK(cudaMalloc(&b, sizeof(*b) * k * n));
+    CHECK(cudaMalloc(&c, sizeof(*c) * m * n));
+    CHECK(cudaMalloc(&c_ref, sizeof(*c) * m * n));
+    fill_random<<<1024, 256, 0, stream>>>(a, m * k, 1);
+    fill_random<<<1024, 256, 0, stream>>>(b, k * n, 2);
+    CHECK(cudaGetLastError());
+  }
+  ~Problem() {
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+    cudaFree(c_ref);
+  }
+  Problem(const Problem&) = delete;
+  Problem& operator=(const Problem&) = delete;
+};
