@@ -177,16 +177,7 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&ready, sizeof(uint32_t) * pieces * ws));
     CHECK(cudaMemset(ready, 0, sizeof(uint32_t) * pieces * ws));
 
-    asynctp::kernels::AsyncGemmArgs args;
-    args.a = a;
-    args.lda = k;
-    args.b = b;
-    args.ldb = n;
-    args.c = c;
-    args.ldc = n;
-    args.m = m;
-    args.n = n;
-    args.k = k;
+    asynctp::kernels::AsyncGemmArgs args = problem.native_args();
     args.chunk_rows = rows;
     args.first_chunk = rank;
     args.ready = ready;

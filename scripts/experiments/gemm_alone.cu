@@ -80,16 +80,7 @@ int main(int argc, char** argv) {
     const long long m = problem.m, k = problem.k, n = problem.n;
     __nv_bfloat16 *a = problem.a, *b = problem.b, *c = problem.c, *c_ref = problem.c_ref;
 
-    asynctp::kernels::AsyncGemmArgs args;
-    args.a = a;
-    args.lda = k;
-    args.b = b;
-    args.ldb = n;
-    args.c = c;
-    args.ldc = n;
-    args.m = m;
-    args.n = n;
-    args.k = k;
+    asynctp::kernels::AsyncGemmArgs args = problem.native_args();
     args.split_workspace = split_ws;
     args.cluster = cluster;
     // --sum N: the native matmul_reduce_scatter's kernel at world size N, every peer's part

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "check.cuh"
+#include "kernels/kernels.h"
 
 #define CUBLAS_OK(x)                                                                              \
   do {                                                                                            \
@@ -111,6 +112,7 @@ inline void spin_for(double ms) {
 
 // One GEMM's operands from "MxKxN": bf16 A [m, k] and B [k, n] filled at random (seeds 1 and 2,
 // on `stream`), C and a reference C, [m, n] bf16; freed with it. A bad shape exits (status 2).
+// Needs -I src (kernels/kernels.h).
 struct Problem {
   long long m = 0, k = 0, n = 0;
   __nv_bfloat16 *a = nullptr, *b = nullptr, *c = nullptr, *c_ref = nullptr;
@@ -128,6 +130,20 @@ struct Problem {
     fill_random<<<1024, 256, 0, stream>>>(a, m * k, 1);
     fill_random<<<1024, 256, 0, stream>>>(b, k * n, 2);
     CHECK(cudaGetLastError());
+  }
+  // The native GEMM's arguments for C = A @ B, all row-major (nothing else set).
+  asynctp::kernels::AsyncGemmArgs native_args() const {
+    asynctp::kernels::AsyncGemmArgs args;
+    args.a = a;
+    args.lda = k;
+    args.b = b;
+    args.ldb = n;
+    args.c = c;
+    args.ldc = n;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    return args;
   }
   ~Problem() {
     cudaFree(a);
