@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -280,6 +281,36 @@ TEST(GroupAcrossRanks, RunIdFromTheEnvironment) {
       },
       options);
   EXPECT_RANKS_OK(statuses);
+}
+
+// A rank reports a failure only where it failed itself. The ranks are forked from the test's
+// process and inherit the failures it has recorded so far, which had every rank of a passing run
+// report "test assertion failed" after an earlier run of the same test had failed. The outer
+// rank stands in for such a test: it records a failure, runs ranks that pass and ranks of which
+// one fails, and exits with whether they said so (exit code 42).
+TEST(GroupAcrossRanks, ARankReportsOnlyItsOwnFailures) {
+  const auto options = fast_options();
+  auto statuses = testing::run_processes(
+      1,
+      [&](const RendezvousInfo&) {
+        ADD_FAILURE() << "recorded on purpose: the earlier failure of the test this rank stands "
+                         "in for";
+        const auto passing = testing::run_processes(
+            2, [](const RendezvousInfo&) {}, options);
+        const auto failing = testing::run_processes(
+            2, [](const RendezvousInfo& info) { EXPECT_NE(info.rank, 1) << "on purpose"; },
+            options);
+        const bool said_so = passing.size() == 2 && passing[0].ok() && passing[1].ok() &&
+                             failing.size() == 2 && failing[0].ok() && failing[1].exited &&
+                             failing[1].exit_code == testing::kRankGtestFailure;
+        std::fflush(stdout);
+        std::fflush(stderr);
+        ::_exit(said_so ? 42 : 43);
+      },
+      options);
+  ASSERT_EQ(statuses.size(), 1u);
+  EXPECT_TRUE(statuses[0].exited && statuses[0].exit_code == 42)
+      << statuses[0].describe() << " (43: a rank's status was wrong)";
 }
 
 struct NodeCase {

@@ -21,6 +21,19 @@
 
 namespace asynctp::testing {
 
+namespace {
+// The failed parts (EXPECT/ASSERT failures) the running test has recorded so far.
+int failed_parts() {
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (test == nullptr) return 0;
+  const ::testing::TestResult* result = test->result();
+  int failed = 0;
+  for (int i = 0; i < result->total_part_count(); ++i)
+    failed += result->GetTestPartResult(i).failed() ? 1 : 0;
+  return failed;
+}
+}  // namespace
+
 std::string RankStatus::describe() const {
   if (timed_out) return fmt::format("rank {} did not finish in time (killed)", rank);
   if (exited) {
@@ -69,8 +82,11 @@ std::vector<RankStatus> run_processes(int world_size,
         info.local_world_size = world_size;
         info.master_addr = "127.0.0.1";
         info.master_port = port;
+        // The child inherits the test's failures so far (an earlier run_ranks of the same test
+        // that failed): only a failure of this rank's own counts.
+        const int failed_before = failed_parts();
         body(info);
-        code = ::testing::Test::HasFailure() ? kRankGtestFailure : 0;
+        code = failed_parts() > failed_before ? kRankGtestFailure : 0;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "[rank %d] uncaught exception: %s\n", r, e.what());
         code = kRankException;
