@@ -356,6 +356,18 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
 
   void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
                            const FlagWait& wait, Stream& stream) override {
+    if (cuda_ranks_per_gpu() > 1) {
+      // Where ranks share a GPU, a push to a peer on the same GPU is a copy within the GPU, which
+      // is a kernel (docs/PERFORMANCE.md, sixteenth session). The reduction's blocks, each
+      // spinning on the flags, take every thread slot of the GPU, so that copy, queued on this
+      // rank's copy stream behind a push to another GPU, could start only once the reduction
+      // ended, which waits (through the peers) for it: with 2 ranks on each of 2 GPUs the ws-4
+      // split reduce-scatter deadlocked. One block waits instead and the reduction follows; with
+      // a GPU per rank every push takes a copy engine and the one launch stays.
+      ASYNCTP_CUDA_CHECK(kernels::wait_flags(kernel_wait(wait), raw(stream)));
+      reduce_waiting(out, inputs, op, kernels::ReduceWait{}, stream);
+      return;
+    }
     reduce_waiting(out, inputs, op, kernel_wait(wait), stream);
   }
 
