@@ -9,12 +9,26 @@
 #   TORCH_BENCH=path/to/torch_asynctp_bench.py (the anchor script; default .carry/torch_asynctp_bench.py)
 #   GTEST_FILTER=...                        (passed to the GPU test binary)
 #   BENCH_ARGS="--pace 0 ..."               (more options for asynctp bench)
+#   BUNDLE=1                                (write the logs elsewhere and leave in $OUT only one
+#                                            archive of them, gpu-check.tgz, and the summaries
+#                                            bench.txt and torch.txt: the device tool brings back
+#                                            at most 8 files)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Never NVLink multicast on the shared machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/asynctp-gpu-check}
 mkdir -p "$OUT"
+if [ "${BUNDLE:-0}" = 1 ]; then
+  FINAL=$OUT
+  OUT=$(mktemp -d /tmp/asynctp-gpu-check.XXXXXX)
+  bundle() {
+    tar czf "$FINAL/gpu-check.tgz" -C "$OUT" .
+    for f in bench.txt torch.txt; do [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"; done
+    echo "== logs: $FINAL/gpu-check.tgz"
+  }
+  trap bundle EXIT
+fi
 BIN=${BIN:-build/bin}
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
 STEPS=${STEPS:-env tests sanitize bench demo torch}
