@@ -255,8 +255,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
         cudaGetDeviceProperties(&prop, device_) == cudaSuccess ? std::string(prop.name) : "cuda";
     // Timings of ranks sharing a GPU say nothing about ranks with a GPU each: the dispatcher's
     // keys (and its disk cache) keep them apart.
-    if (const int per_gpu = cuda_ranks_per_gpu(); per_gpu > 1)
-      hardware_ += fmt::format(", shared by up to {} ranks", per_gpu);
+    if (ranks_per_gpu_ > 1) hardware_ += fmt::format(", shared by up to {} ranks", ranks_per_gpu_);
   }
 
   ~CudaBackend() override {
@@ -356,7 +355,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
 
   void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
                            const FlagWait& wait, Stream& stream) override {
-    if (cuda_ranks_per_gpu() > 1) {
+    if (ranks_per_gpu_ > 1) {
       // Where ranks share a GPU, a push to a peer on the same GPU is a copy within the GPU, which
       // is a kernel (docs/PERFORMANCE.md, sixteenth session). The reduction's blocks, each
       // spinning on the flags, take every thread slot of the GPU, so that copy, queued on this
@@ -364,8 +363,8 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
       // ended, which waits (through the peers) for it: with 2 ranks on each of 2 GPUs the ws-4
       // split reduce-scatter deadlocked. One block waits instead and the reduction follows; with
       // a GPU per rank every push takes a copy engine and the one launch stays.
-      ASYNCTP_CUDA_CHECK(kernels::wait_flags(kernel_wait(wait), raw(stream)));
-      reduce_waiting(out, inputs, op, kernels::ReduceWait{}, stream);
+      wait_flags(wait, stream);
+      reduce(out, inputs, op, stream);
       return;
     }
     reduce_waiting(out, inputs, op, kernel_wait(wait), stream);
@@ -555,6 +554,8 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   }
 
   int device_;
+  // ASYNCTP_SHARED_GPUS, read once (the reduction asks it on every call).
+  const int ranks_per_gpu_ = cuda_ranks_per_gpu();
   std::string hardware_;
   std::unordered_map<cudaStream_t, Buffer> split_workspaces_;
   std::unique_ptr<CudaStream> stream_;
