@@ -6,6 +6,7 @@
 #include <cmath>
 #include <thread>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace asynctp {
@@ -15,17 +16,11 @@ std::string Deadline::describe() const {
 }
 
 Millis default_timeout() {
-  if (const char* env = std::getenv("ASYNCTP_TIMEOUT"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const double seconds = std::strtod(env, &end);
-    ASYNCTP_CHECK(end != env && *end == '\0' && seconds > 0,
-                  "ASYNCTP_TIMEOUT must be a positive number of seconds, got '{}'", env);
-    // "inf" (or anything huge) means no practical limit: cap it so that a Deadline's end time
-    // cannot overflow the clock. A tiny positive value still gets 1 ms, not an expired deadline.
-    constexpr double kMaxSeconds = 1e7;  // about 116 days
-    return Millis(std::max<int64_t>(1, std::llround(std::min(seconds, kMaxSeconds) * 1000.0)));
-  }
-  return Millis(300'000);
+  const double seconds = envvars::kTimeout.number();
+  // "inf" (or anything huge) means no practical limit: cap it so that a Deadline's end time
+  // cannot overflow the clock. A tiny positive value still gets 1 ms, not an expired deadline.
+  constexpr double kMaxSeconds = 1e7;  // about 116 days
+  return Millis(std::max<int64_t>(1, std::llround(std::min(seconds, kMaxSeconds) * 1000.0)));
 }
 
 void pause_host(std::chrono::duration<double, std::micro> length, HostPause how) {

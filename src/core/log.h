@@ -1,6 +1,6 @@
 // Logging through spdlog. Every line carries the rank once a rank is known, so the lines of
 // several processes can be told apart. Level from ASYNCTP_LOG_LEVEL (trace, debug, info, warn,
-// error, off; default warn).
+// error, critical, off, in any case; default warn; an invalid value logs at warn and says so).
 #pragma once
 
 #include <spdlog/spdlog.h>

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "core/env.h"
 #include "core/log.h"
 #include "symm/symm_communicator.h"
 #ifdef ASYNCTP_WITH_CUDA
@@ -14,49 +15,25 @@
 namespace asynctp {
 
 size_t ContextOptions::default_max_workspace_bytes() {
-  if (const char* env = std::getenv("ASYNCTP_MAX_WORKSPACE_MB"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const double mb = std::strtod(env, &end);
-    ASYNCTP_CHECK(end != env && *end == '\0' && mb >= 0,
-                  "ASYNCTP_MAX_WORKSPACE_MB must be a non-negative number, got '{}'", env);
-    return static_cast<size_t>(mb * 1024.0 * 1024.0);
-  }
-  return size_t{2048} << 20;
+  // Below 2^44 MiB (the registry's bound), so the product fits in 64 bits.
+  return static_cast<size_t>(envvars::kMaxWorkspaceMb.number() * 1024.0 * 1024.0);
 }
 
 PathChoice ContextOptions::default_path_choice() {
-  const char* env = std::getenv("ASYNCTP_PATH");
-  return (env == nullptr || *env == '\0') ? PathChoice::kAuto : parse_path_choice(env);
+  return parse_path_choice(envvars::kPath.choice());
 }
 
 int ContextOptions::default_gemm_streams() {
-  const char* env = std::getenv("ASYNCTP_GEMM_STREAMS");
-  if (env == nullptr || *env == '\0') return 1;
-  ASYNCTP_CHECK(std::string_view(env) == "1" || std::string_view(env) == "2",
-                "ASYNCTP_GEMM_STREAMS must be 1 or 2, got '{}'", env);
-  return env[0] - '0';
+  return static_cast<int>(envvars::kGemmStreams.integer());
 }
 
 size_t ContextOptions::default_push_piece_bytes() {
-  const char* env = std::getenv("ASYNCTP_PUSH_PIECE_BYTES");
-  if (env == nullptr || *env == '\0') return 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(env, &end, 10);
-  ASYNCTP_CHECK(end != env && *end == '\0' && env[0] != '-',
-                "ASYNCTP_PUSH_PIECE_BYTES must be a number of bytes (0: one piece per shard), "
-                "got '{}'",
-                env);
-  return static_cast<size_t>(v);
+  return static_cast<size_t>(envvars::kPushPieceBytes.integer());
 }
 
 int ContextOptions::default_push_streams() {
-  const char* env = std::getenv("ASYNCTP_PUSH_STREAMS");
-  if (env == nullptr || *env == '\0') return 2;
-  const std::string_view v(env);
-  ASYNCTP_CHECK(v.size() == 1 && v[0] >= '1' && v[0] - '0' <= kMaxPushStreams,
-                "ASYNCTP_PUSH_STREAMS must be a number from 1 to {}, got '{}'", kMaxPushStreams,
-                env);
-  return v[0] - '0';
+  static_assert(envvars::kPushStreams.max == kMaxPushStreams);
+  return static_cast<int>(envvars::kPushStreams.integer());
 }
 
 std::unique_ptr<Context> Context::create(std::shared_ptr<Group> group, ContextOptions options) {

@@ -15,6 +15,7 @@
 
 #include "core/balanced_orders.h"
 #include "core/deadline.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "ops/context.h"
 
@@ -74,8 +75,8 @@ int Dispatcher::tuning_rounds(size_t candidates) {
 
 std::string Dispatcher::default_cache_path() {
   namespace fs = std::filesystem;
-  if (const char* dir = std::getenv("ASYNCTP_CACHE_DIR"); dir != nullptr && *dir != '\0') {
-    return (fs::path(dir) / "dispatch.json").string();
+  if (const auto dir = envvars::kCacheDir.text()) {
+    return (fs::path(*dir) / "dispatch.json").string();
   }
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
     return (fs::path(xdg) / "asynctp" / "dispatch.json").string();

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -65,8 +66,8 @@ RendezvousInfo RendezvousInfo::from_env() {
   info.master_port = env_int("MASTER_PORT", 1);
   ASYNCTP_CHECK(info.master_port <= 65535, "MASTER_PORT={} is not a TCP port", info.master_port);
   // torchrun's own agent store may already own MASTER_PORT; ASYNCTP_STORE_PORT moves ours.
-  if (env("ASYNCTP_STORE_PORT")) {
-    info.master_port = env_int("ASYNCTP_STORE_PORT", 1);
+  if (const int64_t port = envvars::kStorePort.integer(); port != 0) {
+    info.master_port = static_cast<int>(port);
   } else if (env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
     info.master_port += 1;
   }
@@ -74,7 +75,7 @@ RendezvousInfo RendezvousInfo::from_env() {
 }
 
 std::string local_host_id() {
-  if (auto id = env("ASYNCTP_HOST_ID")) return *id;
+  if (auto id = envvars::kHostId.text()) return *id;
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   std::string boot_id;
@@ -105,7 +106,8 @@ Group::Group(const RendezvousInfo& info, GroupOptions options)
   store_ = std::make_unique<Store>(info.master_addr, port, options_.timeout, info.rank);
 
   // Run id and node map: one round trip through the store.
-  if (info.rank == 0) store_->set("asynctp/run_id", env("ASYNCTP_RUN_ID").value_or(random_hex(12)));
+  if (info.rank == 0)
+    store_->set("asynctp/run_id", envvars::kRunId.text().value_or(random_hex(12)));
   run_id_ = store_->get("asynctp/run_id");
   const std::string host = options_.host_id.value_or(local_host_id());
   store_->set(fmt::format("asynctp/host/{}", info.rank), host);

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "core/env.h"
 #include "passes/pass_testing.h"
 
 namespace asynctp::testing {
@@ -20,9 +21,7 @@ struct Sample {
 // The project's samples: $ASYNCTP_SHARED_DIR/graphs, else shared/ beside the checkout, else the
 // workplace's /work/shared (a CI clone may live elsewhere than beside shared/).
 std::string shared_dir() {
-  if (const char* env = std::getenv("ASYNCTP_SHARED_DIR"); env != nullptr && *env != '\0') {
-    return std::string(env) + "/graphs";
-  }
+  if (const auto dir = envvars::kSharedDir.text()) return *dir + "/graphs";
   for (const std::string& dir :
        {std::string(ASYNCTP_SHARED_GRAPHS_DIR), std::string("/work/shared/graphs")}) {
     if (std::filesystem::exists(dir + "/mlp_2d.pre.json")) return dir;

@@ -114,7 +114,13 @@ TEST_F(RendezvousEnv, StorePortOverrides) {
   set({{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"ASYNCTP_STORE_PORT", "40000"}});
   EXPECT_EQ(RendezvousInfo::from_env().master_port, 40000);
   EXPECT_THAT(error_with({{"ASYNCTP_STORE_PORT", "x"}}),
-              HasSubstr("environment variable ASYNCTP_STORE_PORT='x' is not an integer >= 1"));
+              HasSubstr("ASYNCTP_STORE_PORT='x' is not an integer; allowed: an integer from 0 "
+                        "to 65535"));
+  EXPECT_THAT(error_with({{"ASYNCTP_STORE_PORT", "65536"}}),
+              HasSubstr("ASYNCTP_STORE_PORT='65536' is out of range"));
+  // 0 is the default: MASTER_PORT, moved by torchrun's agent store.
+  set({{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"ASYNCTP_STORE_PORT", "0"}});
+  EXPECT_EQ(RendezvousInfo::from_env().master_port, 29501);
 }
 
 TEST_F(RendezvousEnv, MissingVariablesAreNamed) {

@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/env.h"
 #include "core/log.h"
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/ktensor.h"
@@ -28,12 +29,6 @@ cudaDataType_t data_type(DType d) {
       return CUDA_R_8F_E5M2;
   }
   return CUDA_R_32F;
-}
-
-bool env_flag(const char* name, bool fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  return std::strcmp(v, "0") != 0 && std::strcmp(v, "false") != 0;
 }
 
 // One matrix operand in cuBLASLt's column-major terms.
@@ -122,8 +117,8 @@ int alignment_of(const void* p) {
 struct LtGemm::Impl {
   cublasLtHandle_t handle = nullptr;
   size_t workspace_bytes = size_t{64} << 20;
-  bool autotune = env_flag("ASYNCTP_GEMM_AUTOTUNE", true);
-  bool allow_tf32 = env_flag("ASYNCTP_ALLOW_TF32", false);
+  bool autotune = envvars::kGemmAutotune.flag();
+  bool allow_tf32 = envvars::kAllowTf32.flag();
   std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
   // Per stream (GEMMs on different streams may run at the same time): cuBLASLt's workspace and
   // grow-only scratch for float8 operands staged into cuBLASLt's layout and for the unscaled f32

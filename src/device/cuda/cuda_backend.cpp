@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/env.h"
 #include "core/log.h"
 #include "device/cuda/cublaslt_gemm.h"
 #include "device/cuda/cuda_check.h"
@@ -26,13 +27,7 @@ int cuda_device_count() {
 }
 
 int cuda_ranks_per_gpu() {
-  const char* env = std::getenv("ASYNCTP_SHARED_GPUS");
-  if (env == nullptr || *env == '\0') return 1;
-  const std::string_view v(env);
-  ASYNCTP_CHECK(v.size() == 1 && v[0] >= '1' && v[0] <= '8',
-                "ASYNCTP_SHARED_GPUS must be how many ranks may share one GPU, 1 to 8, got '{}'",
-                env);
-  return v[0] - '0';
+  return static_cast<int>(envvars::kSharedGpus.integer());
 }
 
 namespace {
