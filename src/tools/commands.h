@@ -18,5 +18,6 @@ Command add_bench_command(CLI::App& app);
 Command add_demo_command(CLI::App& app);
 Command add_passes_command(CLI::App& app);
 Command add_run_command(CLI::App& app);
+Command add_env_command(CLI::App& app);
 
 }  // namespace asynctp::tools

@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   const std::vector<asynctp::tools::Command> commands{
       asynctp::tools::add_launch_command(app), asynctp::tools::add_bench_command(app),
       asynctp::tools::add_demo_command(app),   asynctp::tools::add_passes_command(app),
-      asynctp::tools::add_run_command(app),
+      asynctp::tools::add_run_command(app),    asynctp::tools::add_env_command(app),
   };
   try {
     app.parse(argc, argv);
