@@ -112,7 +112,13 @@ std::shared_ptr<Group> Group::create(std::shared_ptr<Store> store, const GroupIn
   check_info(info);
   ASYNCTP_CHECK(store != nullptr, "rank {}: Group::create needs a store, got null", info.rank);
   std::shared_ptr<Group> group(new Group(info, std::move(options)));
-  group->store_ = std::move(store);
+  // A host store may serve several of our groups (one per process group, or one made again after
+  // the last was destroyed): each gets a namespace of its own, numbered by how many groups this
+  // rank has made over the store. Every rank makes them in the same order (SPMD), so the numbers
+  // agree without a round trip.
+  const int64_t generation = store->add(fmt::format("asynctp/groups_made/{}", info.rank), 1);
+  group->store_ =
+      std::make_shared<PrefixStore>(std::move(store), fmt::format("asynctp/group/{}", generation));
   // Several groups of one run may be built over one host store (a world group and its TP
   // groups): a random suffix keeps their shared memory and sockets apart, while the run's
   // prefix keeps them findable by the launcher's clean-up.

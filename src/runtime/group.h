@@ -58,10 +58,12 @@ class Group : public std::enable_shared_from_this<Group> {
  public:
   static std::shared_ptr<Group> from_env(GroupOptions options = {});
   static std::shared_ptr<Group> create(const RendezvousInfo& info, GroupOptions options = {});
-  // A group over `store`, which every rank of it passes (the same namespace on every rank, used
-  // by no other group: wrap a shared store in a PrefixStore). Rank 0 chooses the run id
-  // (ASYNCTP_RUN_ID plus a random suffix, or random) and every rank posts its host id: one round
-  // trip. options.serve_store is ignored: the store is the caller's.
+  // A group over `store`, which every rank of it passes. The group's keys live under
+  // "asynctp/group/<n>" of it, n counting the groups this rank has made over that store, so
+  // that several groups can share one store as long as every rank makes them in the same order
+  // (else give each its own PrefixStore). Rank 0 chooses the run id (ASYNCTP_RUN_ID plus a random
+  // suffix, or random) and every rank posts its host id: one round trip. options.serve_store is
+  // ignored: the store is the caller's, and outlives the group through the shared_ptr.
   static std::shared_ptr<Group> create(std::shared_ptr<Store> store, const GroupInfo& info,
                                        GroupOptions options = {});
   ~Group();
@@ -80,8 +82,8 @@ class Group : public std::enable_shared_from_this<Group> {
   // ranks only, each with the same list; no other rank takes part. Its keys live under
   // "asynctp/split/<ranks>/<n>" of this group's store, n counting the splits of that list made
   // so far, so that disjoint subgroups (the TP groups {0,1} and {2,3} of 4) and repeated splits
-  // never share a key. It keeps this group (and so its store) alive. A member's local rank is its
-  // local rank here (the GPU it drives).
+  // never share a key. It keeps this group (and so its store) alive. A member's local rank and
+  // local world size are its own here (the GPU it drives).
   std::shared_ptr<Group> split(std::span<const int> ranks);
   // The rank in the root group (the world) of this group's rank `group_rank`.
   int global_rank(int group_rank) const;

@@ -89,7 +89,25 @@ TEST(GroupOverAStore, RendezvousThroughCallbacks) {
         auto again = Group::create(std::make_shared<PrefixStore>(store, "pg/again"), g, go);
         EXPECT_NE(again->run_id(), world->run_id());
         again->barrier("over callbacks");
-        EXPECT_TRUE(store->check({"pg/world/asynctp/run_id", "pg/again/asynctp/run_id"}));
+        EXPECT_TRUE(store->check({"pg/world/asynctp/group/1/asynctp/run_id",
+                                  "pg/again/asynctp/group/1/asynctp/run_id"}));
+
+        // Two groups over the very same store, made in the same order on every rank: numbered
+        // namespaces keep them apart.
+        auto first = Group::create(store, g, go);
+        auto second = Group::create(store, g, go);
+        EXPECT_NE(first->run_id(), second->run_id());
+        for (const auto& id : all_gather_string(*second, "run", second->run_id()))
+          EXPECT_EQ(id, second->run_id());
+        first->store().set(fmt::format("mine/{}", info.rank), "first");
+        second->store().set(fmt::format("mine/{}", info.rank), "second");
+        second->barrier("both set");
+        first->barrier("both set");
+        for (int r = 0; r < 4; ++r) {
+          EXPECT_EQ(first->store().get(fmt::format("mine/{}", r)), "first");
+          EXPECT_EQ(second->store().get(fmt::format("mine/{}", r)), "second");
+        }
+        EXPECT_EQ(store->get("asynctp/group/2/mine/0"), "second");
       },
       options);
   EXPECT_RANKS_OK(statuses);
