@@ -19,8 +19,13 @@ namespace {
 sockaddr_un abstract_address(const std::string& name, socklen_t* len) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  // Abstract namespace: a leading NUL, no file to clean up.
-  const size_t n = std::min(name.size(), sizeof(addr.sun_path) - 2);
+  // Abstract namespace: a leading NUL, no file to clean up. The name carries the group's run id,
+  // which is what keeps the sockets of different groups apart: cutting it could merge two.
+  ASYNCTP_CHECK(name.size() <= sizeof(addr.sun_path) - 2,
+                "socket name '{}' is {} bytes, over the {} a socket address holds (groups nested "
+                "too deep?)",
+                name, name.size(), sizeof(addr.sun_path) - 2);
+  const size_t n = name.size();
   std::memcpy(addr.sun_path + 1, name.data(), n);
   *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
   return addr;
