@@ -276,11 +276,11 @@ TEST(DispatcherTest, ChoosesByTheSlowestRank) {
     using Ms = std::chrono::duration<double, std::milli>;
     // Margins of 10 ms: a loaded 2-core machine oversleeps by a few ms.
     const double native_ms = ctx.rank() == 0 ? 1.0 : 30.0;  // mean 15.5, slowest 30
-    const double fused_ms = 20.0;
+    const double split_ms = 20.0;
     int runs = 0;
     const Path path = ctx.dispatcher().pick("test|slowest", kOverlapped, [&](Path p) {
       ++runs;
-      std::this_thread::sleep_for(Ms(p == Path::kNative ? native_ms : fused_ms));
+      std::this_thread::sleep_for(Ms(p == Path::kNative ? native_ms : split_ms));
     });
     EXPECT_EQ(path, Path::kSplit);
     EXPECT_EQ(runs, 2 + 2 * Dispatcher::tuning_rounds(2));  // no close call
