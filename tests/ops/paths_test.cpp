@@ -249,11 +249,11 @@ void on_ranks_without_cache(int ranks, const std::function<void(Context&)>& body
 
 // A run for Dispatcher::pick that counts its calls per path in `runs` and sleeps the path's
 // milliseconds.
-std::function<void(Path)> counting_sleeper(std::map<Path, int>& runs, int native_ms, int fused_ms,
+std::function<void(Path)> counting_sleeper(std::map<Path, int>& runs, int native_ms, int split_ms,
                                            int fallback_ms) {
-  return [&runs, native_ms, fused_ms, fallback_ms](Path p) {
+  return [&runs, native_ms, split_ms, fallback_ms](Path p) {
     ++runs[p];
-    const int ms = p == Path::kNative ? native_ms : p == Path::kSplit ? fused_ms : fallback_ms;
+    const int ms = p == Path::kNative ? native_ms : p == Path::kSplit ? split_ms : fallback_ms;
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   };
 }
