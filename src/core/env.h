@@ -66,7 +66,7 @@ namespace envvars {
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
-inline constexpr std::string_view kPathChoices[] = {"auto", "native", "fused", "fallback",
+inline constexpr std::string_view kPathChoices[] = {"auto", "native", "split", "fallback",
                                                     "unfused"};
 inline constexpr std::string_view kLogLevelChoices[] = {"trace", "debug",    "info", "warn",
                                                         "error", "critical", "off"};

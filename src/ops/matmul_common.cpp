@@ -40,7 +40,7 @@ PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size
     }
     return "";
   };
-  const std::string fused_why = symm_problem(symm_bytes);
+  const std::string split_why = symm_problem(symm_bytes);
   std::string native_why = paths.native_unsupported;
   if (native_why.empty()) native_why = symm_problem(paths.native_symm_bytes);
   if (choice == PathChoice::kNative) {
@@ -48,22 +48,40 @@ PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size
                   native_why);
     return {Path::kNative, "", true};
   }
-  if (choice == PathChoice::kFused) {
-    ASYNCTP_CHECK(fused_why.empty(), "{}: the fused path was requested but {}", op, fused_why);
-    return {Path::kFused, "", true};
+  if (choice == PathChoice::kSplit) {
+    ASYNCTP_CHECK(split_why.empty(), "{}: the split path was requested but {}", op, split_why);
+    return {Path::kSplit, "", true};
   }
   // In order of preference where nothing is measured (and for ties); no allocation: every auto
   // call passes here.
   std::array<Path, 3> candidates{};
   size_t count = 0;
   if (native_why.empty()) candidates[count++] = Path::kNative;
-  if (fused_why.empty()) candidates[count++] = Path::kFused;
-  if (count == 0) return {Path::kFallback, fused_why};
+  if (split_why.empty()) candidates[count++] = Path::kSplit;
+  if (count == 0) return {Path::kFallback, split_why};
   if (!ctx.backend().times_paths()) return {candidates[0], ""};
   candidates[count++] = Path::kFallback;
   const Path path =
       ctx.dispatcher().pick(paths.key, std::span<const Path>(candidates.data(), count), paths.run);
   return {path, path == Path::kFallback ? "measured fastest" : "", false, true};
+}
+
+PossiblePaths possible_paths(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes) {
+  const PathChoice choice = requested.value_or(ctx.options().path);
+  const bool fits =
+      ctx.workspace().unavailable_reason().empty() && ctx.workspace().fits(symm_bytes);
+  PossiblePaths p;
+  if (choice == PathChoice::kFallback) {
+    p.fallback = true;
+  } else if (choice != PathChoice::kAuto) {
+    p.overlapped = true;  // the op throws where it cannot run; reserve as it would
+    p.native = choice == PathChoice::kNative;
+  } else {
+    p.overlapped = fits;
+    p.native = fits;
+    p.fallback = !fits || ctx.backend().times_paths();
+  }
+  return p;
 }
 
 std::string problem_key(Context& ctx, const char* op, int64_t m, int64_t n, int64_t k, DType in,
@@ -82,6 +100,10 @@ void* dummy_address() {
 
 Tensor shape_only(const Tensor& t) {
   return Tensor(dummy_address(), t.dtype(), t.shape(), t.strides(), t.device());
+}
+
+Tensor shape_only_contiguous(DType dtype, const Dims& shape, Device device) {
+  return Tensor(dummy_address(), dtype, shape, device);
 }
 
 Tensor shape_only_matrix(DType dtype, int64_t rows, int64_t cols, Device device) {

@@ -20,7 +20,7 @@ using namespace asynctp::testing;  // NOLINT(google-build-using-namespace)
 
 // The collectives take (ctx, out, in): in one place here, so a change of order is one edit.
 void gather_into(Context& ctx, const Tensor& in, const Tensor& out, int dim) {
-  all_gather(ctx, out, in, dim);
+  all_gather(ctx, in, out, dim);
 }
 
 void expect_overlapped(Context& ctx, std::string_view op) {
