@@ -54,7 +54,8 @@ asynctp_status asynctp_context_set_stream(asynctp_context ctx, void* stream) {
     Context& c = *context_of(ctx, "ctx").ctx;
     if (stream == ASYNCTP_CONTEXT_STREAM)
       invalid("stream is ASYNCTP_CONTEXT_STREAM, which only op calls may pass");
-    if (!c.backend().device().is_cpu()) unsupported("a stream of the caller's is not supported by this build yet");
+    if (!c.backend().device().is_cpu())
+      unsupported("a stream of the caller's is not supported by this build yet");
   });
 }
 
@@ -126,6 +127,13 @@ asynctp_status asynctp_all_gather_scaled_matmul(asynctp_context ctx, const async
     const std::vector<Tensor> bsc = tensors_of(b_scales, num_bs, "b_scales", "num_bs", c);
     const std::vector<Tensor> o = tensors_of(outs, num_bs, "outs", "num_bs", c);
     const Tensor ao = optional_tensor_of(a_out, "a_out", c);
+    // A valid request the op cannot serve (ops/fused_matmul.h): each shard of the contraction
+    // dim would carry its own scale.
+    if (a.dim() >= 1 && (gather_dim == a.dim() - 1 || gather_dim == -1))
+      unsupported(
+          "gather_dim {} is a_shard's contraction dim, which the scaled form cannot "
+          "gather",
+          gather_dim);
     all_gather_scaled_matmul(c, a, as, b, bsc, o, ao, ag_options(gather_dim, path, stream));
   });
 }

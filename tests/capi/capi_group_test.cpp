@@ -155,6 +155,16 @@ TEST(CapiErrors, StatusesAndMessages) {
         ASYNCTP_ERROR_INVALID_ARGUMENT, "path is 17");
     EXPECT_STATUS(asynctp_all_reduce(ctx, &od, 4, ASYNCTP_CONTEXT_STREAM),
                   ASYNCTP_ERROR_INVALID_ARGUMENT, "reduce_op is 4");
+    // Valid, but not served: the scaled form gathering the contraction dim.
+    const HostTensor f8a({3, 4}, ASYNCTP_F8E4M3), f8b({8, 2}, ASYNCTP_F8E4M3);
+    const HostTensor scale = host_of({1.0f}, {1}, ASYNCTP_F32);
+    const asynctp_tensor f8ad = f8a.desc(), f8bd = f8b.desc(), sd = scale.desc();
+    HostTensor f8out({3, 2}, ASYNCTP_F32);
+    const asynctp_tensor f8od = f8out.desc();
+    EXPECT_STATUS(
+        asynctp_all_gather_scaled_matmul(ctx, &f8ad, &sd, &f8bd, &sd, 1, &f8od, nullptr, -1,
+                                         ASYNCTP_PATH_DEFAULT, ASYNCTP_CONTEXT_STREAM),
+        ASYNCTP_ERROR_UNSUPPORTED, "gather_dim -1 is a_shard's contraction dim");
     // An op's own precondition: B's K does not match A's.
     const HostTensor b_bad = host_of(seeded_values({5, 2}, 2), {5, 2}, ASYNCTP_F32);
     const asynctp_tensor bbd = b_bad.desc();
