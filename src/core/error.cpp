@@ -24,4 +24,8 @@ void throw_timeout(const char* file, int line, const std::string& message) {
   throw TimeoutError(fmt::format("{} ({}:{})", message, short_path(file), line));
 }
 
+void throw_capture(const char* file, int line, const std::string& message) {
+  throw CaptureError(fmt::format("{} ({}:{})", message, short_path(file), line));
+}
+
 }  // namespace asynctp::detail

@@ -29,10 +29,21 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// A buffer (a symmetric workspace, the chunk flags, a scratch buffer) that an op would have to
+// grow while its stream is being captured into a CUDA graph, where nothing may allocate or
+// rendezvous. The message names the buffer and the bytes it needs. Nothing was enqueued; run the
+// op once, or reserve for it (reserve_all_gather_matmul, reserve_matmul_reduce_scatter), before
+// capturing it.
+class CaptureError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 [[noreturn]] void throw_check_failure(const char* file, int line, const char* expr,
                                       const std::string& message);
 [[noreturn]] void throw_timeout(const char* file, int line, const std::string& message);
+[[noreturn]] void throw_capture(const char* file, int line, const std::string& message);
 std::string_view short_path(const char* file);
 }  // namespace detail
 
@@ -54,6 +65,15 @@ std::string_view short_path(const char* file);
 // ASYNCTP_TIMEOUT("format {}", args...): throws asynctp::TimeoutError.
 #define ASYNCTP_TIMEOUT(...) \
   ::asynctp::detail::throw_timeout(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__))
+
+// ASYNCTP_CAPTURE_CHECK(cond, "format {}", args...): throws asynctp::CaptureError when cond is
+// false (cond: the buffer need not grow, or the stream is not capturing).
+#define ASYNCTP_CAPTURE_CHECK(cond, ...)                                                \
+  do {                                                                                  \
+    if (!(cond)) [[unlikely]] {                                                         \
+      ::asynctp::detail::throw_capture(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
+    }                                                                                   \
+  } while (0)
 
 // ASYNCTP_SYSCHECK(expr, "context"): for POSIX calls returning -1 on failure; adds errno text.
 #define ASYNCTP_SYSCHECK(expr, ...)                                                          \

@@ -126,16 +126,26 @@ void Backend::wait_flags(const FlagWait&, Stream&) {
   ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
 }
 
-std::unique_ptr<Backend> make_backend(std::string_view name, int local_rank) {
+std::unique_ptr<Backend> make_backend(std::string_view name, int local_rank, int device_index) {
+  ASYNCTP_CHECK(device_index >= -1,
+                "device_index must be -1 (by local rank) or a GPU's index, got {}", device_index);
+  if (name == "auto") {
+#ifdef ASYNCTP_WITH_CUDA
+    name = cuda_device_count() > 0 ? "cuda" : "cpu";
+#else
+    name = "cpu";
+#endif
+  }
   if (name == "cpu") return make_cpu_backend();
   if (name == "cuda") {
 #ifdef ASYNCTP_WITH_CUDA
-    return make_cuda_backend(local_rank);
+    return make_cuda_backend(local_rank, device_index);
 #else
     ASYNCTP_FAIL("this build has no CUDA backend (configure with -DASYNCTP_WITH_CUDA=ON)");
 #endif
   }
-  ASYNCTP_FAIL("unknown backend '{}' (available: {})", name, fmt::join(available_backends(), ", "));
+  ASYNCTP_FAIL("unknown backend '{}' (available: {}, or auto)", name,
+               fmt::join(available_backends(), ", "));
 }
 
 std::vector<std::string> available_backends() {

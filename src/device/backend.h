@@ -146,14 +146,19 @@ class Backend {
 
   // Device memory (host memory on the CPU backend), not initialised.
   virtual Buffer allocate(size_t bytes) = 0;
-  // The stream ops run on by default (the caller's stream).
+  // The stream ops run on where the caller names none (Context::set_stream, the ops' stream
+  // options): one the backend creates.
   virtual Stream& compute_stream() = 0;
   virtual std::unique_ptr<Stream> create_stream() = 0;
+  // A Stream over the caller's native stream, which it does not own (the caller keeps it alive
+  // while the wrapper is used). CUDA: a cudaStream_t, nullptr the legacy default stream. CPU:
+  // any handle names the backend's one eager stream, so the wrapper is a view of it.
+  virtual std::unique_ptr<Stream> wrap_stream(void* handle) = 0;
   // timing: the event can be used with elapsed_ms (slightly more expensive on CUDA).
   virtual std::unique_ptr<Event> create_event(bool timing = false) = 0;
-  // Whether work on the compute stream is being captured into a CUDA graph right now: nothing
-  // may then allocate, synchronize or talk to the store.
-  virtual bool capturing() = 0;
+  // Whether work on `stream` is being captured into a CUDA graph right now: nothing may then
+  // allocate, synchronize or talk to the store. The ops ask about their own stream, the caller's.
+  virtual bool capturing(Stream& stream) = 0;
   // Whether the dispatcher chooses among an op's paths by timing them here (CUDA). The CPU
   // backend, a reference whose ranks are threads sharing the host's cores, says no: its timings
   // would pick a path by noise, so auto there takes the overlapped path (ops/dispatch.h).
@@ -236,8 +241,10 @@ class Backend {
   static void check_flag_wait(const FlagWait& wait);
 };
 
-// "cpu", or "cuda" when built with the CUDA backend; `local_rank` picks the GPU.
-std::unique_ptr<Backend> make_backend(std::string_view name, int local_rank);
+// "cpu", "cuda" when built with the CUDA backend, or "auto": cuda where built and a GPU is
+// visible, else cpu. The GPU: device_index where it is >= 0, else local_rank modulo the visible
+// GPUs.
+std::unique_ptr<Backend> make_backend(std::string_view name, int local_rank, int device_index = -1);
 std::vector<std::string> available_backends();
 
 }  // namespace asynctp

@@ -78,8 +78,11 @@ class CpuBackend final : public Backend {
   Buffer allocate(size_t bytes) override { return Buffer::host(bytes); }
   Stream& compute_stream() override { return stream_; }
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(); }
+  // Work runs as it is enqueued, so every stream is in order with every other: a view is a
+  // stream like any.
+  std::unique_ptr<Stream> wrap_stream(void*) override { return std::make_unique<CpuStream>(); }
   std::unique_ptr<Event> create_event(bool) override { return std::make_unique<CpuEvent>(); }
-  bool capturing() override { return false; }
+  bool capturing(Stream&) override { return false; }
   void synchronize() override {}
 
   void copy(const Tensor& dst, const Tensor& src, Stream&) override {

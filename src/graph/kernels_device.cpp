@@ -180,7 +180,7 @@ RtValue all_gather(Call& c) {
   shape[0] *= c.ctx().world_size();
   HostTensor out = c.alloc(shape, x.t.dtype());
   Staging st(c.ctx());
-  asynctp::all_gather(c.ctx(), st.out(out), st.in(x), 0);
+  asynctp::all_gather(c.ctx(), st.in(x), st.out(out), 0);
   st.finish();
   return RtValue::of(out);
 }
@@ -198,7 +198,7 @@ RtValue reduce_scatter(Call& c) {
   shape[0] /= ws;
   HostTensor out = c.alloc(shape, x.t.dtype());
   Staging st(c.ctx());
-  asynctp::reduce_scatter(c.ctx(), st.out(out), st.in(x), op, 0);
+  asynctp::reduce_scatter(c.ctx(), st.in(x), st.out(out), op, 0);
   st.finish();
   return RtValue::of(out);
 }

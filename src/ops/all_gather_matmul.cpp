@@ -154,18 +154,31 @@ Tensor scale_view(const Tensor& scale, bool rowwise, int split) {
   return rowwise ? gemm_view(scale, split, "A_scale") : scale;
 }
 
+// The shape of the gathered row-wise scale.
+Dims gathered_scale_shape(const Dims& gathered) {
+  Dims shape = gathered;
+  shape[shape.size() - 1] = 1;
+  return shape;
+}
+
+// The split path's f32 accumulator for a contraction-dim gather: one [rows, N_j] block for each
+// output that is not f32 itself.
+int64_t accumulator_elems(std::span<const Tensor> outs) {
+  int64_t elems = 0;
+  for (const Tensor& out : outs)
+    if (out.dtype() != DType::kF32) elems += out.numel();
+  return elems;
+}
+
 void run_fallback(Context& ctx, const AgMmCall& c) {
   const Dims gathered = all_gather_shape(c.a_shard, c.g, ctx.world_size());
   const Tensor a =
       c.a_out.defined() ? c.a_out : ctx.scratch(Scratch::kGatheredA, gathered, c.a_shard.dtype());
   Tensor scale;
-  if (c.rowwise()) {
-    Dims scale_shape = gathered;
-    scale_shape[scale_shape.size() - 1] = 1;
-    scale = ctx.scratch(Scratch::kGatheredScale, scale_shape, DType::kF32);
-  }
-  all_gather(ctx, a, c.a_shard, c.g);
-  if (c.rowwise()) all_gather(ctx, scale, c.a_scale, c.g);
+  if (c.rowwise())
+    scale = ctx.scratch(Scratch::kGatheredScale, gathered_scale_shape(gathered), DType::kF32);
+  all_gather(ctx, c.a_shard, a, c.g);
+  if (c.rowwise()) all_gather(ctx, c.a_scale, scale, c.g);
   for (size_t i = 0; i < c.bs.size(); ++i) {
     gemm(ctx, gemm_view(a, 0, "A"), c.bs[i], gemm_view(c.outs[i], 0, "out"), false,
          c.rowwise() ? scale_view(scale, true, 0) : c.a_scale, c.b_scale(i), ctx.stream());
@@ -183,6 +196,11 @@ static_assert(kCapturedReadyChannel + detail::kMaxPushPieces <= kEagerReadyChann
 // part 256-byte aligned.
 size_t push_buffer_bytes(int ws, size_t shard_bytes, size_t scale_bytes) {
   return align_up(ws * shard_bytes, 256) + align_up(ws * scale_bytes, 256);
+}
+
+// The push workspace both overlapped paths need per rank (kOpBuffers buffers).
+size_t push_symm_bytes(int ws, size_t shard_bytes, size_t scale_bytes) {
+  return detail::op_buffers_bytes(push_buffer_bytes(ws, shard_bytes, scale_bytes));
 }
 
 // This op's buffer of the push workspace (detail::OpBuffer) and its ready flags.
@@ -303,10 +321,7 @@ void run_split(Context& ctx, const AgMmCall& c) {
       push(j);
     // Partial sums over K slices, accumulated in f32 in rank order (see the file comment).
     std::vector<Tensor> acc(c.bs.size());
-    int64_t acc_elems = 0;
-    for (size_t j = 0; j < c.bs.size(); ++j) {
-      if (c.outs[j].dtype() != DType::kF32) acc_elems += c.outs[j].numel();
-    }
+    const int64_t acc_elems = accumulator_elems(c.outs);
     const Tensor acc_buf =
         acc_elems > 0 ? ctx.scratch(Scratch::kAccumulator, {acc_elems}, DType::kF32) : Tensor();
     int64_t offset = 0;
@@ -620,6 +635,7 @@ std::string problem_key(Context& ctx, const AgMmCall& c) {
 }
 
 void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
+  const Context::StreamScope scope(ctx, options.stream);
   // Where the host's time goes before the first GPU work of the op (bench --trace).
   ctx.mark("call", ctx.stream());
   // A wait of an earlier op that timed out is reported here: no barrier of these ops would (and
@@ -628,8 +644,8 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   ctx.forget_flag_streams();
   validate(ctx, c, options.gather_dim);
   c.push_piece_bytes = options.push_piece_bytes.value_or(ctx.options().push_piece_bytes);
-  const size_t symm_bytes = detail::op_buffers_bytes(push_buffer_bytes(
-      ctx.world_size(), c.a_shard.nbytes(), c.rowwise() ? c.a_scale.nbytes() : 0));
+  const size_t symm_bytes =
+      push_symm_bytes(ctx.world_size(), c.a_shard.nbytes(), c.rowwise() ? c.a_scale.nbytes() : 0);
   detail::CallPaths paths;
   const std::optional<NativePlan> plan = native_plan(c, &paths.native_unsupported);
   if (plan) {
@@ -683,6 +699,20 @@ void all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tens
       options);
 }
 
+void all_gather_matmul(Context& ctx, const Tensor& a_shard, const Tensor& b, const Tensor& out,
+                       const Tensor& a_out, const AllGatherMatmulOptions& options) {
+  all_gather_matmul(ctx, a_shard, std::span<const Tensor>(&b, 1), std::span<const Tensor>(&out, 1),
+                    a_out, options);
+}
+
+void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor& a_scale,
+                              const Tensor& b, const Tensor& b_scale, const Tensor& out,
+                              const Tensor& a_out, const AllGatherMatmulOptions& options) {
+  all_gather_scaled_matmul(ctx, a_shard, a_scale, std::span<const Tensor>(&b, 1),
+                           std::span<const Tensor>(&b_scale, 1), std::span<const Tensor>(&out, 1),
+                           a_out, options);
+}
+
 void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor& a_scale,
                               std::span<const Tensor> bs, std::span<const Tensor> b_scales,
                               std::span<const Tensor> outs, const Tensor& a_out,
@@ -690,6 +720,58 @@ void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor&
   run(ctx,
       AgMmCall{"all_gather_scaled_matmul", a_shard, a_scale, bs, b_scales, outs, a_out, 0, true},
       options);
+}
+
+void reserve_all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
+                               bool return_a, const AllGatherMatmulOptions& options) {
+  const char* op = "reserve_all_gather_matmul";
+  const Context::StreamScope scope(ctx, options.stream);
+  ASYNCTP_CHECK(a_shard.defined() && a_shard.dim() >= 2, "{}: A_shard must have rank >= 2, got {}",
+                op, a_shard.describe());
+  ASYNCTP_CHECK(options.gather_dim >= -a_shard.dim() && options.gather_dim < a_shard.dim(),
+                "{}: gather_dim {} is out of range for A_shard of rank {}", op, options.gather_dim,
+                a_shard.dim());
+  ASYNCTP_CHECK(!bs.empty(), "{}: Bs must hold at least one matrix", op);
+  const int ws = ctx.world_size();
+  const int g = a_shard.wrap_dim(options.gather_dim);
+  const Dims gathered = all_gather_shape(a_shard, g, ws);
+  std::vector<Tensor> outs;  // descriptors of the outputs, in a 2-byte dtype (see below)
+  for (size_t i = 0; i < bs.size(); ++i) {
+    ASYNCTP_CHECK(bs[i].defined() && bs[i].dim() == 2 && bs[i].size(0) == gathered.back(),
+                  "{}: Bs[{}] must be 2-D [{}, N], got {}", op, i, gathered.back(),
+                  bs[i].describe());
+    Dims out_shape = gathered;
+    out_shape[out_shape.size() - 1] = bs[i].size(1);
+    // Not f32: the split path's accumulator is then needed, the larger reservation.
+    outs.push_back(detail::shape_only_contiguous(DType::kBF16, out_shape, a_shard.device()));
+  }
+  // A float8 A_shard may come with a row-wise scale (f32, A_shard's shape with the last dim 1),
+  // which travels beside it: reserve for that.
+  const bool scaled = is_float8(a_shard.dtype());
+  const Dims scale_shape = gathered_scale_shape(a_shard.shape());
+  const size_t scale_bytes =
+      scaled ? static_cast<size_t>(scale_shape.product()) * sizeof(float) : 0;
+  const size_t symm_bytes = push_symm_bytes(ws, a_shard.nbytes(), scale_bytes);
+  const detail::PossiblePaths paths = detail::possible_paths(ctx, options.path, symm_bytes);
+  if (paths.overlapped) {
+    ctx.push_workspace().get(symm_bytes, ctx.stream());
+    if (g == a_shard.dim() - 1)
+      ctx.reserve_scratch(Scratch::kAccumulator, accumulator_elems(outs) * sizeof(float));
+  }
+  if (paths.fallback) {
+    if (!return_a) {
+      ctx.reserve_scratch(Scratch::kGatheredA,
+                          static_cast<size_t>(gathered.product()) * element_size(a_shard.dtype()));
+    }
+    reserve_all_gather(ctx, a_shard, /*out_contiguous=*/true, g);
+    if (scaled) {
+      ctx.reserve_scratch(Scratch::kGatheredScale,
+                          gathered_scale_shape(gathered).product() * sizeof(float));
+      reserve_all_gather(ctx,
+                         detail::shape_only_contiguous(DType::kF32, scale_shape, a_shard.device()),
+                         /*out_contiguous=*/true, g);
+    }
+  }
 }
 
 }  // namespace asynctp

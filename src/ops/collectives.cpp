@@ -18,9 +18,56 @@ Tensor contiguous(Context& ctx, const Tensor& t, Scratch purpose) {
   return copy;
 }
 
+size_t bytes_of(const Dims& shape, DType dtype) {
+  return static_cast<size_t>(shape.product()) * element_size(dtype);
+}
+
+// all_gather on another dim than 0, or into a strided output, gathers on dim 0 into this first:
+// in's shape with dim 0 multiplied by the world size.
+bool ag_staged(bool out_contiguous, int dim) {
+  return !(dim == 0 && out_contiguous);
+}
+Dims ag_staged_shape(const Tensor& in, int ws) {
+  Dims shape = in.shape();
+  shape[0] *= ws;
+  return shape;
+}
+
+// reduce_scatter on another dim than 0 rearranges its input so that rank r's slice is the r-th
+// block of dim 0: the chunk's shape with dim 0 multiplied by the world size.
+Dims rs_staged_shape(const Dims& chunk, int ws) {
+  Dims shape = chunk;
+  shape[0] *= ws;
+  return shape;
+}
+
 }  // namespace
 
-void all_gather(Context& ctx, const Tensor& out, const Tensor& in, int dim) {
+void reserve_all_gather(Context& ctx, const Tensor& in, bool out_contiguous, int dim) {
+  dim = in.wrap_dim(dim);
+  if (!in.is_contiguous()) ctx.reserve_scratch(Scratch::kCollectiveIn, in.nbytes());
+  if (ag_staged(out_contiguous, dim)) {
+    ctx.reserve_scratch(Scratch::kCollectiveOut,
+                        bytes_of(ag_staged_shape(in, ctx.world_size()), in.dtype()));
+  }
+}
+
+void reserve_reduce_scatter(Context& ctx, const Tensor& in, bool out_contiguous, int dim) {
+  dim = in.wrap_dim(dim);
+  const int ws = ctx.world_size();
+  Dims chunk = in.shape();
+  chunk[dim] /= ws;
+  if (dim != 0) {
+    ctx.reserve_scratch(Scratch::kCollectiveIn, bytes_of(rs_staged_shape(chunk, ws), in.dtype()));
+  } else if (!in.is_contiguous()) {
+    ctx.reserve_scratch(Scratch::kCollectiveIn, in.nbytes());
+  }
+  if (!out_contiguous) ctx.reserve_scratch(Scratch::kCollectiveOut, bytes_of(chunk, in.dtype()));
+}
+
+void all_gather(Context& ctx, const Tensor& in, const Tensor& out, int dim,
+                std::optional<void*> stream) {
+  const Context::StreamScope scope(ctx, stream);
   check_device(ctx, in, "all_gather", "input");
   check_device(ctx, out, "all_gather", "output");
   ASYNCTP_CHECK(in.dim() >= 1, "all_gather: input must have rank >= 1, got {}", in.describe());
@@ -33,14 +80,12 @@ void all_gather(Context& ctx, const Tensor& out, const Tensor& in, int dim) {
       "all_gather: output must be {}{} for input {} gathered on dim {} over {} ranks, got {}",
       in.dtype(), expected, in.describe(), dim, ws, out.describe());
   const Tensor src = contiguous(ctx, in, Scratch::kCollectiveIn);
-  if (dim == 0 && out.is_contiguous()) {
+  if (!ag_staged(out.is_contiguous(), dim)) {
     ctx.communicator().all_gather(out, src, ctx.stream());
     return;
   }
   // Gather on dim 0 into [ws * n0, ...], then move each rank's slice into place.
-  Dims staged_shape = in.shape();
-  staged_shape[0] *= ws;
-  const Tensor staged = ctx.scratch(Scratch::kCollectiveOut, staged_shape, in.dtype());
+  const Tensor staged = ctx.scratch(Scratch::kCollectiveOut, ag_staged_shape(in, ws), in.dtype());
   ctx.communicator().all_gather(staged, src, ctx.stream());
   const int64_t s = in.size(dim);
   for (int r = 0; r < ws; ++r) {
@@ -49,7 +94,9 @@ void all_gather(Context& ctx, const Tensor& out, const Tensor& in, int dim) {
   }
 }
 
-void reduce_scatter(Context& ctx, const Tensor& out, const Tensor& in, ReduceOp op, int dim) {
+void reduce_scatter(Context& ctx, const Tensor& in, const Tensor& out, ReduceOp op, int dim,
+                    std::optional<void*> stream) {
+  const Context::StreamScope scope(ctx, stream);
   check_device(ctx, in, "reduce_scatter", "input");
   check_device(ctx, out, "reduce_scatter", "output");
   ASYNCTP_CHECK(in.dim() >= 1, "reduce_scatter: input must have rank >= 1, got {}", in.describe());
@@ -69,9 +116,7 @@ void reduce_scatter(Context& ctx, const Tensor& out, const Tensor& in, ReduceOp 
     src = contiguous(ctx, in, Scratch::kCollectiveIn);
   } else {
     // Rearrange so that rank r's slice is the r-th block of dim 0: [ws * chunk0, ...].
-    Dims staged_shape = chunk;
-    staged_shape[0] *= ws;
-    src = ctx.scratch(Scratch::kCollectiveIn, staged_shape, in.dtype());
+    src = ctx.scratch(Scratch::kCollectiveIn, rs_staged_shape(chunk, ws), in.dtype());
     const int64_t s = chunk[dim];
     for (int r = 0; r < ws; ++r) {
       ctx.backend().copy(src.narrow(0, r * chunk[0], chunk[0]), in.narrow(dim, r * s, s),
@@ -84,7 +129,8 @@ void reduce_scatter(Context& ctx, const Tensor& out, const Tensor& in, ReduceOp 
   if (dst.data() != out.data()) ctx.backend().copy(out, dst, ctx.stream());
 }
 
-void all_reduce(Context& ctx, const Tensor& inout, ReduceOp op) {
+void all_reduce(Context& ctx, const Tensor& inout, ReduceOp op, std::optional<void*> stream) {
+  const Context::StreamScope scope(ctx, stream);
   check_device(ctx, inout, "all_reduce", "tensor");
   const Tensor t = contiguous(ctx, inout, Scratch::kCollectiveIn);
   ctx.communicator().all_reduce(t, op, ctx.stream());

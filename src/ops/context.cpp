@@ -66,7 +66,9 @@ std::unique_ptr<Context> Context::create(std::shared_ptr<Group> group, ContextOp
 
 Context::Context(std::shared_ptr<Group> group, ContextOptions options)
     : group_(std::move(group)), options_(std::move(options)) {
-  backend_ = make_backend(options_.backend, group_->local_rank());
+  backend_ = make_backend(options_.backend, group_->local_rank(), options_.device_index);
+  stream_ = &backend_->compute_stream();
+  switch_event_ = backend_->create_event();
   ASYNCTP_CHECK(options_.gemm_streams == 1 || options_.gemm_streams == 2,
                 "ContextOptions::gemm_streams must be 1 or 2, got {}", options_.gemm_streams);
   ASYNCTP_CHECK(
@@ -84,10 +86,10 @@ Context::Context(std::shared_ptr<Group> group, ContextOptions options)
   }
   flag_used_.assign(flag_streams_.size(), false);
   symm_allocator_ = make_symm_allocator(*backend_, *group_);
-  workspace_ =
-      std::make_unique<SymmWorkspace>(*symm_allocator_, *backend_, options_.max_workspace_bytes);
-  push_workspace_ =
-      std::make_unique<SymmWorkspace>(*symm_allocator_, *backend_, options_.max_workspace_bytes);
+  workspace_ = std::make_unique<SymmWorkspace>(
+      *symm_allocator_, *backend_, options_.max_workspace_bytes, "the symmetric workspace");
+  push_workspace_ = std::make_unique<SymmWorkspace>(
+      *symm_allocator_, *backend_, options_.max_workspace_bytes, "the symmetric push workspace");
 #ifdef ASYNCTP_WITH_CUDA
   // NCCL refuses two ranks on one GPU; where ranks may share one (tests), the collectives go
   // through symmetric memory or the store.
@@ -113,12 +115,39 @@ Context::Context(std::shared_ptr<Group> group, ContextOptions options)
   dispatcher_ = std::make_unique<Dispatcher>(*this, options_.dispatch_cache);
 }
 
+Stream& Context::wrapped_stream(void* handle) {
+  std::unique_ptr<Stream>& s = wrapped_[handle];
+  if (!s) s = backend_->wrap_stream(handle);
+  return *s;
+}
+
+void Context::follow_previous_op() {
+  Stream& s = stream();
+  if (previous_op_stream_ == nullptr || previous_op_stream_ == &s) return;
+  if (backend_->capturing(*previous_op_stream_) || backend_->capturing(s)) return;
+  switch_event_->record(*previous_op_stream_);
+  switch_event_->block(s);
+}
+
+MemoryStats Context::memory_stats() const {
+  MemoryStats stats;
+  stats.symmetric_bytes =
+      static_cast<int64_t>(workspace_->capacity() + push_workspace_->capacity());
+  stats.symmetric_limit = static_cast<int64_t>(options_.max_workspace_bytes);
+  size_t local = flags_.size();
+  for (const Buffer& b : scratch_)
+    local += b.size();
+  stats.local_bytes = static_cast<int64_t>(local);
+  return stats;
+}
+
 uint32_t* Context::flags(size_t count) {
   if (flags_.size() < std::max<size_t>(count, 1) * sizeof(uint32_t)) {
-    ASYNCTP_CHECK(!backend_->capturing(),
-                  "the op's {} chunk flags must be allocated during CUDA-graph capture; "
-                  "run the op once before capturing it",
-                  count);
+    ASYNCTP_CAPTURE_CHECK(!capturing(),
+                          "the op's {} chunk flags ({} bytes) must be allocated while its stream "
+                          "is captured into a CUDA graph; run the op once or reserve for it "
+                          "before capturing it",
+                          count, count * sizeof(uint32_t));
     if (!flags_.empty()) backend_->synchronize();
     const size_t allocated = std::max<size_t>(count, 64);
     flags_ = backend_->allocate(allocated * sizeof(uint32_t));
@@ -138,7 +167,7 @@ Context::~Context() {
 void Context::align_ranks() {
   SymmWorkspace& symm = workspace();
   if (symm.unavailable_reason().empty() && symm.capacity() > 0) {
-    symm.get(symm.capacity()).barrier(0, stream());
+    symm.get(symm.capacity(), stream()).barrier(0, stream());
   } else {
     group().barrier("align");
   }
@@ -170,18 +199,28 @@ Event& Context::event(size_t index) {
 }
 
 Tensor Context::scratch(Scratch purpose, Dims shape, DType dtype) {
+  reserve_scratch(purpose, static_cast<size_t>(shape.product()) * element_size(dtype));
+  return scratch_[static_cast<size_t>(purpose)].view(shape, dtype);
+}
+
+namespace {
+// Scratch's names, in its order, for messages.
+constexpr std::array<std::string_view, static_cast<size_t>(Scratch::kCount)> kScratchNames = {
+    "gathered A", "gathered scale", "accumulator",      "contiguous A",
+    "staging",    "partial",        "collective input", "collective output"};
+}  // namespace
+
+void Context::reserve_scratch(Scratch purpose, size_t bytes) {
   Buffer& buf = scratch_[static_cast<size_t>(purpose)];
-  const size_t bytes = static_cast<size_t>(shape.product()) * element_size(dtype);
-  if (buf.size() < bytes) {
-    ASYNCTP_CHECK(
-        !backend_->capturing(),
-        "scratch buffer {} must grow to {} bytes during CUDA-graph capture, where nothing "
-        "may allocate; run the op once before capturing it",
-        static_cast<int>(purpose), bytes);
-    if (!buf.empty()) backend_->synchronize();  // in-flight work may still use the old one
-    buf = backend_->allocate(bytes);
-  }
-  return buf.view(shape, dtype);
+  if (buf.size() >= bytes) return;
+  ASYNCTP_CAPTURE_CHECK(
+      !capturing(),
+      "the {} scratch buffer must grow to {} bytes (it has {}) while the op's stream is captured "
+      "into a CUDA graph, where nothing may allocate; run the op once or reserve for it before "
+      "capturing it",
+      kScratchNames[static_cast<size_t>(purpose)], bytes, buf.size());
+  if (!buf.empty()) backend_->synchronize();  // in-flight work may still use the old one
+  buf = backend_->allocate(bytes);
 }
 
 }  // namespace asynctp

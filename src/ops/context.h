@@ -5,8 +5,11 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "device/backend.h"
@@ -20,8 +23,10 @@
 namespace asynctp {
 
 struct ContextOptions {
-  // "cpu" or "cuda".
+  // "cpu", "cuda", or "auto" (cuda where built and a GPU is visible, else cpu).
   std::string backend = "cpu";
+  // The GPU (CUDA): -1 for the group's local rank modulo the visible GPUs, else its index.
+  int device_index = -1;
   // Largest symmetric workspace per rank (each of the two: the shared one and the native
   // all_gather_matmul's push workspace); an op needing more takes the fallback.
   // ASYNCTP_MAX_WORKSPACE_MB overrides the default of 2048 MiB.
@@ -77,6 +82,16 @@ enum class Scratch : uint8_t {
   kCount
 };
 
+// What a context holds, in bytes on this rank.
+struct MemoryStats {
+  // This rank's share of both symmetric workspaces (the shared one and the push workspace).
+  int64_t symmetric_bytes = 0;
+  // The limit of each of them (ContextOptions::max_workspace_bytes).
+  int64_t symmetric_limit = 0;
+  // What the context allocated for itself: the scratch buffers and the chunk flags.
+  int64_t local_bytes = 0;
+};
+
 class Context {
  public:
   static std::unique_ptr<Context> create(std::shared_ptr<Group> group, ContextOptions options = {});
@@ -90,8 +105,44 @@ class Context {
   const ContextOptions& options() const { return options_; }
 
   Backend& backend() { return *backend_; }
-  // The stream ops run on (the caller's) and the stream that moves data beside it.
-  Stream& stream() { return backend_->compute_stream(); }
+  // The stream later ops run on, where their call names none: the caller's native stream (a
+  // cudaStream_t, nullptr the legacy default stream; any handle on the CPU backend, whose one
+  // stream is eager). Not owned: the caller keeps it alive while ops use it. Until it is set,
+  // the backend's compute stream.
+  void set_stream(void* handle) { stream_ = &wrapped_stream(handle); }
+  // The stream of the op now running (a call's own stream, see StreamScope), else the one
+  // set_stream set, else the backend's compute stream. Every op forks its side streams from it
+  // by events as it starts and joins them back into it before it returns.
+  Stream& stream() { return *stream_; }
+  // The Stream over a native handle: made once per handle, then looked up (no allocation on the
+  // ops' hot path).
+  Stream& wrapped_stream(void* handle);
+  // Whether the op's stream is being captured into a CUDA graph.
+  bool capturing() { return backend_->capturing(stream()); }
+  // For the span of one op call: stream() is the call's stream where it names one (the ops'
+  // `stream` options), then back to what it was. An op on another stream than the op before it
+  // first waits on its stream for everything enqueued on that one: the protocols of the
+  // overlapped ops (all_gather_matmul.cpp) count on each op's pushes starting behind the
+  // previous op's GEMMs. (Not where either stream is being captured: a capture may not wait for
+  // work outside it, nor work outside wait for it; a captured op starts behind a barrier.)
+  class StreamScope {
+   public:
+    StreamScope(Context& ctx, std::optional<void*> handle) : ctx_(ctx), saved_(ctx.stream_) {
+      if (handle) ctx.stream_ = &ctx.wrapped_stream(*handle);
+      ctx.follow_previous_op();
+    }
+    ~StreamScope() {
+      ctx_.previous_op_stream_ = ctx_.stream_;
+      ctx_.stream_ = saved_;
+    }
+    StreamScope(const StreamScope&) = delete;
+    StreamScope& operator=(const StreamScope&) = delete;
+
+   private:
+    Context& ctx_;
+    Stream* saved_;
+  };
+  // The stream that moves data beside the op's stream.
   Stream& copy_stream() { return *copy_stream_; }
   // Push stream i (mod options().push_streams): 0 is copy_stream(), the others streams of their
   // own.
@@ -137,9 +188,15 @@ class Context {
   // the next call; grows outside capture.
   uint32_t* flags(size_t count);
 
+  // The symmetric and local memory this context holds now.
+  MemoryStats memory_stats() const;
+
   // A contiguous view of `shape` in the scratch buffer for `purpose`, grown on demand. Valid
   // until the next call for the same purpose.
   Tensor scratch(Scratch purpose, Dims shape, DType dtype);
+  // Grows the scratch buffer for `purpose` to at least `bytes` now (outside capture), so that
+  // later scratch() calls within it allocate nothing.
+  void reserve_scratch(Scratch purpose, size_t bytes);
 
   // Lines the ranks up on the device: a barrier on the symmetric workspace's pad (channel 0),
   // or the group's host barrier where there is no symmetric memory yet. For measurements that
@@ -148,7 +205,7 @@ class Context {
 
   // Diagnosis (ops/trace.h): while a trace is attached, ops mark their steps in it.
   void set_trace(OpTrace* trace) { trace_ = trace; }
-  bool tracing() { return trace_ != nullptr && !backend_->capturing(); }
+  bool tracing() { return trace_ != nullptr && !capturing(); }
   void mark(std::string_view label, Stream& stream) {
     if (tracing()) trace_->mark(label, stream);
   }
@@ -159,6 +216,11 @@ class Context {
   std::shared_ptr<Group> group_;
   ContextOptions options_;
   std::unique_ptr<Backend> backend_;
+  Stream* stream_ = nullptr;  // see stream()
+  std::unordered_map<void*, std::unique_ptr<Stream>> wrapped_;
+  Stream* previous_op_stream_ = nullptr;  // the stream the last op ran on
+  std::unique_ptr<Event> switch_event_;   // orders an op after the last one on another stream
+  void follow_previous_op();
   std::unique_ptr<Stream> copy_stream_;
   std::unique_ptr<Stream> aux_stream_;
   std::vector<std::unique_ptr<Stream>> push_streams_;  // push_streams - 1 beside copy_stream_

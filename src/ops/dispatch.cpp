@@ -170,7 +170,7 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   }
   if (offered.size() == 1) return offered[0];
   Backend& be = ctx_.backend();
-  if (be.capturing()) {
+  if (ctx_.capturing()) {
     ASYNCTP_LOG_INFO(
         "{}: first seen during CUDA-graph capture, where nothing can be measured: taking the {} "
         "path (run it once before capturing to have it measured)",

@@ -26,12 +26,16 @@ struct AllGatherMatmulOptions {
   // The native path's push pieces for this call (see ContextOptions::push_piece_bytes); unset:
   // the context's.
   std::optional<size_t> push_piece_bytes = std::nullopt;
+  // The caller's native stream for this call (see Context::set_stream); unset: the context's.
+  std::optional<void*> stream = std::nullopt;
 };
 
 struct MatmulReduceScatterOptions {
   ReduceOp reduce_op = ReduceOp::kSum;
   int scatter_dim = 0;
   std::optional<PathChoice> path;
+  // The caller's native stream for this call (see Context::set_stream); unset: the context's.
+  std::optional<void*> stream = std::nullopt;
 };
 
 // The gathered shape of A_shard.
@@ -51,6 +55,10 @@ void all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tens
                        std::span<const Tensor> outs, const Tensor& a_out = {},
                        const AllGatherMatmulOptions& options = {});
 
+// One B: out = all_gather(A_shard, gather_dim) @ B.
+void all_gather_matmul(Context& ctx, const Tensor& a_shard, const Tensor& b, const Tensor& out,
+                       const Tensor& a_out = {}, const AllGatherMatmulOptions& options = {});
+
 // float8 form: A_shard and Bs in f8e4m3/f8e5m2. a_scale (f32): one element (tensor-wise; the
 // same on every rank) or A_shard's shape with the last dim 1 (row-wise; gathered with A).
 // b_scales[i] (f32): one element or [1, N_i]. Gathering on the contraction dim is not supported
@@ -59,6 +67,11 @@ void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor&
                               std::span<const Tensor> bs, std::span<const Tensor> b_scales,
                               std::span<const Tensor> outs, const Tensor& a_out = {},
                               const AllGatherMatmulOptions& options = {});
+
+// One B: out = (all_gather(A_shard, gather_dim) @ B) * scales.
+void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor& a_scale,
+                              const Tensor& b, const Tensor& b_scale, const Tensor& out,
+                              const Tensor& a_out = {}, const AllGatherMatmulOptions& options = {});
 
 // out = reduce_scatter(A @ B, reduce_op, scatter_dim). Partial products are added in f32 in rank
 // order and rounded once, so every run (and every path on the CPU backend) gives the same bits.
@@ -77,5 +90,28 @@ void matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as, std::span<c
 void scaled_matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& a_scale,
                                   const Tensor& b, const Tensor& b_scale, const Tensor& out,
                                   const MatmulReduceScatterOptions& options = {});
+
+// Reserve: collective (every rank calls it with the same shapes). Sizes what a call of the op
+// with these operands and options would need: both symmetric workspaces, the chunk flags and
+// the local scratch, for every path the call could take (the options' path, else each one the
+// context's choice could pick), without running anything. A call within those sizes allocates
+// nothing, so it can
+// be captured into a CUDA graph; one that would have to grow a buffer while its stream is
+// capturing throws CaptureError instead. Where the workspace limit is too small for the
+// overlapped paths, the fallback's buffers are reserved (the call takes the fallback). Only
+// shapes, strides, dtypes and devices are read, never the data: descriptors at any address do
+// (a Tensor cannot hold a null pointer; the C ABI gives null-data descriptors one).
+//
+// all_gather_matmul / all_gather_scaled_matmul with these A_shard and Bs, returning the
+// gathered A (a_out given) or not. A float8 A_shard is sized for a row-wise scale (which needs
+// more than a tensor-wise one).
+void reserve_all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
+                               bool return_a, const AllGatherMatmulOptions& options = {});
+// matmul_reduce_scatter (one or several products) / scaled_matmul_reduce_scatter, into an
+// output of out_dtype (unset: A's dtype, or bf16 for float8 As).
+void reserve_matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as,
+                                   std::span<const Tensor> bs,
+                                   const MatmulReduceScatterOptions& options = {},
+                                   std::optional<DType> out_dtype = std::nullopt);
 
 }  // namespace asynctp

@@ -66,6 +66,24 @@ PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size
   return {path, path == Path::kFallback ? "measured fastest" : "", false, true};
 }
 
+PossiblePaths possible_paths(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes) {
+  const PathChoice choice = requested.value_or(ctx.options().path);
+  const bool fits =
+      ctx.workspace().unavailable_reason().empty() && ctx.workspace().fits(symm_bytes);
+  PossiblePaths p;
+  if (choice == PathChoice::kFallback) {
+    p.fallback = true;
+  } else if (choice != PathChoice::kAuto) {
+    p.overlapped = true;  // the op throws where it cannot run; reserve as it would
+    p.native = choice == PathChoice::kNative;
+  } else {
+    p.overlapped = fits;
+    p.native = fits;
+    p.fallback = !fits || ctx.backend().times_paths();
+  }
+  return p;
+}
+
 std::string problem_key(Context& ctx, const char* op, int64_t m, int64_t n, int64_t k, DType in,
                         DType out, const Tensor& b, const std::string& variant) {
   const bool b_row_major = b.stride(1) == 1 || b.size(1) == 1;
@@ -82,6 +100,10 @@ void* dummy_address() {
 
 Tensor shape_only(const Tensor& t) {
   return Tensor(dummy_address(), t.dtype(), t.shape(), t.strides(), t.device());
+}
+
+Tensor shape_only_contiguous(DType dtype, const Dims& shape, Device device) {
+  return Tensor(dummy_address(), dtype, shape, device);
 }
 
 Tensor shape_only_matrix(DType dtype, int64_t rows, int64_t cols, Device device) {

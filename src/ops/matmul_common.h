@@ -40,6 +40,17 @@ struct CallPaths {
 PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
                          const char* op, const CallPaths& paths);
 
+// The paths a call may take, for reserving their buffers: the requested one, or under kAuto every
+// one choose_path could pick (an overlapped path where its `symm_bytes` fit the workspace; the
+// fallback where they do not, or where the dispatcher measures it beside them). The native and
+// split paths need the same symmetric bytes, so `overlapped` stands for both.
+struct PossiblePaths {
+  bool overlapped = false;
+  bool native = false;  // the native path (under kAuto or kNative: where the call allows it)
+  bool fallback = false;
+};
+PossiblePaths possible_paths(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes);
+
 // "op|MxNxK|in dtype->out dtype|B row/col|wsN|device", then "|variant" unless it is empty: a
 // dispatcher key. m x n x k: the whole product (every rank's rows; n over every B; k summed over
 // several products); the variant names what else sets the paths' times (a gather or scatter dim
@@ -50,6 +61,8 @@ std::string problem_key(Context& ctx, const char* op, int64_t m, int64_t n, int6
 // A tensor of `t`'s shape, strides and dtype at a 256-byte aligned dummy address: for asking
 // Backend::native_gemm_unsupported about shapes and strides before the real buffers exist.
 Tensor shape_only(const Tensor& t);
+// A contiguous tensor of `shape` at that dummy address (reserve's descriptors of buffers).
+Tensor shape_only_contiguous(DType dtype, const Dims& shape, Device device);
 // A contiguous [rows, cols] matrix at that dummy address.
 Tensor shape_only_matrix(DType dtype, int64_t rows, int64_t cols, Device device);
 
@@ -121,8 +134,8 @@ inline size_t op_buffers_bytes(size_t per_buffer) {
 
 struct OpBuffer {
   OpBuffer(Context& ctx, SymmWorkspace& workspace, size_t per_buffer)
-      : sm(workspace.get(op_buffers_bytes(per_buffer))),
-        captured(ctx.backend().capturing()),
+      : sm(workspace.get(op_buffers_bytes(per_buffer), ctx.stream())),
+        captured(ctx.capturing()),
         number(captured ? 1 : sm.next_use()),
         offset((captured ? kCapturedBuffer : number % 2) * (sm.size() / kOpBuffers / 256 * 256)) {}
 

@@ -155,11 +155,15 @@ void validate(Context& ctx, MmRsCall& c, int scatter_dim) {
 
 // Contiguous versions of the As (chunk views need A's dims to nest): each A itself, or a copy in
 // one shared scratch buffer.
+int64_t strided_elems(std::span<const Tensor> as) {
+  int64_t elems = 0;
+  for (const Tensor& a : as)
+    if (!a.is_contiguous()) elems += a.numel();
+  return elems;
+}
+
 std::vector<Tensor> contiguous_as(Context& ctx, const std::vector<Tensor>& as) {
-  int64_t copy_elems = 0;
-  for (const Tensor& a : as) {
-    if (!a.is_contiguous()) copy_elems += a.numel();
-  }
+  const int64_t copy_elems = strided_elems(as);
   if (copy_elems == 0) return as;
   const Tensor buf = ctx.scratch(Scratch::kContiguousA, {copy_elems}, as[0].dtype());
   std::vector<Tensor> out;
@@ -229,7 +233,7 @@ void run_fallback(Context& ctx, const MmRsCall& c, ProductWriter& writer,
                   const MatmulReduceScatterOptions& options) {
   const Tensor product = ctx.scratch(Scratch::kPartial, product_shape(c.a(), c.n()), c.out.dtype());
   writer.write(-1, product);
-  reduce_scatter(ctx, c.out, product, options.reduce_op, c.g);
+  reduce_scatter(ctx, product, c.out, options.reduce_op, c.g);
 }
 
 // The symmetric buffer both overlapped paths push into: this op's part of the shared workspace
@@ -237,6 +241,23 @@ void run_fallback(Context& ctx, const MmRsCall& c, ProductWriter& writer,
 // output chunk each; slot s of rank d holds rank s's partial of d's chunk.
 size_t chunk_bytes(const Tensor& out) {
   return static_cast<size_t>(out.numel()) * out.element_size();
+}
+
+// The shared workspace both overlapped paths need per rank (kOpBuffers sets of ws chunks).
+size_t slots_symm_bytes(int ws, size_t chunk_bytes) {
+  return detail::op_buffers_bytes(ws * chunk_bytes);
+}
+
+// The split path's staging: the ws - 1 chunks computed for peers, before they are pushed.
+Dims staging_shape(const Dims& chunk, int ws) {
+  Dims shape = chunk;
+  shape.insert(0, std::max(ws - 1, 1));
+  return shape;
+}
+
+// The native path's done counters: one per piece of every chunk.
+size_t native_done_flags(int ws, const detail::RsPieces& pieces) {
+  return static_cast<size_t>(ws) * pieces.count;
 }
 
 struct Slots : detail::OpBuffer {
@@ -270,9 +291,7 @@ void run_split(Context& ctx, const MmRsCall& c, ProductWriter& writer,
   const int landed_channel = captured ? kLandedChannel : kEagerLandedChannel;
   auto slot = [&](int owner, int src) { return slots.at(owner, src); };
 
-  Dims staging_shape = chunk;
-  staging_shape.insert(0, std::max(ws - 1, 1));
-  const Tensor staging = ctx.scratch(Scratch::kStaging, staging_shape, c.out.dtype());
+  const Tensor staging = ctx.scratch(Scratch::kStaging, staging_shape(chunk, ws), c.out.dtype());
   auto landed_of = [&](int owner) { return sm.signal_pad_ptr(owner) + landed_channel * ws; };
   uint32_t* landed = landed_of(rank);
   ctx.mark("start", compute);
@@ -441,7 +460,7 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
     return m.narrow(1, q * pieces.cols, std::min(pieces.cols, plan.n - q * pieces.cols));
   };
   const Tensor product = ctx.scratch(Scratch::kPartial, {plan.m, plan.n}, c.out.dtype());
-  uint32_t* done = ctx.flags(static_cast<size_t>(ws) * pieces.count);
+  uint32_t* done = ctx.flags(native_done_flags(ws, pieces));
 
   ctx.mark("start", compute);
   if (captured) {
@@ -511,7 +530,34 @@ std::string problem_key(Context& ctx, const MmRsCall& c, ReduceOp reduce_op) {
                              fmt::format("{}", fmt::join(variant, ", ")));
 }
 
+// The native path's plan where it can run the call (a0: As[0], contiguous), else nullopt and why.
+std::optional<NativeRsPlan> native_rs_check(Context& ctx, const MmRsCall& c, const Tensor& a0,
+                                            ReduceOp reduce_op, std::string* why) {
+  std::optional<NativeRsPlan> plan = native_rs_plan(c, why);
+  if (!plan) return plan;
+  const int ws = ctx.world_size();
+  if (plan->m % ws != 0) {
+    *why = fmt::format("the product's {} rows do not split evenly over {} ranks", plan->m, ws);
+    return std::nullopt;
+  }
+  ChunkedGemmArgs args = native_rs_args(
+      ctx, detail::shape_only(a0.view({plan->m, plan->k})), detail::shape_only(c.bs[0]),
+      detail::shape_only_matrix(c.out.dtype(), plan->m, plan->n, c.out.device()));
+  // The run's own arguments but for the buffers (aligned, like the symmetric slots).
+  const int64_t rows = plan->m / ws;
+  auto* flags = reinterpret_cast<uint32_t*>(uintptr_t{1} << 20);
+  detail::set_native_rs_reduction(
+      args, ctx.rank(), ws, detail::native_rs_pieces(plan->n, chunk_bytes(c.out)),
+      detail::shape_only_matrix(c.out.dtype(), ws * rows, plan->n, c.out.device())
+          .view({ws, rows, plan->n}),
+      c.out.view({rows, plan->n}), flags, flags, 1, 0, reduce_op == ReduceOp::kAvg);
+  *why = ctx.backend().native_gemm_unsupported(args);
+  if (!why->empty()) return std::nullopt;
+  return plan;
+}
+
 void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
+  const Context::StreamScope scope(ctx, options.stream);
   // Where the host's time goes before the first GPU work of the op (bench --trace).
   ctx.mark("call", ctx.stream());
   // A wait of an earlier op that timed out is reported here (see all_gather_matmul.cpp).
@@ -525,31 +571,12 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
     ctx.backend().copy(a_scale, c.a_scale, ctx.stream());
   }
   ProductWriter writer(ctx, c, std::move(as), a_scale);
-  const size_t symm_bytes = detail::op_buffers_bytes(ctx.world_size() * chunk_bytes(c.out));
+  const size_t symm_bytes = slots_symm_bytes(ctx.world_size(), chunk_bytes(c.out));
   detail::CallPaths paths;
-  const std::optional<NativeRsPlan> plan = native_rs_plan(c, &paths.native_unsupported);
   const Tensor a0 = writer.a0();
-  if (plan) {
-    paths.native_symm_bytes = symm_bytes;
-    if (plan->m % ctx.world_size() != 0) {
-      paths.native_unsupported = fmt::format(
-          "the product's {} rows do not split evenly over {} ranks", plan->m, ctx.world_size());
-    } else {
-      ChunkedGemmArgs args = native_rs_args(
-          ctx, detail::shape_only(a0.view({plan->m, plan->k})), detail::shape_only(c.bs[0]),
-          detail::shape_only_matrix(c.out.dtype(), plan->m, plan->n, c.out.device()));
-      // The run's own arguments but for the buffers (aligned, like the symmetric slots).
-      const int ws = ctx.world_size();
-      const int64_t rows = plan->m / ws;
-      auto* flags = reinterpret_cast<uint32_t*>(uintptr_t{1} << 20);
-      detail::set_native_rs_reduction(
-          args, ctx.rank(), ws, detail::native_rs_pieces(plan->n, chunk_bytes(c.out)),
-          detail::shape_only_matrix(c.out.dtype(), ws * rows, plan->n, c.out.device())
-              .view({ws, rows, plan->n}),
-          c.out.view({rows, plan->n}), flags, flags, 1, 0, options.reduce_op == ReduceOp::kAvg);
-      paths.native_unsupported = ctx.backend().native_gemm_unsupported(args);
-    }
-  }
+  const std::optional<NativeRsPlan> plan =
+      native_rs_check(ctx, c, a0, options.reduce_op, &paths.native_unsupported);
+  if (plan) paths.native_symm_bytes = symm_bytes;
   paths.key = problem_key(ctx, c, options.reduce_op);
   paths.run = [&](Path p) {
     switch (p) {
@@ -608,6 +635,77 @@ void scaled_matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& a
                                   const MatmulReduceScatterOptions& options) {
   run(ctx, MmRsCall{"scaled_matmul_reduce_scatter", {a}, {b}, a_scale, b_scale, out, 0, true},
       options);
+}
+
+void reserve_matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as,
+                                   std::span<const Tensor> bs,
+                                   const MatmulReduceScatterOptions& options,
+                                   std::optional<DType> out_dtype) {
+  const char* op = "reserve_matmul_reduce_scatter";
+  const Context::StreamScope scope(ctx, options.stream);
+  ASYNCTP_CHECK(!as.empty() && as.size() == bs.size(),
+                "{}: needs one or more products, one B per A; got {} As and {} Bs", op, as.size(),
+                bs.size());
+  for (size_t i = 0; i < as.size(); ++i) {
+    ASYNCTP_CHECK(as[i].defined() && as[i].dim() >= 2, "{}: As[{}] must have rank >= 2, got {}", op,
+                  i, as[i].describe());
+    ASYNCTP_CHECK(bs[i].defined() && bs[i].dim() == 2 && bs[i].size(0) == as[i].size(-1),
+                  "{}: Bs[{}] must be 2-D [{}, N], got {}", op, i, as[i].size(-1),
+                  bs[i].describe());
+  }
+  const int ws = ctx.world_size();
+  const Tensor& a = as[0];
+  const int64_t n = bs[0].size(1);
+  const Dims product = product_shape(a, n);
+  const int rank = static_cast<int>(product.size());
+  ASYNCTP_CHECK(options.scatter_dim >= -rank && options.scatter_dim < rank,
+                "{}: scatter_dim {} is out of range for the product {}", op, options.scatter_dim,
+                product);
+  const int g = options.scatter_dim < 0 ? options.scatter_dim + rank : options.scatter_dim;
+  ASYNCTP_CHECK(product[g] % ws == 0,
+                "{}: dim {} of the product {} is not divisible by the world size {}", op, g,
+                product, ws);
+  Dims chunk = product;
+  chunk[g] /= ws;
+  const DType dtype = out_dtype.value_or(is_float8(a.dtype()) ? DType::kBF16 : a.dtype());
+  const size_t esize = element_size(dtype);
+  const size_t chunk_size = static_cast<size_t>(chunk.product()) * esize;
+  const size_t symm_bytes = slots_symm_bytes(ws, chunk_size);
+  const detail::PossiblePaths paths = detail::possible_paths(ctx, options.path, symm_bytes);
+  // What every path does first: contiguous copies of strided As.
+  if (const int64_t elems = strided_elems(as); elems > 0)
+    ctx.reserve_scratch(Scratch::kContiguousA, elems * element_size(a.dtype()));
+  // Several products add up in an f32 accumulator of what they write: a chunk (split), or all of
+  // the product (fallback).
+  if (as.size() > 1) {
+    ctx.reserve_scratch(Scratch::kAccumulator,
+                        (paths.fallback ? product : chunk).product() * sizeof(float));
+  }
+  if (paths.overlapped) {
+    ctx.workspace().get(symm_bytes, ctx.stream());
+    ctx.reserve_scratch(Scratch::kStaging, staging_shape(chunk, ws).product() * esize);
+    const MmRsCall call{op,
+                        {as.begin(), as.end()},
+                        {bs.begin(), bs.end()},
+                        Tensor(),
+                        Tensor(),
+                        detail::shape_only_contiguous(dtype, chunk, a.device()),
+                        g,
+                        is_float8(a.dtype())};
+    std::string why;
+    if (paths.native &&
+        native_rs_check(ctx, call, detail::shape_only_contiguous(a.dtype(), a.shape(), a.device()),
+                        options.reduce_op, &why)) {
+      ctx.reserve_scratch(Scratch::kPartial, product.product() * esize);
+      ctx.flags(native_done_flags(ws, detail::native_rs_pieces(n, chunk_size)));
+    }
+  }
+  if (paths.fallback) {
+    ctx.reserve_scratch(Scratch::kPartial, product.product() * esize);
+    // Into an output that may be strided: its staging is one chunk.
+    reserve_reduce_scatter(ctx, detail::shape_only_contiguous(dtype, product, a.device()),
+                           /*out_contiguous=*/false, g);
+  }
 }
 
 }  // namespace asynctp

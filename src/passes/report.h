@@ -2,6 +2,7 @@
 // fused into which node, bucketed into which collective, or why it was left alone.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 

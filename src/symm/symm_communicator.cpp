@@ -22,7 +22,7 @@ class SymmCommunicator final : public Communicator {
     const Tensor dst = out.flatten();
     const int64_t n = src.numel();
     for_each_piece(n, 1, [&](int64_t start, int64_t len) {
-      SymmetricMemory& sm = workspace_.get(len * in.element_size());
+      SymmetricMemory& sm = workspace_.get(len * in.element_size(), stream);
       backend_.copy(sm.buffer(rank_, {len}, in.dtype()), src.narrow(0, start, len), stream);
       sm.barrier(kChannel, stream);
       for (int i = 0; i < world_size_; ++i) {
@@ -41,7 +41,7 @@ class SymmCommunicator final : public Communicator {
     const int64_t n = dst.numel();
     const size_t esize = in.element_size();
     for_each_piece(n, world_size_, [&](int64_t start, int64_t len) {
-      SymmetricMemory& sm = workspace_.get(world_size_ * len * esize);
+      SymmetricMemory& sm = workspace_.get(world_size_ * len * esize, stream);
       // Slot d of my buffer holds my contribution to rank d's piece.
       for (int d = 0; d < world_size_; ++d) {
         backend_.copy(sm.buffer(rank_, {len}, in.dtype(), d * len * esize),
@@ -62,7 +62,7 @@ class SymmCommunicator final : public Communicator {
                   inout.describe());
     const Tensor flat = inout.flatten();
     for_each_piece(flat.numel(), 1, [&](int64_t start, int64_t len) {
-      SymmetricMemory& sm = workspace_.get(len * inout.element_size());
+      SymmetricMemory& sm = workspace_.get(len * inout.element_size(), stream);
       backend_.copy(sm.buffer(rank_, {len}, inout.dtype()), flat.narrow(0, start, len), stream);
       sm.barrier(kChannel, stream);
       std::vector<Tensor> parts;

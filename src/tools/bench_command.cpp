@@ -206,7 +206,7 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   std::function<void(PathChoice)> fused_with;
   if (ag) {
     gemm_fn = [&] { gemm(ctx, a_full, b, base_out); };
-    coll_fn = [&] { all_gather(ctx, a_full, a); };
+    coll_fn = [&] { all_gather(ctx, a, a_full); };
     fused_with = [&](PathChoice path) {
       const Tensor bs[] = {b};
       const Tensor outs[] = {fused_out};
@@ -215,7 +215,7 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     r.comm_bytes = static_cast<double>(ws - 1) / ws * m * k * element_size(dtype);
   } else {
     gemm_fn = [&] { gemm(ctx, a, b, product); };
-    coll_fn = [&] { reduce_scatter(ctx, base_out, product, ReduceOp::kSum); };
+    coll_fn = [&] { reduce_scatter(ctx, product, base_out, ReduceOp::kSum); };
     fused_with = [&](PathChoice path) {
       matmul_reduce_scatter(ctx, a, b, fused_out, {.path = path});
     };

@@ -66,12 +66,12 @@ int run_demo(const DemoOptions& o) {
   OwnedTensor out = alloc(ctx, {t / ws, h}, dtype);
 
   auto unfused_ag_mm = [&] {
-    all_gather(ctx, xf, x);
+    all_gather(ctx, x, xf);
     gemm(ctx, xf, w1, hid);
   };
   auto unfused_mm_rs = [&] {
     gemm(ctx, hid, w2, y);
-    reduce_scatter(ctx, out_ref, y, ReduceOp::kSum);
+    reduce_scatter(ctx, y, out_ref, ReduceOp::kSum);
   };
   const Tensor w1s[] = {w1.tensor};
   const Tensor hids[] = {hid2.tensor};

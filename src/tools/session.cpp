@@ -213,7 +213,7 @@ double measure_peer_bandwidth(Context& ctx, size_t bytes_per_peer, int iters) {
   const int ws = ctx.world_size();
   if (ws == 1) return 0.0;
   const int64_t n = static_cast<int64_t>(bytes_per_peer / 4);
-  SymmetricMemory& sm = ctx.workspace().get(static_cast<size_t>(n) * 4);
+  SymmetricMemory& sm = ctx.workspace().get(static_cast<size_t>(n) * 4, ctx.stream());
   OwnedTensor dst = alloc(ctx, {ws, n}, DType::kF32);
   ctx.backend().fill(sm.buffer(ctx.rank(), {n}, DType::kF32), 1.0f, ctx.stream());
   sm.barrier(0, ctx.stream());

@@ -44,9 +44,13 @@ TEST(BackendFactoryTest, MakesCpuAndNamesUnknownBackends) {
   EXPECT_EQ(make_backend("cpu", 0)->name(), "cpu");
   EXPECT_THAT(available_backends(), ::testing::Contains("cpu"));
   EXPECT_THAT(error_of([] { make_backend("tpu", 0); }), HasSubstr("unknown backend 'tpu'"));
+  EXPECT_THAT(error_of([] { make_backend("cpu", 0, -2); }),
+              HasSubstr("device_index must be -1 (by local rank) or a GPU's index, got -2"));
   const auto available = available_backends();
   if (std::find(available.begin(), available.end(), "cuda") == available.end()) {
     EXPECT_THAT(error_of([] { make_backend("cuda", 0); }), HasSubstr("no CUDA backend"));
+    // auto: cpu where the build has no CUDA.
+    EXPECT_EQ(make_backend("auto", 0)->name(), "cpu");
   }
 }
 

@@ -24,7 +24,7 @@ void check_collectives(Context& ctx, uint64_t id, Dims shape, DType dtype, Layou
         seeded(shape, dtype, {id, 1, uint64_t(dim), uint64_t(rank)}, Values::kRandom, in_layout);
     const OwnedTensor gathered_ref = concat(be, ins, dim);
     OwnedTensor gathered = empty_with_layout(gathered_ref->shape(), dtype, out_layout);
-    all_gather(ctx, gathered, in, dim);
+    all_gather(ctx, in, gathered, dim);
     EXPECT_TRUE(same_bits(gathered, gathered_ref)) << "all_gather";
 
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
@@ -39,7 +39,7 @@ void check_collectives(Context& ctx, uint64_t id, Dims shape, DType dtype, Layou
       OwnedTensor expected = empty_host(shape, dtype);
       reference_reduce_scatter(be, expected, bigs, dim, rank, op);
       OwnedTensor rs_out = empty_with_layout(shape, dtype, out_layout);
-      reduce_scatter(ctx, rs_out, rs_in, op, dim);
+      reduce_scatter(ctx, rs_in, rs_out, op, dim);
       EXPECT_TRUE(same_bits(rs_out, expected)) << "reduce_scatter";
     }
   }
@@ -111,19 +111,19 @@ TEST(CollectivesArgumentsTest, NameTheBadArgument) {
     OwnedTensor in = empty_host({2, 3}, DType::kF32);
     OwnedTensor out = empty_host({4, 3}, DType::kF32);
     using ::testing::HasSubstr;
-    EXPECT_THAT(error_of([&] { all_gather(ctx, out, in, 1); }),
+    EXPECT_THAT(error_of([&] { all_gather(ctx, in, out, 1); }),
                 HasSubstr("all_gather: output must be f32[2, 6] for input f32[2, 3]"));
-    EXPECT_THAT(error_of([&] { all_gather(ctx, out, in, 2); }), HasSubstr("dim 2 out of range"));
+    EXPECT_THAT(error_of([&] { all_gather(ctx, in, out, 2); }), HasSubstr("dim 2 out of range"));
     OwnedTensor bf = empty_host({4, 3}, DType::kBF16);
-    EXPECT_THAT(error_of([&] { all_gather(ctx, bf, in, 0); }), HasSubstr("got bf16[4, 3]"));
-    EXPECT_THAT(error_of([&] { all_gather(ctx, out, Tensor(), 0); }),
+    EXPECT_THAT(error_of([&] { all_gather(ctx, in, bf, 0); }), HasSubstr("got bf16[4, 3]"));
+    EXPECT_THAT(error_of([&] { all_gather(ctx, Tensor(), out, 0); }),
                 HasSubstr("all_gather: input is undefined"));
     const Tensor on_gpu(out->data(), DType::kF32, {4, 3}, Device::cuda(0));
-    EXPECT_THAT(error_of([&] { all_gather(ctx, on_gpu, in, 0); }),
+    EXPECT_THAT(error_of([&] { all_gather(ctx, in, on_gpu, 0); }),
                 HasSubstr("all_gather: output is on cuda:0 but the context runs on cpu"));
-    EXPECT_THAT(error_of([&] { reduce_scatter(ctx, in, out, ReduceOp::kSum, 1); }),
+    EXPECT_THAT(error_of([&] { reduce_scatter(ctx, out, in, ReduceOp::kSum, 1); }),
                 HasSubstr("dim 1 of the input (size 3) is not divisible by the world size 2"));
-    EXPECT_THAT(error_of([&] { reduce_scatter(ctx, out, in, ReduceOp::kSum, 0); }),
+    EXPECT_THAT(error_of([&] { reduce_scatter(ctx, in, out, ReduceOp::kSum, 0); }),
                 HasSubstr("reduce_scatter: output must be f32[1, 3] for input f32[2, 3]"));
     EXPECT_THAT(error_of([&] { all_reduce(ctx, Tensor(), ReduceOp::kSum); }),
                 HasSubstr("all_reduce: tensor is undefined"));

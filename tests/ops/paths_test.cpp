@@ -249,11 +249,11 @@ void on_ranks_without_cache(int ranks, const std::function<void(Context&)>& body
 
 // A run for Dispatcher::pick that counts its calls per path in `runs` and sleeps the path's
 // milliseconds.
-std::function<void(Path)> counting_sleeper(std::map<Path, int>& runs, int native_ms, int fused_ms,
+std::function<void(Path)> counting_sleeper(std::map<Path, int>& runs, int native_ms, int split_ms,
                                            int fallback_ms) {
-  return [&runs, native_ms, fused_ms, fallback_ms](Path p) {
+  return [&runs, native_ms, split_ms, fallback_ms](Path p) {
     ++runs[p];
-    const int ms = p == Path::kNative ? native_ms : p == Path::kSplit ? fused_ms : fallback_ms;
+    const int ms = p == Path::kNative ? native_ms : p == Path::kSplit ? split_ms : fallback_ms;
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   };
 }
@@ -276,11 +276,11 @@ TEST(DispatcherTest, ChoosesByTheSlowestRank) {
     using Ms = std::chrono::duration<double, std::milli>;
     // Margins of 10 ms: a loaded 2-core machine oversleeps by a few ms.
     const double native_ms = ctx.rank() == 0 ? 1.0 : 30.0;  // mean 15.5, slowest 30
-    const double fused_ms = 20.0;
+    const double split_ms = 20.0;
     int runs = 0;
     const Path path = ctx.dispatcher().pick("test|slowest", kOverlapped, [&](Path p) {
       ++runs;
-      std::this_thread::sleep_for(Ms(p == Path::kNative ? native_ms : fused_ms));
+      std::this_thread::sleep_for(Ms(p == Path::kNative ? native_ms : split_ms));
     });
     EXPECT_EQ(path, Path::kSplit);
     EXPECT_EQ(runs, 2 + 2 * Dispatcher::tuning_rounds(2));  // no close call

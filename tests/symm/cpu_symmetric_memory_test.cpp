@@ -325,13 +325,13 @@ TEST(SymmWorkspaceTest, GrowsOnDemandUpToItsLimit) {
     EXPECT_FALSE(ws.fits(3 * kMiB + 101));
     EXPECT_EQ(ws.unavailable_reason(), "");
 
-    SymmetricMemory* first = &ws.get(100);
+    SymmetricMemory* first = &ws.get(100, ctx.stream());
     EXPECT_GE(ws.capacity(), 100u);
-    EXPECT_EQ(&ws.get(50), first);  // fits: no reallocation
-    EXPECT_EQ(&ws.get(ws.capacity()), first);
+    EXPECT_EQ(&ws.get(50, ctx.stream()), first);  // fits: no reallocation
+    EXPECT_EQ(&ws.get(ws.capacity(), ctx.stream()), first);
 
     // Growing is collective; the new buffer works across processes like the first.
-    SymmetricMemory& grown = ws.get(kMiB + 1);
+    SymmetricMemory& grown = ws.get(kMiB + 1, ctx.stream());
     EXPECT_GE(ws.capacity(), kMiB + 1);
     EXPECT_LE(ws.capacity(), ws.max_bytes());
     auto* mine = static_cast<char*>(grown.buffer_ptr(ctx.rank()));
@@ -341,10 +341,10 @@ TEST(SymmWorkspaceTest, GrowsOnDemandUpToItsLimit) {
       EXPECT_EQ(static_cast<char*>(grown.buffer_ptr(peer))[kMiB], peer + 1);
     }
     grown.barrier(0, ctx.stream());
-    ws.get(ws.max_bytes());
+    ws.get(ws.max_bytes(), ctx.stream());
     EXPECT_EQ(ws.capacity(), ws.max_bytes());
 
-    EXPECT_THAT(error_of([&] { ws.get(ws.max_bytes() + 1); }),
+    EXPECT_THAT(error_of([&] { ws.get(ws.max_bytes() + 1, ctx.stream()); }),
                 HasSubstr(fmt::format("would need {} bytes; its limit is {}", 3 * kMiB + 101,
                                       3 * kMiB + 100)));
     EXPECT_EQ(ws.capacity(), ws.max_bytes());  // the failed request changed nothing

@@ -157,9 +157,11 @@ struct LtGemm::Impl {
   PerStream& state_of(cudaStream_t stream, bool capturing) {
     auto it = streams.find(stream);
     if (it != streams.end()) return it->second;
-    ASYNCTP_CHECK(!capturing,
-                  "a GEMM's first use of a stream is during CUDA-graph capture, where its "
-                  "workspace cannot be allocated; run the op once before capturing it");
+    ASYNCTP_CAPTURE_CHECK(!capturing,
+                          "a GEMM's first use of a stream is during CUDA-graph capture, where its "
+                          "cuBLASLt workspace ({} bytes) cannot be allocated; run the op once on "
+                          "this stream before capturing it",
+                          workspace_bytes);
     PerStream state;
     ASYNCTP_CUDA_CHECK(cudaMalloc(&state.workspace, workspace_bytes));
     return streams.emplace(stream, state).first->second;
@@ -168,10 +170,10 @@ struct LtGemm::Impl {
   void* scratch_for(Slot slot, size_t bytes, cudaStream_t stream, bool capturing) {
     PerStream& st = state_of(stream, capturing);
     if (bytes <= st.scratch_bytes[slot]) return st.scratch[slot];
-    ASYNCTP_CHECK(!capturing,
-                  "the float8 GEMM needs {} bytes of staging during CUDA-graph capture; run "
-                  "the op once before capturing it",
-                  bytes);
+    ASYNCTP_CAPTURE_CHECK(!capturing,
+                          "the float8 GEMM's staging must grow to {} bytes during CUDA-graph "
+                          "capture; run the op once before capturing it",
+                          bytes);
     ASYNCTP_CUDA_CHECK(cudaStreamSynchronize(stream));
     cudaFree(st.scratch[slot]);
     st.scratch[slot] = nullptr;

@@ -290,9 +290,13 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   }
   bool times_paths() const override { return true; }
 
-  bool capturing() override {
+  std::unique_ptr<Stream> wrap_stream(void* handle) override {
+    return std::make_unique<CudaStream>(static_cast<cudaStream_t>(handle), this, false);
+  }
+
+  bool capturing(Stream& stream) override {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    ASYNCTP_CUDA_CHECK(cudaStreamIsCapturing(stream_->get(), &status));
+    ASYNCTP_CUDA_CHECK(cudaStreamIsCapturing(raw(stream), &status));
     return status != cudaStreamCaptureStatusNone;
   }
 
@@ -345,7 +349,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
 
   void gemm(const GemmArgs& args, Stream& stream) override {
     validate_gemm(args);
-    gemm_->run(args, raw(stream), capturing());
+    gemm_->run(args, raw(stream), capturing(stream));
   }
 
   void reduce(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
@@ -572,12 +576,14 @@ CudaBackendInternals& CudaBackendInternals::of(Backend& backend) {
   return *internals;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int local_rank) {
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, int device_index) {
   const int count = cuda_device_count();
   ASYNCTP_CHECK(count > 0,
                 "the cuda backend needs a GPU, but none is visible (no driver, or "
                 "CUDA_VISIBLE_DEVICES hides them)");
-  return std::make_unique<CudaBackend>(local_rank % count);
+  ASYNCTP_CHECK(device_index < count, "device_index {} is out of range: {} GPU(s) are visible",
+                device_index, count);
+  return std::make_unique<CudaBackend>(device_index >= 0 ? device_index : local_rank % count);
 }
 
 }  // namespace asynctp

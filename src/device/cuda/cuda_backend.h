@@ -14,8 +14,8 @@ namespace asynctp {
 // Number of visible GPUs (0 when there is no driver or no device).
 int cuda_device_count();
 
-// The GPU for a local rank: local_rank modulo the visible devices.
-std::unique_ptr<Backend> make_cuda_backend(int local_rank);
+// The GPU device_index where it is >= 0, else local_rank modulo the visible devices.
+std::unique_ptr<Backend> make_cuda_backend(int local_rank, int device_index = -1);
 
 // How many ranks may share one GPU: ASYNCTP_SHARED_GPUS (default 1, at most 8). Above 1, for
 // testing the multi-rank schedules on fewer GPUs than ranks (correctness only, not speed):

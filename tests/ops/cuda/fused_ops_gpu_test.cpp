@@ -988,7 +988,7 @@ TEST(FusedOpsGpu, NativeReduceScatterRepeatsAmongOtherOps) {
               }
               if (step == 'C') {
                 ctx.backend().gemm({.a = *a, .b = *b, .d = product}, ctx.stream());
-                reduce_scatter(ctx, reduced, product, ReduceOp::kSum);
+                reduce_scatter(ctx, product, reduced, ReduceOp::kSum);
                 continue;
               }
               matmul_reduce_scatter(
