@@ -82,11 +82,7 @@ asynctp_status asynctp_context_create(asynctp_group group, const asynctp_context
     if (o.device_index < -1)
       invalid("options->device_index is {} (-1: the group's local rank, else >= 0)",
               o.device_index);
-    if (o.device_index != -1 && o.device_index != g->local_rank())
-      unsupported(
-          "options->device_index {} differs from the group's local rank {}, which this "
-          "build's contexts always drive",
-          o.device_index, g->local_rank());
+    copts.device_index = o.device_index;
     if (o.max_workspace_bytes < -1)
       invalid("options->max_workspace_bytes is {} (-1: the default, else >= 0)",
               o.max_workspace_bytes);

@@ -1,5 +1,7 @@
 // The fused operators and the collectives: descriptors checked and converted, then one call of
 // the C++ op.
+#include <cstring>
+
 #include "capi/internal.h"
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
@@ -16,10 +18,6 @@ std::optional<void*> stream_of(void* stream) {
   return stream;
 }
 
-void use_stream(void* stream) {
-  (void)stream_of(stream);
-}
-
 void check_dim_arg(int32_t dim, std::string_view arg) {
   if (dim < -ASYNCTP_MAX_DIMS || dim >= ASYNCTP_MAX_DIMS)
     invalid("{} is {}, outside -{}..{}", arg, dim, ASYNCTP_MAX_DIMS, ASYNCTP_MAX_DIMS - 1);
@@ -30,7 +28,7 @@ AllGatherMatmulOptions ag_options(int32_t gather_dim, int32_t path, void* stream
   AllGatherMatmulOptions options;
   options.gather_dim = gather_dim;
   options.path = path_of(path);
-  use_stream(stream);
+  options.stream = stream_of(stream);
   return options;
 }
 
@@ -41,7 +39,7 @@ MatmulReduceScatterOptions rs_options(int32_t reduce_op, int32_t scatter_dim, in
   options.reduce_op = reduce_op_of(reduce_op);
   options.scatter_dim = scatter_dim;
   options.path = path_of(path);
-  use_stream(stream);
+  options.stream = stream_of(stream);
   return options;
 }
 
@@ -54,8 +52,7 @@ asynctp_status asynctp_context_set_stream(asynctp_context ctx, void* stream) {
     Context& c = *context_of(ctx, "ctx").ctx;
     if (stream == ASYNCTP_CONTEXT_STREAM)
       invalid("stream is ASYNCTP_CONTEXT_STREAM, which only op calls may pass");
-    if (!c.backend().device().is_cpu())
-      unsupported("a stream of the caller's is not supported by this build yet");
+    c.set_stream(stream);
   });
 }
 
@@ -73,8 +70,8 @@ asynctp_status asynctp_reserve_all_gather_matmul(asynctp_context ctx, const asyn
     for (int32_t i = 0; i < num_bs; ++i)
       b.push_back(shape_only_tensor_of(&bs[i], fmt::format("bs[{}]", i), c));
     if (return_a != 0 && return_a != 1) invalid("return_a is {}, expected 0 or 1", return_a);
-    (void)ag_options(gather_dim, ASYNCTP_PATH_DEFAULT, stream);
-    unsupported("reserve is not supported by this build yet");
+    reserve_all_gather_matmul(c, a, b, return_a != 0,
+                              ag_options(gather_dim, ASYNCTP_PATH_DEFAULT, stream));
   });
 }
 
@@ -93,8 +90,8 @@ asynctp_status asynctp_reserve_matmul_reduce_scatter(asynctp_context ctx, const 
       a.push_back(shape_only_tensor_of(&as[i], fmt::format("as[{}]", i), c));
       b.push_back(shape_only_tensor_of(&bs[i], fmt::format("bs[{}]", i), c));
     }
-    (void)rs_options(ASYNCTP_REDUCE_SUM, scatter_dim, ASYNCTP_PATH_DEFAULT, stream);
-    unsupported("reserve is not supported by this build yet");
+    reserve_matmul_reduce_scatter(
+        c, a, b, rs_options(ASYNCTP_REDUCE_SUM, scatter_dim, ASYNCTP_PATH_DEFAULT, stream));
   });
 }
 
@@ -169,8 +166,7 @@ asynctp_status asynctp_all_gather(asynctp_context ctx, const asynctp_tensor* in,
   return guarded(__func__, [&] {
     Context& c = *context_of(ctx, "ctx").ctx;
     check_dim_arg(dim, "dim");
-    use_stream(stream);
-    all_gather(c, tensor_of(out, "out", c), tensor_of(in, "in", c), dim);
+    all_gather(c, tensor_of(in, "in", c), tensor_of(out, "out", c), dim, stream_of(stream));
   });
 }
 
@@ -181,8 +177,7 @@ asynctp_status asynctp_reduce_scatter(asynctp_context ctx, const asynctp_tensor*
     Context& c = *context_of(ctx, "ctx").ctx;
     check_dim_arg(dim, "dim");
     const ReduceOp op = reduce_op_of(reduce_op);
-    use_stream(stream);
-    reduce_scatter(c, tensor_of(out, "out", c), tensor_of(in, "in", c), op, dim);
+    reduce_scatter(c, tensor_of(in, "in", c), tensor_of(out, "out", c), op, dim, stream_of(stream));
   });
 }
 
@@ -191,8 +186,7 @@ asynctp_status asynctp_all_reduce(asynctp_context ctx, const asynctp_tensor* ino
   return guarded(__func__, [&] {
     Context& c = *context_of(ctx, "ctx").ctx;
     const ReduceOp op = reduce_op_of(reduce_op);
-    use_stream(stream);
-    all_reduce(c, tensor_of(inout, "inout", c), op);
+    all_reduce(c, tensor_of(inout, "inout", c), op, stream_of(stream));
   });
 }
 
@@ -204,7 +198,14 @@ asynctp_status asynctp_memory_stats_get(asynctp_context ctx, asynctp_memory_stat
         out->struct_size > static_cast<int32_t>(sizeof(asynctp_memory_stats)))
       invalid("out->struct_size is {}, expected {}", out->struct_size,
               sizeof(asynctp_memory_stats));
-    unsupported("memory stats are not supported by this build yet");
+    const MemoryStats stats = c.memory_stats();
+    asynctp_memory_stats full{};
+    full.struct_size = out->struct_size;
+    full.symmetric_bytes = stats.symmetric_bytes;
+    full.symmetric_limit = stats.symmetric_limit;
+    full.local_bytes = stats.local_bytes;
+    // A caller compiled against an older header gets the fields its struct has.
+    std::memcpy(out, &full, out->struct_size);
   });
 }
 

@@ -64,6 +64,9 @@ asynctp_status status_from_current_exception(const char* function) {
   } catch (const StoreFailure& e) {
     status = ASYNCTP_ERROR_INTERNAL;
     message = e.what();
+  } catch (const CaptureError& e) {
+    status = ASYNCTP_ERROR_CAPTURE;
+    message = e.what();
   } catch (const TimeoutError& e) {
     status = ASYNCTP_ERROR_TIMEOUT;
     message = e.what();

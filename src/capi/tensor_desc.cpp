@@ -86,9 +86,14 @@ Tensor convert(const asynctp_tensor* desc, std::string_view arg, const Context& 
     if (__builtin_mul_overflow(last + 1, static_cast<int64_t>(element_size(dtype)), &bytes))
       invalid("{}'s extent overflows int64 bytes", arg);
   }
-  if (need_data && desc->data == nullptr && numel > 0)
-    invalid("{}.data is NULL but the tensor has {} elements", arg, numel);
-  return Tensor(desc->data, dtype, std::move(shape), std::move(strides), device);
+  void* data = desc->data;
+  if (data == nullptr && numel > 0) {
+    if (need_data) invalid("{}.data is NULL but the tensor has {} elements", arg, numel);
+    // A Tensor of elements holds an address; reserve reads none, so any aligned one serves.
+    alignas(256) static char unread_address[1];
+    data = unread_address;
+  }
+  return Tensor(data, dtype, std::move(shape), std::move(strides), device);
 }
 
 }  // namespace

@@ -100,6 +100,10 @@ TEST(CapiErrors, StatusesAndMessages) {
     EXPECT_STATUS(asynctp_context_create(group, &o, &ctx), ASYNCTP_ERROR_INVALID_ARGUMENT,
                   "path is 9");
     asynctp_context_options_init(&o);
+    o.device_index = -2;
+    EXPECT_STATUS(asynctp_context_create(group, &o, &ctx), ASYNCTP_ERROR_INVALID_ARGUMENT,
+                  "options->device_index is -2");
+    asynctp_context_options_init(&o);
     o.struct_size = 3;
     EXPECT_STATUS(asynctp_context_create(group, &o, &ctx), ASYNCTP_ERROR_INVALID_ARGUMENT,
                   "options->struct_size is 3");
@@ -120,6 +124,8 @@ TEST(CapiErrors, StatusesAndMessages) {
       return asynctp_all_gather_matmul(ctx, &a_desc, &b_desc, 1, &out_desc, nullptr, 0,
                                        ASYNCTP_PATH_DEFAULT, ASYNCTP_CONTEXT_STREAM);
     };
+    EXPECT_STATUS(asynctp_context_set_stream(ctx, ASYNCTP_CONTEXT_STREAM),
+                  ASYNCTP_ERROR_INVALID_ARGUMENT, "only op calls may pass");
     // Bad descriptors, each field.
     asynctp_tensor bad = ad;
     bad.ndim = 9;

@@ -356,10 +356,18 @@ TEST_P(CapiOps, Collectives) {
     C_ASSERT_OK(
         asynctp_reduce_scatter(ctx, &in_d, &out_d, ASYNCTP_REDUCE_SUM, 1, ASYNCTP_CONTEXT_STREAM));
     EXPECT_EQ(values_of(out), slice(sum, big, 1, rank, ws));
+    // On the caller's stream: the CPU backend takes any handle (its one stream is eager), given
+    // per call or set on the context.
     HostTensor inout = in;
     const asynctp_tensor io_d = inout.desc();
-    C_ASSERT_OK(asynctp_all_reduce(ctx, &io_d, ASYNCTP_REDUCE_SUM, ASYNCTP_CONTEXT_STREAM));
+    C_ASSERT_OK(asynctp_all_reduce(ctx, &io_d, ASYNCTP_REDUCE_SUM, nullptr));
     EXPECT_EQ(values_of(inout), sum);
+    C_ASSERT_OK(asynctp_context_set_stream(ctx, nullptr));
+    HostTensor out2({2, 3, 4}, ASYNCTP_F32);
+    const asynctp_tensor out2_d = out2.desc();
+    C_ASSERT_OK(
+        asynctp_reduce_scatter(ctx, &in_d, &out2_d, ASYNCTP_REDUCE_SUM, 1, ASYNCTP_CONTEXT_STREAM));
+    EXPECT_EQ(values_of(out2), slice(sum, big, 1, rank, ws));
     C_ASSERT_OK(asynctp_synchronize(ctx));
   });
 }
