@@ -20,9 +20,9 @@ int main() {
     b[i] = static_cast<float>(i % 3) - 1.0f;
   const Tensor a_t(a.data(), DType::kF32, {s, k}), b_t(b.data(), DType::kF32, {k, n});
   const Tensor out_t(out.data(), DType::kF32, {ws * s, n});
-  all_gather_matmul(*ctx, a_t, std::span(&b_t, 1), std::span(&out_t, 1));
+  all_gather_matmul(*ctx, a_t, b_t, out_t);
 
-  all_gather(*ctx, Tensor(gathered.data(), DType::kF32, {ws * s, k}), a_t);
+  all_gather(*ctx, a_t, Tensor(gathered.data(), DType::kF32, {ws * s, k}));
   for (int64_t i = 0; i < ws * s; ++i)
     for (int64_t j = 0; j < n; ++j) {
       float want = 0.0f;
