@@ -178,28 +178,92 @@ def _descs(e, key: str, tensors):
 
 
 _NO_TENSOR = _capi.no_tensor()
+_entries = _contexts._entries
+
+
+def _contiguous_strides(shape) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return strides[::-1]
+
+
+def _key(ts) -> tuple:
+    """What a call plan depends on: each tensor's shape, strides, dtype and device."""
+    return tuple([(t.shape, t.dtype, t.get_device(), t.is_contiguous() or t.stride()) for t in ts])
+
+
+class _Plan:
+    """A call's descriptors, filled once per (shapes, strides, dtypes, devices, dims): a call
+    then only writes data pointers and allocates its outputs (the host time of an eager call
+    is the acceptance's measure)."""
+
+    __slots__ = ("out_shapes", "out_dtype", "a_shape", "dim", "inputs", "outs", "a_out", "op",
+                 "cuda", "device", "index")
+
+    def __init__(self, inputs, out_shapes, out_dtype, a_shape, dim, device, op=0):
+        self.inputs = []
+        for ts in inputs:
+            arr = (_capi.Tensor * len(ts))()
+            for i, t in enumerate(ts):
+                fill(arr[i], t)
+            self.inputs.append(arr)
+        self.out_shapes = out_shapes
+        self.out_dtype = out_dtype
+        self.outs = (_capi.Tensor * len(out_shapes))()
+        for i, shape in enumerate(out_shapes):
+            _contexts.fill_meta(self.outs[i], out_dtype, device, shape, _contiguous_strides(shape))
+        self.a_shape = a_shape
+        self.a_out = None
+        if a_shape is not None:
+            self.a_out = (_capi.Tensor * 1)()
+            _contexts.fill_meta(self.a_out[0], out_dtype, device, a_shape, _contiguous_strides(a_shape))
+        self.dim = dim
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.index = device.index if self.cuda else -1
+        self.op = op
+
+
+def _run(e, plan: _Plan, status: int) -> None:
+    if status != _capi.OK:
+        _capi.raise_status(status)
+    if not plan.cuda:
+        # The CPU backend's stream runs asynchronously; torch reads the outputs right away.
+        _capi.check(_capi.lib().asynctp_synchronize(e.handle))
+
+
+def _stream_of(plan: _Plan):
+    return torch._C._cuda_getCurrentRawStream(plan.index) or None if plan.cuda else None
 
 
 def _all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
-    e = _contexts.entry(group_name, A)
-    g, full, out_shapes = _ag_shapes(A, Bs, gather_dim, e.world_size)
-    _same_dtype(A, Bs, "Bs")
-    outs = [torch.empty(s, dtype=A.dtype, device=A.device) for s in out_shapes]
-    a_out = torch.empty(full, dtype=A.dtype, device=A.device) if return_A else None
-    d_a = e.tensors("ag.a", 1)
-    fill(d_a[0], A)
-    d_bs = _descs(e, "ag.bs", Bs)
-    d_outs = _descs(e, "ag.outs", outs)
-    if a_out is not None:
-        d_a_out = e.tensors("ag.a_out", 1)
-        fill(d_a_out[0], a_out)
-        p_a_out = d_a_out
-    else:
-        p_a_out = ctypes.byref(_NO_TENSOR)
+    e = _entries.get((group_name, A.get_device())) or _contexts.entry(group_name, A)
+    key = ("ag", gather_dim, return_A, _key([A, *Bs]))
+    plan = e.descs.get(key)
+    if plan is None:
+        g, full, out_shapes = _ag_shapes(A, Bs, gather_dim, e.world_size)
+        _same_dtype(A, Bs, "Bs")
+        plan = _Plan([[A], Bs], out_shapes, A.dtype, full if return_A else None, g, A.device)
+        e.descs[key] = plan
+    d_a, d_bs = plan.inputs
+    d_a[0].data = A.data_ptr()
+    for i, B in enumerate(Bs):
+        d_bs[i].data = B.data_ptr()
+    device, dtype = plan.device, plan.out_dtype
+    outs = [torch.empty(s, dtype=dtype, device=device) for s in plan.out_shapes]
+    for i, out in enumerate(outs):
+        plan.outs[i].data = out.data_ptr()
+    a_out = None
+    if plan.a_out is not None:
+        a_out = torch.empty(plan.a_shape, dtype=dtype, device=device)
+        plan.a_out[0].data = a_out.data_ptr()
     status = _capi.lib().asynctp_all_gather_matmul(
-        e.handle, d_a, d_bs, len(Bs), d_outs, p_a_out, g, _capi.PATH_DEFAULT, _stream(A)
-    )
-    _finish(e, status, A)
+        e.handle, d_a, d_bs, len(Bs), plan.outs,
+        plan.a_out if plan.a_out is not None else ctypes.byref(_NO_TENSOR), plan.dim,
+        _capi.PATH_DEFAULT, _stream_of(plan))
+    _run(e, plan, status)
     return a_out, outs
 
 
@@ -217,18 +281,24 @@ def _matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name):
             f"asynctp: As and Bs must be non-empty and of one length, got {len(As)} and {len(Bs)}"
         )
     A0 = As[0]
-    e = _contexts.entry(group_name, A0)
-    op = _reduce_op(reduce_op)
-    g, out_shape = _rs_check(As, Bs, scatter_dim, e.world_size)
-    out = torch.empty(out_shape, dtype=A0.dtype, device=A0.device)
-    d_as = _descs(e, "rs.as", As)
-    d_bs = _descs(e, "rs.bs", Bs)
-    d_out = e.tensors("rs.out", 1)
-    fill(d_out[0], out)
+    e = _entries.get((group_name, A0.get_device())) or _contexts.entry(group_name, A0)
+    key = ("rs", reduce_op, scatter_dim, _key([*As, *Bs]))
+    plan = e.descs.get(key)
+    if plan is None:
+        op = _reduce_op(reduce_op)
+        g, out_shape = _rs_check(As, Bs, scatter_dim, e.world_size)
+        plan = _Plan([As, Bs], [out_shape], A0.dtype, None, g, A0.device, op)
+        e.descs[key] = plan
+    d_as, d_bs = plan.inputs
+    for i, (A, B) in enumerate(zip(As, Bs)):
+        d_as[i].data = A.data_ptr()
+        d_bs[i].data = B.data_ptr()
+    out = torch.empty(plan.out_shapes[0], dtype=plan.out_dtype, device=plan.device)
+    plan.outs[0].data = out.data_ptr()
     status = _capi.lib().asynctp_matmul_reduce_scatter(
-        e.handle, d_as, d_bs, len(As), d_out, op, g, _capi.PATH_DEFAULT, _stream(A0)
-    )
-    _finish(e, status, A0)
+        e.handle, d_as, d_bs, len(As), plan.outs, plan.op, plan.dim, _capi.PATH_DEFAULT,
+        _stream_of(plan))
+    _run(e, plan, status)
     return out
 
 
