@@ -226,6 +226,16 @@ class _Plan:
         self.op = op
 
 
+_MAX_PLANS = 512
+
+
+def _remember(e, key, plan: _Plan) -> None:
+    """Keeps a plan; a context that has seen many shapes (dynamic shapes) starts over."""
+    if len(e.descs) >= _MAX_PLANS:
+        e.descs.clear()
+    e.descs[key] = plan
+
+
 def _run(e, plan: _Plan, status: int) -> None:
     if status != _capi.OK:
         _capi.raise_status(status)
@@ -246,7 +256,7 @@ def _all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
         g, full, out_shapes = _ag_shapes(A, Bs, gather_dim, e.world_size)
         _same_dtype(A, Bs, "Bs")
         plan = _Plan([[A], Bs], out_shapes, A.dtype, full if return_A else None, g, A.device)
-        e.descs[key] = plan
+        _remember(e, key, plan)
     d_a, d_bs = plan.inputs
     d_a[0].data = A.data_ptr()
     for i, B in enumerate(Bs):
@@ -288,7 +298,7 @@ def _matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name):
         op = _reduce_op(reduce_op)
         g, out_shape = _rs_check(As, Bs, scatter_dim, e.world_size)
         plan = _Plan([As, Bs], [out_shape], A0.dtype, None, g, A0.device, op)
-        e.descs[key] = plan
+        _remember(e, key, plan)
     d_as, d_bs = plan.inputs
     for i, (A, B) in enumerate(zip(As, Bs)):
         d_as[i].data = A.data_ptr()
