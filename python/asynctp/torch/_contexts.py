@@ -61,12 +61,8 @@ def fill(desc: _capi.Tensor, t: torch.Tensor) -> None:
     desc.strides[:n] = t.stride()
 
 
-def fill_shape(desc: _capi.Tensor, t: torch.Tensor) -> None:
-    """Like fill, with no data (a reservation's output, a fake tensor's shape)."""
-    fill_meta(desc, t.dtype, t.device, t.shape, t.stride())
-
-
 def fill_meta(desc: _capi.Tensor, dtype, device, shape, strides) -> None:
+    """A descriptor without data (an output's, filled before torch allocates it)."""
     tag = DTYPES.get(dtype)
     if tag is None:
         raise InvalidArgumentError(f"asynctp: dtype {dtype} is not supported")
