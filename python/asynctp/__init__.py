@@ -28,5 +28,4 @@ __all__ = [
     "UnsupportedError",
     "cuda_available",
     "version",
-    "fx_export",
 ]
