@@ -1,0 +1,283 @@
+"""Gradients of torch.ops.asynctp's fused ops against the unfused composition.
+
+The reference emulates the whole group in one process with plain torch autograd: every rank's
+leaf tensors, the all-gather as a torch.cat, the reduce-scatter as a sum then a chunk, and a loss
+sum_r <dO_r, out_r> whose upstream gradients dO_r are drawn per rank. Every rank rebuilds all of
+it from one seed and compares its own gradients with the reference's for its rank. f32 is
+compared tightly (the reference runs in f64), bf16 against an f32 reference with a bf16 tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+WORLD_SIZES = (1, 2, 4)
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def tolerance(dtype: torch.dtype) -> dict:
+    # f32: reduction order only; bf16: the inputs' rounding of products and sums in bf16 output.
+    return {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+
+
+def assert_close(actual, expected, dtype, what):
+    assert actual is not None, f"{what}: no gradient"
+    assert actual.dtype == dtype, f"{what}: dtype {actual.dtype}, expected {dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    torch.testing.assert_close(actual.double(), expected.double(), **tolerance(dtype), msg=what)
+
+
+def randn(gen, shape, dtype):
+    # Values rounded to the test dtype first, so the reference starts from the same numbers.
+    return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+
+
+def shard_shape(ndim: int, dim: int, ws: int) -> tuple[list[int], int]:
+    """A shard's shape with `dim` gathered/scattered, and the full contraction size K."""
+    shape = [3, 2, 5][-ndim:]  # [.., K]; K = 5 unless the gather is on it
+    if dim == ndim - 1:
+        shape[-1] = 3  # per-rank slice of K
+        return shape, 3 * ws
+    shape[dim] = 2
+    return shape, shape[-1]
+
+
+# ---- fused_all_gather_matmul ----------------------------------------------------------------
+
+
+def check_all_gather_matmul(group, dtype_name, ndim, gather_dim, num_bs, return_A, seed):
+    import asynctp.torch  # noqa: F401
+
+    dtype = DTYPES[dtype_name]
+    ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
+    ws, rank, name = group.size(), group.rank(), group.group_name
+    gen = torch.Generator().manual_seed(seed)
+    shape, K = shard_shape(ndim, gather_dim, ws)
+    Ns = [4, 6, 2][:num_bs]
+    shards = [randn(gen, shape, dtype) for _ in range(ws)]
+    Bs = [[randn(gen, [K, n], dtype) for n in Ns] for _ in range(ws)]  # rank r's Bs
+    full_shape = list(shape)
+    full_shape[gather_dim] *= ws
+    full_shape[-1] = K
+    out_shape = lambda n: full_shape[:-1] + [n]  # noqa: E731
+    dOs = [[randn(gen, out_shape(n), dtype) for n in Ns] for _ in range(ws)]
+    dAs = [randn(gen, full_shape, dtype) for _ in range(ws)]
+
+    # Reference: every rank's forward in one process.
+    ref_shards = [s.to(ref_dtype).requires_grad_() for s in shards]
+    ref_Bs = [[B.to(ref_dtype).requires_grad_() for B in Bs_r] for Bs_r in Bs]
+    A_full = torch.cat(ref_shards, dim=gather_dim)
+    loss = 0
+    for r in range(ws):
+        for B, dO in zip(ref_Bs[r], dOs[r]):
+            loss = loss + ((A_full @ B) * dO.to(ref_dtype)).sum()
+        if return_A:
+            loss = loss + (A_full * dAs[r].to(ref_dtype)).sum()
+    loss.backward()
+
+    # asynctp, this rank.
+    A_shard = shards[rank].clone().requires_grad_()
+    my_Bs = [B.clone().requires_grad_() for B in Bs[rank]]
+    A_out, outs = torch.ops.asynctp.fused_all_gather_matmul(
+        A_shard, my_Bs, gather_dim, name, return_A=return_A
+    )
+    assert (A_out is not None) == return_A
+    grads_out = list(dOs[rank])
+    tensors = list(outs)
+    if return_A:
+        tensors.append(A_out)
+        grads_out.append(dAs[rank])
+    torch.autograd.backward(tensors, grads_out)
+
+    what = f"ws={ws} rank={rank} {dtype_name} shape={shape} gather_dim={gather_dim} Bs={num_bs} return_A={return_A}"
+    assert_close(A_shard.grad, ref_shards[rank].grad, dtype, f"dA_shard {what}")
+    for i, B in enumerate(my_Bs):
+        assert_close(B.grad, ref_Bs[rank][i].grad, dtype, f"dBs[{i}] {what}")
+
+
+def check_all_gather_matmul_partial_use(group, seed):
+    """Only some outputs reach the loss: their gradients are None in backward, not zeros."""
+    import asynctp.torch  # noqa: F401
+
+    ws, rank, name = group.size(), group.rank(), group.group_name
+    gen = torch.Generator().manual_seed(seed)
+    shards = [randn(gen, [2, 5], torch.float32) for _ in range(ws)]
+    Bs = [[randn(gen, [5, n], torch.float32) for n in (3, 4)] for _ in range(ws)]
+    ref_shards = [s.double().requires_grad_() for s in shards]
+    ref_B1 = [Bs_r[1].double().requires_grad_() for Bs_r in Bs]
+    A_full = torch.cat(ref_shards)
+    sum((A_full @ ref_B1[r]).square().sum() for r in range(ws)).backward()
+
+    A_shard = shards[rank].clone().requires_grad_()
+    my_Bs = [B.clone().requires_grad_() for B in Bs[rank]]
+    _, outs = torch.ops.asynctp.fused_all_gather_matmul(A_shard, my_Bs, 0, name, return_A=True)
+    outs[1].square().sum().backward()
+    assert_close(A_shard.grad, ref_shards[rank].grad, torch.float32, f"dA_shard ws={ws}")
+    assert my_Bs[0].grad is None, "a B whose output is unused has no gradient"
+    assert_close(my_Bs[1].grad, ref_B1[rank].grad, torch.float32, f"dBs[1] ws={ws}")
+
+
+# ---- fused_matmul_reduce_scatter and the sum of products ------------------------------------
+
+
+def check_matmul_reduce_scatter(group, dtype_name, ndim, scatter_dim, num_products, reduce_op, seed):
+    import asynctp.torch  # noqa: F401
+
+    dtype = DTYPES[dtype_name]
+    ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
+    ws, rank, name = group.size(), group.rank(), group.group_name
+    gen = torch.Generator().manual_seed(seed)
+    a_shape = [3, 2, 5][-ndim:]  # [.., K]
+    N = 4
+    if scatter_dim == ndim - 1:
+        N = 2 * ws
+    else:
+        a_shape[scatter_dim] = 2 * ws
+    Ks = [a_shape[-1], 3, 6][:num_products]  # each product its own K
+    As = [[randn(gen, a_shape[:-1] + [k], dtype) for k in Ks] for _ in range(ws)]
+    Bs = [[randn(gen, [k, N], dtype) for k in Ks] for _ in range(ws)]
+    out_shape = a_shape[:-1] + [N]
+    out_shape[scatter_dim] //= ws
+    dOs = [randn(gen, out_shape, dtype) for _ in range(ws)]
+
+    ref_As = [[a.to(ref_dtype).requires_grad_() for a in As_r] for As_r in As]
+    ref_Bs = [[b.to(ref_dtype).requires_grad_() for b in Bs_r] for Bs_r in Bs]
+    total = sum(a @ b for r in range(ws) for a, b in zip(ref_As[r], ref_Bs[r]))
+    if reduce_op == "avg":
+        total = total / ws
+    chunks = total.chunk(ws, dim=scatter_dim)
+    sum((chunks[r] * dOs[r].to(ref_dtype)).sum() for r in range(ws)).backward()
+
+    my_As = [a.clone().requires_grad_() for a in As[rank]]
+    my_Bs = [b.clone().requires_grad_() for b in Bs[rank]]
+    if num_products == 1:
+        out = torch.ops.asynctp.fused_matmul_reduce_scatter(
+            my_As[0], my_Bs[0], reduce_op, scatter_dim, name
+        )
+    else:
+        out = torch.ops.asynctp.fused_matmuls_reduce_scatter(
+            my_As, my_Bs, reduce_op, scatter_dim, name
+        )
+    out.backward(dOs[rank])
+
+    what = f"ws={ws} rank={rank} {dtype_name} A={a_shape} scatter_dim={scatter_dim} products={num_products} {reduce_op}"
+    for i in range(num_products):
+        assert_close(my_As[i].grad, ref_As[rank][i].grad, dtype, f"dAs[{i}] {what}")
+        assert_close(my_Bs[i].grad, ref_Bs[rank][i].grad, dtype, f"dBs[{i}] {what}")
+
+
+# ---- a pool of gloo ranks, spawned once per module ---------------------------------------------
+# Rank r of a world of `size` processes serves tasks: run fn(group, **case) for every case on the
+# group of the first ws ranks (ranks >= ws stay out), reply with the first failure's traceback.
+
+
+def _worker(rank, size, port, tasks, replies):
+    import traceback
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
+    )
+    groups = {}
+    for ws in range(1, size + 1):  # every rank creates every group, in the same order
+        groups[ws] = dist.new_group(list(range(ws)))
+    while (task := tasks.get()) is not None:
+        fn, ws, cases = task
+        error = None
+        if rank < ws:
+            for case in cases:
+                try:
+                    fn(groups[ws], **case)
+                except BaseException:  # noqa: BLE001  (sent to the parent, which fails)
+                    error = f"rank {rank}, case {case}:\n{traceback.format_exc()}"
+                    break
+        replies.put((rank, error))
+    dist.destroy_process_group()
+
+
+class RankPool:
+    def __init__(self, size: int):
+        import socket
+
+        import torch.multiprocessing as mp
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = mp.get_context("spawn")
+        self.size = size
+        self.tasks = [ctx.Queue() for _ in range(size)]
+        self.replies = ctx.Queue()
+        self.procs = [
+            ctx.Process(target=_worker, args=(r, size, port, self.tasks[r], self.replies))
+            for r in range(size)
+        ]
+        for p in self.procs:
+            p.start()
+
+    def run_each(self, fn, ws: int, cases: list[dict], timeout: float = 300.0) -> None:
+        """Runs fn(group, **case) for each case on ranks [0, ws); fails with every rank's error.
+
+        A case whose collectives fail on one rank may hang the others until the timeout: the
+        pool is then unusable, so the first failure closes it."""
+        for q in self.tasks:
+            q.put((fn, ws, cases))
+        errors = [self.replies.get(timeout=timeout) for _ in range(self.size)]
+        failed = sorted(e for e in errors if e[1] is not None)
+        if failed:
+            raise AssertionError("\n".join(e for _, e in failed))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for q in self.tasks:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+
+# ---- the matrix -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RankPool(max(WORLD_SIZES)) as p:
+        yield p
+
+
+DIMS = [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]  # (ndim, gather/scatter dim)
+
+
+@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_all_gather_matmul_grads(pool, ws, dtype_name):
+    cases = [
+        dict(dtype_name=dtype_name, ndim=nd, gather_dim=d, num_bs=nb, return_A=ra, seed=seed)
+        for seed, (nd, d, nb, ra) in enumerate(
+            (nd, d, nb, ra) for nd, d in DIMS for nb in (1, 3) for ra in (True, False)
+        )
+    ]
+    pool.run_each(check_all_gather_matmul, ws, cases)
+
+
+@pytest.mark.parametrize("ws", WORLD_SIZES)
+def test_all_gather_matmul_unused_outputs(pool, ws):
+    pool.run_each(check_all_gather_matmul_partial_use, ws, [dict(seed=7)])
+
+
+@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_matmul_reduce_scatter_grads(pool, ws, dtype_name):
+    cases = [
+        dict(dtype_name=dtype_name, ndim=nd, scatter_dim=d, num_products=n, reduce_op=op, seed=seed)
+        for seed, (nd, d, n, op) in enumerate(
+            (nd, d, n, op) for nd, d in DIMS for n in (1, 3) for op in ("sum", "avg")
+        )
+    ]
+    pool.run_each(check_matmul_reduce_scatter, ws, cases)
