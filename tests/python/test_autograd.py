@@ -221,8 +221,8 @@ class RankPool:
     def run_each(self, fn, ws: int, cases: list[dict], timeout: float = 300.0) -> None:
         """Runs fn(group, **case) for each case on ranks [0, ws); fails with every rank's error.
 
-        A case whose collectives fail on one rank may hang the others until the timeout: the
-        pool is then unusable, so the first failure closes it."""
+        A rank stops at its first failing case; a peer left waiting in a collective makes the
+        reply time out (queue.Empty), which fails the test."""
         for q in self.tasks:
             q.put((fn, ws, cases))
         errors = [self.replies.get(timeout=timeout) for _ in range(self.size)]
