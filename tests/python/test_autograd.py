@@ -124,6 +124,50 @@ def check_all_gather_matmul_partial_use(group, seed):
     assert_close(my_Bs[1].grad, ref_B1[rank].grad, torch.float32, f"dBs[1] ws={ws}")
 
 
+def check_one_side_grads(group, seed):
+    """Only the activations or only the weights require grad: the other side gets none, and the
+    backward skips its work (the weight-only matmul reduce-scatter gathers without the matmul)."""
+    import asynctp.torch  # noqa: F401
+
+    ws, rank, name = group.size(), group.rank(), group.group_name
+    gen = torch.Generator().manual_seed(seed)
+    shards = [randn(gen, [2, 5], torch.float32) for _ in range(ws)]
+    Bs = [randn(gen, [5, 3], torch.float32) for _ in range(ws)]
+    As = [randn(gen, [2 * ws, 5], torch.float32) for _ in range(ws)]
+    dO_ag = [randn(gen, [2 * ws, 3], torch.float32) for _ in range(ws)]
+    dO_rs = [randn(gen, [2, 3], torch.float32) for _ in range(ws)]
+
+    ref_shards = [s.double().requires_grad_() for s in shards]
+    ref_Bs = [b.double().requires_grad_() for b in Bs]
+    ref_As = [a.double().requires_grad_() for a in As]
+    A_full = torch.cat(ref_shards)
+    loss = sum(((A_full @ ref_Bs[r]) * dO_ag[r].double()).sum() for r in range(ws))
+    chunks = sum(ref_As[r] @ ref_Bs[r] for r in range(ws)).chunk(ws)
+    loss = loss + sum((chunks[r] * dO_rs[r].double()).sum() for r in range(ws))
+    loss.backward()
+    # ref_Bs' gradients mix both ops (one B serves both): the weight gradients by hand instead.
+    dB_ag = A_full.detach().t() @ dO_ag[rank].double()
+    dB_rs = ref_As[rank].detach().t() @ torch.cat([d.double() for d in dO_rs])
+
+    for side in ("A", "B"):
+        A_shard = shards[rank].clone().requires_grad_(side == "A")
+        B = Bs[rank].clone().requires_grad_(side == "B")
+        _, (out,) = torch.ops.asynctp.fused_all_gather_matmul(A_shard, [B], 0, name, return_A=False)
+        out.backward(dO_ag[rank])
+        A = As[rank].clone().requires_grad_(side == "A")
+        B2 = Bs[rank].clone().requires_grad_(side == "B")
+        torch.ops.asynctp.fused_matmul_reduce_scatter(A, B2, "sum", 0, name).backward(dO_rs[rank])
+        what = f"ws={ws} rank={rank} grads of {side} only"
+        if side == "A":
+            assert B.grad is None and B2.grad is None, what
+            assert_close(A_shard.grad, ref_shards[rank].grad, torch.float32, f"dA_shard {what}")
+            assert_close(A.grad, ref_As[rank].grad, torch.float32, f"dA {what}")
+        else:
+            assert A_shard.grad is None and A.grad is None, what
+            assert_close(B.grad, dB_ag, torch.float32, f"dB (all-gather matmul) {what}")
+            assert_close(B2.grad, dB_rs, torch.float32, f"dB (matmul reduce-scatter) {what}")
+
+
 # ---- fused_matmul_reduce_scatter and the sum of products ------------------------------------
 
 
@@ -274,6 +318,11 @@ def test_all_gather_matmul_grads(pool, ws, dtype_name):
 @pytest.mark.parametrize("ws", WORLD_SIZES)
 def test_all_gather_matmul_unused_outputs(pool, ws):
     pool.run_each(check_all_gather_matmul_partial_use, ws, [dict(seed=7)])
+
+
+@pytest.mark.parametrize("ws", WORLD_SIZES)
+def test_one_side_grads(pool, ws):
+    pool.run_each(check_one_side_grads, ws, [dict(seed=11)])
 
 
 @pytest.mark.parametrize("ws", WORLD_SIZES)
