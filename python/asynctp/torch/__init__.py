@@ -1,0 +1,140 @@
+"""asynctp for PyTorch: importing it registers torch.ops.asynctp.*.
+
+    import asynctp.torch  # noqa: F401
+    A, (out,) = torch.ops.asynctp.fused_all_gather_matmul(a_shard, [w], 0, group.group_name)
+    y = torch.ops.asynctp.fused_matmul_reduce_scatter(h, w2, "sum", 0, group.group_name)
+
+The four fused ops have exactly torch.ops.symm_mem's schemas (swap one for the other);
+fused_matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name) reduce-scatters the sum
+of several products. Groups are torch process groups named by group_name (subgroups too); CPU
+tensors run on asynctp's CPU backend (with a gloo group), CUDA tensors on its CUDA backend, on
+torch's current stream.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _capi
+from .._capi import InvalidArgumentError
+from . import _contexts, _ops
+from ._contexts import OPTIONS, release
+
+__all__ = [
+    "last_path",
+    "memory_stats",
+    "release",
+    "reserve",
+    "set_options",
+    "usage",
+]
+
+
+def set_options(*, timeout_s=None, path=None, max_workspace_mb=None, dispatch_cache=None) -> None:
+    """Options of the contexts made from now on (a context is made on a group's first op):
+    timeout_s bounds every wait (default: ASYNCTP_TIMEOUT or 300 s); path is "auto", "split",
+    "native" or "fallback"; max_workspace_mb limits each symmetric workspace; dispatch_cache is
+    where measured path choices are kept ("off": in memory). None keeps the library's default."""
+    if path is not None:
+        _contexts.path_value(path)
+    OPTIONS.timeout_s = timeout_s
+    OPTIONS.path = path
+    OPTIONS.max_workspace_mb = max_workspace_mb
+    OPTIONS.dispatch_cache = dispatch_cache
+
+
+def _op_name(op) -> str:
+    name = op if isinstance(op, str) else getattr(op, "__name__", str(op))
+    name = name.split("::")[-1].split(".")[0]
+    if name not in _ops.SCHEMAS:
+        raise InvalidArgumentError(f"asynctp: reserve: {op!r} is not one of {sorted(_ops.SCHEMAS)}")
+    return name
+
+
+def reserve(op, *args, **kwargs) -> None:
+    """Sizes the symmetric workspaces for `op` called with these arguments, before CUDA-graph
+    capture (collective over the group): reserve(torch.ops.asynctp.fused_all_gather_matmul,
+    A_shard, [W], 0, group_name). A workspace that would have to grow during capture is an
+    asynctp.CaptureError, never a reallocation."""
+    name = _op_name(op)
+    schema = torch._C.parse_schema(_ops.SCHEMAS[name])
+    bound = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(args):
+            bound[arg.name] = args[i]
+        elif arg.name in kwargs:
+            bound[arg.name] = kwargs[arg.name]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+        else:
+            raise InvalidArgumentError(f"asynctp: reserve: {name} needs {arg.name}")
+    lib = _capi.lib()
+    if name in ("fused_all_gather_matmul", "fused_all_gather_scaled_matmul"):
+        A, Bs = bound["A"], list(bound["Bs"])
+        e = _contexts.entry(bound["group_name"], A)
+        g, _, _ = _ops._ag_shapes(A, Bs, bound["gather_dim"], e.world_size)
+        d_a = (_capi.Tensor * 1)()
+        _contexts.fill(d_a[0], A)
+        d_bs = (_capi.Tensor * len(Bs))()
+        for i, B in enumerate(Bs):
+            _contexts.fill(d_bs[i], B)
+        return_a = 1 if bound.get("return_A", True) else 0
+        status = lib.asynctp_reserve_all_gather_matmul(
+            e.handle, d_a, d_bs, len(Bs), g, return_a, _ops._stream(A))
+    else:
+        if name == "fused_matmuls_reduce_scatter":
+            As, Bs, scatter_dim = list(bound["As"]), list(bound["Bs"]), bound["scatter_dim"]
+        elif name == "fused_matmul_reduce_scatter":
+            As, Bs, scatter_dim = [bound["A"]], [bound["B"]], bound["scatter_dim"]
+        else:
+            e = _contexts.entry(bound["group_name"], bound["A"])
+            A_view, _, scatter_dim, _ = _ops._rs_scaled_check(
+                bound["A"], bound["B"], bound["A_scale"], bound["orig_scatter_dim"],
+                bound["scatter_dim_after_maybe_reshape"], bound["output_shape"], bound["bias"],
+                bound["result_scale"], e.world_size)
+            As, Bs = [A_view], [bound["B"]]
+        e = _contexts.entry(bound["group_name"], As[0])
+        g, _ = _ops._rs_check(As, Bs, scatter_dim, e.world_size)
+        d_as = (_capi.Tensor * len(As))()
+        d_bs = (_capi.Tensor * len(Bs))()
+        for i, (A, B) in enumerate(zip(As, Bs)):
+            _contexts.fill(d_as[i], A)
+            _contexts.fill(d_bs[i], B)
+        status = lib.asynctp_reserve_matmul_reduce_scatter(
+            e.handle, d_as, d_bs, len(As), g, _ops._stream(As[0]))
+    _capi.check(status)
+
+
+def memory_stats(group_name: str | None = None) -> dict:
+    """The memory asynctp holds outside torch's allocator (torch's statistics cannot see it),
+    summed over the contexts of group_name (every group for None): symmetric_bytes (this rank's
+    share of the symmetric workspaces), symmetric_limit (per workspace), local_bytes (scratch
+    and flags), contexts (how many)."""
+    out = {"symmetric_bytes": 0, "symmetric_limit": 0, "local_bytes": 0, "contexts": 0}
+    for e in _contexts.entries(group_name):
+        s = _contexts.memory(e)
+        out["symmetric_bytes"] += s.symmetric_bytes
+        out["symmetric_limit"] = max(out["symmetric_limit"], s.symmetric_limit)
+        out["local_bytes"] += s.local_bytes
+        out["contexts"] += 1
+    return out
+
+
+def _entry(group_name: str, device) -> "_contexts.Entry":
+    for e in _contexts.entries(group_name):
+        if device is None or e.device == torch.device(device):
+            return e
+    raise InvalidArgumentError(f"asynctp: no context of group {group_name!r} on {device} yet")
+
+
+def last_path(op: str, group_name: str, device=None) -> tuple[str | None, str]:
+    """The path the last call of op ("all_gather_matmul", "matmul_reduce_scatter", ...) took in
+    group_name's context ("split", "native", "fallback"; None if it never ran), and why it fell
+    back ("" otherwise)."""
+    return _contexts.last_path(_entry(group_name, device), op)
+
+
+def usage(group_name: str, device=None) -> dict:
+    """Every (op, path) call count of group_name's context: {"all_gather_matmul": {"split": 3}}."""
+    return _contexts.usage(_entry(group_name, device))
+

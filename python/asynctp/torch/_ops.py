@@ -1,0 +1,492 @@
+"""torch.ops.asynctp.*: the fused ops with exactly torch.ops.symm_mem's schemas (PyTorch 2.11 to
+2.15 define the same four), plus fused_matmuls_reduce_scatter, the sum of several products before
+one reduce-scatter (the backward pass of an all-gather matmul needs it).
+
+Each op: a fake kernel (shapes only, SymInts welcome), one kernel for CPU and CUDA that
+allocates the outputs with torch (torch.empty on the input's device: the caching allocator, or
+a CUDA graph's pool) and enqueues the op on torch's current stream through the C ABI. On CPU
+the kernel waits for the op (asynctp_synchronize) before handing the outputs to torch.
+
+Arguments asynctp cannot honour raise a named error: a bias or a result scale
+(UnsupportedError). use_fast_accum is a permission, and asynctp always accumulates in f32,
+which honours both values.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.distributed.distributed_c10d as c10d
+
+from .. import _capi
+from .._capi import InvalidArgumentError, UnsupportedError
+from . import _contexts
+from ._contexts import fill
+
+lib = torch.library.Library("asynctp", "DEF")
+_TAGS = [torch._C.Tag.needs_fixed_stride_order]
+
+SCHEMAS = {
+    "fused_all_gather_matmul": (
+        "fused_all_gather_matmul(Tensor A, Tensor[] Bs, int gather_dim, str group_name, *, "
+        "bool return_A = True) -> (Tensor?, Tensor[])"
+    ),
+    "fused_all_gather_scaled_matmul": (
+        "fused_all_gather_scaled_matmul(Tensor A, Tensor[] Bs, Tensor A_scale, Tensor[] B_scales, "
+        "int gather_dim, str group_name, Tensor?[] biases, Tensor?[] result_scales, "
+        "ScalarType?[] out_dtypes, bool[] use_fast_accum) -> (Tensor, Tensor[])"
+    ),
+    "fused_matmul_reduce_scatter": (
+        "fused_matmul_reduce_scatter(Tensor A, Tensor B, str reduce_op, int scatter_dim, "
+        "str group_name) -> Tensor"
+    ),
+    "fused_scaled_matmul_reduce_scatter": (
+        "fused_scaled_matmul_reduce_scatter(Tensor A, Tensor B, Tensor A_scale, Tensor B_scale, "
+        "str reduce_op, int orig_scatter_dim, int scatter_dim_after_maybe_reshape, "
+        "str group_name, SymInt[]? output_shape, Tensor? bias = None, "
+        "Tensor? result_scale = None, ScalarType? out_dtype = None, "
+        "bool use_fast_accum = False) -> Tensor"
+    ),
+    "fused_matmuls_reduce_scatter": (
+        "fused_matmuls_reduce_scatter(Tensor[] As, Tensor[] Bs, str reduce_op, int scatter_dim, "
+        "str group_name) -> Tensor"
+    ),
+}
+for _schema in SCHEMAS.values():
+    lib.define(_schema, tags=_TAGS)
+
+# ScalarType codes, for ScalarType?[] that reach us as ints through the dispatcher (c10's order).
+_SCALAR_TYPES = {
+    5: torch.float16,
+    6: torch.float32,
+    15: torch.bfloat16,
+    16: torch.float8_e5m2,
+    17: torch.float8_e4m3fn,
+}
+
+
+def _dtype(value) -> torch.dtype | None:
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, int) and value in _SCALAR_TYPES:
+        return _SCALAR_TYPES[value]
+    raise InvalidArgumentError(f"asynctp: out_dtype {value!r} is not supported")
+
+
+# ---- shapes (shared by the fake kernels and the real ones; SymInts pass through) -------------
+
+
+def _dim(d: int, ndim: int, what: str) -> int:
+    if not -ndim <= d < ndim:
+        raise InvalidArgumentError(f"asynctp: {what} {d} is out of range for a {ndim}-dim A")
+    return d % ndim
+
+
+def _divisible(n, ws: int, what: str) -> None:
+    if isinstance(n, int):
+        if n % ws != 0:
+            raise InvalidArgumentError(f"asynctp: {what} ({n}) is not divisible by the world size {ws}")
+    else:
+        torch._check(n % ws == 0, lambda: f"asynctp: {what} ({n}) is not divisible by {ws}")
+
+
+def _matrix(B: torch.Tensor, what: str) -> None:
+    if B.dim() != 2:
+        raise InvalidArgumentError(f"asynctp: {what} must be a matrix, got shape {tuple(B.shape)}")
+
+
+def _ag_shapes(A: torch.Tensor, Bs, gather_dim: int, ws: int):
+    """A_shard [.., s@g, .., K] -> A [.., ws*s@g, .., K]; outs[i] [.., ws*s@g, .., N_i]."""
+    if A.dim() < 2:
+        raise InvalidArgumentError(f"asynctp: A must have 2 dims or more, got {tuple(A.shape)}")
+    if len(Bs) == 0:
+        raise InvalidArgumentError("asynctp: Bs is empty")
+    g = _dim(gather_dim, A.dim(), "gather_dim")
+    full = list(A.shape)
+    full[g] = full[g] * ws
+    for i, B in enumerate(Bs):
+        _matrix(B, f"Bs[{i}]")
+    return g, full, [full[:-1] + [B.shape[1]] for B in Bs]
+
+
+def _rs_shape(A_shape, N, scatter_dim: int, ws: int):
+    """A [.., M@g, .., K] @ B [K, N] -> RS(g) -> out [.., M/ws@g, .., N]."""
+    product = list(A_shape[:-1]) + [N]
+    g = _dim(scatter_dim, len(product), "scatter_dim")
+    _divisible(product[g], ws, f"dim {g} of the product {tuple(product)}")
+    out = list(product)
+    out[g] = out[g] // ws
+    return g, out
+
+
+def _reduce_op(reduce_op: str) -> int:
+    op = _capi.REDUCE_OPS.get(reduce_op)
+    if op is None:
+        raise InvalidArgumentError(f"asynctp: reduce_op {reduce_op!r} is not 'sum' or 'avg'")
+    return op
+
+
+def _same_dtype(A: torch.Tensor, Bs, what: str) -> None:
+    for i, B in enumerate(Bs):
+        if B.dtype != A.dtype:
+            raise InvalidArgumentError(
+                f"asynctp: {what}[{i}] is {B.dtype}, A is {A.dtype} (they must match)"
+            )
+
+
+def _group_size(group_name: str) -> int:
+    _contexts._resolve(group_name)
+    return c10d._get_group_size_by_name(group_name)
+
+
+def _unsupported_extras(biases, result_scales, op: str) -> None:
+    for i, bias in enumerate(biases):
+        if bias is not None:
+            raise UnsupportedError(f"asynctp: {op}: a bias (biases[{i}]) is not supported yet")
+    for i, scale in enumerate(result_scales):
+        if scale is not None:
+            raise UnsupportedError(
+                f"asynctp: {op}: a result scale (result_scales[{i}]) is not supported yet"
+            )
+
+
+# ---- calling the library ---------------------------------------------------------------------
+
+
+def _stream(t: torch.Tensor):
+    """torch's current stream of t's device (a cudaStream_t; NULL is the legacy default stream,
+    as the C ABI takes it), None (ignored) on the CPU backend."""
+    if t.is_cuda:
+        return torch._C._cuda_getCurrentRawStream(t.get_device()) or None
+    return None
+
+
+def _finish(e, status: int, t: torch.Tensor) -> None:
+    if status != _capi.OK:
+        _capi.raise_status(status)
+    if not t.is_cuda:
+        # The CPU backend's stream runs asynchronously; torch reads the outputs right away.
+        _capi.check(_capi.lib().asynctp_synchronize(e.handle))
+
+
+def _descs(e, key: str, tensors):
+    arr = e.tensors(key, len(tensors))
+    for i, t in enumerate(tensors):
+        fill(arr[i], t)
+    return arr
+
+
+_NO_TENSOR = _capi.no_tensor()
+_entries = _contexts._entries
+
+
+def _contiguous_strides(shape) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return strides[::-1]
+
+
+def _key(ts) -> tuple:
+    """What a call plan depends on: each tensor's shape, strides, dtype and device."""
+    return tuple([(t.shape, t.dtype, t.get_device(), t.is_contiguous() or t.stride()) for t in ts])
+
+
+class _Plan:
+    """A call's descriptors, filled once per (shapes, strides, dtypes, devices, dims): a call
+    then only writes data pointers and allocates its outputs (the host time of an eager call
+    is the acceptance's measure)."""
+
+    __slots__ = ("out_shapes", "out_dtype", "a_shape", "dim", "inputs", "outs", "a_out", "op",
+                 "cuda", "device", "index")
+
+    def __init__(self, inputs, out_shapes, out_dtype, a_shape, dim, device, op=0):
+        self.inputs = []
+        for ts in inputs:
+            arr = (_capi.Tensor * len(ts))()
+            for i, t in enumerate(ts):
+                fill(arr[i], t)
+            self.inputs.append(arr)
+        self.out_shapes = out_shapes
+        self.out_dtype = out_dtype
+        self.outs = (_capi.Tensor * len(out_shapes))()
+        for i, shape in enumerate(out_shapes):
+            _contexts.fill_meta(self.outs[i], out_dtype, device, shape, _contiguous_strides(shape))
+        self.a_shape = a_shape
+        self.a_out = None
+        if a_shape is not None:
+            self.a_out = (_capi.Tensor * 1)()
+            _contexts.fill_meta(self.a_out[0], out_dtype, device, a_shape, _contiguous_strides(a_shape))
+        self.dim = dim
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.index = device.index if self.cuda else -1
+        self.op = op
+
+
+def _run(e, plan: _Plan, status: int) -> None:
+    if status != _capi.OK:
+        _capi.raise_status(status)
+    if not plan.cuda:
+        # The CPU backend's stream runs asynchronously; torch reads the outputs right away.
+        _capi.check(_capi.lib().asynctp_synchronize(e.handle))
+
+
+def _stream_of(plan: _Plan):
+    return torch._C._cuda_getCurrentRawStream(plan.index) or None if plan.cuda else None
+
+
+def _all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
+    e = _entries.get((group_name, A.get_device())) or _contexts.entry(group_name, A)
+    key = ("ag", gather_dim, return_A, _key([A, *Bs]))
+    plan = e.descs.get(key)
+    if plan is None:
+        g, full, out_shapes = _ag_shapes(A, Bs, gather_dim, e.world_size)
+        _same_dtype(A, Bs, "Bs")
+        plan = _Plan([[A], Bs], out_shapes, A.dtype, full if return_A else None, g, A.device)
+        e.descs[key] = plan
+    d_a, d_bs = plan.inputs
+    d_a[0].data = A.data_ptr()
+    for i, B in enumerate(Bs):
+        d_bs[i].data = B.data_ptr()
+    device, dtype = plan.device, plan.out_dtype
+    outs = [torch.empty(s, dtype=dtype, device=device) for s in plan.out_shapes]
+    for i, out in enumerate(outs):
+        plan.outs[i].data = out.data_ptr()
+    a_out = None
+    if plan.a_out is not None:
+        a_out = torch.empty(plan.a_shape, dtype=dtype, device=device)
+        plan.a_out[0].data = a_out.data_ptr()
+    status = _capi.lib().asynctp_all_gather_matmul(
+        e.handle, d_a, d_bs, len(Bs), plan.outs,
+        plan.a_out if plan.a_out is not None else ctypes.byref(_NO_TENSOR), plan.dim,
+        _capi.PATH_DEFAULT, _stream_of(plan))
+    _run(e, plan, status)
+    return a_out, outs
+
+
+def _all_gather_matmul_fake(A, Bs, gather_dim, group_name, *, return_A=True):
+    ws = _group_size(group_name)
+    _, full, out_shapes = _ag_shapes(A, Bs, gather_dim, ws)
+    _same_dtype(A, Bs, "Bs")
+    outs = [A.new_empty(s) for s in out_shapes]
+    return (A.new_empty(full) if return_A else None), outs
+
+
+def _matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name):
+    if len(As) == 0 or len(As) != len(Bs):
+        raise InvalidArgumentError(
+            f"asynctp: As and Bs must be non-empty and of one length, got {len(As)} and {len(Bs)}"
+        )
+    A0 = As[0]
+    e = _entries.get((group_name, A0.get_device())) or _contexts.entry(group_name, A0)
+    key = ("rs", reduce_op, scatter_dim, _key([*As, *Bs]))
+    plan = e.descs.get(key)
+    if plan is None:
+        op = _reduce_op(reduce_op)
+        g, out_shape = _rs_check(As, Bs, scatter_dim, e.world_size)
+        plan = _Plan([As, Bs], [out_shape], A0.dtype, None, g, A0.device, op)
+        e.descs[key] = plan
+    d_as, d_bs = plan.inputs
+    for i, (A, B) in enumerate(zip(As, Bs)):
+        d_as[i].data = A.data_ptr()
+        d_bs[i].data = B.data_ptr()
+    out = torch.empty(plan.out_shapes[0], dtype=plan.out_dtype, device=plan.device)
+    plan.outs[0].data = out.data_ptr()
+    status = _capi.lib().asynctp_matmul_reduce_scatter(
+        e.handle, d_as, d_bs, len(As), plan.outs, plan.op, plan.dim, _capi.PATH_DEFAULT,
+        _stream_of(plan))
+    _run(e, plan, status)
+    return out
+
+
+def _rs_check(As, Bs, scatter_dim, ws):
+    A0 = As[0]
+    if A0.dim() < 2:
+        raise InvalidArgumentError(f"asynctp: A must have 2 dims or more, got {tuple(A0.shape)}")
+    for i, (A, B) in enumerate(zip(As, Bs)):
+        _matrix(B, f"Bs[{i}]")
+        if A.dtype != A0.dtype or B.dtype != A0.dtype:
+            raise InvalidArgumentError(
+                f"asynctp: As[{i}] is {A.dtype} and Bs[{i}] {B.dtype}; every A and B must be "
+                f"{A0.dtype}"
+            )
+        product = list(A.shape[:-1]) + [B.shape[1]]
+        if i and product != list(As[0].shape[:-1]) + [Bs[0].shape[1]]:
+            raise InvalidArgumentError(
+                f"asynctp: product {i} has shape {tuple(product)}, product 0 "
+                f"{tuple(list(A0.shape[:-1]) + [Bs[0].shape[1]])}: the summed products must agree"
+            )
+    return _rs_shape(A0.shape, Bs[0].shape[1], scatter_dim, ws)
+
+
+def _matmuls_reduce_scatter_fake(As, Bs, reduce_op, scatter_dim, group_name):
+    if len(As) == 0 or len(As) != len(Bs):
+        raise InvalidArgumentError(
+            f"asynctp: As and Bs must be non-empty and of one length, got {len(As)} and {len(Bs)}"
+        )
+    _reduce_op(reduce_op)
+    _, out_shape = _rs_check(As, Bs, scatter_dim, _group_size(group_name))
+    return As[0].new_empty(out_shape)
+
+
+def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
+    return _matmuls_reduce_scatter([A], [B], reduce_op, scatter_dim, group_name)
+
+
+def _matmul_reduce_scatter_fake(A, B, reduce_op, scatter_dim, group_name):
+    return _matmuls_reduce_scatter_fake([A], [B], reduce_op, scatter_dim, group_name)
+
+
+# ---- float8 ------------------------------------------------------------------------------------
+
+
+def _ag_scaled_check(A, Bs, A_scale, B_scales, gather_dim, ws, rank, biases, result_scales,
+                     out_dtypes, use_fast_accum):
+    n = len(Bs)
+    for name, seq in (("B_scales", B_scales), ("biases", biases),
+                      ("result_scales", result_scales), ("out_dtypes", out_dtypes),
+                      ("use_fast_accum", use_fast_accum)):
+        if len(seq) != n:
+            raise InvalidArgumentError(f"asynctp: len({name}) is {len(seq)}, len(Bs) is {n}")
+    _unsupported_extras(biases, result_scales, "fused_all_gather_scaled_matmul")
+    # use_fast_accum: asynctp always accumulates in f32, which honours True (a permission to be
+    # fast) and False alike.
+    g, full, out_shapes = _ag_shapes(A, Bs, gather_dim, ws)
+    dtypes = [_dtype(d) or B.dtype for d, B in zip(out_dtypes, Bs)]
+    # The scale of A: tensor-wise (one element), row-wise of the shard (the shard's shape with
+    # the last dim 1: gathered with A), or row-wise of the gathered A (this rank's rows are
+    # passed: the gathered scale is the same tensor).
+    if A_scale.numel() != 1 and list(A_scale.shape[:-1]) == full[:-1] and A_scale.shape[-1] == 1 \
+            and list(A_scale.shape[:-1]) != list(A.shape[:-1]):
+        s = A.shape[g]
+        A_scale = A_scale.narrow(g, rank * s, s)
+    return g, full, out_shapes, dtypes, A_scale
+
+
+def _all_gather_scaled_matmul(A, Bs, A_scale, B_scales, gather_dim, group_name, biases,
+                              result_scales, out_dtypes, use_fast_accum):
+    e = _contexts.entry(group_name, A)
+    g, full, out_shapes, dtypes, A_scale = _ag_scaled_check(
+        A, Bs, A_scale, B_scales, gather_dim, e.world_size, e.rank, biases, result_scales,
+        out_dtypes, use_fast_accum)
+    outs = [torch.empty(s, dtype=d, device=A.device) for s, d in zip(out_shapes, dtypes)]
+    a_out = torch.empty(full, dtype=A.dtype, device=A.device)
+    d_a = e.tensors("ags.a", 1)
+    fill(d_a[0], A)
+    d_as = e.tensors("ags.a_scale", 1)
+    fill(d_as[0], A_scale)
+    d_bs = _descs(e, "ags.bs", Bs)
+    d_bss = _descs(e, "ags.b_scales", B_scales)
+    d_outs = _descs(e, "ags.outs", outs)
+    d_a_out = e.tensors("ags.a_out", 1)
+    fill(d_a_out[0], a_out)
+    status = _capi.lib().asynctp_all_gather_scaled_matmul(
+        e.handle, d_a, d_as, d_bs, d_bss, len(Bs), d_outs, d_a_out, g, _capi.PATH_DEFAULT,
+        _stream(A))
+    _finish(e, status, A)
+    return a_out, outs
+
+
+def _all_gather_scaled_matmul_fake(A, Bs, A_scale, B_scales, gather_dim, group_name, biases,
+                                   result_scales, out_dtypes, use_fast_accum):
+    ws = _group_size(group_name)
+    _, full, out_shapes, dtypes, _ = _ag_scaled_check(
+        A, Bs, A_scale, B_scales, gather_dim, ws, 0, biases, result_scales, out_dtypes,
+        use_fast_accum)
+    return A.new_empty(full), [A.new_empty(s, dtype=d) for s, d in zip(out_shapes, dtypes)]
+
+
+def _rs_scaled_check(A, B, A_scale, orig_scatter_dim, scatter_dim_after_maybe_reshape,
+                     output_shape, bias, result_scale, ws):
+    """The op's result is torch's definition: RS(orig_scatter_dim) of
+    _scaled_mm(A.flatten(0, -2), B).view(output_shape). A (and a row-wise A_scale) are viewed
+    with output_shape's leading dims, and that is reduce-scattered on orig_scatter_dim.
+    scatter_dim_after_maybe_reshape (the dim of A that torch's pipeline splits) must agree."""
+    if bias is not None:
+        raise UnsupportedError("asynctp: fused_scaled_matmul_reduce_scatter: a bias is not supported yet")
+    if result_scale is not None:
+        raise UnsupportedError(
+            "asynctp: fused_scaled_matmul_reduce_scatter: a result scale is not supported yet")
+    if A.dim() < 2:
+        raise InvalidArgumentError(f"asynctp: A must have 2 dims or more, got {tuple(A.shape)}")
+    _matrix(B, "B")
+    _dim(scatter_dim_after_maybe_reshape, A.dim(), "scatter_dim_after_maybe_reshape")
+    if output_shape is None:
+        output_shape = list(A.shape[:-1]) + [B.shape[1]]
+    output_shape = list(output_shape)
+    if output_shape[-1] != B.shape[1]:
+        raise InvalidArgumentError(
+            f"asynctp: output_shape {output_shape} does not end in B's N ({B.shape[1]})")
+    lead = output_shape[:-1]
+    if len(lead) == A.dim() - 1:
+        if list(A.shape[:-1]) != lead:
+            raise InvalidArgumentError(
+                f"asynctp: output_shape {output_shape} does not match A {tuple(A.shape)}")
+        if scatter_dim_after_maybe_reshape % A.dim() != orig_scatter_dim % len(output_shape):
+            raise InvalidArgumentError(
+                f"asynctp: scatter_dim_after_maybe_reshape {scatter_dim_after_maybe_reshape} and "
+                f"orig_scatter_dim {orig_scatter_dim} differ, but A is not reshaped")
+    A_view = A.reshape(lead + [A.shape[-1]])
+    if A_scale.numel() != 1:
+        if list(A_scale.shape[:-1]) != list(A.shape[:-1]) or A_scale.shape[-1] != 1:
+            raise InvalidArgumentError(
+                f"asynctp: A_scale {tuple(A_scale.shape)} is neither tensor-wise nor row-wise "
+                f"for A {tuple(A.shape)}")
+        A_scale = A_scale.reshape(lead + [1])
+    g, out = _rs_shape(A_view.shape, B.shape[1], orig_scatter_dim, ws)
+    return A_view, A_scale, g, out
+
+
+def _scaled_matmul_reduce_scatter(A, B, A_scale, B_scale, reduce_op, orig_scatter_dim,
+                                  scatter_dim_after_maybe_reshape, group_name, output_shape,
+                                  bias=None, result_scale=None, out_dtype=None,
+                                  use_fast_accum=False):
+    e = _contexts.entry(group_name, A)
+    op = _reduce_op(reduce_op)
+    A_view, A_scale, g, out_shape = _rs_scaled_check(
+        A, B, A_scale, orig_scatter_dim, scatter_dim_after_maybe_reshape, output_shape, bias,
+        result_scale, e.world_size)
+    out = torch.empty(out_shape, dtype=_dtype(out_dtype) or A.dtype, device=A.device)
+    d = e.tensors("rss", 5)
+    fill(d[0], A_view)
+    fill(d[1], A_scale)
+    fill(d[2], B)
+    fill(d[3], B_scale)
+    fill(d[4], out)
+    p = ctypes.addressof(d)
+    size = ctypes.sizeof(_capi.Tensor)
+    T = ctypes.POINTER(_capi.Tensor)
+    status = _capi.lib().asynctp_scaled_matmul_reduce_scatter(
+        e.handle, ctypes.cast(p, T), ctypes.cast(p + size, T), ctypes.cast(p + 2 * size, T),
+        ctypes.cast(p + 3 * size, T), ctypes.cast(p + 4 * size, T), op, g, _capi.PATH_DEFAULT,
+        _stream(A))
+    _finish(e, status, A)
+    return out
+
+
+def _scaled_matmul_reduce_scatter_fake(A, B, A_scale, B_scale, reduce_op, orig_scatter_dim,
+                                       scatter_dim_after_maybe_reshape, group_name, output_shape,
+                                       bias=None, result_scale=None, out_dtype=None,
+                                       use_fast_accum=False):
+    _reduce_op(reduce_op)
+    _, _, _, out_shape = _rs_scaled_check(
+        A, B, A_scale, orig_scatter_dim, scatter_dim_after_maybe_reshape, output_shape, bias,
+        result_scale, _group_size(group_name))
+    return A.new_empty(out_shape, dtype=_dtype(out_dtype) or A.dtype)
+
+
+_KERNELS = {
+    "fused_all_gather_matmul": (_all_gather_matmul, _all_gather_matmul_fake),
+    "fused_all_gather_scaled_matmul": (_all_gather_scaled_matmul, _all_gather_scaled_matmul_fake),
+    "fused_matmul_reduce_scatter": (_matmul_reduce_scatter, _matmul_reduce_scatter_fake),
+    "fused_scaled_matmul_reduce_scatter": (
+        _scaled_matmul_reduce_scatter, _scaled_matmul_reduce_scatter_fake),
+    "fused_matmuls_reduce_scatter": (_matmuls_reduce_scatter, _matmuls_reduce_scatter_fake),
+}
+for _name, (_kernel, _fake) in _KERNELS.items():
+    lib.impl(_name, _kernel, "CPU")
+    lib.impl(_name, _kernel, "CUDA")
+    torch.library.register_fake(f"asynctp::{_name}", _fake, lib=lib)

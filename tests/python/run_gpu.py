@@ -1,0 +1,290 @@
+"""torch.ops.asynctp on GPUs: the op checks of test_ops.py on CUDA tensors (NCCL reference), a
+CUDA-graph capture and replay, then timings against torch.ops.symm_mem on the anchor shapes of
+shared/anchors/torch_asynctp_bench.py (CUDA events, median, slowest rank; eager and graph
+replay) and the host time of one eager call.
+
+    torchrun --nproc-per-node 2 tests/python/run_gpu.py [--skip-bench] [--iters 30]
+
+Needs the package (pip install .) or PYTHONPATH=python ASYNCTP_LIBRARY=build/lib/libasynctp_c.so.
+Prints one JSON line per result on rank 0 (and appends them to $OUT/asynctp_torch.jsonl); exits
+non-zero when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import asynctp
+import asynctp.torch as atp
+
+OPS = torch.ops.asynctp
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+FAILURES: list[str] = []
+
+
+def log(rec: dict) -> None:
+    if dist.get_rank() == 0:
+        line = json.dumps(rec)
+        print(line, flush=True)
+        out = os.environ.get("OUT")
+        if out:
+            with open(os.path.join(out, "asynctp_torch.jsonl"), "a") as f:
+                f.write(line + "\n")
+
+
+def check(cond: bool, what: str) -> None:
+    if not cond:
+        FAILURES.append(f"rank {dist.get_rank()}: {what}")
+        print(f"[rank {dist.get_rank()}] FAIL {what}", file=sys.stderr, flush=True)
+
+
+def close(out, ref, what) -> None:
+    rtol, atol = TOL.get(out.dtype, (1e-4, 1e-4))
+    ref = ref.float()
+    err = (out.float() - ref).abs()
+    bound = atol * max(ref.abs().max().item(), 1.0) + rtol * ref.abs()
+    check(bool((err <= bound).all()), f"{what}: max error {err.max().item():.3g}")
+
+
+def randn(shape, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(shape, generator=g, device="cuda") / 4).to(dtype)
+
+
+def all_gather(t, dim):
+    ws = dist.get_world_size()
+    moved = t.movedim(dim, 0).contiguous()
+    src = moved.view(torch.uint8) if t.element_size() == 1 else moved
+    out = src.new_empty((ws * moved.shape[0], *moved.shape[1:]))
+    dist.all_gather_into_tensor(out, src)
+    return out.view(t.dtype).movedim(0, dim)
+
+
+def reduce_scatter(t, dim, op):
+    ws = dist.get_world_size()
+    moved = t.float().movedim(dim, 0).contiguous()
+    out = moved.new_empty((moved.shape[0] // ws, *moved.shape[1:]))
+    dist.reduce_scatter_tensor(out, moved)
+    return (out / ws if op == "avg" else out).movedim(0, dim)
+
+
+def correctness(name: str) -> None:
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    for dtype, shape, num_bs, return_A in itertools.product(
+        (torch.float32, torch.bfloat16, torch.float16), ((256, 128), (2, 64, 128)), (1, 2), (True, False)
+    ):
+        for g in range(len(shape)):
+            what = f"ag_mm {dtype} {shape} dim {g} bs {num_bs} return_A {return_A}"
+            A = randn(shape, dtype, 10 + rank)
+            k = shape[-1] * (ws if g == len(shape) - 1 else 1)
+            Bs = [randn((k, 96 + 32 * i), dtype, 20 + i) for i in range(num_bs)]
+            A_out, outs = OPS.fused_all_gather_matmul(A, Bs, g, name, return_A=return_A)
+            A_ref = all_gather(A, g)
+            check(A_out is None if not return_A else torch.equal(A_out, A_ref), f"{what}: A")
+            for i, (o, B) in enumerate(zip(outs, Bs)):
+                close(o, A_ref.float() @ B.float(), f"{what}: out {i}")
+    for dtype, shape, op in itertools.product(
+        (torch.float32, torch.bfloat16, torch.float16), ((256, 128), (2, 64, 128)), ("sum", "avg")
+    ):
+        for g in range(len(shape)):
+            what = f"mm_rs {dtype} {shape} dim {g} {op}"
+            A = randn(shape, dtype, 30 + rank)
+            B = randn((shape[-1], 64 * ws), dtype, 40 + rank)
+            close(OPS.fused_matmul_reduce_scatter(A, B, op, g, name),
+                  reduce_scatter(A.float() @ B.float(), g, op), what)
+            A2, B2 = randn(shape, dtype, 50 + rank), randn((shape[-1], 64 * ws), dtype, 60 + rank)
+            close(OPS.fused_matmuls_reduce_scatter([A, A2], [B, B2], op, g, name),
+                  reduce_scatter(A.float() @ B.float() + A2.float() @ B2.float(), g, op),
+                  f"{what} (two products)")
+    # float8, tensor-wise and row-wise scales.
+    f8 = torch.float8_e4m3fn
+    for rowwise in (False, True):
+        A = randn((128, 128), torch.float32, 70 + rank).mul(4).to(f8)
+        B = randn((96, 128), torch.float32, 80).mul(4).to(f8).t()
+        sa = randn((128, 1), torch.float32, 90 + rank).abs() + 0.5 if rowwise else torch.tensor(0.5, device="cuda")
+        sb = randn((1, 96), torch.float32, 91).abs() + 0.5 if rowwise else torch.tensor(0.25, device="cuda")
+        A_out, (o,) = OPS.fused_all_gather_scaled_matmul(A, [B], sa, [sb], 0, name, [None], [None],
+                                                         [torch.bfloat16], [False])
+        A_ref = all_gather(A, 0)
+        sa_ref = all_gather(sa, 0) if rowwise else sa
+        close(o, torch._scaled_mm(A_ref, B, sa_ref, sb, out_dtype=torch.float32),
+              f"ag_scaled_mm rowwise {rowwise}")
+        Bs = randn((96 * ws, 128), torch.float32, 92 + rank).mul(4).to(f8).t()
+        sbs = randn((1, 96 * ws), torch.float32, 93 + rank).abs() + 0.5 if rowwise else sb
+        o = OPS.fused_scaled_matmul_reduce_scatter(A, Bs, sa, sbs, "sum", 0, 0, name, [128, 96 * ws],
+                                                   out_dtype=torch.bfloat16)
+        close(o, reduce_scatter(torch._scaled_mm(A, Bs, sa, sbs, out_dtype=torch.float32), 0, "sum"),
+              f"scaled_mm_rs rowwise {rowwise}")
+    # A wrong device is a named error.
+    A = randn((64, 64), torch.bfloat16, 1)
+    try:
+        OPS.fused_all_gather_matmul(A, [A.cpu()], 0, name)
+        check(False, "a CPU B with a CUDA A was accepted")
+    except asynctp.InvalidArgumentError:
+        pass
+    log({"kind": "correctness", "failures": len(FAILURES)})
+
+
+def capture(name: str) -> None:
+    """reserve, capture each op into a CUDA graph, replay, compare with eager."""
+    rank = dist.get_rank()
+    A = randn((1024, 512), torch.bfloat16, 100 + rank)
+    B = randn((512, 256), torch.bfloat16, 101)
+    atp.reserve(OPS.fused_all_gather_matmul, A, [B], 0, name)
+    atp.reserve(OPS.fused_matmul_reduce_scatter, A, B, "sum", 0, name)
+    eager_ag = OPS.fused_all_gather_matmul(A, [B], 0, name)[1][0].clone()
+    eager_rs = OPS.fused_matmul_reduce_scatter(A, B, "sum", 0, name).clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ag = OPS.fused_all_gather_matmul(A, [B], 0, name)[1][0]
+        rs = OPS.fused_matmul_reduce_scatter(A, B, "sum", 0, name)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    check(torch.equal(ag, eager_ag), "graph replay of all_gather_matmul differs from eager")
+    check(torch.equal(rs, eager_rs), "graph replay of matmul_reduce_scatter differs from eager")
+    log({"kind": "capture", "failures": len(FAILURES), "memory": atp.memory_stats(name)})
+
+
+def bench(fn, iters: int, graph: bool = False) -> float:
+    """Median microseconds by CUDA events, the slowest rank's (as the anchor script times)."""
+    torch.cuda.synchronize()
+    run = fn
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        run = g.replay
+    for _ in range(5):
+        run()
+    torch.cuda.synchronize()
+    dist.barrier()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0)
+    times.sort()
+    t = torch.tensor([times[len(times) // 2]], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def host_time(fn, calls: int = 200) -> float:
+    """Median host microseconds of one eager call (the call returns once enqueued); a sync every
+    10 calls keeps CUDA's launch queue from blocking the host."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for i in range(calls):
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - t0) / 1000.0)
+        if i % 10 == 9:
+            torch.cuda.synchronize()
+    times.sort()
+    return times[len(times) // 2]
+
+
+def timings(name: str, iters: int) -> None:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    symm_mem.enable_symm_mem_for_group(name)
+    dt = torch.bfloat16
+    # The anchor shapes: (label, M_total, K, N_local), A_shard [M/ws, K], B [K, N_local].
+    ag_shapes = [("seed-4096x3584x8192", 4096, 8192, 3584), ("seed-2048x3584x8192", 2048, 8192, 3584),
+                 ("l3-8b-ffn-up", 8192, 4096, 2 * 14336 // ws), ("l3-70b-ffn-up", 8192, 8192, 2 * 28672 // ws),
+                 ("l3-70b-qkv", 8192, 8192, (8192 + 2 * 1024) // ws)]
+    for label, M, K, N in ag_shapes:
+        torch.manual_seed(rank)
+        A = torch.randn(M // ws, K, dtype=dt, device="cuda")
+        B = torch.randn(K, N, dtype=dt, device="cuda") / K**0.5
+        ours = lambda: OPS.fused_all_gather_matmul(A, [B], 0, name, return_A=False)  # noqa: E731
+        theirs = lambda: torch.ops.symm_mem.fused_all_gather_matmul(A, [B], 0, name, return_A=False)  # noqa: E731
+        rec = {"kind": "ag_mm", "shape": label, "M": M, "K": K, "N": N}
+        atp.reserve(OPS.fused_all_gather_matmul, A, [B], 0, name, return_A=False)
+        for tag, fn in (("asynctp", ours), ("symm_mem", theirs)):
+            rec[tag] = bench(fn, iters)
+            rec[f"{tag}_graph"] = bench(fn, iters, graph=True)
+        rec["path"] = atp.last_path("all_gather_matmul", name)[0]
+        rec["speedup"] = rec["symm_mem"] / rec["asynctp"]
+        rec["speedup_graph"] = rec["symm_mem_graph"] / rec["asynctp_graph"]
+        log(rec)
+    rs_shapes = [("seed-like-4096x8192x3584", 4096, 3584, 8192), ("l3-8b-ffn-down", 8192, 14336 // ws, 4096),
+                 ("l3-70b-ffn-down", 8192, 28672 // ws, 8192), ("l3-70b-attn-out", 8192, 8192 // ws, 8192)]
+    for label, M, K, N in rs_shapes:
+        torch.manual_seed(rank)
+        A = torch.randn(M, K, dtype=dt, device="cuda")
+        B = torch.randn(K, N, dtype=dt, device="cuda") / K**0.5
+        ours = lambda: OPS.fused_matmul_reduce_scatter(A, B, "sum", 0, name)  # noqa: E731
+        theirs = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 0, name)  # noqa: E731
+        rec = {"kind": "mm_rs", "shape": label, "M": M, "K": K, "N": N}
+        atp.reserve(OPS.fused_matmul_reduce_scatter, A, B, "sum", 0, name)
+        for tag, fn in (("asynctp", ours), ("symm_mem", theirs)):
+            rec[tag] = bench(fn, iters)
+            rec[f"{tag}_graph"] = bench(fn, iters, graph=True)
+        rec["path"] = atp.last_path("matmul_reduce_scatter", name)[0]
+        rec["speedup"] = rec["symm_mem"] / rec["asynctp"]
+        rec["speedup_graph"] = rec["symm_mem_graph"] / rec["asynctp_graph"]
+        log(rec)
+    # Host time of one eager call, on a small problem whose GPU time hides behind the host's.
+    A = torch.randn(256 // ws, 256, dtype=dt, device="cuda")
+    B = torch.randn(256, 256, dtype=dt, device="cuda")
+    rec = {"kind": "host_us",
+           "asynctp_ag_mm": host_time(lambda: OPS.fused_all_gather_matmul(A, [B], 0, name, return_A=False)),
+           "asynctp_mm_rs": host_time(lambda: OPS.fused_matmul_reduce_scatter(B, B, "sum", 0, name)),
+           "symm_mem_ag_mm": host_time(lambda: torch.ops.symm_mem.fused_all_gather_matmul(A, [B], 0, name, return_A=False)),
+           "torch_mm": host_time(lambda: torch.mm(B, B))}
+    t = torch.tensor([rec["asynctp_ag_mm"], rec["asynctp_mm_rs"]], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    rec["asynctp_max_rank"] = t.tolist()
+    log(rec)
+    check(max(t.tolist()) <= 20.0, f"host time per eager call {t.tolist()} us is over 20 us")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--iters", type=int, default=30)
+    args = parser.parse_args()
+    dist.init_process_group("nccl")
+    local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+    torch.cuda.set_device(local % torch.cuda.device_count())
+    name = dist.group.WORLD.group_name
+    log({"kind": "env", "torch": torch.__version__, "asynctp": asynctp.version(),
+         "python": sys.version.split()[0], "ws": dist.get_world_size(),
+         "gpu": torch.cuda.get_device_name()})
+    correctness(name)
+    capture(name)
+    if not args.skip_bench:
+        timings(name, args.iters)
+    failed = torch.tensor([len(FAILURES)], device="cuda")
+    dist.all_reduce(failed)
+    log({"kind": "done", "failures": int(failed.item())})
+    dist.destroy_process_group()
+    return 1 if failed.item() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
