@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
+
+import asynctp.torch  # noqa: F401  (registers the ops and their backward formulas)
 
 
-WORLD_SIZES = (1, 2, 4)
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
@@ -52,8 +54,8 @@ def shard_shape(ndim: int, dim: int, ws: int) -> tuple[list[int], int]:
 # ---- fused_all_gather_matmul ----------------------------------------------------------------
 
 
-def check_all_gather_matmul(group, dtype_name, ndim, gather_dim, num_bs, return_A, seed):
-    import asynctp.torch  # noqa: F401
+def one_all_gather_matmul(dtype_name, ndim, gather_dim, num_bs, return_A, seed):
+    group = dist.group.WORLD
 
     dtype = DTYPES[dtype_name]
     ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
@@ -102,10 +104,9 @@ def check_all_gather_matmul(group, dtype_name, ndim, gather_dim, num_bs, return_
         assert_close(B.grad, ref_Bs[rank][i].grad, dtype, f"dBs[{i}] {what}")
 
 
-def check_all_gather_matmul_partial_use(group, seed):
+def case_all_gather_matmul_unused_outputs(seed):
     """Only some outputs reach the loss: their gradients are None in backward, not zeros."""
-    import asynctp.torch  # noqa: F401
-
+    group = dist.group.WORLD
     ws, rank, name = group.size(), group.rank(), group.group_name
     gen = torch.Generator().manual_seed(seed)
     shards = [randn(gen, [2, 5], torch.float32) for _ in range(ws)]
@@ -124,11 +125,10 @@ def check_all_gather_matmul_partial_use(group, seed):
     assert_close(my_Bs[1].grad, ref_B1[rank].grad, torch.float32, f"dBs[1] ws={ws}")
 
 
-def check_one_side_grads(group, seed):
+def case_one_side_grads(seed):
     """Only the activations or only the weights require grad: the other side gets none, and the
     backward skips its work (the weight-only matmul reduce-scatter gathers without the matmul)."""
-    import asynctp.torch  # noqa: F401
-
+    group = dist.group.WORLD
     ws, rank, name = group.size(), group.rank(), group.group_name
     gen = torch.Generator().manual_seed(seed)
     shards = [randn(gen, [2, 5], torch.float32) for _ in range(ws)]
@@ -171,8 +171,8 @@ def check_one_side_grads(group, seed):
 # ---- fused_matmul_reduce_scatter and the sum of products ------------------------------------
 
 
-def check_matmul_reduce_scatter(group, dtype_name, ndim, scatter_dim, num_products, reduce_op, seed):
-    import asynctp.torch  # noqa: F401
+def one_matmul_reduce_scatter(dtype_name, ndim, scatter_dim, num_products, reduce_op, seed):
+    group = dist.group.WORLD
 
     dtype = DTYPES[dtype_name]
     ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
@@ -217,121 +217,36 @@ def check_matmul_reduce_scatter(group, dtype_name, ndim, scatter_dim, num_produc
         assert_close(my_Bs[i].grad, ref_Bs[rank][i].grad, dtype, f"dBs[{i}] {what}")
 
 
-# ---- a pool of gloo ranks, spawned once per module ---------------------------------------------
-# Rank r of a world of `size` processes serves tasks: run fn(group, **case) for every case on the
-# group of the first ws ranks (ranks >= ws stay out), reply with the first failure's traceback.
+# ---- the matrix (every case runs on every rank of conftest.py's pools, ws 1 to 4) ------------
+
+DIMS = [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]  # (ndim, gather/scatter dim); the last is K or N
 
 
-def _worker(rank, size, port, tasks, replies):
-    import traceback
-
-    import torch.distributed as dist
-
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-    )
-    groups = {}
-    for ws in range(1, size + 1):  # every rank creates every group, in the same order
-        groups[ws] = dist.new_group(list(range(ws)))
-    while (task := tasks.get()) is not None:
-        fn, ws, cases = task
-        error = None
-        if rank < ws:
-            for case in cases:
-                try:
-                    fn(groups[ws], **case)
-                except BaseException:  # noqa: BLE001  (sent to the parent, which fails)
-                    error = f"rank {rank}, case {case}:\n{traceback.format_exc()}"
-                    break
-        replies.put((rank, error))
-    dist.destroy_process_group()
+def case_all_gather_matmul_grads(dtype_name):
+    cases = [(nd, d, nb, ra) for nd, d in DIMS for nb in (1, 3) for ra in (True, False)]
+    for seed, (nd, d, nb, ra) in enumerate(cases):
+        one_all_gather_matmul(dtype_name, nd, d, nb, ra, seed)
 
 
-class RankPool:
-    def __init__(self, size: int):
-        import socket
-
-        import torch.multiprocessing as mp
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        ctx = mp.get_context("spawn")
-        self.size = size
-        self.tasks = [ctx.Queue() for _ in range(size)]
-        self.replies = ctx.Queue()
-        self.procs = [
-            ctx.Process(target=_worker, args=(r, size, port, self.tasks[r], self.replies))
-            for r in range(size)
-        ]
-        for p in self.procs:
-            p.start()
-
-    def run_each(self, fn, ws: int, cases: list[dict], timeout: float = 300.0) -> None:
-        """Runs fn(group, **case) for each case on ranks [0, ws); fails with every rank's error.
-
-        A rank stops at its first failing case; a peer left waiting in a collective makes the
-        reply time out (queue.Empty), which fails the test."""
-        for q in self.tasks:
-            q.put((fn, ws, cases))
-        errors = [self.replies.get(timeout=timeout) for _ in range(self.size)]
-        failed = sorted(e for e in errors if e[1] is not None)
-        if failed:
-            raise AssertionError("\n".join(e for _, e in failed))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for q in self.tasks:
-            q.put(None)
-        for p in self.procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+def case_matmul_reduce_scatter_grads(dtype_name):
+    cases = [(nd, d, n, op) for nd, d in DIMS for n in (1, 3) for op in ("sum", "avg")]
+    for seed, (nd, d, n, op) in enumerate(cases):
+        one_matmul_reduce_scatter(dtype_name, nd, d, n, op, seed)
 
 
-# ---- the matrix -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def pool():
-    with RankPool(max(WORLD_SIZES)) as p:
-        yield p
-
-
-DIMS = [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]  # (ndim, gather/scatter dim)
-
-
-@pytest.mark.parametrize("ws", WORLD_SIZES)
 @pytest.mark.parametrize("dtype_name", DTYPES)
-def test_all_gather_matmul_grads(pool, ws, dtype_name):
-    cases = [
-        dict(dtype_name=dtype_name, ndim=nd, gather_dim=d, num_bs=nb, return_A=ra, seed=seed)
-        for seed, (nd, d, nb, ra) in enumerate(
-            (nd, d, nb, ra) for nd, d in DIMS for nb in (1, 3) for ra in (True, False)
-        )
-    ]
-    pool.run_each(check_all_gather_matmul, ws, cases)
+def test_all_gather_matmul_grads(pool, dtype_name):
+    pool.run(case_all_gather_matmul_grads, dtype_name)
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
-def test_all_gather_matmul_unused_outputs(pool, ws):
-    pool.run_each(check_all_gather_matmul_partial_use, ws, [dict(seed=7)])
-
-
-@pytest.mark.parametrize("ws", WORLD_SIZES)
-def test_one_side_grads(pool, ws):
-    pool.run_each(check_one_side_grads, ws, [dict(seed=11)])
-
-
-@pytest.mark.parametrize("ws", WORLD_SIZES)
 @pytest.mark.parametrize("dtype_name", DTYPES)
-def test_matmul_reduce_scatter_grads(pool, ws, dtype_name):
-    cases = [
-        dict(dtype_name=dtype_name, ndim=nd, scatter_dim=d, num_products=n, reduce_op=op, seed=seed)
-        for seed, (nd, d, n, op) in enumerate(
-            (nd, d, n, op) for nd, d in DIMS for n in (1, 3) for op in ("sum", "avg")
-        )
-    ]
-    pool.run_each(check_matmul_reduce_scatter, ws, cases)
+def test_matmul_reduce_scatter_grads(pool, dtype_name):
+    pool.run(case_matmul_reduce_scatter_grads, dtype_name)
+
+
+def test_all_gather_matmul_unused_outputs(pool):
+    pool.run(case_all_gather_matmul_unused_outputs, 7)
+
+
+def test_one_side_grads(pool):
+    pool.run(case_one_side_grads, 11)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from test_autograd import RankPool
-
-WORLD_SIZES = (1, 2, 4)
+import asynctp.torch  # noqa: F401
+from asynctp.torch.modules import ColumnParallelLinear, RowParallelLinear
 TOL = {
     torch.float32: {"rtol": 1e-5, "atol": 1e-6},
     torch.bfloat16: {"rtol": 3e-2, "atol": 3e-2},
@@ -26,15 +26,11 @@ def close(actual, expected, dtype, what):
     torch.testing.assert_close(actual.double(), expected.double(), **TOL[dtype], msg=what)
 
 
-def check_mlp_training(group, dtype_name, seq_dim, bias, keep_gathered_input, steps=3):
-    import torch.distributed as dist
-
-    from asynctp.torch.modules import ColumnParallelLinear, RowParallelLinear
-
+def one_mlp_training(group, dtype_name, seq_dim, bias, keep_gathered_input, seed, steps=3):
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     ws, rank, name = group.size(), group.rank(), group.group_name
-    torch.manual_seed(1234)  # the same full model and data on every rank
-    H, F, S, B = 8, 16, 4 * ws, 2
+    torch.manual_seed(seed)  # the same full model and data on every rank of the group
+    H, F, S, B = 8, 4 * ws, 4 * ws, 2  # F and S divisible by ws
     up = nn.Linear(H, F, bias=bias, dtype=dtype)
     down = nn.Linear(F, H, bias=bias, dtype=dtype)
     col = ColumnParallelLinear.from_linear(
@@ -88,12 +84,9 @@ def check_mlp_training(group, dtype_name, seq_dim, bias, keep_gathered_input, st
             close(row.bias, down.bias, dtype, f"down.bias after {what}")
 
 
-def check_construction(group):
+def case_construction():
     """The constructor's shards, nn.Linear's init bound, a replicated row bias, named errors."""
-    import torch.distributed as dist
-
-    from asynctp.torch.modules import ColumnParallelLinear, RowParallelLinear
-
+    group = dist.group.WORLD
     ws, rank = group.size(), group.rank()
     torch.manual_seed(100 + rank)  # different on every rank: the row bias must still agree
     col = ColumnParallelLinear(16, 8 * ws, group)
@@ -108,10 +101,10 @@ def check_construction(group):
         assert torch.equal(b, biases[0]), "the row-parallel bias differs between ranks"
 
     if ws > 1:
-        with pytest.raises(ValueError, match="out_features=3 is not divisible"):
-            ColumnParallelLinear(16, 3, group)
-        with pytest.raises(ValueError, match="in_features=3 is not divisible"):
-            RowParallelLinear(3, 16, group)
+        with pytest.raises(ValueError, match="out_features=5 is not divisible"):
+            ColumnParallelLinear(16, 5, group)
+        with pytest.raises(ValueError, match="in_features=5 is not divisible"):
+            RowParallelLinear(5, 16, group)
     with pytest.raises(TypeError, match="group must be a torch ProcessGroup or a group name"):
         ColumnParallelLinear(16, 8 * ws, 3)
     with pytest.raises(ValueError, match="seq_dim=1 must be a leading dim"):
@@ -120,30 +113,33 @@ def check_construction(group):
         ColumnParallelLinear(16, 8 * ws, group, seq_dim=5)(torch.randn(2, 2, 16))
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with RankPool(max(WORLD_SIZES)) as p:
-        yield p
+def case_mlp_training(dtype_name, combos):
+    for seq_dim, bias, keep in combos:
+        one_mlp_training(dist.group.WORLD, dtype_name, seq_dim, bias, keep, seed=1234)
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
-def test_mlp_training_f32(pool, ws):
-    cases = [
-        dict(dtype_name="f32", seq_dim=sd, bias=b, keep_gathered_input=k)
-        for sd in (0, 1)
-        for b in (True, False)
-        for k in (True, False)
-    ]
-    pool.run_each(check_mlp_training, ws, cases)
+def case_mlp_training_tp_subgroups():
+    """A 2 x 2 mesh: TP groups {0, 1} and {2, 3}, each training on its own data (DP)."""
+    rank = dist.get_rank()
+    tp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both
+    tp = tp_groups[rank // 2]
+    one_mlp_training(tp, "f32", 0, True, False, seed=50 + rank // 2)
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
-def test_mlp_training_bf16(pool, ws):
-    pool.run_each(
-        check_mlp_training, ws, [dict(dtype_name="bf16", seq_dim=1, bias=True, keep_gathered_input=False)]
-    )
+ALL_COMBOS = [(sd, b, k) for sd in (0, 1) for b in (True, False) for k in (True, False)]
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
-def test_construction(pool, ws):
-    pool.run_each(check_construction, ws, [{}])
+def test_mlp_training_f32(pool):
+    pool.run(case_mlp_training, "f32", ALL_COMBOS)
+
+
+def test_mlp_training_bf16(pool):
+    pool.run(case_mlp_training, "bf16", [(1, True, False)])
+
+
+def test_mlp_training_tp_subgroups(pool4):
+    pool4.run(case_mlp_training_tp_subgroups)
+
+
+def test_construction(pool):
+    pool.run(case_construction)
