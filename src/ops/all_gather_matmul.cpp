@@ -212,7 +212,7 @@ struct PushBuffer : detail::OpBuffer {
   int channel;
 };
 
-void run_fused(Context& ctx, const AgMmCall& c) {
+void run_split(Context& ctx, const AgMmCall& c) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
   Stream& copy = ctx.copy_stream();
@@ -648,8 +648,8 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
       case Path::kNative:
         run_native(ctx, c, *plan);
         break;
-      case Path::kFused:
-        run_fused(ctx, c);
+      case Path::kSplit:
+        run_split(ctx, c);
         break;
       case Path::kFallback:
         run_fallback(ctx, c);

@@ -54,11 +54,11 @@ nlohmann::json read_cache(const std::string& path, bool& warned) {
 
 // A path as a number for the ranks' exchange through the store (0: none).
 int path_code(std::optional<Path> p) {
-  return !p ? 0 : *p == Path::kFused ? 1 : *p == Path::kNative ? 2 : 3;
+  return !p ? 0 : *p == Path::kSplit ? 1 : *p == Path::kNative ? 2 : 3;
 }
 
 Path path_of_code(int code) {
-  return code == 1 ? Path::kFused : code == 2 ? Path::kNative : Path::kFallback;
+  return code == 1 ? Path::kSplit : code == 2 ? Path::kNative : Path::kFallback;
 }
 
 // `rounds` rounded up to whole blocks of `rows` rounds (the balanced orders' rows).
@@ -103,7 +103,7 @@ std::optional<Path> Dispatcher::disk_lookup(const std::string& key) {
   const nlohmann::json j = read_cache(cache_path_, cache_warned_);
   if (!j.contains("entries") || !j["entries"].contains(key)) return std::nullopt;
   const std::string path = j["entries"][key].value("path", "");
-  for (Path p : {Path::kNative, Path::kFused, Path::kFallback})
+  for (Path p : {Path::kNative, Path::kSplit, Path::kFallback})
     if (path == path_name(p)) return p;
   return std::nullopt;
 }
@@ -117,7 +117,7 @@ void Dispatcher::disk_store(const std::string& key, const DispatchTiming& timing
     nlohmann::json j = read_cache(cache_path_, cache_warned_);
     j["version"] = Dispatcher::kCacheVersion;
     nlohmann::json entry = {{"path", std::string(path_name(timing.path))}};
-    for (Path p : {Path::kNative, Path::kFused, Path::kFallback})
+    for (Path p : {Path::kNative, Path::kSplit, Path::kFallback})
       if (timing.us(p) > 0) entry[fmt::format("{}_us", path_name(p))] = timing.us(p);
     j["entries"][key] = std::move(entry);
     // Write beside and rename: readers never see a half-written file.

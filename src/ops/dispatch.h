@@ -1,4 +1,4 @@
-// Which path a fused op takes under PathChoice::kAuto: the split pipeline (Path::kFused), the
+// Which path a fused op takes under PathChoice::kAuto: the split pipeline (Path::kSplit), the
 // native async-input GEMM (Path::kNative) or the unfused fallback (NCCL + one GEMM,
 // Path::kFallback), chosen per problem from measurements, never from size thresholds.
 //
@@ -18,11 +18,11 @@
 // be measured or agreed on: an unknown problem then takes the first candidate and says so in the
 // log (run the op once before capturing it to have the choice measured). On a backend whose
 // timings say nothing (Backend::times_paths: the CPU backend) the ops do not ask: they take
-// native where it can run, else fused, else the fallback.
+// native where it can run, else split, else the fallback.
 //
 // The cache: $ASYNCTP_CACHE_DIR/dispatch.json, else $XDG_CACHE_HOME/asynctp/dispatch.json, else
 // ~/.cache/asynctp/dispatch.json; ContextOptions::dispatch_cache overrides it ("off": none).
-// ASYNCTP_PATH=native|fused|fallback (or an op's options.path) bypasses the choice altogether.
+// ASYNCTP_PATH=native|split|fallback (or an op's options.path) bypasses the choice altogether.
 #pragma once
 
 #include <functional>
@@ -39,13 +39,13 @@ class Context;
 
 struct DispatchTiming {
   Path path = Path::kNative;
-  double fused_us = 0;  // the slowest rank's median (0: not measured)
+  double split_us = 0;  // the slowest rank's median (0: not measured)
   double native_us = 0;
   double fallback_us = 0;
   bool from_disk = false;
 
   double& us(Path p) {
-    return p == Path::kFused ? fused_us : p == Path::kNative ? native_us : fallback_us;
+    return p == Path::kSplit ? split_us : p == Path::kNative ? native_us : fallback_us;
   }
   double us(Path p) const { return const_cast<DispatchTiming*>(this)->us(p); }
 };
@@ -56,8 +56,9 @@ class Dispatcher {
   // to the paths can change which of them is faster, so that choices measured before are
   // measured again: 2 since the native GEMM's walk groups of 16 and the native AG's GEMM-first
   // order at ws 2 (and the choice by the slowest rank, which version 1 did not have); 3 since the
-  // fallback is measured beside the overlapped paths (and keys name the call's variant).
-  static constexpr int kCacheVersion = 3;
+  // fallback is measured beside the overlapped paths (and keys name the call's variant); 4 since
+  // the file names the split path "split".
+  static constexpr int kCacheVersion = 4;
   // Rounds of the first measurement: at least kTuneRuns, whole blocks of the balanced orders
   // (core/balanced_orders.h) for that many candidates (16 for two, 18 for three).
   static constexpr int kTuneRuns = 15;

@@ -40,7 +40,7 @@ PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size
     }
     return "";
   };
-  const std::string fused_why = symm_problem(symm_bytes);
+  const std::string split_why = symm_problem(symm_bytes);
   std::string native_why = paths.native_unsupported;
   if (native_why.empty()) native_why = symm_problem(paths.native_symm_bytes);
   if (choice == PathChoice::kNative) {
@@ -48,17 +48,17 @@ PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size
                   native_why);
     return {Path::kNative, "", true};
   }
-  if (choice == PathChoice::kFused) {
-    ASYNCTP_CHECK(fused_why.empty(), "{}: the fused path was requested but {}", op, fused_why);
-    return {Path::kFused, "", true};
+  if (choice == PathChoice::kSplit) {
+    ASYNCTP_CHECK(split_why.empty(), "{}: the split path was requested but {}", op, split_why);
+    return {Path::kSplit, "", true};
   }
   // In order of preference where nothing is measured (and for ties); no allocation: every auto
   // call passes here.
   std::array<Path, 3> candidates{};
   size_t count = 0;
   if (native_why.empty()) candidates[count++] = Path::kNative;
-  if (fused_why.empty()) candidates[count++] = Path::kFused;
-  if (count == 0) return {Path::kFallback, fused_why};
+  if (split_why.empty()) candidates[count++] = Path::kSplit;
+  if (count == 0) return {Path::kFallback, split_why};
   if (!ctx.backend().times_paths()) return {candidates[0], ""};
   candidates[count++] = Path::kFallback;
   const Path path =

@@ -34,8 +34,8 @@ struct CallPaths {
 };
 
 // The caller's choice where possible. Under kAuto, on a backend that times paths
-// (Backend::times_paths), the dispatcher's pick among the paths that can run (native, fused,
-// fallback: the fallback always can); elsewhere native where it can run, else fused, else the
+// (Backend::times_paths), the dispatcher's pick among the paths that can run (native, split,
+// fallback: the fallback always can); elsewhere native where it can run, else split, else the
 // fallback with the reason. Throws if the caller insisted on a path that cannot run, saying why.
 PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
                          const char* op, const CallPaths& paths);

@@ -1,6 +1,6 @@
 // matmul_reduce_scatter and scaled_matmul_reduce_scatter.
 //
-// Fused schedule on rank r of ws (P = A @ B, chunk d of P is what rank d keeps):
+// Split schedule on rank r of ws (P = A @ B, chunk d of P is what rank d keeps):
 //
 //   compute: (captured: reset landed, barrier) | GEMM chunk r+1 | GEMM chunk r+2 | ... | GEMM
 //            chunk r -> own slot | reduce (waits for landed[s] of every peer s) | wait for copy
@@ -254,7 +254,7 @@ struct Slots : detail::OpBuffer {
   size_t bytes;
 };
 
-void run_fused(Context& ctx, const MmRsCall& c, ProductWriter& writer,
+void run_split(Context& ctx, const MmRsCall& c, ProductWriter& writer,
                const MatmulReduceScatterOptions& options) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
@@ -556,8 +556,8 @@ void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
       case Path::kNative:
         run_native(ctx, c, a0, *plan, options);
         break;
-      case Path::kFused:
-        run_fused(ctx, c, writer, options);
+      case Path::kSplit:
+        run_split(ctx, c, writer, options);
         break;
       case Path::kFallback:
         run_fallback(ctx, c, writer, options);

@@ -7,8 +7,8 @@ namespace asynctp {
 
 std::string_view path_name(Path path) {
   switch (path) {
-    case Path::kFused:
-      return "fused";
+    case Path::kSplit:
+      return "split";
     case Path::kNative:
       return "native";
     case Path::kFallback:
@@ -19,18 +19,18 @@ std::string_view path_name(Path path) {
 
 PathChoice parse_path_choice(std::string_view text) {
   if (text == "auto") return PathChoice::kAuto;
-  if (text == "fused") return PathChoice::kFused;
+  if (text == "split") return PathChoice::kSplit;
   if (text == "fallback" || text == "unfused") return PathChoice::kFallback;
   if (text == "native") return PathChoice::kNative;
-  ASYNCTP_FAIL("path must be auto, native, fused or fallback, got '{}'", text);
+  ASYNCTP_FAIL("path must be auto, native, split or fallback, got '{}'", text);
 }
 
 std::string_view path_choice_name(PathChoice choice) {
   switch (choice) {
     case PathChoice::kAuto:
       return "auto";
-    case PathChoice::kFused:
-      return "fused";
+    case PathChoice::kSplit:
+      return "split";
     case PathChoice::kFallback:
       return "fallback";
     case PathChoice::kNative:

@@ -13,20 +13,20 @@
 
 namespace asynctp {
 
-// kFused: the pipeline of per-chunk GEMMs ("split"); kNative: one async-input GEMM that consumes
+// kSplit: the pipeline of per-chunk GEMMs; kNative: one async-input GEMM that consumes
 // (or publishes) chunks as they move; kFallback: the collective, then one GEMM (or the reverse).
-enum class Path : uint8_t { kFused, kFallback, kNative };
+enum class Path : uint8_t { kSplit, kFallback, kNative };
 std::string_view path_name(Path path);
 
-// How the caller wants an op to run: kAuto takes the fastest of native, fused and the fallback
+// How the caller wants an op to run: kAuto takes the fastest of native, split and the fallback
 // (measured once per problem, see ops/dispatch.h), or the fallback where neither overlapped path
 // can run.
-enum class PathChoice : uint8_t { kAuto, kFused, kFallback, kNative };
+enum class PathChoice : uint8_t { kAuto, kSplit, kFallback, kNative };
 PathChoice parse_path_choice(std::string_view text);
 std::string_view path_choice_name(PathChoice choice);
 
 struct PathRecord {
-  Path path = Path::kFused;
+  Path path = Path::kSplit;
   // Why the fallback ran (the caller asked, measured fastest, or what stops the overlapped
   // paths); empty for the other paths.
   std::string reason;
@@ -39,7 +39,7 @@ class Usage {
   void record(std::string_view op, Path path, std::string_view reason, bool warn = true);
   int64_t count(std::string_view op, Path path) const;
   std::optional<PathRecord> last(std::string_view op) const;
-  // Every (op, path) with its count: "all_gather_matmul fused 3".
+  // Every (op, path) with its count: "all_gather_matmul split 3".
   std::map<std::pair<std::string, Path>, int64_t> counts() const { return counts_; }
   void reset();
 

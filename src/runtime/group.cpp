@@ -8,6 +8,8 @@
 #include <fstream>
 #include <random>
 
+#include <fmt/ranges.h>
+
 #include "core/error.h"
 #include "core/log.h"
 
@@ -87,42 +89,129 @@ std::shared_ptr<Group> Group::from_env(GroupOptions options) {
 }
 
 std::shared_ptr<Group> Group::create(const RendezvousInfo& info, GroupOptions options) {
-  return std::shared_ptr<Group>(new Group(info, std::move(options)));
+  const GroupInfo ginfo{info.rank, info.world_size, info.local_rank, info.local_world_size};
+  check_info(ginfo);
+  std::shared_ptr<Group> group(new Group(ginfo, std::move(options)));
+  set_log_rank(info.rank);
+  int port = info.master_port;
+  if (info.rank == 0 && group->options_.serve_store) {
+    group->server_ = std::make_unique<StoreServer>(info.master_addr, port);
+    port = group->server_->port();
+  }
+  ASYNCTP_CHECK(port > 0, "rank {}: no store port (MASTER_PORT) to connect to", info.rank);
+  group->store_ =
+      std::make_shared<TcpStore>(info.master_addr, port, group->options_.timeout, info.rank);
+  group->owns_tcp_store_ = true;
+  // The launcher (and the test harness) name the run, and remove its shared memory afterwards.
+  group->exchange_identity(env("ASYNCTP_RUN_ID").value_or(random_hex(12)));
+  return group;
 }
 
-Group::Group(const RendezvousInfo& info, GroupOptions options)
-    : info_(info), options_(std::move(options)) {
+std::shared_ptr<Group> Group::create(std::shared_ptr<Store> store, const GroupInfo& info,
+                                     GroupOptions options) {
+  check_info(info);
+  ASYNCTP_CHECK(store != nullptr, "rank {}: Group::create needs a store, got null", info.rank);
+  std::shared_ptr<Group> group(new Group(info, std::move(options)));
+  group->store_ = std::move(store);
+  // Several groups of one run may be built over one host store (a world group and its TP
+  // groups): a random suffix keeps their shared memory and sockets apart, while the run's
+  // prefix keeps them findable by the launcher's clean-up.
+  const auto run = env("ASYNCTP_RUN_ID");
+  group->exchange_identity(run ? *run + "-" + random_hex(8) : random_hex(12));
+  return group;
+}
+
+void Group::check_info(const GroupInfo& info) {
   ASYNCTP_CHECK(info.world_size >= 1, "world size must be at least 1, got {}", info.world_size);
   ASYNCTP_CHECK(info.rank >= 0 && info.rank < info.world_size, "rank {} out of range [0, {})",
                 info.rank, info.world_size);
-  set_log_rank(info.rank);
-  int port = info.master_port;
-  if (info.rank == 0 && options_.serve_store) {
-    server_ = std::make_unique<StoreServer>(info.master_addr, port);
-    port = server_->port();
-  }
-  ASYNCTP_CHECK(port > 0, "rank {}: no store port (MASTER_PORT) to connect to", info.rank);
-  store_ = std::make_unique<Store>(info.master_addr, port, options_.timeout, info.rank);
+  ASYNCTP_CHECK(info.local_world_size >= 1, "rank {}: local world size must be at least 1, got {}",
+                info.rank, info.local_world_size);
+  ASYNCTP_CHECK(info.local_rank >= 0 && info.local_rank < info.local_world_size,
+                "rank {}: local rank {} out of range [0, {})", info.rank, info.local_rank,
+                info.local_world_size);
+}
 
+Group::Group(const GroupInfo& info, GroupOptions options)
+    : info_(info), options_(std::move(options)) {}
+
+void Group::exchange_identity(const std::string& rank0_run_id) {
   // Run id and node map: one round trip through the store.
-  if (info.rank == 0) store_->set("asynctp/run_id", env("ASYNCTP_RUN_ID").value_or(random_hex(12)));
+  if (info_.rank == 0) store_->set("asynctp/run_id", rank0_run_id);
   run_id_ = store_->get("asynctp/run_id");
   const std::string host = options_.host_id.value_or(local_host_id());
-  store_->set(fmt::format("asynctp/host/{}", info.rank), host);
+  store_->set(fmt::format("asynctp/host/{}", info_.rank), host);
   std::vector<std::string> hosts;
-  for (int r = 0; r < info.world_size; ++r)
+  for (int r = 0; r < info_.world_size; ++r)
     hosts.push_back(store_->get(fmt::format("asynctp/host/{}", r)));
-  std::vector<std::string> nodes;  // distinct host ids in order of first appearance
-  for (const auto& h : hosts) {
+  set_node_map(hosts);
+}
+
+void Group::set_node_map(const std::vector<std::string>& node_keys) {
+  std::vector<std::string> nodes;  // distinct keys in order of first appearance
+  node_of_rank_.clear();
+  for (const auto& h : node_keys) {
     auto it = std::find(nodes.begin(), nodes.end(), h);
     if (it == nodes.end()) it = nodes.insert(nodes.end(), h);
     node_of_rank_.push_back(static_cast<int>(it - nodes.begin()));
   }
-  single_node_ =
-      std::all_of(node_of_rank_.begin(), node_of_rank_.end(), [](int n) { return n == 0; });
+  single_node_ = nodes.size() <= 1;
+}
+
+std::shared_ptr<Group> Group::split(std::span<const int> ranks) {
+  ASYNCTP_CHECK(!ranks.empty(), "rank {}: split needs at least one rank", info_.rank);
+  std::vector<int> list(ranks.begin(), ranks.end());
+  int my_index = -1;
+  for (size_t i = 0; i < list.size(); ++i) {
+    ASYNCTP_CHECK(list[i] >= 0 && list[i] < info_.world_size,
+                  "rank {}: split rank {} (index {}) is out of range [0, {})", info_.rank, list[i],
+                  i, info_.world_size);
+    ASYNCTP_CHECK(std::find(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(i), list[i]) ==
+                      list.begin() + static_cast<std::ptrdiff_t>(i),
+                  "rank {}: split lists rank {} twice", info_.rank, list[i]);
+    if (list[i] == info_.rank) my_index = static_cast<int>(i);
+  }
+  ASYNCTP_CHECK(my_index >= 0, "rank {}: split({}) is called by a rank that is not in the list",
+                info_.rank, fmt::join(list, ","));
+
+  // The namespace: the list names the subgroup; the count tells repeated splits of one list
+  // apart. Both are the same on every member, whatever else each member has split.
+  const int64_t n = split_counts_[list]++;
+  const std::string prefix = fmt::format("asynctp/split/{}/{}", fmt::join(list, ","), n);
+
+  GroupInfo sub;
+  sub.rank = my_index;
+  sub.world_size = static_cast<int>(list.size());
+  sub.local_rank = info_.local_rank;
+  sub.local_world_size = info_.local_world_size;
+  std::shared_ptr<Group> group(new Group(sub, options_));
+  group->store_ = std::make_shared<PrefixStore>(store_, prefix);
+  group->parent_ = shared_from_this();
+  // Shared memory and sockets are named "asynctp-<run_id>-...": extend this group's run id by a
+  // hash of the namespace (short, since socket names are), so names stay under the run's prefix.
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  for (const char c : prefix) {
+    hash ^= static_cast<unsigned char>(c);
+    hash *= 1099511628211ull;
+  }
+  group->run_id_ = fmt::format("{}-{:08x}", run_id_, static_cast<uint32_t>(hash ^ (hash >> 32)));
+  std::vector<std::string> node_keys;
+  for (const int r : list) {
+    group->global_ranks_.push_back(global_rank(r));
+    node_keys.push_back(std::to_string(node_of(r)));
+  }
+  group->set_node_map(node_keys);
+  return group;
+}
+
+int Group::global_rank(int group_rank) const {
+  ASYNCTP_CHECK(group_rank >= 0 && group_rank < info_.world_size,
+                "global_rank: rank {} out of range [0, {})", group_rank, info_.world_size);
+  return global_ranks_.empty() ? group_rank : global_ranks_[static_cast<size_t>(group_rank)];
 }
 
 Group::~Group() {
+  if (!owns_tcp_store_) return;
   // Rank 0 owns the store: keep serving until every rank has said it is done with it, so that
   // a slower rank's last store call does not fail. Bounded, since a crashed rank never says so.
   try {

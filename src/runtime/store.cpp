@@ -272,13 +272,13 @@ void StoreServer::serve() {
   }
 }
 
-Store::Store(std::string host, int port, Millis timeout, int rank)
+TcpStore::TcpStore(std::string host, int port, Millis timeout, int rank)
     : host_(std::move(host)), port_(port), timeout_(timeout), rank_(rank) {}
 
-Store::~Store() = default;
+TcpStore::~TcpStore() = default;
 
-std::vector<std::string> Store::request(uint8_t command, const std::vector<std::string>& fields,
-                                        Millis timeout, const std::string& what) {
+std::vector<std::string> TcpStore::request(uint8_t command, const std::vector<std::string>& fields,
+                                           Millis timeout, const std::string& what) {
   std::lock_guard<std::mutex> lock(mutex_);
   const Deadline deadline(timeout);
   const std::string who = fmt::format("rank {}: store {}", rank_, what);
@@ -314,44 +314,158 @@ std::vector<std::string> Store::request(uint8_t command, const std::vector<std::
   }
 }
 
-void Store::set(const std::string& key, const std::string& value) {
+void TcpStore::set(const std::string& key, const std::string& value) {
   request(kSet, {key, value}, timeout_, fmt::format("set('{}')", key));
 }
 
-std::string Store::get(const std::string& key) {
-  return get(key, timeout_);
-}
-
-std::string Store::get(const std::string& key, Millis timeout) {
+std::string TcpStore::get(const std::string& key, Millis timeout) {
   auto reply = request(kGet, {key}, timeout, fmt::format("get('{}')", key));
   ASYNCTP_CHECK(reply.size() == 1, "store get('{}'): malformed reply", key);
   return std::move(reply[0]);
 }
 
-void Store::wait(const std::vector<std::string>& keys) {
-  wait(keys, timeout_);
-}
-
-void Store::wait(const std::vector<std::string>& keys, Millis timeout) {
+void TcpStore::wait(const std::vector<std::string>& keys, Millis timeout) {
   ASYNCTP_CHECK(!keys.empty(), "store wait() needs at least one key");
   request(kWait, keys, timeout,
           fmt::format("wait('{}'{})", keys[0],
                       keys.size() > 1 ? fmt::format(" and {} more", keys.size() - 1) : ""));
 }
 
-int64_t Store::add(const std::string& key, int64_t delta) {
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
   auto reply = request(kAdd, {key, std::to_string(delta)}, timeout_, fmt::format("add('{}')", key));
   ASYNCTP_CHECK(reply.size() == 1, "store add('{}'): malformed reply", key);
   return std::strtoll(reply[0].c_str(), nullptr, 10);
 }
 
-bool Store::check(const std::vector<std::string>& keys) {
+bool TcpStore::check(const std::vector<std::string>& keys) {
   auto reply = request(kCheck, keys, timeout_, "check");
   return reply.size() == 1 && reply[0] == "1";
 }
 
-void Store::erase(const std::string& key) {
+void TcpStore::erase(const std::string& key) {
   request(kErase, {key}, timeout_, fmt::format("erase('{}')", key));
+}
+
+// ---- PrefixStore ----
+
+PrefixStore::PrefixStore(std::shared_ptr<Store> inner, std::string prefix)
+    : inner_(std::move(inner)), prefix_(std::move(prefix)) {
+  ASYNCTP_CHECK(inner_ != nullptr, "PrefixStore('{}') needs an inner store, got null", prefix_);
+  ASYNCTP_CHECK(!prefix_.empty(), "PrefixStore needs a non-empty prefix");
+}
+
+std::vector<std::string> PrefixStore::full(const std::vector<std::string>& keys) const {
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (const auto& k : keys)
+    out.push_back(full(k));
+  return out;
+}
+
+void PrefixStore::set(const std::string& key, const std::string& value) {
+  inner_->set(full(key), value);
+}
+
+std::string PrefixStore::get(const std::string& key, Millis timeout) {
+  return inner_->get(full(key), timeout);
+}
+
+void PrefixStore::wait(const std::vector<std::string>& keys, Millis timeout) {
+  ASYNCTP_CHECK(!keys.empty(), "store wait() needs at least one key");
+  inner_->wait(full(keys), timeout);
+}
+
+int64_t PrefixStore::add(const std::string& key, int64_t delta) {
+  return inner_->add(full(key), delta);
+}
+
+bool PrefixStore::check(const std::vector<std::string>& keys) {
+  return inner_->check(full(keys));
+}
+
+void PrefixStore::erase(const std::string& key) {
+  inner_->erase(full(key));
+}
+
+// ---- CallbackStore ----
+
+namespace {
+
+// Runs a host callback; an exception from it becomes an Error naming the rank, call and key
+// (a TimeoutError stays one).
+template <typename F>
+auto call_host(int rank, const std::string& what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const TimeoutError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(
+        fmt::format("rank {}: store {} failed in the host store: {}", rank, what, e.what()));
+  }
+}
+
+}  // namespace
+
+CallbackStore::CallbackStore(StoreCallbacks callbacks, Millis timeout, int rank)
+    : callbacks_(std::move(callbacks)), timeout_(timeout), rank_(rank) {
+  ASYNCTP_CHECK(
+      callbacks_.set && callbacks_.get && callbacks_.add && callbacks_.check && callbacks_.erase,
+      "rank {}: CallbackStore needs every callback (set {}, get {}, add {}, check {}, "
+      "erase {})",
+      rank, static_cast<bool>(callbacks_.set), static_cast<bool>(callbacks_.get),
+      static_cast<bool>(callbacks_.add), static_cast<bool>(callbacks_.check),
+      static_cast<bool>(callbacks_.erase));
+  ASYNCTP_CHECK(timeout.count() >= 0, "rank {}: CallbackStore timeout {} ms is negative", rank,
+                timeout.count());
+}
+
+void CallbackStore::set(const std::string& key, const std::string& value) {
+  call_host(rank_, fmt::format("set('{}')", key), [&] { callbacks_.set(key, value); });
+}
+
+std::string CallbackStore::get(const std::string& key, Millis timeout) {
+  const std::string what = fmt::format("get('{}')", key);
+  auto value = call_host(rank_, what, [&] { return callbacks_.get(key, timeout); });
+  if (!value) {
+    ASYNCTP_TIMEOUT("rank {}: store {} timed out after {} (host store)", rank_, what,
+                    Deadline(timeout).describe());
+  }
+  return std::move(*value);
+}
+
+void CallbackStore::wait(const std::vector<std::string>& keys, Millis timeout) {
+  ASYNCTP_CHECK(!keys.empty(), "rank {}: store wait() needs at least one key", rank_);
+  const Deadline deadline(timeout);
+  for (const auto& key : keys) {
+    const std::string what =
+        fmt::format("wait('{}'{})", key,
+                    keys.size() > 1 ? fmt::format(" of {} keys", keys.size()) : std::string());
+    if (call_host(rank_, what, [&] { return callbacks_.check(key); })) continue;
+    auto value = call_host(rank_, what,
+                           [&] { return callbacks_.get(key, Millis(deadline.remaining_ms())); });
+    if (!value) {
+      ASYNCTP_TIMEOUT("rank {}: store {} timed out after {} (host store)", rank_, what,
+                      deadline.describe());
+    }
+  }
+}
+
+int64_t CallbackStore::add(const std::string& key, int64_t delta) {
+  return call_host(rank_, fmt::format("add('{}')", key),
+                   [&] { return callbacks_.add(key, delta); });
+}
+
+bool CallbackStore::check(const std::vector<std::string>& keys) {
+  for (const auto& key : keys) {
+    if (!call_host(rank_, fmt::format("check('{}')", key), [&] { return callbacks_.check(key); }))
+      return false;
+  }
+  return true;
+}
+
+void CallbackStore::erase(const std::string& key) {
+  call_host(rank_, fmt::format("erase('{}')", key), [&] { callbacks_.erase(key); });
 }
 
 }  // namespace asynctp

@@ -7,7 +7,7 @@
 //   ngsig       the same kernel as the native path launches it, with its chunk walk and flags
 //               (all up) but no communication (mm-rs: with its done counters per piece and its
 //               own chunk's reduction, reading P's other chunks as the peers' parts)
-//   split       the fused op on the split-GEMM pipeline (path fused)
+//   split       the fused op on the split-GEMM pipeline (path split)
 //   native      the fused op on the native path (one async-input GEMM), where it can run
 //   auto        the fused op as the dispatcher chooses (the path it took is printed)
 //   graph       the auto op replayed from a CUDA graph (CUDA only)
@@ -291,7 +291,7 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     const auto ref_h = to_host_f32(ctx, ref);
     // Each explicit path against the reference (native only where it can run: the same on every
     // rank, since it depends on shapes, dtypes and the backend only).
-    fused_with(PathChoice::kFused);
+    fused_with(PathChoice::kSplit);
     r.err_split = max_over_ranks(*s.group, relative_error(to_host_f32(ctx, fused_out), ref_h));
     try {
       fused_with(PathChoice::kNative);
@@ -341,7 +341,7 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   // Every variant timed round-robin in one loop (see median_ms_interleaved): timed one after the
   // other, the later ones ran on a hotter, slower GPU (up to 5-10% on the big shapes).
   std::vector<std::function<void()>> fns{
-      gemm_fn, split_fn, coll_fn, base_fn, fused_fn, [&] { fused_with(PathChoice::kFused); }};
+      gemm_fn, split_fn, coll_fn, base_fn, fused_fn, [&] { fused_with(PathChoice::kSplit); }};
   std::vector<double*> slots{&r.gemm_ms,     &r.split_gemm_ms, &r.collective_ms,
                              &r.baseline_ms, &r.fused_ms,      &r.split_ms};
   std::vector<std::string> slot_names{"gemm",     "split_gemm", "collective",
@@ -390,7 +390,7 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   const double comm_ms = bandwidth_gbps > 0 ? r.comm_bytes / (bandwidth_gbps * 1e9) * 1e3 : 0.0;
   r.floor_ms = std::max(r.gemm_ms, comm_ms);
   if (o.trace && gpu) {
-    std::vector<std::pair<const char*, PathChoice>> paths{{"split", PathChoice::kFused}};
+    std::vector<std::pair<const char*, PathChoice>> paths{{"split", PathChoice::kSplit}};
     if (!std::isnan(r.err_native)) paths.push_back({"native", PathChoice::kNative});
     paths.push_back({"auto", PathChoice::kAuto});
     for (const auto& [name, path] : paths)

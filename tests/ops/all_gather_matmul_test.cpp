@@ -98,7 +98,7 @@ void check_case(Context& ctx, const AgCase& c, uint64_t id) {
   const Tensor& a_shard = shards[rank];
   const Tensor a_scale = c.scaled() ? scales[c.rowwise ? rank : 0].tensor : Tensor();
   std::vector<OwnedTensor> fused_outs;
-  for (PathChoice path : {PathChoice::kFused, PathChoice::kFallback}) {
+  for (PathChoice path : {PathChoice::kSplit, PathChoice::kFallback}) {
     SCOPED_TRACE(path_choice_name(path));
     std::vector<OwnedTensor> outs_owned;
     std::vector<Tensor> outs;
@@ -121,7 +121,7 @@ void check_case(Context& ctx, const AgCase& c, uint64_t id) {
     } else {
       all_gather_matmul(ctx, a_shard, bs, outs, a_out.tensor, options);
     }
-    expect_path(ctx, op, path == PathChoice::kFused ? Path::kFused : Path::kFallback);
+    expect_path(ctx, op, path == PathChoice::kSplit ? Path::kSplit : Path::kFallback);
     for (size_t i = 0; i < bs.size(); ++i) {
       EXPECT_TRUE(same_bits(outs[i], expected[i])) << "outs[" << i << "] against the reference";
       if (path == PathChoice::kFallback) {
@@ -131,7 +131,7 @@ void check_case(Context& ctx, const AgCase& c, uint64_t id) {
     if (c.return_a) {
       EXPECT_TRUE(same_bits(a_out, a_full)) << "A_out";
     }
-    if (path == PathChoice::kFused) fused_outs = std::move(outs_owned);
+    if (path == PathChoice::kSplit) fused_outs = std::move(outs_owned);
   }
 }
 
@@ -342,7 +342,7 @@ TEST_P(AllGatherMatmulTest, BackToBackLargeShardsCheckedAfterwards) {
       const Tensor out[] = {outs[i].tensor};
       all_gather_matmul(ctx, mine[i], bs, out);
     }
-    EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kFused), kOps);
+    EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kSplit), kOps);
     for (int i = 0; i < kOps; ++i) {
       std::vector<OwnedTensor> shards;
       for (int r = 0; r < ws; ++r)

@@ -71,14 +71,14 @@ TEST(AllGatherMatmulErrorsTest, NameTheArgumentAndValue) {
     EXPECT_THAT(
         call(a, {b}, {out}, f32({3, 4})->t()),
         HasSubstr(op + "A_out must be a contiguous f32[4, 3], got f32[4, 3] strides [1, 4]"));
-    EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kFused) +
+    EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kSplit) +
                   ctx.usage().count("all_gather_matmul", Path::kFallback),
               0);
     // Nothing was left half done: a good call works on every rank.
     fill_seeded(a, seed_of({uint64_t(ctx.rank())}), Values::kSmallInts);
     fill_seeded(b, seed_of({7}), Values::kSmallInts);
     EXPECT_EQ(call(a, {b}, {out}, a_out), "<no error thrown>");
-    expect_path(ctx, "all_gather_matmul", Path::kFused);
+    expect_path(ctx, "all_gather_matmul", Path::kSplit);
   });
   EXPECT_RANKS_OK(statuses);
 }
@@ -178,9 +178,9 @@ TEST(MatmulReduceScatterErrorsTest, NameTheArgumentAndValue) {
     EXPECT_THAT(
         call_sum({a, empty_host({4, 5}, DType::kBF16)}, {b, empty_host({5, 2}, DType::kBF16)}),
         HasSubstr(op + "As[1] is bf16 but As[0] is f32"));
-    EXPECT_EQ(ctx.usage().count("matmul_reduce_scatter", Path::kFused), 0);
+    EXPECT_EQ(ctx.usage().count("matmul_reduce_scatter", Path::kSplit), 0);
     EXPECT_EQ(call(a, b, out), "<no error thrown>");
-    expect_path(ctx, "matmul_reduce_scatter", Path::kFused);
+    expect_path(ctx, "matmul_reduce_scatter", Path::kSplit);
   });
   EXPECT_RANKS_OK(statuses);
 }
@@ -263,7 +263,7 @@ TEST_P(RankDeathTest, PeersFailWithATimeoutNamingPeerAndChannel) {
         call_op(ctx, c.op);  // warm-up: the workspace is allocated while everyone is alive
         expect_path(ctx,
                     c.op == Op::kAllGatherMatmul ? "all_gather_matmul" : "matmul_reduce_scatter",
-                    Path::kFused);
+                    Path::kSplit);
         if (ctx.rank() == kDeadRank) {
           std::fflush(stdout);
           ::_exit(kDeathCode);

@@ -120,22 +120,22 @@ void check_case(Context& ctx, const RsCase& c, uint64_t id) {
   options.reduce_op = c.op;
   options.scatter_dim = c.scatter_dim;
   OwnedTensor fused;
-  for (PathChoice path : {PathChoice::kFused, PathChoice::kFallback}) {
+  for (PathChoice path : {PathChoice::kSplit, PathChoice::kFallback}) {
     SCOPED_TRACE(path_choice_name(path));
     options.path = path;
     OwnedTensor out = empty_with_layout(c.out_chunk, c.out_dtype, c.out_layout);
     fill_value(out, kSentinel);
     run_op(ctx, c, mine, out, options);
-    expect_path(ctx, op, path == PathChoice::kFused ? Path::kFused : Path::kFallback);
+    expect_path(ctx, op, path == PathChoice::kSplit ? Path::kSplit : Path::kFallback);
     EXPECT_TRUE(same_bits(out, expected)) << "against the reference";
-    if (path == PathChoice::kFused) {
+    if (path == PathChoice::kSplit) {
       fused = std::move(out);
     } else {
       EXPECT_TRUE(same_bits(out, fused)) << "fallback vs fused";
     }
   }
   // Deterministic: the fused path again gives the same bits.
-  options.path = PathChoice::kFused;
+  options.path = PathChoice::kSplit;
   OwnedTensor again = empty_host(c.out_chunk, c.out_dtype);
   run_op(ctx, c, mine, again, options);
   EXPECT_TRUE(same_bits(again, fused)) << "second fused run";

@@ -32,7 +32,7 @@ TEST_P(OpSequencesTest, RandomSequencesMatchTheUnfusedPathBitForBit) {
       auto pick = [&](std::initializer_list<int64_t> v) {
         return *(v.begin() + static_cast<std::ptrdiff_t>(rng() % v.size()));
       };
-      const PathChoice paths[] = {PathChoice::kFused, PathChoice::kFused, PathChoice::kFallback,
+      const PathChoice paths[] = {PathChoice::kSplit, PathChoice::kSplit, PathChoice::kFallback,
                                   PathChoice::kAuto};
       std::vector<Step> steps;
       for (int i = 0; i < 16; ++i) {

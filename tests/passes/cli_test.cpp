@@ -69,7 +69,7 @@ TEST(Cli, RunCheckOnFourRanksWithFusionAndBuckets) {
       sh("run " + graph_path("sp_mlp.bwd.pre.json") + " --nproc 4 --check --timeout 120");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("check: OK"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("fused op matmul_reduce_scatter ran fused path"), std::string::npos)
+  EXPECT_NE(r.out.find("fused op matmul_reduce_scatter ran split path"), std::string::npos)
       << r.out;
   const CliRun j = sh("run " + graph_path("sp_block.fwd.pre.json") +
                       " --check --bucket-mb 1 --json --timeout 120");

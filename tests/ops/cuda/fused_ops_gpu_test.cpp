@@ -146,7 +146,7 @@ TEST_P(AllGatherMatmulGpu, MatchesHostReference) {
         OwnedTensor a_out = c.return_a ? device_empty(ctx, full, c.dtype) : OwnedTensor{};
         // The native path where it can run (row gather with no batch dims before g), and the split
         // one.
-        std::vector<PathChoice> paths{PathChoice::kFused};
+        std::vector<PathChoice> paths{PathChoice::kSplit};
         bool rows_only = g != static_cast<int>(shard_shape.size()) - 1;
         for (int d = 0; d < g; ++d)
           rows_only = rows_only && shard_shape[d] == 1;
@@ -160,7 +160,7 @@ TEST_P(AllGatherMatmulGpu, MatchesHostReference) {
           all_gather_matmul(ctx, *a, b_views, out_views, c.return_a ? a_out.tensor : Tensor(),
                             {.gather_dim = c.gather_dim, .path = path});
           EXPECT_EQ(ctx.usage().last("all_gather_matmul")->path,
-                    path == PathChoice::kNative ? Path::kNative : Path::kFused);
+                    path == PathChoice::kNative ? Path::kNative : Path::kSplit);
           for (int i = 0; i < c.num_b; ++i) {
             std::vector<double> expected(rows * ns[i], 0.0);
             host_gemm_add(gathered, to_vector(bs[i].host), expected, rows, k, ns[i]);
@@ -279,7 +279,7 @@ TEST_P(MatmulReduceScatterGpu, MatchesHostReferenceAndIsDeterministic) {
         out_shape[g] /= ws;
         OwnedTensor out = device_empty(ctx, out_shape, c.dtype);
         OwnedTensor again = device_empty(ctx, out_shape, c.dtype);
-        std::vector<PathChoice> paths{PathChoice::kFused};
+        std::vector<PathChoice> paths{PathChoice::kSplit};
         // Native: one product, row scatter, every owner's rows a whole number of 128-row tiles.
         bool rows_only = g != static_cast<int>(product.size()) - 1;
         for (int d = 0; d < g; ++d)
@@ -296,7 +296,7 @@ TEST_P(MatmulReduceScatterGpu, MatchesHostReferenceAndIsDeterministic) {
           matmul_reduce_scatter(ctx, a_views, b_views, out, options);
           matmul_reduce_scatter(ctx, a_views, b_views, again, options);
           EXPECT_EQ(ctx.usage().last("matmul_reduce_scatter")->path,
-                    path == PathChoice::kNative ? Path::kNative : Path::kFused);
+                    path == PathChoice::kNative ? Path::kNative : Path::kSplit);
           const OwnedTensor got = download(ctx, out);
           EXPECT_LT(rel_error(got, expected), 1e-2);
           EXPECT_TRUE(same_bits(download(ctx, again), got)) << "two runs gave different bits";
@@ -438,7 +438,7 @@ INSTANTIATE_TEST_SUITE_P(Scales, ScaledGpu,
 TEST(FusedOpsGpu, CapturedInACudaGraphAndReplayedWithNewInputs) {
   SKIP_UNLESS_GPUS(2);
   for (int ws : {2, 4, 8}) {
-    for (PathChoice path : {PathChoice::kFused, PathChoice::kNative, PathChoice::kAuto}) {
+    for (PathChoice path : {PathChoice::kSplit, PathChoice::kNative, PathChoice::kAuto}) {
       SCOPED_TRACE(fmt::format("path {}", path_choice_name(path)));
       if (gpu_rank_slots() < ws) continue;
       auto statuses = run_ranks(
@@ -545,7 +545,7 @@ TEST(FusedOpsGpu, DispatcherMeasuresOnceAndCachesOnDisk) {
             EXPECT_EQ(decision->path, last->path);
             if (round == 0) {
               EXPECT_FALSE(decision->from_disk);
-              EXPECT_GT(decision->fused_us, 0);
+              EXPECT_GT(decision->split_us, 0);
               EXPECT_GT(decision->native_us, 0);
               EXPECT_GT(decision->fallback_us, 0);
             } else {
@@ -668,7 +668,7 @@ TEST(FusedOpsGpu, LayersBackToBackOnEveryPath) {
           DeviceTensor b2 =
               upload_seeded(ctx, {k2, n2}, DType::kBF16, seed_of({8, me}), Values::kRandom);
           const Tensor b1s[] = {*b1};
-          const PathChoice paths[] = {PathChoice::kNative, PathChoice::kFused};
+          const PathChoice paths[] = {PathChoice::kNative, PathChoice::kSplit};
           std::vector<OwnedTensor> ag_outs, rs_outs;
           for (int i = 0; i < 8; ++i) {
             ag_outs.push_back(device_empty(ctx, {512, n1}, DType::kBF16));
@@ -727,7 +727,7 @@ TEST(FusedOpsGpu, AllGatherBuffersAcrossEagerOpsAndReplaysOfBothPaths) {
             const Tensor native_outs[] = {native_out.tensor};
             const Tensor split_outs[] = {split_out.tensor};
             const AllGatherMatmulOptions native{.path = PathChoice::kNative};
-            const AllGatherMatmulOptions split{.path = PathChoice::kFused};
+            const AllGatherMatmulOptions split{.path = PathChoice::kSplit};
             ctx.backend().copy(a, *inputs[0], ctx.stream());
             // Both paths once before the capture (the workspace, the GEMMs' stream state).
             all_gather_matmul(ctx, a, bs, native_outs, Tensor(), native);
@@ -762,7 +762,7 @@ TEST(FusedOpsGpu, AllGatherBuffersAcrossEagerOpsAndReplaysOfBothPaths) {
             ctx.backend().synchronize();
             EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kNative),
                       2 + static_cast<int>(std::count(steps.begin(), steps.end(), 'N')));
-            EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kFused),
+            EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kSplit),
                       2 + static_cast<int>(std::count(steps.begin(), steps.end(), 'F')));
             for (int i = 0; i < count; ++i) {
               SCOPED_TRACE(fmt::format("step {} ({})", i, steps[i]));
@@ -814,7 +814,7 @@ TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
           }
           OwnedTensor a = device_empty(ctx, {m, k}, DType::kBF16);
           OwnedTensor graph_out = device_empty(ctx, {rows, n}, DType::kBF16);
-          const MatmulReduceScatterOptions split{.path = PathChoice::kFused};
+          const MatmulReduceScatterOptions split{.path = PathChoice::kSplit};
           const MatmulReduceScatterOptions native{.path = PathChoice::kNative};
           ctx.backend().copy(a, *inputs[0], ctx.stream());
           matmul_reduce_scatter(ctx, a, *b, graph_out, split);  // sizes the workspace
@@ -835,7 +835,7 @@ TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
             } else {
               matmul_reduce_scatter(
                   ctx, a, *b, outs[i],
-                  {.path = steps[i] == 'N' ? PathChoice::kNative : PathChoice::kFused});
+                  {.path = steps[i] == 'N' ? PathChoice::kNative : PathChoice::kSplit});
             }
           }
           ctx.backend().synchronize();
@@ -904,7 +904,7 @@ TEST(FusedOpsGpu, NativeReduceScatterPushesOnSeveralStreams) {
             OwnedTensor replayed = device_empty(ctx, {rows, n}, DType::kBF16);
             const MatmulReduceScatterOptions native_path{.path = PathChoice::kNative};
             for (int i = 0; i < kOps; ++i)
-              matmul_reduce_scatter(ctx, *as[i], *b, split[i], {.path = PathChoice::kFused});
+              matmul_reduce_scatter(ctx, *as[i], *b, split[i], {.path = PathChoice::kSplit});
             matmul_reduce_scatter(ctx, *as[0], *b, native[0], native_path);
             matmul_reduce_scatter(ctx, *as[1], *b, native[1], native_path);
             ctx.backend().copy(a_graph, *as[2], ctx.stream());
@@ -993,7 +993,7 @@ TEST(FusedOpsGpu, NativeReduceScatterRepeatsAmongOtherOps) {
               }
               matmul_reduce_scatter(
                   ctx, *a, *b, out,
-                  {.path = step == 'N' ? PathChoice::kNative : PathChoice::kFused});
+                  {.path = step == 'N' ? PathChoice::kNative : PathChoice::kSplit});
               if (step == 'N') natives.push_back(std::move(out));
             }
             const OwnedTensor first = download(ctx, natives[0]);
@@ -1036,7 +1036,7 @@ TEST(FusedOpsGpu, RandomSequencesOfOpsMatchTheUnfusedPath) {
             };
             // auto measures its candidates (with barriers) in the middle of the sequence.
             const PathChoice paths[] = {PathChoice::kNative, PathChoice::kNative,
-                                        PathChoice::kFused, PathChoice::kFallback,
+                                        PathChoice::kSplit, PathChoice::kFallback,
                                         PathChoice::kAuto};
             std::vector<Step> steps;
             for (int i = 0; i < 20; ++i) {
@@ -1152,7 +1152,7 @@ void expect_missing_rank_times_out(PathChoice path, int64_t shard_rows,
         all_gather_matmul(ctx, *a, bs, outs, Tensor(), options);
         ctx.backend().synchronize();
         ASSERT_EQ(ctx.usage().last("all_gather_matmul")->path,
-                  path == PathChoice::kNative ? Path::kNative : Path::kFused);
+                  path == PathChoice::kNative ? Path::kNative : Path::kSplit);
         ctx.group().barrier("joined once");
         if (ctx.rank() == 1) return;  // rank 1 never joins the second op
         try {
@@ -1172,7 +1172,7 @@ void expect_missing_rank_times_out(PathChoice path, int64_t shard_rows,
 // the peer and the channel (the eager ready flags).
 TEST(FusedOpsGpu, RankThatNeverJoinsMakesTheOthersTimeOut) {
   SKIP_UNLESS_GPUS(2);
-  expect_missing_rank_times_out(PathChoice::kFused, 64, {"rank 0", "shard of peer 1", "channel 8"});
+  expect_missing_rank_times_out(PathChoice::kSplit, 64, {"rank 0", "shard of peer 1", "channel 8"});
 }
 
 // The native all_gather_matmul's GEMM waits for the peer's pushed chunk: it names that chunk.

@@ -1,0 +1,203 @@
+// The fused operators and the collectives: descriptors checked and converted, then one call of
+// the C++ op.
+#include "capi/internal.h"
+#include "ops/collectives.h"
+#include "ops/fused_matmul.h"
+
+using namespace asynctp;
+using namespace asynctp::capi;
+
+namespace {
+
+// The stream an op runs on: unset for ASYNCTP_CONTEXT_STREAM (the context's), else the caller's
+// handle (a cudaStream_t; NULL is the legacy default stream).
+std::optional<void*> stream_of(void* stream) {
+  if (stream == ASYNCTP_CONTEXT_STREAM) return std::nullopt;
+  return stream;
+}
+
+void use_stream(void* stream) {
+  (void)stream_of(stream);
+}
+
+void check_dim_arg(int32_t dim, std::string_view arg) {
+  if (dim < -ASYNCTP_MAX_DIMS || dim >= ASYNCTP_MAX_DIMS)
+    invalid("{} is {}, outside -{}..{}", arg, dim, ASYNCTP_MAX_DIMS, ASYNCTP_MAX_DIMS - 1);
+}
+
+AllGatherMatmulOptions ag_options(int32_t gather_dim, int32_t path, void* stream) {
+  check_dim_arg(gather_dim, "gather_dim");
+  AllGatherMatmulOptions options;
+  options.gather_dim = gather_dim;
+  options.path = path_of(path);
+  use_stream(stream);
+  return options;
+}
+
+MatmulReduceScatterOptions rs_options(int32_t reduce_op, int32_t scatter_dim, int32_t path,
+                                      void* stream) {
+  check_dim_arg(scatter_dim, "scatter_dim");
+  MatmulReduceScatterOptions options;
+  options.reduce_op = reduce_op_of(reduce_op);
+  options.scatter_dim = scatter_dim;
+  options.path = path_of(path);
+  use_stream(stream);
+  return options;
+}
+
+}  // namespace
+
+extern "C" {
+
+asynctp_status asynctp_context_set_stream(asynctp_context ctx, void* stream) {
+  return guarded(__func__, [&] {
+    Context& c = *context_of(ctx, "ctx").ctx;
+    if (stream == ASYNCTP_CONTEXT_STREAM)
+      invalid("stream is ASYNCTP_CONTEXT_STREAM, which only op calls may pass");
+    if (!c.backend().device().is_cpu()) unsupported("a stream of the caller's is not supported by this build yet");
+  });
+}
+
+asynctp_status asynctp_reserve_all_gather_matmul(asynctp_context ctx, const asynctp_tensor* a_shard,
+                                                 const asynctp_tensor* bs, int32_t num_bs,
+                                                 int32_t gather_dim, int32_t return_a,
+                                                 void* stream) {
+  return guarded(__func__, [&] {
+    Context& c = *context_of(ctx, "ctx").ctx;
+    const Tensor a = shape_only_tensor_of(a_shard, "a_shard", c);
+    if (num_bs < 1 || num_bs > kMaxTensorList)
+      invalid("num_bs is {}, outside 1..{}", num_bs, kMaxTensorList);
+    if (bs == nullptr) invalid("bs is NULL but num_bs is {}", num_bs);
+    std::vector<Tensor> b;
+    for (int32_t i = 0; i < num_bs; ++i)
+      b.push_back(shape_only_tensor_of(&bs[i], fmt::format("bs[{}]", i), c));
+    if (return_a != 0 && return_a != 1) invalid("return_a is {}, expected 0 or 1", return_a);
+    (void)ag_options(gather_dim, ASYNCTP_PATH_DEFAULT, stream);
+    unsupported("reserve is not supported by this build yet");
+  });
+}
+
+asynctp_status asynctp_reserve_matmul_reduce_scatter(asynctp_context ctx, const asynctp_tensor* as,
+                                                     const asynctp_tensor* bs, int32_t num_products,
+                                                     int32_t scatter_dim, void* stream) {
+  return guarded(__func__, [&] {
+    Context& c = *context_of(ctx, "ctx").ctx;
+    if (num_products < 1 || num_products > kMaxTensorList)
+      invalid("num_products is {}, outside 1..{}", num_products, kMaxTensorList);
+    if (as == nullptr) invalid("as is NULL but num_products is {}", num_products);
+    if (bs == nullptr) invalid("bs is NULL but num_products is {}", num_products);
+    std::vector<Tensor> a;
+    std::vector<Tensor> b;
+    for (int32_t i = 0; i < num_products; ++i) {
+      a.push_back(shape_only_tensor_of(&as[i], fmt::format("as[{}]", i), c));
+      b.push_back(shape_only_tensor_of(&bs[i], fmt::format("bs[{}]", i), c));
+    }
+    (void)rs_options(ASYNCTP_REDUCE_SUM, scatter_dim, ASYNCTP_PATH_DEFAULT, stream);
+    unsupported("reserve is not supported by this build yet");
+  });
+}
+
+asynctp_status asynctp_all_gather_matmul(asynctp_context ctx, const asynctp_tensor* a_shard,
+                                         const asynctp_tensor* bs, int32_t num_bs,
+                                         const asynctp_tensor* outs, const asynctp_tensor* a_out,
+                                         int32_t gather_dim, int32_t path, void* stream) {
+  return guarded(__func__, [&] {
+    Context& c = *context_of(ctx, "ctx").ctx;
+    const Tensor a = tensor_of(a_shard, "a_shard", c);
+    const std::vector<Tensor> b = tensors_of(bs, num_bs, "bs", "num_bs", c);
+    const std::vector<Tensor> o = tensors_of(outs, num_bs, "outs", "num_bs", c);
+    const Tensor ao = optional_tensor_of(a_out, "a_out", c);
+    all_gather_matmul(c, a, b, o, ao, ag_options(gather_dim, path, stream));
+  });
+}
+
+asynctp_status asynctp_all_gather_scaled_matmul(asynctp_context ctx, const asynctp_tensor* a_shard,
+                                                const asynctp_tensor* a_scale,
+                                                const asynctp_tensor* bs,
+                                                const asynctp_tensor* b_scales, int32_t num_bs,
+                                                const asynctp_tensor* outs,
+                                                const asynctp_tensor* a_out, int32_t gather_dim,
+                                                int32_t path, void* stream) {
+  return guarded(__func__, [&] {
+    Context& c = *context_of(ctx, "ctx").ctx;
+    const Tensor a = tensor_of(a_shard, "a_shard", c);
+    const Tensor as = tensor_of(a_scale, "a_scale", c);
+    const std::vector<Tensor> b = tensors_of(bs, num_bs, "bs", "num_bs", c);
+    const std::vector<Tensor> bsc = tensors_of(b_scales, num_bs, "b_scales", "num_bs", c);
+    const std::vector<Tensor> o = tensors_of(outs, num_bs, "outs", "num_bs", c);
+    const Tensor ao = optional_tensor_of(a_out, "a_out", c);
+    all_gather_scaled_matmul(c, a, as, b, bsc, o, ao, ag_options(gather_dim, path, stream));
+  });
+}
+
+asynctp_status asynctp_matmul_reduce_scatter(asynctp_context ctx, const asynctp_tensor* as,
+                                             const asynctp_tensor* bs, int32_t num_products,
+                                             const asynctp_tensor* out, int32_t reduce_op,
+                                             int32_t scatter_dim, int32_t path, void* stream) {
+  return guarded(__func__, [&] {
+    Context& c = *context_of(ctx, "ctx").ctx;
+    const std::vector<Tensor> a = tensors_of(as, num_products, "as", "num_products", c);
+    const std::vector<Tensor> b = tensors_of(bs, num_products, "bs", "num_products", c);
+    const Tensor o = tensor_of(out, "out", c);
+    matmul_reduce_scatter(c, a, b, o, rs_options(reduce_op, scatter_dim, path, stream));
+  });
+}
+
+asynctp_status asynctp_scaled_matmul_reduce_scatter(
+    asynctp_context ctx, const asynctp_tensor* a, const asynctp_tensor* a_scale,
+    const asynctp_tensor* b, const asynctp_tensor* b_scale, const asynctp_tensor* out,
+    int32_t reduce_op, int32_t scatter_dim, int32_t path, void* stream) {
+  return guarded(__func__, [&] {
+    Context& c = *context_of(ctx, "ctx").ctx;
+    scaled_matmul_reduce_scatter(c, tensor_of(a, "a", c), tensor_of(a_scale, "a_scale", c),
+                                 tensor_of(b, "b", c), tensor_of(b_scale, "b_scale", c),
+                                 tensor_of(out, "out", c),
+                                 rs_options(reduce_op, scatter_dim, path, stream));
+  });
+}
+
+asynctp_status asynctp_all_gather(asynctp_context ctx, const asynctp_tensor* in,
+                                  const asynctp_tensor* out, int32_t dim, void* stream) {
+  return guarded(__func__, [&] {
+    Context& c = *context_of(ctx, "ctx").ctx;
+    check_dim_arg(dim, "dim");
+    use_stream(stream);
+    all_gather(c, tensor_of(out, "out", c), tensor_of(in, "in", c), dim);
+  });
+}
+
+asynctp_status asynctp_reduce_scatter(asynctp_context ctx, const asynctp_tensor* in,
+                                      const asynctp_tensor* out, int32_t reduce_op, int32_t dim,
+                                      void* stream) {
+  return guarded(__func__, [&] {
+    Context& c = *context_of(ctx, "ctx").ctx;
+    check_dim_arg(dim, "dim");
+    const ReduceOp op = reduce_op_of(reduce_op);
+    use_stream(stream);
+    reduce_scatter(c, tensor_of(out, "out", c), tensor_of(in, "in", c), op, dim);
+  });
+}
+
+asynctp_status asynctp_all_reduce(asynctp_context ctx, const asynctp_tensor* inout,
+                                  int32_t reduce_op, void* stream) {
+  return guarded(__func__, [&] {
+    Context& c = *context_of(ctx, "ctx").ctx;
+    const ReduceOp op = reduce_op_of(reduce_op);
+    use_stream(stream);
+    all_reduce(c, tensor_of(inout, "inout", c), op);
+  });
+}
+
+asynctp_status asynctp_memory_stats_get(asynctp_context ctx, asynctp_memory_stats* out) {
+  return guarded(__func__, [&] {
+    Context& c = *context_of(ctx, "ctx").ctx;
+    if (out == nullptr) invalid("out is NULL");
+    if (out->struct_size < static_cast<int32_t>(sizeof(int32_t)) ||
+        out->struct_size > static_cast<int32_t>(sizeof(asynctp_memory_stats)))
+      invalid("out->struct_size is {}, expected {}", out->struct_size,
+              sizeof(asynctp_memory_stats));
+    unsupported("memory stats are not supported by this build yet");
+  });
+}
+
+}  // extern "C"

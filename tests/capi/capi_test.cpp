@@ -1,0 +1,377 @@
+// The C ABI at world sizes 1-4, on the CPU backend, through asynctp_* calls only (the harness
+// forks the ranks and serves the store): groups from the torchrun variables and from a host
+// store behind C callbacks, subgroups, every op and collective against the unfused reference
+// computed here, the statuses and messages of bad calls, and what ran and what is held.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "capi/capi_testing.h"
+#include "core/error.h"
+#include "runtime/store.h"
+#include "support/multiprocess.h"
+
+namespace asynctp::capi_testing {
+namespace {
+
+using asynctp::testing::HarnessOptions;
+using asynctp::testing::run_processes;
+
+// ---- bootstraps -------------------------------------------------------------------------------
+
+enum class Bootstrap { kEnv, kStore };
+
+constexpr int64_t kTimeoutMs = 20'000;
+
+// The host framework's store: a TCP store client (the harness serves it) behind the C callbacks.
+struct HostStore {
+  HostStore(const std::string& host, int port, int rank)
+      : store(host, port, Millis(kTimeoutMs), rank) {}
+
+  TcpStore store;
+  std::string last;  // what get returned, valid until the next callback
+
+  static int status_of_current() {
+    try {
+      throw;
+    } catch (const TimeoutError&) {
+      return ASYNCTP_ERROR_TIMEOUT;
+    } catch (...) {
+      return 1;
+    }
+  }
+  static int set(void* user, const char* key, const void* value, size_t len) {
+    try {
+      static_cast<HostStore*>(user)->store.set(key,
+                                               std::string(static_cast<const char*>(value), len));
+      return 0;
+    } catch (...) {
+      return status_of_current();
+    }
+  }
+  static int get(void* user, const char* key, int64_t timeout_ms, const void** value, size_t* len) {
+    try {
+      auto* s = static_cast<HostStore*>(user);
+      s->last = s->store.get(key, Millis(timeout_ms));
+      *value = s->last.data();
+      *len = s->last.size();
+      return 0;
+    } catch (...) {
+      return status_of_current();
+    }
+  }
+  static int add(void* user, const char* key, int64_t delta, int64_t* result) {
+    try {
+      *result = static_cast<HostStore*>(user)->store.add(key, delta);
+      return 0;
+    } catch (...) {
+      return status_of_current();
+    }
+  }
+  static int check(void* user, const char* key, int32_t* is_set) {
+    try {
+      *is_set = static_cast<HostStore*>(user)->store.check({key}) ? 1 : 0;
+      return 0;
+    } catch (...) {
+      return status_of_current();
+    }
+  }
+  static int erase(void* user, const char* key) {
+    try {
+      static_cast<HostStore*>(user)->store.erase(key);
+      return 0;
+    } catch (...) {
+      return status_of_current();
+    }
+  }
+  asynctp_store_callbacks callbacks() {
+    asynctp_store_callbacks cb{};
+    cb.struct_size = sizeof(cb);
+    cb.user = this;
+    cb.set = &HostStore::set;
+    cb.get = &HostStore::get;
+    cb.add = &HostStore::add;
+    cb.check = &HostStore::check;
+    cb.erase = &HostStore::erase;
+    return cb;
+  }
+};
+
+// Runs body(ctx, rank, ws) on every rank, with a CPU context over a group from `how`.
+template <typename Body>
+void run_c(int ws, Bootstrap how, Body body, int64_t timeout_ms = kTimeoutMs) {
+  const int env_port = free_port();
+  HarnessOptions options;
+  auto statuses = run_processes(
+      ws,
+      [&](const RendezvousInfo& info) {
+        std::unique_ptr<HostStore> host;
+        asynctp_group group = nullptr;
+        if (how == Bootstrap::kEnv) {
+          set_env(info, ws, env_port);
+          C_ASSERT_OK(asynctp_group_from_env(timeout_ms, &group));
+        } else {
+          host = std::make_unique<HostStore>(info.master_addr, info.master_port, info.rank);
+          const asynctp_store_callbacks cb = host->callbacks();
+          C_ASSERT_OK(asynctp_group_from_store(&cb, info.rank, ws, info.rank, timeout_ms, &group));
+        }
+        int32_t rank = -1, world = -1;
+        C_ASSERT_OK(asynctp_group_rank(group, &rank));
+        C_ASSERT_OK(asynctp_group_world_size(group, &world));
+        EXPECT_EQ(rank, info.rank);
+        EXPECT_EQ(world, ws);
+        asynctp_context_options o;
+        asynctp_context_options_init(&o);
+        o.backend = "cpu";
+        o.dispatch_cache = "off";
+        asynctp_context ctx = nullptr;
+        C_ASSERT_OK(asynctp_context_create(group, &o, &ctx));
+        // The context keeps the group alive: the handle may go first.
+        C_ASSERT_OK(asynctp_group_destroy(group));
+        body(ctx, rank, world);
+        C_EXPECT_OK(asynctp_context_destroy(ctx));
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+}
+
+// ---- the ops against the unfused reference ----------------------------------------------------
+
+class CapiOps : public ::testing::TestWithParam<std::tuple<int, Bootstrap>> {};
+
+// A_shard [.., s@g, .., K] gathered on g, times two Bs; the gathered A returned; every path.
+void check_all_gather_matmul(asynctp_context ctx, int rank, int ws, Shape shard, int g,
+                             asynctp_dtype dtype, int32_t path) {
+  const int64_t k = shard.back();
+  const int64_t ns[] = {5, 3};
+  std::vector<std::vector<float>> shards;
+  for (int r = 0; r < ws; ++r)
+    shards.push_back(seeded_values(shard, 100 + r));
+  Shape full = shard;
+  full[wrap(g, shard.size())] *= ws;
+  const std::vector<float> a = concat(shards, shard, g);
+  const HostTensor a_shard = host_of(shards[rank], shard, dtype);
+  std::vector<HostTensor> bs, outs;
+  for (int i = 0; i < 2; ++i) {
+    bs.push_back(host_of(seeded_values({k, ns[i]}, 7 + i), {k, ns[i]}, dtype));
+    Shape out_shape = full;
+    out_shape.back() = ns[i];
+    outs.emplace_back(out_shape, dtype);
+  }
+  HostTensor a_out(full, dtype);
+  const asynctp_tensor b_desc[] = {bs[0].desc(), bs[1].desc()};
+  const asynctp_tensor out_desc[] = {outs[0].desc(), outs[1].desc()};
+  const asynctp_tensor a_desc = a_shard.desc(), a_out_desc = a_out.desc();
+  C_ASSERT_OK(asynctp_all_gather_matmul(ctx, &a_desc, b_desc, 2, out_desc, &a_out_desc, g, path,
+                                        ASYNCTP_CONTEXT_STREAM));
+  EXPECT_EQ(values_of(a_out), a) << "gathered A, path " << path;
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(values_of(outs[i]), matmul(a, seeded_values({k, ns[i]}, 7 + i), k, ns[i]))
+        << "out " << i << ", path " << path;
+}
+
+TEST_P(CapiOps, AllGatherMatmul) {
+  const auto [ws, how] = GetParam();
+  run_c(ws, how, [](asynctp_context ctx, int rank, int ws) {
+    for (int32_t path : {ASYNCTP_PATH_SPLIT, ASYNCTP_PATH_FALLBACK, ASYNCTP_PATH_DEFAULT}) {
+      check_all_gather_matmul(ctx, rank, ws, {3, 8}, 0, ASYNCTP_F32, path);
+      check_all_gather_matmul(ctx, rank, ws, {2, 3, 8}, 1, ASYNCTP_BF16, path);
+    }
+    char reason[8];
+    int32_t last = -2;
+    C_ASSERT_OK(asynctp_last_path(ctx, "all_gather_matmul", &last, reason, sizeof(reason)));
+    EXPECT_GE(last, ASYNCTP_PATH_SPLIT);
+    // Every call counted under its path: 2 on the split path (at ws 1 there is nothing to
+    // overlap), 2 on the fallback, 2 wherever the default took them.
+    size_t needed = 0;
+    C_ASSERT_OK(asynctp_usage_json(ctx, nullptr, 0, &needed));
+    std::string text(needed, '\0');
+    C_ASSERT_OK(asynctp_usage_json(ctx, text.data(), text.size(), &needed));
+    ASSERT_EQ(std::strlen(text.c_str()), needed - 1);
+    const auto usage = nlohmann::json::parse(text.c_str());
+    ASSERT_TRUE(usage.contains("all_gather_matmul")) << text;
+    int64_t total = 0;
+    for (const auto& [path, count] : usage["all_gather_matmul"].items())
+      total += count.get<int64_t>();
+    EXPECT_EQ(total, 6) << text;
+    if (ws > 1) {
+      EXPECT_GE(usage["all_gather_matmul"].value("split", 0), 2) << text;
+    }
+    EXPECT_GE(usage["all_gather_matmul"].value("fallback", 0), 2) << text;
+    // Cut to fit: the first bytes and a NUL.
+    char small[5];
+    C_ASSERT_OK(asynctp_usage_json(ctx, small, sizeof(small), &needed));
+    EXPECT_EQ(std::string(small), text.substr(0, 4));
+  });
+}
+
+// out = RS(g)(As[0] @ Bs[0] + As[1] @ Bs[1]), sum and avg.
+void check_matmul_reduce_scatter(asynctp_context ctx, int rank, int ws, Shape a_shape, int g,
+                                 asynctp_dtype dtype, int32_t op, int32_t path) {
+  const int64_t n = 4 * ws;
+  const int64_t ks[] = {a_shape.back(), a_shape.back() + 2};
+  Shape p_shape = a_shape;
+  p_shape.back() = n;
+  std::vector<float> sum(numel(p_shape), 0.0f);
+  std::vector<HostTensor> as, bs;
+  for (int r = 0; r < ws; ++r) {
+    for (int i = 0; i < 2; ++i) {
+      Shape ai = a_shape;
+      ai.back() = ks[i];
+      const auto a = seeded_values(ai, 200 + 10 * r + i);
+      const auto b = seeded_values({ks[i], n}, 300 + 10 * r + i);
+      const auto p = matmul(a, b, ks[i], n);
+      for (size_t j = 0; j < sum.size(); ++j)
+        sum[j] += p[j];
+      if (r == rank) {
+        as.push_back(host_of(a, ai, dtype));
+        bs.push_back(host_of(b, {ks[i], n}, dtype));
+      }
+    }
+  }
+  std::vector<float> want = slice(sum, p_shape, g, rank, ws);
+  if (op == ASYNCTP_REDUCE_AVG)
+    for (float& v : want)
+      v /= static_cast<float>(ws);
+  Shape out_shape = p_shape;
+  out_shape[wrap(g, p_shape.size())] /= ws;
+  HostTensor out(out_shape, ASYNCTP_F32);
+  const asynctp_tensor a_desc[] = {as[0].desc(), as[1].desc()};
+  const asynctp_tensor b_desc[] = {bs[0].desc(), bs[1].desc()};
+  const asynctp_tensor out_desc = out.desc();
+  C_ASSERT_OK(asynctp_matmul_reduce_scatter(ctx, a_desc, b_desc, 2, &out_desc, op, g, path,
+                                            ASYNCTP_CONTEXT_STREAM));
+  const std::vector<float> got = values_of(out);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t j = 0; j < got.size(); ++j)
+    ASSERT_NEAR(got[j], want[j], 1e-6f * std::abs(want[j])) << "element " << j << ", path " << path;
+}
+
+TEST_P(CapiOps, MatmulReduceScatter) {
+  const auto [ws, how] = GetParam();
+  run_c(ws, how, [](asynctp_context ctx, int rank, int ws) {
+    for (int32_t path : {ASYNCTP_PATH_SPLIT, ASYNCTP_PATH_FALLBACK}) {
+      check_matmul_reduce_scatter(ctx, rank, ws, {2 * ws, 6}, 0, ASYNCTP_F32, ASYNCTP_REDUCE_SUM,
+                                  path);
+      check_matmul_reduce_scatter(ctx, rank, ws, {2, 3, 6}, -1, ASYNCTP_BF16, ASYNCTP_REDUCE_AVG,
+                                  path);
+    }
+    int32_t last = -2;
+    C_ASSERT_OK(asynctp_last_path(ctx, "matmul_reduce_scatter", &last, nullptr, 0));
+    EXPECT_EQ(last, ASYNCTP_PATH_FALLBACK);
+    C_ASSERT_OK(asynctp_last_path(ctx, "no_such_op", &last, nullptr, 0));
+    EXPECT_EQ(last, -1);
+  });
+}
+
+// float8 (e4m3fn) A and B of exact small values, tensor-wise scales.
+TEST_P(CapiOps, ScaledOps) {
+  const auto [ws, how] = GetParam();
+  run_c(ws, how, [](asynctp_context ctx, int rank, int ws) {
+    const int64_t s = 4, k = 16, n = 8;
+    auto f8 = [](const Shape& shape, uint64_t seed, std::vector<float>* values) {
+      HostTensor t(shape, ASYNCTP_F8E4M3);
+      values->resize(t.bytes.size());
+      for (size_t i = 0; i < t.bytes.size(); ++i) {
+        const int idx = small_int(seed, static_cast<int64_t>(i)) + 2 + (i % 3 == 0 ? 3 : 0);
+        t.bytes[i] = kF8Bits[idx];
+        (*values)[i] = kF8Values[idx];
+      }
+      return t;
+    };
+    auto scalar = [](float v) { return host_of({v}, {1}, ASYNCTP_F32); };
+    const HostTensor a_scale = scalar(0.5f), b_scale = scalar(2.0f);
+    const asynctp_tensor a_scale_d = a_scale.desc(), b_scale_d = b_scale.desc();
+    // all_gather_scaled_matmul: A_shard [s, k] gathered on 0.
+    std::vector<std::vector<float>> shard_values(ws);
+    std::vector<HostTensor> shards;
+    for (int r = 0; r < ws; ++r)
+      shards.push_back(f8({s, k}, 500 + r, &shard_values[r]));
+    std::vector<float> b_values;
+    const HostTensor b = f8({k, n}, 600, &b_values);
+    HostTensor out({ws * s, n}, ASYNCTP_F32);
+    const asynctp_tensor a_d = shards[rank].desc(), b_d = b.desc(), out_d = out.desc();
+    const asynctp_tensor none = no_tensor();
+    C_ASSERT_OK(asynctp_all_gather_scaled_matmul(ctx, &a_d, &a_scale_d, &b_d, &b_scale_d, 1, &out_d,
+                                                 &none, 0, ASYNCTP_PATH_SPLIT,
+                                                 ASYNCTP_CONTEXT_STREAM));
+    EXPECT_EQ(values_of(out), matmul(concat(shard_values, {s, k}, 0), b_values, k, n));
+    // scaled_matmul_reduce_scatter: A [ws*s, k] on every rank, scattered on 0.
+    std::vector<float> sum(ws * s * n, 0.0f);
+    HostTensor my_a, my_b;
+    for (int r = 0; r < ws; ++r) {
+      std::vector<float> av, bv;
+      HostTensor at = f8({ws * s, k}, 700 + r, &av);
+      HostTensor bt = f8({k, n}, 800 + r, &bv);
+      const auto p = matmul(av, bv, k, n);
+      for (size_t j = 0; j < sum.size(); ++j)
+        sum[j] += p[j];
+      if (r == rank) {
+        my_a = std::move(at);
+        my_b = std::move(bt);
+      }
+    }
+    HostTensor rs_out({s, n}, ASYNCTP_F32);
+    const asynctp_tensor ma = my_a.desc(), mb = my_b.desc(), ro = rs_out.desc();
+    for (int32_t path : {ASYNCTP_PATH_SPLIT, ASYNCTP_PATH_FALLBACK}) {
+      C_ASSERT_OK(asynctp_scaled_matmul_reduce_scatter(ctx, &ma, &a_scale_d, &mb, &b_scale_d, &ro,
+                                                       ASYNCTP_REDUCE_SUM, 0, path,
+                                                       ASYNCTP_CONTEXT_STREAM));
+      EXPECT_EQ(values_of(rs_out), slice(sum, {ws * s, n}, 0, rank, ws)) << "path " << path;
+    }
+  });
+}
+
+TEST_P(CapiOps, Collectives) {
+  const auto [ws, how] = GetParam();
+  run_c(ws, how, [](asynctp_context ctx, int rank, int ws) {
+    const Shape shard = {2, 3, 4};
+    std::vector<std::vector<float>> parts;
+    for (int r = 0; r < ws; ++r)
+      parts.push_back(seeded_values(shard, 900 + r));
+    for (int dim : {0, 1, -1}) {
+      Shape full = shard;
+      full[wrap(dim, 3)] *= ws;
+      const HostTensor in = host_of(parts[rank], shard, ASYNCTP_BF16);
+      HostTensor out(full, ASYNCTP_BF16);
+      const asynctp_tensor in_d = in.desc(), out_d = out.desc();
+      C_ASSERT_OK(asynctp_all_gather(ctx, &in_d, &out_d, dim, ASYNCTP_CONTEXT_STREAM));
+      EXPECT_EQ(values_of(out), concat(parts, shard, dim)) << "all_gather dim " << dim;
+    }
+    // reduce_scatter of [2, 3*ws, 4] on dim 1, and all_reduce, summed in f32.
+    const Shape big = {2, 3 * ws, 4};
+    std::vector<float> sum(numel(big), 0.0f);
+    for (int r = 0; r < ws; ++r) {
+      const auto v = seeded_values(big, 1000 + r);
+      for (size_t j = 0; j < sum.size(); ++j)
+        sum[j] += v[j];
+    }
+    const HostTensor in = host_of(seeded_values(big, 1000 + rank), big, ASYNCTP_F32);
+    HostTensor out({2, 3, 4}, ASYNCTP_F32);
+    const asynctp_tensor in_d = in.desc(), out_d = out.desc();
+    C_ASSERT_OK(
+        asynctp_reduce_scatter(ctx, &in_d, &out_d, ASYNCTP_REDUCE_SUM, 1, ASYNCTP_CONTEXT_STREAM));
+    EXPECT_EQ(values_of(out), slice(sum, big, 1, rank, ws));
+    HostTensor inout = in;
+    const asynctp_tensor io_d = inout.desc();
+    C_ASSERT_OK(asynctp_all_reduce(ctx, &io_d, ASYNCTP_REDUCE_SUM, ASYNCTP_CONTEXT_STREAM));
+    EXPECT_EQ(values_of(inout), sum);
+    C_ASSERT_OK(asynctp_synchronize(ctx));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CapiOps,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(Bootstrap::kEnv, Bootstrap::kStore)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, Bootstrap>>& info) {
+                           return fmt::format(
+                               "ws{}_{}", std::get<0>(info.param),
+                               std::get<1>(info.param) == Bootstrap::kEnv ? "env" : "store");
+                         });
+
+}  // namespace
+}  // namespace asynctp::capi_testing
