@@ -19,21 +19,21 @@ import asynctp.torch  # noqa: F401  (registers the ops and their backward formul
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def tolerance(dtype: torch.dtype) -> dict:
-    # f32: the reduction order only. bf16 (8-bit mantissa) and f16 (11-bit): the output's
-    # rounding, and the backward's intermediate rounding of gathered or reduced gradients.
-    return {
-        torch.float32: {"rtol": 1e-5, "atol": 1e-5},
-        torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2},
-        torch.float16: {"rtol": 5e-3, "atol": 5e-3},
-    }[dtype]
+# (rtol, atol as a fraction of the reference's largest magnitude). f32: the reduction order only.
+# bf16 (8-bit mantissa) and f16 (11-bit): the roundings of the output and of a gradient that
+# backward gathers or sums in its dtype before the weight-gradient matmul: a few ulps.
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (4e-3, 4e-3)}
 
 
 def assert_close(actual, expected, dtype, what):
     assert actual is not None, f"{what}: no gradient"
     assert actual.dtype == dtype, f"{what}: dtype {actual.dtype}, expected {dtype}"
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    torch.testing.assert_close(actual.double(), expected.double(), **tolerance(dtype), msg=what)
+    rtol, atol = TOL[dtype]
+    scale = max(expected.abs().max().item(), 1.0)
+    torch.testing.assert_close(
+        actual.double(), expected.double(), rtol=rtol, atol=atol * scale, msg=lambda m: f"{what}: {m}"
+    )
 
 
 def randn(gen, shape, dtype):

@@ -7,7 +7,8 @@ fused_all_gather_matmul(A_shard, Bs, g, group, return_A):
     (g = last: A_shard [.., k] -AG(last)-> A [.., ws*k = K], the gather is on the contraction)
   backward, with dA = the gradient reaching the returned A (return_A) and dO_i the outs':
     dA_shard = RS_sum(g)(dA + sum_i dO_i @ Bs[i]^T)     one fused matmuls-reduce-scatter, plus
-                                                       a reduce-scatter of dA when it is not None
+                                                       an f32 reduce-scatter of dA when it is not
+                                                       None, added in f32 and rounded once
     dBs[i]   = A_flat^T @ dO_i_flat                    ([K, N_i], A's leading dims flattened)
   The all-gather's adjoint is a sum reduce-scatter: every rank's outputs depend on every shard.
 
@@ -102,8 +103,11 @@ def _ag_mm_backward(ctx, grad_A, grad_outs):
                 [g for g, _ in pairs], [Bt for _, Bt in pairs], "sum", dim, group_name
             )
         if grad_A is not None:
-            extra = _reduce_scatter_sum(grad_A, dim, group_name)
-            grad_A_shard = extra if grad_A_shard is None else grad_A_shard + extra
+            # Summed in f32 and rounded once, as the fused op sums its partials.
+            extra = _reduce_scatter_sum(grad_A.float(), dim, group_name)
+            if grad_A_shard is not None:
+                extra = extra + grad_A_shard.float()
+            grad_A_shard = extra.to(grad_A.dtype)
 
     grad_Bs = [None] * ctx.num_bs
     if any(needs_Bs) and any(g is not None for g in grad_outs):
