@@ -217,6 +217,37 @@ def one_matmul_reduce_scatter(dtype_name, ndim, scatter_dim, num_products, reduc
         assert_close(my_Bs[i].grad, ref_Bs[rank][i].grad, dtype, f"dBs[{i}] {what}")
 
 
+def case_backward_runs_the_fused_ops():
+    """The input gradient of an all-gather matmul is asynctp's matmul reduce-scatter, and that of
+    a matmul reduce-scatter asynctp's all-gather matmul (counted by the context's usage)."""
+    import asynctp.torch as atp
+
+    name = dist.group.WORLD.group_name
+    ws = dist.get_world_size()
+
+    def calls(op):
+        return sum(atp.usage(name).get(op, {}).values())
+
+    A = torch.randn(2, 8).requires_grad_()
+    B = torch.randn(8, 4)
+    _, (out,) = torch.ops.asynctp.fused_all_gather_matmul(A, [B], 0, name, return_A=False)
+    before = (calls("all_gather_matmul"), calls("matmul_reduce_scatter"))
+    out.sum().backward()
+    assert (calls("all_gather_matmul"), calls("matmul_reduce_scatter")) == (
+        before[0],
+        before[1] + 1,
+    ), f"the all-gather matmul's backward ran {atp.usage(name)}"
+
+    A2 = torch.randn(2 * ws, 8).requires_grad_()
+    y = torch.ops.asynctp.fused_matmul_reduce_scatter(A2, B, "sum", 0, name)
+    before = (calls("all_gather_matmul"), calls("matmul_reduce_scatter"))
+    y.sum().backward()
+    assert (calls("all_gather_matmul"), calls("matmul_reduce_scatter")) == (
+        before[0] + 1,
+        before[1],
+    ), f"the matmul reduce-scatter's backward ran {atp.usage(name)}"
+
+
 # ---- the matrix (every case runs on every rank of conftest.py's pools, ws 1 to 4) ------------
 
 DIMS = [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]  # (ndim, gather/scatter dim); the last is K or N
@@ -250,3 +281,7 @@ def test_all_gather_matmul_unused_outputs(pool):
 
 def test_one_side_grads(pool):
     pool.run(case_one_side_grads, 11)
+
+
+def test_backward_runs_the_fused_ops(pool):
+    pool.run(case_backward_runs_the_fused_ops)
