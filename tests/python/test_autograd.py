@@ -32,7 +32,11 @@ def assert_close(actual, expected, dtype, what):
     rtol, atol = TOL[dtype]
     scale = max(expected.abs().max().item(), 1.0)
     torch.testing.assert_close(
-        actual.double(), expected.double(), rtol=rtol, atol=atol * scale, msg=lambda m: f"{what}: {m}"
+        actual.double(),
+        expected.double(),
+        rtol=rtol,
+        atol=atol * scale,
+        msg=lambda m: f"{what}: {m}",
     )
 
 
@@ -98,7 +102,10 @@ def one_all_gather_matmul(dtype_name, ndim, gather_dim, num_bs, return_A, seed):
         grads_out.append(dAs[rank])
     torch.autograd.backward(tensors, grads_out)
 
-    what = f"ws={ws} rank={rank} {dtype_name} shape={shape} gather_dim={gather_dim} Bs={num_bs} return_A={return_A}"
+    what = (
+        f"ws={ws} rank={rank} {dtype_name} shape={shape} gather_dim={gather_dim} "
+        f"Bs={num_bs} return_A={return_A}"
+    )
     assert_close(A_shard.grad, ref_shards[rank].grad, dtype, f"dA_shard {what}")
     for i, B in enumerate(my_Bs):
         assert_close(B.grad, ref_Bs[rank][i].grad, dtype, f"dBs[{i}] {what}")
@@ -211,7 +218,10 @@ def one_matmul_reduce_scatter(dtype_name, ndim, scatter_dim, num_products, reduc
         )
     out.backward(dOs[rank])
 
-    what = f"ws={ws} rank={rank} {dtype_name} A={a_shape} scatter_dim={scatter_dim} products={num_products} {reduce_op}"
+    what = (
+        f"ws={ws} rank={rank} {dtype_name} A={a_shape} scatter_dim={scatter_dim} "
+        f"products={num_products} {reduce_op}"
+    )
     for i in range(num_products):
         assert_close(my_As[i].grad, ref_As[rank][i].grad, dtype, f"dAs[{i}] {what}")
         assert_close(my_Bs[i].grad, ref_Bs[rank][i].grad, dtype, f"dBs[{i}] {what}")

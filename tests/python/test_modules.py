@@ -50,7 +50,10 @@ def one_mlp_training(group, dtype_name, seq_dim, bias, keep_gathered_input, seed
     for step in range(steps):
         x = torch.randn(shape, dtype=dtype)
         target = torch.randn(shape, dtype=dtype)
-        what = f"ws={ws} rank={rank} {dtype_name} seq_dim={seq_dim} bias={bias} keep={keep_gathered_input} step={step}"
+        what = (
+            f"ws={ws} rank={rank} {dtype_name} seq_dim={seq_dim} bias={bias} "
+            f"keep={keep_gathered_input} step={step}"
+        )
 
         x_full = x.clone().requires_grad_()
         y_full = down(nn.functional.gelu(up(x_full)))
@@ -67,7 +70,7 @@ def one_mlp_training(group, dtype_name, seq_dim, bias, keep_gathered_input, seed
         loss.backward()
         total = loss.detach().clone()
         dist.all_reduce(total, group=group)
-        close(total, loss_full.detach(), torch.float32 if dtype == torch.float32 else dtype, f"loss {what}")
+        close(total, loss_full.detach(), dtype, f"loss {what}")
 
         close(x_shard.grad, shards(x_full.grad), dtype, f"input grad {what}")
         close(col.weight.grad, up.weight.grad[rows], dtype, f"up.weight grad {what}")
