@@ -30,7 +30,8 @@ the same choice).
 
 Reductions run through asynctp's ops where the product is fused, through torch's functional
 collectives (one NCCL or gloo, the one torch loaded) where a lone gather or reduce-scatter of an
-existing tensor is needed. Every formula is built from torch ops only, so it traces.
+existing tensor is needed. The formulas call torch ops only (torch.ops.asynctp.*,
+torch.ops._c10d_functional.*, matmul), never a process-group object's methods.
 """
 
 from __future__ import annotations
