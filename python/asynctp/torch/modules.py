@@ -65,12 +65,13 @@ class _AllReduceGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         funcol = torch.ops._c10d_functional
-        summed = funcol.wait_tensor(funcol.all_reduce(grad.contiguous(), "sum", ctx.group_name))
-        return summed, None
+        # Summed in f32 and rounded once, as the fused reduce-scatter sums its partials.
+        summed = funcol.wait_tensor(funcol.all_reduce(grad.float(), "sum", ctx.group_name))
+        return summed.to(grad.dtype), None
 
 
 class _SequenceParallelLinear(nn.Module):
-    def __init__(self, in_features, out_features, group, bias, seq_dim, device, dtype):
+    def __init__(self, in_features, out_features, group, seq_dim, device, dtype):
         super().__init__()
         self.process_group, self.group_name = _resolve(group)
         self.world_size = self.process_group.size()
@@ -128,7 +129,7 @@ class ColumnParallelLinear(_SequenceParallelLinear):
         device=None,
         dtype=None,
     ):
-        super().__init__(in_features, out_features, group, bias, seq_dim, device, dtype)
+        super().__init__(in_features, out_features, group, seq_dim, device, dtype)
         self.out_per_rank = _shard_size(out_features, self.world_size, "out_features")
         self.keep_gathered_input = keep_gathered_input
         self.weight = nn.Parameter(
@@ -198,7 +199,7 @@ class RowParallelLinear(_SequenceParallelLinear):
         device=None,
         dtype=None,
     ):
-        super().__init__(in_features, out_features, group, bias, seq_dim, device, dtype)
+        super().__init__(in_features, out_features, group, seq_dim, device, dtype)
         self.in_per_rank = _shard_size(in_features, self.world_size, "in_features")
         self.weight = nn.Parameter(
             torch.empty(out_features, self.in_per_rank, **self._device_dtype)
