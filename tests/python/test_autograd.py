@@ -258,6 +258,34 @@ def case_backward_runs_the_fused_ops():
     ), f"the matmul reduce-scatter's backward ran {atp.usage(name)}"
 
 
+def case_opcheck_with_grads():
+    """torch.library.opcheck with inputs that require grad: the autograd registration, and the
+    backward formulas traced by AOTAutograd over the fake kernels (dynamic shapes too)."""
+    from torch.library import opcheck
+
+    name = dist.group.WORLD.group_name
+    ws = dist.get_world_size()
+    gen = torch.Generator().manual_seed(3)
+
+    def leaf(*shape):
+        return randn(gen, list(shape), torch.float32).requires_grad_()
+
+    ops = torch.ops.asynctp
+    opcheck(
+        ops.fused_all_gather_matmul,
+        (leaf(2, 8), [leaf(8, 4), leaf(8, 3)], 0, name),
+        {"return_A": True},
+    )
+    opcheck(
+        ops.fused_all_gather_matmul, (leaf(2, 3, 8), [leaf(8, 4)], 1, name), {"return_A": False}
+    )
+    opcheck(ops.fused_matmul_reduce_scatter, (leaf(2 * ws, 8), leaf(8, 4), "avg", 0, name))
+    opcheck(
+        ops.fused_matmuls_reduce_scatter,
+        ([leaf(2, 8), leaf(2, 5)], [leaf(8, 2 * ws), leaf(5, 2 * ws)], "sum", 1, name),
+    )
+
+
 # ---- the matrix (every case runs on every rank of conftest.py's pools, ws 1 to 4) ------------
 
 DIMS = [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]  # (ndim, gather/scatter dim); the last is K or N
@@ -295,3 +323,9 @@ def test_one_side_grads(pool):
 
 def test_backward_runs_the_fused_ops(pool):
     pool.run(case_backward_runs_the_fused_ops)
+
+
+def test_opcheck_with_grads(pool):
+    if pool.world_size > 2:
+        pytest.skip("opcheck's cases are per op, not per world size: ws 1 and 2 cover them")
+    pool.run(case_opcheck_with_grads)
