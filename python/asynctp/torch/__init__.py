@@ -19,6 +19,7 @@ from .. import _capi
 from .._capi import InvalidArgumentError
 from . import _contexts, _ops
 from ._contexts import OPTIONS, release
+from .modules import ColumnParallelLinear, RowParallelLinear  # registers autograd too
 
 __all__ = [
     "last_path",

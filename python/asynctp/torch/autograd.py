@@ -1,0 +1,210 @@
+"""Backward formulas of the bf16/f16/f32 fused ops (torch.library.register_autograd).
+
+Shapes (ws = the group's size, g = gather/scatter dim, d = any other leading dims):
+
+fused_all_gather_matmul(A_shard, Bs, g, group, return_A):
+    A_shard [.., s@g, .., K] -AG(g)-> A [.., ws*s@g, .., K];  outs[i] = A @ Bs[i]  ([K, N_i])
+    (g = last: A_shard [.., k] -AG(last)-> A [.., ws*k = K], the gather is on the contraction)
+  backward, with dA = the gradient reaching the returned A (return_A) and dO_i the outs':
+    dA_shard = RS_sum(g)(dA + sum_i dO_i @ Bs[i]^T)     one fused matmuls-reduce-scatter, plus
+                                                       an f32 reduce-scatter of dA when it is not
+                                                       None, added in f32 and rounded once
+    dBs[i]   = A_flat^T @ dO_i_flat                    ([K, N_i], A's leading dims flattened)
+  The all-gather's adjoint is a sum reduce-scatter: every rank's outputs depend on every shard.
+
+fused_matmul_reduce_scatter(A, B, op, g, group):
+    A [.., M@g, .., K] @ B [K, N] -RS_op(g)-> out [.., M/ws@g, .., N]
+    (g = last: out [.., N/ws], the scatter is on the output dim)
+  backward, with dO the gradient of out and c = 1 (sum) or 1/ws (avg):
+    G        = AG(g)(c * dO)                            [.., M@g, .., N]
+    dA       = G @ B^T                                  one fused all-gather matmul, returning G
+    dB       = A_flat^T @ G_flat                        [K, N]
+  The reduce-scatter's adjoint is the all-gather (scaled by 1/ws for avg).
+
+The weight gradients need the gathered input A. When the forward returned it (return_A=True) it
+is kept: it exists as an output anyway, so keeping a reference costs no memory. When it did not
+(return_A=False), A_shard is kept and gathered again in backward with torch's all-gather: the
+caller chose not to hold A, and keeping it for backward would hold ws times the shard's memory
+from forward to backward, which is what sequence parallelism exists to avoid (Megatron-LM makes
+the same choice).
+
+Reductions run through asynctp's ops where the product is fused, through torch's functional
+collectives (one NCCL or gloo, the one torch loaded) where a lone gather or reduce-scatter of an
+existing tensor is needed. The formulas call torch ops only (torch.ops.asynctp.*,
+torch.ops._c10d_functional.*, matmul), never a process-group object's methods.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed import distributed_c10d as c10d
+
+__all__: list[str] = []
+
+_ATEN_FUNCOL = torch.ops._c10d_functional
+
+
+def _group_size(group_name: str) -> int:
+    return c10d._get_group_size_by_name(group_name)
+
+
+def _all_gather(x: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
+    """[.., s@dim, ..] -> [.., ws*s@dim, ..], rank-major along dim."""
+    ws = _group_size(group_name)
+    if ws == 1:
+        return x
+    x0 = x.movedim(dim, 0).contiguous()
+    out = _ATEN_FUNCOL.wait_tensor(_ATEN_FUNCOL.all_gather_into_tensor(x0, ws, group_name))
+    return out.movedim(0, dim)
+
+
+def _reduce_scatter_sum(x: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
+    """[.., ws*s@dim, ..] -> [.., s@dim, ..], summed over the group."""
+    ws = _group_size(group_name)
+    if ws == 1:
+        return x
+    x0 = x.movedim(dim, 0).contiguous()
+    out = _ATEN_FUNCOL.reduce_scatter_tensor(x0, "sum", ws, group_name)
+    return _ATEN_FUNCOL.wait_tensor(out).movedim(0, dim)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """[d.., X] -> [prod(d), X]."""
+    return t.reshape(-1, t.shape[-1])
+
+
+# ---- fused_all_gather_matmul --------------------------------------------------------------
+
+
+def _ag_mm_setup_context(ctx, inputs, keyword_only_inputs, output):
+    A_shard, Bs, gather_dim, group_name = inputs
+    return_A = keyword_only_inputs["return_A"]
+    A_out, _ = output
+    ctx.gather_dim = gather_dim % A_shard.dim()
+    ctx.group_name = group_name
+    ctx.num_bs = len(Bs)
+    ctx.kept_A = return_A
+    # Outputs without a gradient arrive as None, not zeros: no reduce-scatter of zeros.
+    ctx.set_materialize_grads(False)
+    # Saved: A (the gathered input) when returned, else A_shard; then every B.
+    ctx.save_for_backward(A_out if return_A else A_shard, *Bs)
+
+
+def _ag_mm_backward(ctx, grad_A, grad_outs):
+    saved = ctx.saved_tensors
+    A_or_shard, Bs = saved[0], saved[1:]
+    dim, group_name = ctx.gather_dim, ctx.group_name
+    needs_A, needs_Bs = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+
+    grad_A_shard = None
+    if needs_A:
+        pairs = [(g.contiguous(), B.t()) for g, B in zip(grad_outs, Bs) if g is not None]
+        if pairs:
+            grad_A_shard = torch.ops.asynctp.fused_matmuls_reduce_scatter(
+                [g for g, _ in pairs], [Bt for _, Bt in pairs], "sum", dim, group_name
+            )
+        if grad_A is not None:
+            # Summed in f32 and rounded once, as the fused op sums its partials.
+            extra = _reduce_scatter_sum(grad_A.float(), dim, group_name)
+            if grad_A_shard is not None:
+                extra = extra + grad_A_shard.float()
+            grad_A_shard = extra.to(grad_A.dtype)
+
+    grad_Bs = [None] * ctx.num_bs
+    if any(needs_Bs) and any(g is not None for g in grad_outs):
+        A = A_or_shard if ctx.kept_A else _all_gather(A_or_shard, dim, group_name)
+        A_flat_t = _flat(A).t()  # [K, rows]; rows in the same order as every output's
+        for i, g in enumerate(grad_outs):
+            if g is not None and needs_Bs[i]:
+                grad_Bs[i] = (A_flat_t @ _flat(g)).to(Bs[i].dtype)
+    return grad_A_shard, grad_Bs, None, None
+
+
+# ---- fused_matmul_reduce_scatter ----------------------------------------------------------
+
+
+def _mm_rs_setup_context(ctx, inputs, output):
+    A, B, reduce_op, scatter_dim, group_name = inputs
+    ctx.scatter_dim = scatter_dim % A.dim()
+    ctx.reduce_op = reduce_op
+    ctx.group_name = group_name
+    ctx.save_for_backward(A, B)
+
+
+def _mm_rs_backward(ctx, grad_out):
+    A, B = ctx.saved_tensors
+    dim, group_name = ctx.scatter_dim, ctx.group_name
+    needs_A, needs_B = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    g = grad_out.contiguous()
+    if ctx.reduce_op == "avg":
+        g = g / _group_size(group_name)
+    grad_A = grad_B = None
+    if needs_A:
+        G, (grad_A,) = torch.ops.asynctp.fused_all_gather_matmul(
+            g, [B.t()], dim, group_name, return_A=needs_B
+        )
+    else:
+        G = _all_gather(g, dim, group_name)
+    if needs_B:
+        grad_B = (_flat(A).t() @ _flat(G)).to(B.dtype)
+    return grad_A, grad_B, None, None, None
+
+
+# ---- fused_matmuls_reduce_scatter (the sum of products) -----------------------------------
+
+
+def _mms_rs_setup_context(ctx, inputs, output):
+    As, Bs, reduce_op, scatter_dim, group_name = inputs
+    ctx.scatter_dim = scatter_dim % As[0].dim()
+    ctx.reduce_op = reduce_op
+    ctx.group_name = group_name
+    ctx.num = len(As)
+    ctx.save_for_backward(*As, *Bs)
+
+
+def _mms_rs_backward(ctx, grad_out):
+    saved = ctx.saved_tensors
+    As, Bs = saved[: ctx.num], saved[ctx.num :]
+    dim, group_name = ctx.scatter_dim, ctx.group_name
+    needs_As, needs_Bs = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    g = grad_out.contiguous()
+    if ctx.reduce_op == "avg":
+        g = g / _group_size(group_name)
+    grad_As = [None] * ctx.num
+    grad_Bs = [None] * ctx.num
+    # One gather of the gradient serves every product: dA_i = G @ B_i^T, dB_i = A_i^T @ G.
+    want_A = [i for i in range(ctx.num) if needs_As[i]]
+    if want_A:
+        G, outs = torch.ops.asynctp.fused_all_gather_matmul(
+            g, [Bs[i].t() for i in want_A], dim, group_name, return_A=any(needs_Bs)
+        )
+        for i, o in zip(want_A, outs):
+            grad_As[i] = o
+    elif any(needs_Bs):
+        G = _all_gather(g, dim, group_name)
+    for i in range(ctx.num):
+        if needs_Bs[i]:
+            grad_Bs[i] = (_flat(As[i]).t() @ _flat(G)).to(Bs[i].dtype)
+    return grad_As, grad_Bs, None, None, None
+
+
+def _register() -> None:
+    """Runs once, on import, after asynctp.torch has defined the ops."""
+    torch.library.register_autograd(
+        "asynctp::fused_all_gather_matmul",
+        _ag_mm_backward,
+        setup_context=_ag_mm_setup_context,
+    )
+    torch.library.register_autograd(
+        "asynctp::fused_matmul_reduce_scatter",
+        _mm_rs_backward,
+        setup_context=_mm_rs_setup_context,
+    )
+    torch.library.register_autograd(
+        "asynctp::fused_matmuls_reduce_scatter",
+        _mms_rs_backward,
+        setup_context=_mms_rs_setup_context,
+    )
+
+
+_register()
