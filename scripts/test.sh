@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 # Twice as many ctest jobs as cores: most tests wait on their rank processes, sleeps and
 # timeouts rather than compute (the 469 tests of build/ take 87 s one after another, 11 s of it
-# CPU time). On 2 cores under a load of 20, ctest -j 2 took 37-44 s, -j 4 21-23 s, -j 8 15 s.
+# CPU time). On 2 cores under a load of 20, ctest -j 2 took 37-44 s, -j 4 21-23 s, -j 8 15 s;
+# build-asan/'s CPU tests take 205 s in sequence and took 52 s at -j 4 (load 8-11).
 jobs=$((2 * $(nproc)))
 start=$(date +%s)
 times=()
