@@ -218,11 +218,28 @@ inline constexpr EnvVar kSkipAsan{
     .scope = EnvVar::Scope::kTests,
 };
 
+inline constexpr EnvVar kLibrary{
+    .name = "ASYNCTP_LIBRARY",
+    .kind = EnvVar::Kind::kText,
+    .default_value = "the package's lib/libasynctp_c.so",
+    .doc = "Python only: the C library the asynctp package loads when it has none of its own.",
+};
+
+inline constexpr EnvVar kBuildTests{
+    .name = "ASYNCTP_BUILD_TESTS",
+    .kind = EnvVar::Kind::kText,
+    .default_value = "OFF",
+    .doc =
+        "ON or OFF (a CMake boolean): `pip install .` builds the C++ tests too, so that the "
+        "wheel can share a build dir with ctest.",
+    .scope = EnvVar::Scope::kTests,
+};
+
 // Every variable, in the order `asynctp env` and the README list them.
 inline constexpr const EnvVar* kAll[] = {
     &kTimeout,   &kMaxWorkspaceMb, &kPath,        &kCacheDir,       &kLogLevel,    &kHostId,
     &kRunId,     &kStorePort,      &kGemmStreams, &kPushPieceBytes, &kPushStreams, &kGemmAutotune,
-    &kAllowTf32, &kSharedGpus,     &kSharedDir,   &kSkipAsan,
+    &kAllowTf32, &kSharedGpus,     &kLibrary,     &kSharedDir,      &kSkipAsan,    &kBuildTests,
 };
 
 // The registered variable of that name; nullptr when there is none.

@@ -305,7 +305,7 @@ TEST(EnvVarTest, AccessorOfAnotherKindIsRefused) {
 TEST(EnvVarTest, AllowedInWords) {
   EXPECT_EQ(envvars::kGemmStreams.allowed(), "1 or 2");
   EXPECT_EQ(envvars::kPushStreams.allowed(), "an integer from 1 to 4");
-  EXPECT_EQ(envvars::kPath.allowed(), "auto, native, fused, fallback or unfused (any case)");
+  EXPECT_EQ(envvars::kPath.allowed(), "auto, native, split, fallback or unfused (any case)");
   EXPECT_EQ(envvars::kSkipAsan.allowed(), "0 or 1");
   EXPECT_EQ(envvars::kStorePort.allowed(), "an integer from 0 to 65535");
 }

@@ -151,9 +151,15 @@ def capture(name: str) -> None:
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
-    check(torch.equal(ag, eager_ag), "graph replay of all_gather_matmul differs from eager")
-    check(torch.equal(rs, eager_rs), "graph replay of matmul_reduce_scatter differs from eager")
-    log({"kind": "capture", "failures": len(FAILURES), "memory": atp.memory_stats(name)})
+    # Under auto, the captured call may take another path than the eager one (a capture cannot
+    # measure), and paths round differently: equal within bf16's tolerance, and bit equality
+    # reported beside it.
+    close(ag, eager_ag, "graph replay of all_gather_matmul against eager")
+    close(rs, eager_rs, "graph replay of matmul_reduce_scatter against eager")
+    log({"kind": "capture", "failures": len(FAILURES), "memory": atp.memory_stats(name),
+         "ag_bit_equal": torch.equal(ag, eager_ag), "rs_bit_equal": torch.equal(rs, eager_rs),
+         "paths": [atp.last_path("all_gather_matmul", name)[0],
+                   atp.last_path("matmul_reduce_scatter", name)[0]]})
 
 
 def bench(fn, iters: int, graph: bool = False) -> float:

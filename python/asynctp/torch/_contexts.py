@@ -153,7 +153,7 @@ def _create(group_name: str, device: torch.device) -> Entry:
         # so the generation, and with it the store prefix, agree across ranks.
         gen = _generation.get(group_name, 0)
         _generation[group_name] = gen + 1
-        prefix = f"asynctp/{device.type}{'' if device.index is None else device.index}/{gen}/"
+        prefix = f"asynctp/{device.type}/{gen}/"
         store = c10d.PrefixStore(prefix, c10d._get_process_group_store(pg))
         bridge = StoreBridge(store)
         rank, world_size = pg.rank(), pg.size()

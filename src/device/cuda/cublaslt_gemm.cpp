@@ -120,16 +120,16 @@ struct LtGemm::Impl {
   bool autotune = envvars::kGemmAutotune.flag();
   bool allow_tf32 = envvars::kAllowTf32.flag();
   std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
-  // Per stream (GEMMs on different streams may run at the same time): cuBLASLt's workspace and
-  // grow-only scratch for float8 operands staged into cuBLASLt's layout and for the unscaled f32
-  // product of a row-/column-wise scaled GEMM.
+  // Per workspace key (LtGemm::run; GEMMs under different keys may run at the same time):
+  // cuBLASLt's workspace and grow-only scratch for float8 operands staged into cuBLASLt's layout
+  // and for the unscaled f32 product of a row-/column-wise scaled GEMM.
   enum Slot { kStagedA, kStagedB, kProduct, kSlots };
   struct PerStream {
     void* workspace = nullptr;
     void* scratch[kSlots] = {};
     size_t scratch_bytes[kSlots] = {};
   };
-  std::unordered_map<cudaStream_t, PerStream> streams;
+  std::unordered_map<const void*, PerStream> streams;
   float* one = nullptr;  // a device 1.0f: the scale of an unscaled float8 product
 
   Impl() {
@@ -149,8 +149,8 @@ struct LtGemm::Impl {
     cublasLtDestroy(handle);
   }
 
-  PerStream& state_of(cudaStream_t stream, bool capturing) {
-    auto it = streams.find(stream);
+  PerStream& state_of(const void* key, bool capturing) {
+    auto it = streams.find(key);
     if (it != streams.end()) return it->second;
     ASYNCTP_CAPTURE_CHECK(!capturing,
                           "a GEMM's first use of a stream is during CUDA-graph capture, where its "
@@ -159,11 +159,11 @@ struct LtGemm::Impl {
                           workspace_bytes);
     PerStream state;
     ASYNCTP_CUDA_CHECK(cudaMalloc(&state.workspace, workspace_bytes));
-    return streams.emplace(stream, state).first->second;
+    return streams.emplace(key, state).first->second;
   }
 
-  void* scratch_for(Slot slot, size_t bytes, cudaStream_t stream, bool capturing) {
-    PerStream& st = state_of(stream, capturing);
+  void* scratch_for(Slot slot, size_t bytes, const void* key, cudaStream_t stream, bool capturing) {
+    PerStream& st = state_of(key, capturing);
     if (bytes <= st.scratch_bytes[slot]) return st.scratch[slot];
     ASYNCTP_CAPTURE_CHECK(!capturing,
                           "the float8 GEMM's staging must grow to {} bytes during CUDA-graph "
@@ -181,8 +181,8 @@ struct LtGemm::Impl {
   Plan& plan(const Key& key, DType a_dt, DType b_dt, DType d_dt, const Operand& la,
              const Operand& lb, int64_t m_rows, int64_t n_cols, int64_t ldd, int64_t batch,
              int64_t d_batch_stride, ScaleMode scale_a, ScaleMode scale_b, const GemmArgs& args,
-             cudaStream_t stream, bool capturing, const void* lt_a, const void* lt_b, void* d_ptr,
-             bool* found) {
+             cudaStream_t stream, const void* ws_key, bool capturing, const void* lt_a,
+             const void* lt_b, void* d_ptr, bool* found) {
     auto it = plans.find(key);
     if (it != plans.end()) {
       *found = true;
@@ -235,7 +235,7 @@ struct LtGemm::Impl {
     }
     int best = 0;
     if (autotune && !capturing && returned > 1)
-      best = tune(*p, results, returned, lt_a, lt_b, args, stream);
+      best = tune(*p, results, returned, lt_a, lt_b, args, stream, ws_key);
     p->algo = results[best].algo;
     p->workspace = results[best].workspaceSize;
     *found = true;
@@ -246,7 +246,7 @@ struct LtGemm::Impl {
 
   // Times each candidate (1 warm-up, then the median of kRuns) into a scratch output.
   int tune(Plan& p, const cublasLtMatmulHeuristicResult_t* results, int count, const void* lt_a,
-           const void* lt_b, const GemmArgs& args, cudaStream_t stream) {
+           const void* lt_b, const GemmArgs& args, cudaStream_t stream, const void* ws_key) {
     constexpr int kRuns = 5;
     const size_t d_bytes = args.d.extent_bytes() + 256;
     void* d_tmp = nullptr;
@@ -267,7 +267,7 @@ struct LtGemm::Impl {
       for (int r = -1; r < kRuns && ok; ++r) {
         ASYNCTP_CUDA_CHECK(cudaEventRecord(start, stream));
         ok = cublasLtMatmul(handle, p.desc, &alpha, lt_a, p.a, lt_b, p.b, &beta, d_tmp, p.d, d_tmp,
-                            p.d, &results[c].algo, state_of(stream, false).workspace,
+                            p.d, &results[c].algo, state_of(ws_key, false).workspace,
                             workspace_bytes, stream) == CUBLAS_STATUS_SUCCESS;
         ASYNCTP_CUDA_CHECK(cudaEventRecord(stop, stream));
         ASYNCTP_CUDA_CHECK(cudaEventSynchronize(stop));
@@ -309,7 +309,8 @@ struct LtGemm::Impl {
 LtGemm::LtGemm() : impl_(std::make_unique<Impl>()) {}
 LtGemm::~LtGemm() = default;
 
-void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
+void LtGemm::run(const GemmArgs& args, cudaStream_t stream, const void* ws_key, bool capturing) {
+  if (ws_key == nullptr) ws_key = stream;
   Tensor a = batched(args.a), b = batched(args.b), d = batched(args.d);
   const int64_t batch = d.size(0), m = d.size(1), n = d.size(2), k = a.size(2);
   if (m == 0 || n == 0) return;
@@ -322,16 +323,16 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
   if (f8) {
     // cuBLASLt's float8 kernels take our A row-major and our B column-major: stage otherwise.
     if (!(a.stride(2) == 1 || k == 1)) {
-      void* p =
-          impl_->scratch_for(Impl::kStagedA, static_cast<size_t>(a.numel()), stream, capturing);
+      void* p = impl_->scratch_for(Impl::kStagedA, static_cast<size_t>(a.numel()), ws_key, stream,
+                                   capturing);
       const Tensor staged(p, a.dtype(), {batch, m, k}, a.device());
       ASYNCTP_CUDA_CHECK(kernels::copy(to_kernel(staged), to_kernel(a), stream));
       a = staged;
     }
     if (!(b.stride(1) == 1 || k == 1)) {
       const int64_t bb = b.size(0);
-      void* p =
-          impl_->scratch_for(Impl::kStagedB, static_cast<size_t>(b.numel()), stream, capturing);
+      void* p = impl_->scratch_for(Impl::kStagedB, static_cast<size_t>(b.numel()), ws_key, stream,
+                                   capturing);
       const Tensor staged(p, b.dtype(), {bb, k, n}, {k * n, 1, k}, b.device());
       ASYNCTP_CUDA_CHECK(kernels::copy(to_kernel(staged), to_kernel(b), stream));
       b = staged;
@@ -344,8 +345,8 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
                     args.a_scale.describe());
       ASYNCTP_CHECK(!colwise || args.b_scale.stride(1) == 1 || n == 1,
                     "column-wise b_scale must be contiguous, got {}", args.b_scale.describe());
-      float* acc = static_cast<float*>(
-          impl_->scratch_for(Impl::kProduct, static_cast<size_t>(m * n) * 4, stream, capturing));
+      float* acc = static_cast<float*>(impl_->scratch_for(
+          Impl::kProduct, static_cast<size_t>(m * n) * 4, ws_key, stream, capturing));
       const Tensor sa =
           batched(args.a_scale.numel() == 1 ? args.a_scale.view({1, 1, 1}) : args.a_scale);
       for (int64_t bi = 0; bi < batch; ++bi) {
@@ -355,7 +356,7 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
         unscaled.d = Tensor(acc, DType::kF32, {1, m, n}, d.device());
         unscaled.a_scale = Tensor(impl_->one, DType::kF32, {}, d.device());
         unscaled.b_scale = unscaled.a_scale;
-        run(unscaled, stream, capturing);
+        run(unscaled, stream, ws_key, capturing);
         const float* row = static_cast<const float*>(sa.data()) + (rowwise ? bi * sa.stride(0) : 0);
         void* d_i = static_cast<char*>(d.data()) + bi * d.stride(0) * d.element_size();
         ASYNCTP_CUDA_CHECK(kernels::scale_epilogue(
@@ -403,7 +404,7 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
   bool found = false;
   Plan& p =
       impl_->plan(key, a.dtype(), b.dtype(), d.dtype(), la, lb, m, n, ldd, batch, d_batch_stride,
-                  sa, sa, args, stream, capturing, b.data(), a.data(), d.data(), &found);
+                  sa, sa, args, stream, ws_key, capturing, b.data(), a.data(), d.data(), &found);
   ASYNCTP_CHECK(found, "cuBLASLt has no algorithm for {} @ {} -> {} (m={}, n={}, k={}, batch={})",
                 args.a.describe(), args.b.describe(), args.d.describe(), m, n, k, batch);
   if (f8) {
@@ -417,7 +418,7 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, bool capturing) {
   const float alpha = 1.0f, beta = args.accumulate ? 1.0f : 0.0f;
   ASYNCTP_CUBLAS_CHECK(cublasLtMatmul(
       impl_->handle, p.desc, &alpha, b.data(), p.a, a.data(), p.b, &beta, d.data(), p.d, d.data(),
-      p.d, &p.algo, impl_->state_of(stream, capturing).workspace, impl_->workspace_bytes, stream));
+      p.d, &p.algo, impl_->state_of(ws_key, capturing).workspace, impl_->workspace_bytes, stream));
 }
 
 }  // namespace asynctp::cuda

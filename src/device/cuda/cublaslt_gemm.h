@@ -22,7 +22,9 @@ class LtGemm {
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
 
-  void run(const GemmArgs& args, cudaStream_t stream, bool capturing);
+  // Runs on `stream`, with the workspace (and float8 staging) kept under `ws_key`: GEMMs that
+  // may run at the same time need different keys; nullptr: the stream itself.
+  void run(const GemmArgs& args, cudaStream_t stream, const void* ws_key, bool capturing);
 
  private:
   struct Impl;

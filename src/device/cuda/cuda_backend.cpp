@@ -192,6 +192,7 @@ class CudaStream final : public Stream {
   }
   void* native_handle() const override { return stream_; }
   cudaStream_t get() const { return stream_; }
+  bool owned() const { return owned_; }
 
  private:
   cudaStream_t stream_;
@@ -344,7 +345,13 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
 
   void gemm(const GemmArgs& args, Stream& stream) override {
     validate_gemm(args);
-    gemm_->run(args, raw(stream), capturing(stream));
+    // Streams of the caller's (wrapped, not owned) share one workspace key: an op waits on its
+    // stream for the op before it (Context::StreamScope), so their GEMMs never overlap, and a
+    // stream first seen during CUDA-graph capture (torch.cuda.graph's own) finds a workspace
+    // that a warm-up or a reserve on any other caller stream already allocated.
+    const auto& cuda_stream = static_cast<const CudaStream&>(stream);
+    const void* ws_key = cuda_stream.owned() ? nullptr : static_cast<const void*>(this);
+    gemm_->run(args, raw(stream), ws_key, capturing(stream));
   }
 
   void reduce(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,

@@ -573,7 +573,7 @@ TEST(FusedOpsGpu, CaptureRefusesToGrowTheWorkspace) {
         cuda::Graph graph;
         graph.begin_capture(ctx.stream());
         EXPECT_THAT(error_of([&] { all_gather_matmul(ctx, *a, bs, outs); }),
-                    ::testing::HasSubstr("during CUDA-graph capture"));
+                    ::testing::HasSubstr("captured into a CUDA graph"));
       },
       gpu_options());
   EXPECT_RANKS_OK(statuses);
