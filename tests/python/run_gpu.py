@@ -79,7 +79,7 @@ def reduce_scatter(t, dim, op):
 def correctness(name: str) -> None:
     rank, ws = dist.get_rank(), dist.get_world_size()
     for dtype, shape, num_bs, return_A in itertools.product(
-        (torch.float32, torch.bfloat16, torch.float16), ((256, 128), (2, 64, 128)), (1, 2), (True, False)
+        (torch.float32, torch.bfloat16, torch.float16), ((256, 128), (2 * ws, 64, 128)), (1, 2), (True, False)
     ):
         for g in range(len(shape)):
             what = f"ag_mm {dtype} {shape} dim {g} bs {num_bs} return_A {return_A}"
@@ -92,7 +92,7 @@ def correctness(name: str) -> None:
             for i, (o, B) in enumerate(zip(outs, Bs)):
                 close(o, A_ref.float() @ B.float(), f"{what}: out {i}")
     for dtype, shape, op in itertools.product(
-        (torch.float32, torch.bfloat16, torch.float16), ((256, 128), (2, 64, 128)), ("sum", "avg")
+        (torch.float32, torch.bfloat16, torch.float16), ((256, 128), (2 * ws, 64, 128)), ("sum", "avg")
     ):
         for g in range(len(shape)):
             what = f"mm_rs {dtype} {shape} dim {g} {op}"
