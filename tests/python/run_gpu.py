@@ -286,6 +286,12 @@ def main() -> int:
          "python": sys.version.split()[0], "ws": dist.get_world_size(),
          "gpu": torch.cuda.get_device_name()})
     correctness(name)
+    # One NCCL per process: with asynctp's library loaded and its contexts made (NCCL
+    # communicators included), its libnccl.so.2 must be the one torch loaded.
+    ncclibs = sorted({line.split()[-1] for line in open("/proc/self/maps")
+                      if "libnccl" in line and line.split()[-1].startswith("/")})
+    log({"kind": "nccl", "rank": dist.get_rank(), "mapped": ncclibs})
+    check(len(ncclibs) == 1, f"{len(ncclibs)} NCCL libraries in the process: {ncclibs}")
     capture(name)
     if not args.skip_bench:
         timings(name, args.iters)
