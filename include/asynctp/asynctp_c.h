@@ -60,7 +60,10 @@ typedef enum asynctp_dtype {
   ASYNCTP_F8E5M2 = 4
 } asynctp_dtype;
 
-typedef enum asynctp_device_type { ASYNCTP_DEVICE_CPU = 0, ASYNCTP_DEVICE_CUDA = 1 } asynctp_device_type;
+typedef enum asynctp_device_type {
+  ASYNCTP_DEVICE_CPU = 0,
+  ASYNCTP_DEVICE_CUDA = 1
+} asynctp_device_type;
 
 /* Which path an op takes: AUTO measures once per problem and keeps the fastest. SPLIT is the
  * pipeline of per-chunk GEMMs beside the copy engine; NATIVE one async-input GEMM kernel;
@@ -130,15 +133,15 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_group_from_env(int64_t timeout_ms, async
  * local_rank: which GPU of this node the rank drives (a context may override it). Collective
  * over the group's ranks. */
 ASYNCTP_C_EXPORT asynctp_status asynctp_group_from_store(const asynctp_store_callbacks* store,
-                                                        int32_t rank, int32_t world_size,
-                                                        int32_t local_rank, int64_t timeout_ms,
-                                                        asynctp_group* out);
+                                                         int32_t rank, int32_t world_size,
+                                                         int32_t local_rank, int64_t timeout_ms,
+                                                         asynctp_group* out);
 
 /* The subgroup of `parent` made of the parent ranks ranks[0..n) (in that order: ranks[i]
  * becomes rank i). Collective over those ranks only; a rank that is not in `ranks` may not call
  * it. Several subgroups (the TP groups of a 2-D mesh) may live side by side. */
 ASYNCTP_C_EXPORT asynctp_status asynctp_group_split(asynctp_group parent, const int32_t* ranks,
-                                                   int32_t n, asynctp_group* out);
+                                                    int32_t n, asynctp_group* out);
 
 ASYNCTP_C_EXPORT asynctp_status asynctp_group_rank(asynctp_group group, int32_t* rank);
 ASYNCTP_C_EXPORT asynctp_status asynctp_group_world_size(asynctp_group group, int32_t* world_size);
@@ -149,11 +152,11 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_group_destroy(asynctp_group group);
 
 typedef struct asynctp_context_options {
   int32_t struct_size;
-  const char* backend;          /* "cpu", "cuda", or NULL / "auto": CUDA when a GPU is visible */
-  int32_t device_index;         /* GPU to run on; -1: the group's local rank */
-  int64_t max_workspace_bytes;  /* per symmetric workspace; -1: ASYNCTP_MAX_WORKSPACE_MB */
-  int32_t path;                 /* asynctp_path; ASYNCTP_PATH_DEFAULT: ASYNCTP_PATH or auto */
-  const char* dispatch_cache;   /* NULL: default location; "off": keep choices in memory */
+  const char* backend;         /* "cpu", "cuda", or NULL / "auto": CUDA when a GPU is visible */
+  int32_t device_index;        /* GPU to run on; -1: the group's local rank */
+  int64_t max_workspace_bytes; /* per symmetric workspace; -1: ASYNCTP_MAX_WORKSPACE_MB */
+  int32_t path;                /* asynctp_path; ASYNCTP_PATH_DEFAULT: ASYNCTP_PATH or auto */
+  const char* dispatch_cache;  /* NULL: default location; "off": keep choices in memory */
 } asynctp_context_options;
 
 /* Fills `options` with the defaults (struct_size set). */
@@ -161,8 +164,8 @@ ASYNCTP_C_EXPORT void asynctp_context_options_init(asynctp_context_options* opti
 
 /* Collective over the group. */
 ASYNCTP_C_EXPORT asynctp_status asynctp_context_create(asynctp_group group,
-                                                      const asynctp_context_options* options,
-                                                      asynctp_context* out);
+                                                       const asynctp_context_options* options,
+                                                       asynctp_context* out);
 /* Waits for the context's work, then releases its memory (symmetric workspaces included). */
 ASYNCTP_C_EXPORT asynctp_status asynctp_context_destroy(asynctp_context ctx);
 
@@ -217,15 +220,14 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_scaled_matmul_reduce_scatter(
 /* ---- collectives (any dim, any strides) -------------------------------------------------- */
 
 ASYNCTP_C_EXPORT asynctp_status asynctp_all_gather(asynctp_context ctx, const asynctp_tensor* in,
-                                                  const asynctp_tensor* out, int32_t dim,
-                                                  void* stream);
+                                                   const asynctp_tensor* out, int32_t dim,
+                                                   void* stream);
 ASYNCTP_C_EXPORT asynctp_status asynctp_reduce_scatter(asynctp_context ctx,
-                                                      const asynctp_tensor* in,
-                                                      const asynctp_tensor* out, int32_t reduce_op,
-                                                      int32_t dim, void* stream);
-ASYNCTP_C_EXPORT asynctp_status asynctp_all_reduce(asynctp_context ctx,
-                                                  const asynctp_tensor* inout, int32_t reduce_op,
-                                                  void* stream);
+                                                       const asynctp_tensor* in,
+                                                       const asynctp_tensor* out, int32_t reduce_op,
+                                                       int32_t dim, void* stream);
+ASYNCTP_C_EXPORT asynctp_status asynctp_all_reduce(asynctp_context ctx, const asynctp_tensor* inout,
+                                                   int32_t reduce_op, void* stream);
 
 /* ---- what ran, and what is held ---------------------------------------------------------- */
 
@@ -233,12 +235,12 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_all_reduce(asynctp_context ctx,
  * (asynctp_path; -1 if it never ran), and why it fell back ("" otherwise), written into
  * reason[0..reason_len) NUL-terminated and cut to fit. */
 ASYNCTP_C_EXPORT asynctp_status asynctp_last_path(asynctp_context ctx, const char* op,
-                                                 int32_t* path, char* reason, size_t reason_len);
+                                                  int32_t* path, char* reason, size_t reason_len);
 
 /* Every (op, path) call count as JSON ({"all_gather_matmul": {"split": 3}, ...}), written into
  * buf[0..len) NUL-terminated; *needed = the bytes it takes with the NUL. */
 ASYNCTP_C_EXPORT asynctp_status asynctp_usage_json(asynctp_context ctx, char* buf, size_t len,
-                                                  size_t* needed);
+                                                   size_t* needed);
 
 typedef struct asynctp_memory_stats {
   int32_t struct_size;
@@ -248,7 +250,7 @@ typedef struct asynctp_memory_stats {
 } asynctp_memory_stats;
 
 ASYNCTP_C_EXPORT asynctp_status asynctp_memory_stats_get(asynctp_context ctx,
-                                                        asynctp_memory_stats* out);
+                                                         asynctp_memory_stats* out);
 
 #ifdef __cplusplus
 }
