@@ -129,7 +129,15 @@ class Context {
    public:
     StreamScope(Context& ctx, std::optional<void*> handle) : ctx_(ctx), saved_(ctx.stream_) {
       if (handle) ctx.stream_ = &ctx.wrapped_stream(*handle);
-      ctx.follow_previous_op();
+      try {
+        ctx.follow_previous_op();
+      } catch (...) {
+        // The previous op's stream may be gone (a caller's stream destroyed since): forget it,
+        // so that the context is not stuck on it, and leave stream() as it was.
+        ctx.previous_op_stream_ = nullptr;
+        ctx.stream_ = saved_;
+        throw;
+      }
     }
     ~StreamScope() {
       ctx_.previous_op_stream_ = ctx_.stream_;

@@ -392,12 +392,13 @@ void PrefixStore::erase(const std::string& key) {
 namespace {
 
 // Runs a host callback; an exception from it becomes an Error naming the rank, call and key
-// (a TimeoutError stays one).
+// (an asynctp::Error, a TimeoutError among them, stays what it is: the callbacks' adapter says
+// what failed, and callers tell the kinds apart by class).
 template <typename F>
 auto call_host(int rank, const std::string& what, F&& f) -> decltype(f()) {
   try {
     return f();
-  } catch (const TimeoutError&) {
+  } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
     throw Error(

@@ -122,8 +122,12 @@ def memory_stats(group_name: str | None = None) -> dict:
 
 
 def _entry(group_name: str, device) -> "_contexts.Entry":
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
     for e in _contexts.entries(group_name):
-        if device is None or e.device == torch.device(device):
+        if device is None or e.device == device:
             return e
     raise InvalidArgumentError(f"asynctp: no context of group {group_name!r} on {device} yet")
 

@@ -214,11 +214,17 @@ def release(group_name: str | None = None) -> None:
     """Destroys the contexts of group_name (every context for None): waits for their work,
     then frees their memory, symmetric workspaces included."""
     lib = _capi.lib() if _entries else None
+    first_error = None
     with _lock:
         for key, e in list(_entries.items()):
             if group_name is None or e.group_name == group_name:
                 del _entries[key]
-                _capi.check(lib.asynctp_context_destroy(e.handle))
+                try:
+                    _capi.check(lib.asynctp_context_destroy(e.handle))
+                except _capi.Error as exc:  # the others are released all the same
+                    first_error = first_error or exc
+    if first_error is not None:
+        raise first_error
 
 
 def usage(e: Entry) -> dict:
@@ -260,8 +266,10 @@ def _wrap_destroy_process_group() -> None:
         return
 
     def destroy_process_group(group=None):
-        release(_group_name_of(group))
-        return original(group)
+        try:
+            release(_group_name_of(group))
+        finally:
+            original(group)
 
     destroy_process_group._asynctp_wrapped = True
     destroy_process_group.__doc__ = original.__doc__

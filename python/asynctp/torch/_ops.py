@@ -61,8 +61,8 @@ _SCALAR_TYPES = {
     5: torch.float16,
     6: torch.float32,
     15: torch.bfloat16,
-    16: torch.float8_e5m2,
-    17: torch.float8_e4m3fn,
+    23: torch.float8_e5m2,
+    24: torch.float8_e4m3fn,
 }
 
 
@@ -178,6 +178,7 @@ def _descs(e, key: str, tensors):
 
 
 _NO_TENSOR = _capi.no_tensor()
+_NO_TENSOR_PTR = ctypes.pointer(_NO_TENSOR)  # made once: the eager path passes it as is
 _entries = _contexts._entries
 
 
@@ -271,7 +272,7 @@ def _all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
         plan.a_out[0].data = a_out.data_ptr()
     status = _capi.lib().asynctp_all_gather_matmul(
         e.handle, d_a, d_bs, len(Bs), plan.outs,
-        plan.a_out if plan.a_out is not None else ctypes.byref(_NO_TENSOR), plan.dim,
+        plan.a_out if plan.a_out is not None else _NO_TENSOR_PTR, plan.dim,
         _capi.PATH_DEFAULT, _stream_of(plan))
     _run(e, plan, status)
     return a_out, outs

@@ -175,7 +175,7 @@ class ColumnParallelLinear(_SequenceParallelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dim = self._seq_dim_of(x)
         _, (y,) = torch.ops.asynctp.fused_all_gather_matmul(
-            x, [self.weight.t()], dim, self.group_name, return_A=self.keep_gathered_input
+            x, [self.weight.t()], dim, self.group_name, return_A=self.keep_gathered_input and torch.is_grad_enabled()
         )
         return y if self.bias is None else y + self.bias
 
@@ -248,4 +248,6 @@ class RowParallelLinear(_SequenceParallelLinear):
         )
         if self.bias is None:
             return y
+        if not (torch.is_grad_enabled() and self.bias.requires_grad):
+            return y + self.bias
         return y + _AllReduceGrad.apply(self.bias, self.group_name)

@@ -128,6 +128,10 @@ struct LtGemm::Impl {
     void* workspace = nullptr;
     void* scratch[kSlots] = {};
     size_t scratch_bytes[kSlots] = {};
+    // Whether a CUDA graph was captured with GEMMs under this key: its replays read this
+    // scratch, so scratch outgrown later is kept (retired) until the end instead of freed.
+    bool captured = false;
+    std::vector<void*> retired;
   };
   std::unordered_map<const void*, PerStream> streams;
   float* one = nullptr;  // a device 1.0f: the scale of an unscaled float8 product
@@ -144,6 +148,8 @@ struct LtGemm::Impl {
       cudaFree(state.workspace);
       for (void* p : state.scratch)
         cudaFree(p);
+      for (void* p : state.retired)
+        cudaFree(p);
     }
     cudaFree(one);
     cublasLtDestroy(handle);
@@ -151,7 +157,10 @@ struct LtGemm::Impl {
 
   PerStream& state_of(const void* key, bool capturing) {
     auto it = streams.find(key);
-    if (it != streams.end()) return it->second;
+    if (it != streams.end()) {
+      it->second.captured |= capturing;
+      return it->second;
+    }
     ASYNCTP_CAPTURE_CHECK(!capturing,
                           "a GEMM's first use of a stream is during CUDA-graph capture, where its "
                           "cuBLASLt workspace ({} bytes) cannot be allocated; run the op once on "
@@ -170,7 +179,11 @@ struct LtGemm::Impl {
                           "capture; run the op once before capturing it",
                           bytes);
     ASYNCTP_CUDA_CHECK(cudaStreamSynchronize(stream));
-    cudaFree(st.scratch[slot]);
+    if (st.captured) {
+      st.retired.push_back(st.scratch[slot]);
+    } else {
+      cudaFree(st.scratch[slot]);
+    }
     st.scratch[slot] = nullptr;
     ASYNCTP_CUDA_CHECK(cudaMalloc(&st.scratch[slot], bytes));
     st.scratch_bytes[slot] = bytes;
@@ -308,6 +321,10 @@ struct LtGemm::Impl {
 
 LtGemm::LtGemm() : impl_(std::make_unique<Impl>()) {}
 LtGemm::~LtGemm() = default;
+
+void LtGemm::prepare(const void* ws_key) {
+  impl_->state_of(ws_key, false);
+}
 
 void LtGemm::run(const GemmArgs& args, cudaStream_t stream, const void* ws_key, bool capturing) {
   if (ws_key == nullptr) ws_key = stream;

@@ -25,6 +25,9 @@ class LtGemm {
   // Runs on `stream`, with the workspace (and float8 staging) kept under `ws_key`: GEMMs that
   // may run at the same time need different keys; nullptr: the stream itself.
   void run(const GemmArgs& args, cudaStream_t stream, const void* ws_key, bool capturing);
+  // Allocates the workspace of `ws_key` now (not capturing), for GEMMs that will first use it
+  // during a CUDA-graph capture.
+  void prepare(const void* ws_key);
 
  private:
   struct Impl;

@@ -287,7 +287,11 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   bool times_paths() const override { return true; }
 
   std::unique_ptr<Stream> wrap_stream(void* handle) override {
-    return std::make_unique<CudaStream>(static_cast<cudaStream_t>(handle), this, false);
+    auto stream = std::make_unique<CudaStream>(static_cast<cudaStream_t>(handle), this, false);
+    // A caller's stream met outside capture (a warm-up, a reserve) makes the caller streams'
+    // GEMM workspaces, so that a capture on a stream never seen before finds them (see gemm()).
+    if (!capturing(*stream)) prepare_caller_workspaces();
+    return stream;
   }
 
   bool capturing(Stream& stream) override {
@@ -345,13 +349,21 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
 
   void gemm(const GemmArgs& args, Stream& stream) override {
     validate_gemm(args);
-    // Streams of the caller's (wrapped, not owned) share one workspace key: an op waits on its
-    // stream for the op before it (Context::StreamScope), so their GEMMs never overlap, and a
-    // stream first seen during CUDA-graph capture (torch.cuda.graph's own) finds a workspace
-    // that a warm-up or a reserve on any other caller stream already allocated.
-    const auto& cuda_stream = static_cast<const CudaStream&>(stream);
-    const void* ws_key = cuda_stream.owned() ? nullptr : static_cast<const void*>(this);
-    gemm_->run(args, raw(stream), ws_key, capturing(stream));
+    // GEMMs on the caller's streams (wrapped, not owned) take one of two workspace keys: one
+    // for eager calls, one for calls captured into CUDA graphs. Eager ops never overlap each
+    // other (an op waits on its stream for the op before it, Context::StreamScope), nor do the
+    // replays of graphs that hold GEMMs (like the native GEMM's split workspace, below); a graph
+    // replayed beside eager ops on another stream has a workspace of its own. A stream first
+    // seen during capture (torch.cuda.graph's own) finds the captured key's workspace, made as
+    // soon as any caller stream was met outside capture (a warm-up or a reserve).
+    const bool capturing_now = capturing(stream);
+    const void* ws_key = nullptr;
+    if (!static_cast<const CudaStream&>(stream).owned()) {
+      ws_key = capturing_now ? static_cast<const void*>(&captured_ws_key_)
+                             : static_cast<const void*>(this);
+      if (!capturing_now) prepare_caller_workspaces();
+    }
+    gemm_->run(args, raw(stream), ws_key, capturing_now);
   }
 
   void reduce(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
@@ -548,6 +560,13 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   // freed with the stream; null during capture before that (the GEMM then runs without the
   // split). A CUDA graph keeps using the workspace of the stream it was captured on: replays
   // must not overlap native GEMMs launched on that stream (replaying on it does that).
+  void prepare_caller_workspaces() {
+    if (caller_workspaces_ready_) return;
+    gemm_->prepare(this);
+    gemm_->prepare(&captured_ws_key_);
+    caller_workspaces_ready_ = true;
+  }
+
   void* split_workspace(cudaStream_t stream) {
     if (auto it = split_workspaces_.find(stream); it != split_workspaces_.end())
       return it->second.data();
@@ -564,6 +583,9 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   const int ranks_per_gpu_ = cuda_ranks_per_gpu();
   std::string hardware_;
   std::unordered_map<cudaStream_t, Buffer> split_workspaces_;
+  // The workspace key of GEMMs captured on caller streams (its address; see gemm()).
+  char captured_ws_key_ = 0;
+  bool caller_workspaces_ready_ = false;
   std::unique_ptr<CudaStream> stream_;
   kernels::DeviceErrorSlot* error_slot_host_ = nullptr;
   kernels::DeviceErrorSlot* error_slot_device_ = nullptr;
