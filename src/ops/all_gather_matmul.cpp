@@ -569,7 +569,7 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
   // the first copy goes before the launch (its flag after: the copy takes longer than the launch
   // anyway). With two there is one push, and it lands long before the GEMM is through its own
   // chunk: the GEMM goes first (measured at ws 2: 5-10 us faster on seed-4096 and seed-2048,
-  // docs/PERFORMANCE.md, tenth session). The other Bs' GEMMs run after the first on the compute
+  // docs/PERFORMANCE.md). The other Bs' GEMMs run after the first on the compute
   // stream, so their launches wait until the first piece is on its way.
   const bool gemm_first = ws == 2;
   const int first_peer = (rank - 1 + ws) % ws;

@@ -45,7 +45,7 @@ struct ContextOptions {
   // the whole shard has landed (the first wave's tiles of the next chunk wait for one piece, not
   // for the shard). 0: one piece per shard. Each piece costs two more host calls (copy, flag).
   // ASYNCTP_PUSH_PIECE_BYTES sets it. Default 0: on 4 x H200 pieces of 8 MiB (2 for seed-4096 and
-  // l3-8b-ffn-up, 4 for l3-70b-qkv) measured no faster (docs/PERFORMANCE.md, fourth session).
+  // l3-8b-ffn-up, 4 for l3-70b-qkv) measured no faster (docs/PERFORMANCE.md).
   size_t push_piece_bytes = default_push_piece_bytes();
   // Copy streams the native matmul_reduce_scatter's pushes take by turns, piece by piece (1 to
   // kMaxPushStreams). Each piece first waits for its GEMM counter, a stream memory operation: on
@@ -53,7 +53,7 @@ struct ContextOptions {
   // H200, scripts/experiments/ce_under_load.cu); on two streams one's wait overlaps the other's
   // copy. Default 2: at ws 2 (2 x H200) on push-bound shapes with 4 MiB pieces the native path
   // took 116-129 us on 2 streams against 122-139 on 1 (4096x{1024,2048}x4096), and the same on
-  // the anchor shapes and on 16 MiB pieces (docs/PERFORMANCE.md, ninth session); 3 streams were
+  // the anchor shapes and on 16 MiB pieces (docs/PERFORMANCE.md); 3 streams were
   // better on one shape and worse on the other. ASYNCTP_PUSH_STREAMS sets it.
   int push_streams = default_push_streams();
   // Where the measured path choices are kept between runs (see ops/dispatch.h): "" the default
@@ -164,8 +164,8 @@ class Context {
   // stream memory operation queued on the copy stream itself holds that stream's next copy until
   // the copy before it has drained, ~3-4 us per operation on an H200; eight back-to-back 4 MiB
   // pushes with a wait, a flag and a reset each took 173 us instead of 106, and 139 with the flag
-  // and the reset beside them (scripts/experiments/ce_under_load.cu, docs/PERFORMANCE.md, ninth
-  // session). An op that uses it ends with join_flag_streams.
+  // and the reset beside them (scripts/experiments/ce_under_load.cu, docs/PERFORMANCE.md). An op
+  // that uses it ends with join_flag_streams.
   Stream& flags_behind(int i);
   // Makes `stream` wait for everything enqueued so far on the flag streams used since the last
   // join (only those: under CUDA-graph capture an unused one is not part of the capture).

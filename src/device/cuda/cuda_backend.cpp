@@ -375,7 +375,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
                            const FlagWait& wait, Stream& stream) override {
     if (ranks_per_gpu_ > 1) {
       // Where ranks share a GPU, a push to a peer on the same GPU is a copy within the GPU, which
-      // is a kernel (docs/PERFORMANCE.md, sixteenth session). The reduction's blocks, each
+      // is a kernel (docs/PERFORMANCE.md). The reduction's blocks, each
       // spinning on the flags, take every thread slot of the GPU, so that copy, queued on this
       // rank's copy stream behind a push to another GPU, could start only once the reduction
       // ended, which waits (through the peers) for it: with 2 ranks on each of 2 GPUs the ws-4
