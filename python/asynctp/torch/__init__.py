@@ -81,7 +81,7 @@ def reserve(op, *args, **kwargs) -> None:
             _contexts.fill(d_bs[i], B)
         return_a = 1 if bound.get("return_A", True) else 0
         status = lib.asynctp_reserve_all_gather_matmul(
-            e.handle, d_a, d_bs, len(Bs), g, return_a, _ops._stream(A))
+            e.handle, d_a, d_bs, len(Bs), g, return_a, _ops._stream_on(A.is_cuda, A.get_device()))
     else:
         if name == "fused_matmuls_reduce_scatter":
             As, Bs, scatter_dim = list(bound["As"]), list(bound["Bs"]), bound["scatter_dim"]
@@ -102,7 +102,7 @@ def reserve(op, *args, **kwargs) -> None:
             _contexts.fill(d_as[i], A)
             _contexts.fill(d_bs[i], B)
         status = lib.asynctp_reserve_matmul_reduce_scatter(
-            e.handle, d_as, d_bs, len(As), g, _ops._stream(As[0]))
+            e.handle, d_as, d_bs, len(As), g, _ops._stream_on(As[0].is_cuda, As[0].get_device()))
     _capi.check(status)
 
 

@@ -154,19 +154,18 @@ def _unsupported_extras(biases, result_scales, op: str) -> None:
 # ---- calling the library ---------------------------------------------------------------------
 
 
-def _stream(t: torch.Tensor):
-    """torch's current stream of t's device (a cudaStream_t; NULL is the legacy default stream,
-    as the C ABI takes it), None (ignored) on the CPU backend."""
-    if t.is_cuda:
-        return torch._C._cuda_getCurrentRawStream(t.get_device()) or None
-    return None
+def _stream_on(cuda: bool, index: int):
+    """torch's current stream of CUDA device `index` (a cudaStream_t; NULL is the legacy default
+    stream, as the C ABI takes it), None (ignored) on the CPU backend."""
+    return (torch._C._cuda_getCurrentRawStream(index) or None) if cuda else None
 
 
-def _finish(e, status: int, t: torch.Tensor) -> None:
+def _complete(e, status: int, cuda: bool) -> None:
+    """Raises a failed call's error; on the CPU backend, whose stream runs asynchronously,
+    waits for the op, since torch reads the outputs right away."""
     if status != _capi.OK:
         _capi.raise_status(status)
-    if not t.is_cuda:
-        # The CPU backend's stream runs asynchronously; torch reads the outputs right away.
+    if not cuda:
         _capi.check(_capi.lib().asynctp_synchronize(e.handle))
 
 
@@ -237,18 +236,6 @@ def _remember(e, key, plan: _Plan) -> None:
     e.descs[key] = plan
 
 
-def _run(e, plan: _Plan, status: int) -> None:
-    if status != _capi.OK:
-        _capi.raise_status(status)
-    if not plan.cuda:
-        # The CPU backend's stream runs asynchronously; torch reads the outputs right away.
-        _capi.check(_capi.lib().asynctp_synchronize(e.handle))
-
-
-def _stream_of(plan: _Plan):
-    return torch._C._cuda_getCurrentRawStream(plan.index) or None if plan.cuda else None
-
-
 def _all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
     e = _entries.get((group_name, A.get_device())) or _contexts.entry(group_name, A)
     key = ("ag", gather_dim, return_A, _key([A, *Bs]))
@@ -273,8 +260,8 @@ def _all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
     status = _capi.lib().asynctp_all_gather_matmul(
         e.handle, d_a, d_bs, len(Bs), plan.outs,
         plan.a_out if plan.a_out is not None else _NO_TENSOR_PTR, plan.dim,
-        _capi.PATH_DEFAULT, _stream_of(plan))
-    _run(e, plan, status)
+        _capi.PATH_DEFAULT, _stream_on(plan.cuda, plan.index))
+    _complete(e, status, plan.cuda)
     return a_out, outs
 
 
@@ -308,8 +295,8 @@ def _matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name):
     plan.outs[0].data = out.data_ptr()
     status = _capi.lib().asynctp_matmul_reduce_scatter(
         e.handle, d_as, d_bs, len(As), plan.outs, plan.op, plan.dim, _capi.PATH_DEFAULT,
-        _stream_of(plan))
-    _run(e, plan, status)
+        _stream_on(plan.cuda, plan.index))
+    _complete(e, status, plan.cuda)
     return out
 
 
@@ -396,8 +383,8 @@ def _all_gather_scaled_matmul(A, Bs, A_scale, B_scales, gather_dim, group_name, 
     fill(d_a_out[0], a_out)
     status = _capi.lib().asynctp_all_gather_scaled_matmul(
         e.handle, d_a, d_as, d_bs, d_bss, len(Bs), d_outs, d_a_out, g, _capi.PATH_DEFAULT,
-        _stream(A))
-    _finish(e, status, A)
+        _stream_on(A.is_cuda, A.get_device()))
+    _complete(e, status, A.is_cuda)
     return a_out, outs
 
 
@@ -473,8 +460,8 @@ def _scaled_matmul_reduce_scatter(A, B, A_scale, B_scale, reduce_op, orig_scatte
     status = _capi.lib().asynctp_scaled_matmul_reduce_scatter(
         e.handle, ctypes.cast(p, T), ctypes.cast(p + size, T), ctypes.cast(p + 2 * size, T),
         ctypes.cast(p + 3 * size, T), ctypes.cast(p + 4 * size, T), op, g, _capi.PATH_DEFAULT,
-        _stream(A))
-    _finish(e, status, A)
+        _stream_on(A.is_cuda, A.get_device()))
+    _complete(e, status, A.is_cuda)
     return out
 
 
