@@ -107,6 +107,21 @@ class _SequenceParallelLinear(nn.Module):
         )
 
 
+
+def _unfilled_shard(cls, linear: nn.Linear, group, **options):
+    """A layer of `cls` shaped as this rank's shard of `linear`, on linear's device and dtype,
+    its parameters allocated but not initialised (from_linear copies them in)."""
+    w = linear.weight
+    return cls(
+        linear.in_features,
+        linear.out_features,
+        group,
+        bias=linear.bias is not None,
+        device="meta",
+        dtype=w.dtype,
+        **options,
+    ).to_empty(device=w.device)
+
 class ColumnParallelLinear(_SequenceParallelLinear):
     """nn.Linear(in_features, out_features) with the output features split over the group.
 
@@ -155,16 +170,8 @@ class ColumnParallelLinear(_SequenceParallelLinear):
     ) -> "ColumnParallelLinear":
         """This rank's shard of a full nn.Linear (the same full weights on every rank)."""
         w = linear.weight
-        layer = cls(
-            linear.in_features,
-            linear.out_features,
-            group,
-            bias=linear.bias is not None,
-            seq_dim=seq_dim,
-            keep_gathered_input=keep_gathered_input,
-            device="meta",
-            dtype=w.dtype,
-        ).to_empty(device=w.device)
+        layer = _unfilled_shard(cls, linear, group, seq_dim=seq_dim,
+                                keep_gathered_input=keep_gathered_input)
         rows = slice(layer.rank * layer.out_per_rank, (layer.rank + 1) * layer.out_per_rank)
         with torch.no_grad():
             layer.weight.copy_(w[rows])
@@ -225,15 +232,7 @@ class RowParallelLinear(_SequenceParallelLinear):
     def from_linear(cls, linear: nn.Linear, group, seq_dim: int = 1) -> "RowParallelLinear":
         """This rank's shard of a full nn.Linear (the same full weights on every rank)."""
         w = linear.weight
-        layer = cls(
-            linear.in_features,
-            linear.out_features,
-            group,
-            bias=linear.bias is not None,
-            seq_dim=seq_dim,
-            device="meta",
-            dtype=w.dtype,
-        ).to_empty(device=w.device)
+        layer = _unfilled_shard(cls, linear, group, seq_dim=seq_dim)
         cols = slice(layer.rank * layer.in_per_rank, (layer.rank + 1) * layer.in_per_rank)
         with torch.no_grad():
             layer.weight.copy_(w[:, cols])
