@@ -11,11 +11,12 @@
 #include <string_view>
 #include <vector>
 
+#include <asynctp/group.h>
+#include <asynctp/tensor.h>
 #include "asynctp/asynctp_c.h"
+#include "core/dtype.h"
 #include "core/error.h"
-#include "core/tensor.h"
 #include "ops/context.h"
-#include "runtime/group.h"
 
 struct asynctp_group_s {
   std::shared_ptr<asynctp::Group> group;

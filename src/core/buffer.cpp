@@ -1,4 +1,5 @@
 #include "core/buffer.h"
+#include "core/error.h"
 
 #include <cstdlib>
 

@@ -6,7 +6,9 @@
 #include <functional>
 #include <utility>
 
-#include "core/tensor.h"
+#include <asynctp/tensor.h>
+
+#include "core/dtype.h"
 
 namespace asynctp {
 

@@ -6,10 +6,11 @@
 #include <cstdlib>
 #include <string>
 
+#include <asynctp/errors.h>
+
 namespace asynctp {
 
 using Clock = std::chrono::steady_clock;
-using Millis = std::chrono::milliseconds;
 
 class Deadline {
  public:
@@ -28,10 +29,6 @@ class Deadline {
   Millis timeout_;
   Clock::time_point end_;
 };
-
-// Default timeout for every wait: ASYNCTP_TIMEOUT seconds if set (fractions allowed; "inf" and
-// anything above 1e7 s mean 1e7 s), else 300 s.
-Millis default_timeout();
 
 // How the host passes a pause between timed GPU runs (the benchmark's and the dispatcher's
 // pacing). kSpin keeps the thread on its core, as a training loop's host (and PyTorch's anchor

@@ -1,4 +1,4 @@
-// Element types and their conversions to and from f32.
+// Conversions of the element types (asynctp/dtype.h) to and from f32, and their storage types.
 //
 // Every narrowing conversion rounds to nearest, ties to even, and gives the same bits as
 // PyTorch's tensor.to(dtype) (torch 2.15) for every value but NaN, whose payload torch does not
@@ -16,24 +16,13 @@
 
 #include <bit>
 #include <cstdint>
-#include <string>
-#include <string_view>
 #include <type_traits>
 
+#include <asynctp/dtype.h>
+
 #include "core/error.h"
-#include "core/scalar_types.h"
 
 namespace asynctp {
-
-inline constexpr DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3,
-                                       DType::kF8E5M2};
-
-// Short name used in messages and on the command line: f32, bf16, f16, f8e4m3, f8e5m2.
-std::string_view dtype_name(DType dtype);
-// PyTorch's name: float32, bfloat16, float16, float8_e4m3fn, float8_e5m2.
-std::string_view torch_dtype_name(DType dtype);
-// Accepts both spellings (and "float", "half"); throws naming the text otherwise.
-DType parse_dtype(std::string_view text);
 
 enum class Saturate : uint8_t { kNone, kFinite };
 
@@ -145,10 +134,3 @@ decltype(auto) dispatch_dtype(DType dtype, Fn&& fn) {
 }
 
 }  // namespace asynctp
-
-template <>
-struct fmt::formatter<asynctp::DType> : fmt::formatter<std::string_view> {
-  auto format(asynctp::DType d, format_context& ctx) const {
-    return fmt::formatter<std::string_view>::format(asynctp::dtype_name(d), ctx);
-  }
-};

@@ -1,53 +1,42 @@
-// Errors: every failed precondition throws asynctp::Error with the file, line, failed expression
-// and a message that names the offending argument and value. Messages survive release builds.
+// The checks that throw the public errors (asynctp/errors.h): every failed precondition throws
+// asynctp::Error with the file, line, failed expression and a message that names the offending
+// argument and value. Messages survive release builds. Also the fmt formatters of the public
+// value types that messages name (DType, Dims).
 #pragma once
 
 #include <cerrno>
 #include <cstring>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-namespace asynctp {
+#include <asynctp/dims.h>
+#include <asynctp/dtype.h>
+#include <asynctp/errors.h>
 
-// Base of every error the library throws.
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// A wait (store, signal, barrier, rank startup) that ran past its deadline. The message names the
-// rank that waited and, where there is one, the peer and channel it waited on. After one from a
-// device wait (signal, barrier, chunk flag) the ranks' signal pads and chunk flags no longer
-// agree — a late peer may still raise one — so the op's group cannot be trusted for further
-// collective work: drop its Context (and Group) and start anew.
-class TimeoutError : public Error {
- public:
-  using Error::Error;
-};
-
-// A buffer (a symmetric workspace, the chunk flags, a scratch buffer) that an op would have to
-// grow while its stream is being captured into a CUDA graph, where nothing may allocate or
-// rendezvous. The message names the buffer and the bytes it needs. Nothing was enqueued; run the
-// op once, or reserve for it (reserve_all_gather_matmul, reserve_matmul_reduce_scatter), before
-// capturing it.
-class CaptureError : public Error {
- public:
-  using Error::Error;
-};
-
-namespace detail {
+namespace asynctp::detail {
 [[noreturn]] void throw_check_failure(const char* file, int line, const char* expr,
                                       const std::string& message);
 [[noreturn]] void throw_timeout(const char* file, int line, const std::string& message);
 [[noreturn]] void throw_capture(const char* file, int line, const std::string& message);
 std::string_view short_path(const char* file);
-}  // namespace detail
+}  // namespace asynctp::detail
 
-}  // namespace asynctp
+template <>
+struct fmt::formatter<asynctp::DType> : fmt::formatter<std::string_view> {
+  auto format(asynctp::DType d, format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(asynctp::dtype_name(d), ctx);
+  }
+};
+
+template <>
+struct fmt::formatter<asynctp::Dims> : fmt::formatter<std::string> {
+  auto format(const asynctp::Dims& d, format_context& ctx) const {
+    return fmt::formatter<std::string>::format(d.to_string(), ctx);
+  }
+};
 
 // ASYNCTP_CHECK(cond, "format {}", args...): throws asynctp::Error when cond is false.
 #define ASYNCTP_CHECK(cond, ...)                                          \

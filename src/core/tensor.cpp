@@ -1,6 +1,8 @@
-#include "core/tensor.h"
+#include <asynctp/tensor.h>
 
 #include <numeric>
+
+#include "core/error.h"
 
 namespace asynctp {
 

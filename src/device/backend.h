@@ -12,8 +12,9 @@
 #include <string_view>
 #include <vector>
 
+#include <asynctp/tensor.h>
 #include "core/buffer.h"
-#include "core/tensor.h"
+#include "core/dtype.h"
 
 namespace asynctp {
 

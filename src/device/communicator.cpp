@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "runtime/group.h"
+#include <asynctp/group.h>
 
 namespace asynctp {
 

@@ -6,7 +6,9 @@
 #include <array>
 #include <cstdint>
 
-#include "core/dims.h"
+#include <asynctp/dims.h>
+
+#include "core/dtype.h"
 
 namespace asynctp::cpu {
 

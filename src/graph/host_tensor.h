@@ -7,8 +7,9 @@
 #include <optional>
 #include <vector>
 
+#include <asynctp/tensor.h>
 #include "core/buffer.h"
-#include "core/tensor.h"
+#include "core/dtype.h"
 
 namespace asynctp::graph {
 

@@ -15,7 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/dims.h"
+#include <asynctp/dims.h>
+
+#include "core/dtype.h"
 
 namespace asynctp::graph {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/scalar_types.h"
+#include <asynctp/dtype.h>
 
 namespace asynctp::kernels {
 

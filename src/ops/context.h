@@ -12,12 +12,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include <asynctp/group.h>
 #include "device/backend.h"
 #include "device/communicator.h"
 #include "ops/dispatch.h"
 #include "ops/trace.h"
 #include "ops/usage.h"
-#include "runtime/group.h"
 #include "symm/workspace.h"
 
 namespace asynctp {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <queue>
 
+#include <asynctp/tensor.h>
 #include "core/error.h"
-#include "core/tensor.h"
 
 namespace asynctp::passes {
 

@@ -1,4 +1,4 @@
-#include "runtime/group.h"
+#include <asynctp/group.h>
 
 #include <unistd.h>
 
@@ -10,9 +10,11 @@
 
 #include <fmt/ranges.h>
 
+#include "core/deadline.h"
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/store.h"
 
 namespace asynctp {
 

@@ -273,7 +273,11 @@ void StoreServer::serve() {
 }
 
 TcpStore::TcpStore(std::string host, int port, Millis timeout, int rank)
-    : host_(std::move(host)), port_(port), timeout_(timeout), rank_(rank) {}
+    : host_(std::move(host)),
+      port_(port),
+      timeout_(timeout),
+      rank_(rank),
+      fd_(std::make_unique<net::Fd>()) {}
 
 TcpStore::~TcpStore() = default;
 
@@ -282,22 +286,22 @@ std::vector<std::string> TcpStore::request(uint8_t command, const std::vector<st
   std::lock_guard<std::mutex> lock(mutex_);
   const Deadline deadline(timeout);
   const std::string who = fmt::format("rank {}: store {}", rank_, what);
-  if (!fd_.valid()) fd_ = net::tcp_connect(host_, port_, deadline, who);
+  if (!fd_->valid()) *fd_ = net::tcp_connect(host_, port_, deadline, who);
   try {
     const std::string frame = encode_frame(command, fields);
-    net::send_all(fd_.get(), frame.data(), frame.size());
+    net::send_all(fd_->get(), frame.data(), frame.size());
     uint32_t len = 0;
-    bool ok = net::recv_all(fd_.get(), &len, 4, deadline);
+    bool ok = net::recv_all(fd_->get(), &len, 4, deadline);
     std::string payload;
     if (ok) {
       ASYNCTP_CHECK(len <= kMaxFrame, "{}: reply of {} bytes is too large", who, len);
       payload.resize(len);
-      ok = net::recv_all(fd_.get(), payload.data(), len, deadline);
+      ok = net::recv_all(fd_->get(), payload.data(), len, deadline);
     }
     if (!ok) {
       // The server may still answer later; drop the connection so that a late reply can never
       // be mistaken for the answer to the next request.
-      fd_.reset();
+      fd_->reset();
       ASYNCTP_TIMEOUT("{} timed out after {} (store at {}:{})", who, deadline.describe(), host_,
                       port_);
     }
@@ -309,7 +313,7 @@ std::vector<std::string> TcpStore::request(uint8_t command, const std::vector<st
   } catch (const TimeoutError&) {
     throw;
   } catch (const Error& e) {
-    fd_.reset();
+    fd_->reset();
     throw Error(fmt::format("{} failed: {}", who, e.what()));
   }
 }

@@ -1,4 +1,5 @@
 #include "symm/cpu_symmetric_memory.h"
+#include "core/deadline.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -12,7 +13,7 @@
 #include <ctime>
 #include <vector>
 
-#include "runtime/group.h"
+#include <asynctp/group.h>
 
 namespace asynctp {
 

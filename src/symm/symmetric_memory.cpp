@@ -1,6 +1,6 @@
 #include "symm/symmetric_memory.h"
 
-#include "runtime/group.h"
+#include <asynctp/group.h>
 #include "symm/cpu_symmetric_memory.h"
 #ifdef ASYNCTP_WITH_CUDA
 #include "symm/cuda/cuda_symmetric_memory.h"

@@ -39,7 +39,8 @@
 #include <memory>
 #include <string>
 
-#include "core/tensor.h"
+#include <asynctp/tensor.h>
+#include "core/dtype.h"
 #include "device/backend.h"
 
 namespace asynctp {

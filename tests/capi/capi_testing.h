@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <asynctp/group.h>
 #include "asynctp/asynctp_c.h"
-#include "runtime/group.h"
 #include "runtime/socket.h"
 
 namespace asynctp::capi_testing {

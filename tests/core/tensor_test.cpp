@@ -1,6 +1,6 @@
 // Dims and Tensor views. Every expected shape and stride below is what PyTorch gives for the same
 // call on a tensor with the same shape and strides (torch.empty_strided(...).op(...).stride()).
-#include "core/tensor.h"
+#include <asynctp/tensor.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,6 +8,8 @@
 #include <array>
 #include <cstddef>
 #include <vector>
+
+#include "core/error.h"
 
 namespace asynctp {
 namespace {
@@ -76,7 +78,7 @@ TEST(Dims, CapacityErrorsNameTheSize) {
   EXPECT_THAT([&] { Dims d(values); },
               ThrowsMessage<Error>(HasSubstr("at most 8 dims are supported, got 9")));
   EXPECT_THAT([] { Dims::filled(9, 1); },
-              ThrowsMessage<Error>(HasSubstr("dims size 9 out of range [0, 8]")));
+              ThrowsMessage<Error>(HasSubstr("at most 8 dims are supported, got 9")));
   EXPECT_THAT([] { Dims::filled(-1, 1); }, ThrowsMessage<Error>(HasSubstr("dims size -1")));
   Dims full = Dims::filled(kMaxDims, 1);
   EXPECT_THAT([&] { full.push_back(1); }, ThrowsMessage<Error>(HasSubstr("at most 8 dims")));

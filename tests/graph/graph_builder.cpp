@@ -1,7 +1,7 @@
 #include "graph/graph_builder.h"
 
+#include <asynctp/tensor.h>
 #include "core/error.h"
-#include "core/tensor.h"
 
 namespace asynctp::testing {
 

@@ -4,6 +4,7 @@
 // themselves, the dead peer and the channel, instead of hanging.
 #include <unistd.h>
 
+#include "core/deadline.h"
 #include "ops/op_testing.h"
 
 namespace asynctp {

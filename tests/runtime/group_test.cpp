@@ -1,5 +1,5 @@
 // Group: rendezvous from torchrun's variables, node detection, run ids, barriers and keys.
-#include "runtime/group.h"
+#include <asynctp/group.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

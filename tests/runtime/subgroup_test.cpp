@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <asynctp/group.h>
 #include "core/error.h"
-#include "runtime/group.h"
 #include "support/multiprocess.h"
 
 namespace asynctp {

@@ -11,8 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <asynctp/group.h>
 #include "ops/context.h"
-#include "runtime/group.h"
 
 namespace asynctp::testing {
 

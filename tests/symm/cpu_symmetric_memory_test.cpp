@@ -7,6 +7,7 @@
 
 #include <atomic>
 
+#include "core/deadline.h"
 #include "support/multiprocess.h"
 #include "support/tensor_testing.h"
 #include "symm/cpu_symmetric_memory.h"

@@ -1,7 +1,8 @@
 // Tensor -> kernels::KTensor, for the host code that launches the project's kernels.
 #pragma once
 
-#include "core/tensor.h"
+#include <asynctp/tensor.h>
+#include "core/dtype.h"
 #include "kernels/kernels.h"
 
 namespace asynctp::cuda {

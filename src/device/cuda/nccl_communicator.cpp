@@ -3,9 +3,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <asynctp/group.h>
 #include "device/cuda/cuda_backend.h"
 #include "device/cuda/cuda_check.h"
-#include "runtime/group.h"
 
 namespace asynctp {
 

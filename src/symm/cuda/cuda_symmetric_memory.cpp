@@ -4,12 +4,12 @@
 
 #include <vector>
 
+#include <asynctp/group.h>
 #include "core/log.h"
 #include "device/cuda/cuda_backend.h"
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/driver_api.h"
 #include "kernels/kernels.h"
-#include "runtime/group.h"
 #include "symm/cuda/fd_exchange.h"
 
 namespace asynctp {

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <thread>
 
+#include <asynctp/group.h>
 #include "core/error.h"
-#include "runtime/group.h"
 #include "runtime/socket.h"
 
 namespace asynctp {

@@ -6,11 +6,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <vector>
 
-#include "core/dims.h"
-#include "core/dtype.h"
+#include <asynctp/dims.h>
+#include <asynctp/dtype.h>
 
 namespace asynctp {
 

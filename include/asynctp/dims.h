@@ -9,10 +9,14 @@
 #include <span>
 #include <string>
 
-#include "core/error.h"
-#include "core/scalar_types.h"
+#include <asynctp/dtype.h>
 
 namespace asynctp {
+
+namespace detail {
+// Throws asynctp::Error naming `size`: a Dims holds 0 to kMaxDims values.
+[[noreturn]] void throw_too_many_dims(int64_t size);
+}  // namespace detail
 
 class Dims {
  public:
@@ -20,14 +24,12 @@ class Dims {
   Dims(std::initializer_list<int64_t> values)
       : Dims(std::span<const int64_t>(values.begin(), values.size())) {}
   explicit Dims(std::span<const int64_t> values) {
-    ASYNCTP_CHECK(values.size() <= kMaxDims, "at most {} dims are supported, got {}", kMaxDims,
-                  values.size());
+    if (values.size() > kMaxDims) detail::throw_too_many_dims(values.size());
     size_ = static_cast<int>(values.size());
     std::copy(values.begin(), values.end(), data_.begin());
   }
   static Dims filled(int size, int64_t value) {
-    ASYNCTP_CHECK(size >= 0 && size <= kMaxDims, "dims size {} out of range [0, {}]", size,
-                  kMaxDims);
+    if (size < 0 || size > kMaxDims) detail::throw_too_many_dims(size);
     Dims d;
     d.size_ = size;
     std::fill_n(d.data_.begin(), size, value);
@@ -46,11 +48,11 @@ class Dims {
   std::span<const int64_t> span() const { return {data_.data(), static_cast<size_t>(size_)}; }
 
   void push_back(int64_t v) {
-    ASYNCTP_CHECK(size_ < kMaxDims, "at most {} dims are supported", kMaxDims);
+    if (size_ == kMaxDims) detail::throw_too_many_dims(size_ + 1);
     data_[size_++] = v;
   }
   void insert(int pos, int64_t v) {
-    ASYNCTP_CHECK(size_ < kMaxDims, "at most {} dims are supported", kMaxDims);
+    if (size_ == kMaxDims) detail::throw_too_many_dims(size_ + 1);
     std::copy_backward(data_.begin() + pos, data_.begin() + size_, data_.begin() + size_ + 1);
     data_[pos] = v;
     ++size_;
@@ -66,7 +68,8 @@ class Dims {
       p *= data_[i];
     return p;
   }
-  std::string to_string() const { return fmt::format("[{}]", fmt::join(span(), ", ")); }
+  // "[4, 8]"
+  std::string to_string() const;
 
   friend bool operator==(const Dims& a, const Dims& b) {
     return a.size_ == b.size_ && std::equal(a.begin(), a.end(), b.begin());
@@ -78,10 +81,3 @@ class Dims {
 };
 
 }  // namespace asynctp
-
-template <>
-struct fmt::formatter<asynctp::Dims> : fmt::formatter<std::string> {
-  auto format(const asynctp::Dims& d, format_context& ctx) const {
-    return fmt::formatter<std::string>::format(d.to_string(), ctx);
-  }
-};

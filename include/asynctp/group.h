@@ -17,10 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "core/deadline.h"
-#include "runtime/store.h"
+#include <asynctp/errors.h>
+#include <asynctp/store.h>
 
 namespace asynctp {
+
+class StoreServer;
 
 struct RendezvousInfo {
   int rank = 0;
