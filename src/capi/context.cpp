@@ -89,7 +89,7 @@ asynctp_status asynctp_context_create(asynctp_group group, const asynctp_context
     if (o.max_workspace_bytes >= 0) copts.max_workspace_bytes = o.max_workspace_bytes;
     if (std::optional<PathChoice> path = path_of(o.path)) copts.path = *path;
     if (o.dispatch_cache != nullptr) copts.dispatch_cache = o.dispatch_cache;
-    auto* handle = new asynctp_context_s{Context::create(std::move(g), std::move(copts))};
+    auto* handle = new asynctp_context_s{OpContext::create(std::move(g), std::move(copts))};
     register_handle(handle);
     *out = handle;
   });
@@ -113,7 +113,7 @@ asynctp_status asynctp_synchronize(asynctp_context ctx) {
 asynctp_status asynctp_last_path(asynctp_context ctx, const char* op, int32_t* path, char* reason,
                                  size_t reason_len) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     if (op == nullptr) invalid("op is NULL");
     check_out(path, "path");
     if (reason == nullptr && reason_len > 0)
@@ -126,7 +126,7 @@ asynctp_status asynctp_last_path(asynctp_context ctx, const char* op, int32_t* p
 
 asynctp_status asynctp_usage_json(asynctp_context ctx, char* buf, size_t len, size_t* needed) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     if (buf == nullptr && len > 0) invalid("buf is NULL but len is {}", len);
     nlohmann::json j = nlohmann::json::object();
     for (const auto& [key, count] : c.usage().counts())

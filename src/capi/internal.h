@@ -25,7 +25,7 @@ struct asynctp_group_s {
 struct asynctp_context_s {
   // The context holds its own shared_ptr to the group, so destroying the group handle first is
   // safe.
-  std::unique_ptr<asynctp::Context> ctx;
+  std::unique_ptr<asynctp::OpContext> ctx;
 };
 
 namespace asynctp::capi {
@@ -91,17 +91,17 @@ asynctp_context_s& context_of(asynctp_context handle, std::string_view arg);
 
 // A required tensor: every field checked, naming `arg` ("bs[1]", "out"), and its device must be
 // the context's.
-Tensor tensor_of(const asynctp_tensor* desc, std::string_view arg, const Context& ctx);
+Tensor tensor_of(const asynctp_tensor* desc, std::string_view arg, const OpContext& ctx);
 // An optional tensor: NULL, or data == NULL with ndim == -1, is "no tensor" (undefined).
-Tensor optional_tensor_of(const asynctp_tensor* desc, std::string_view arg, const Context& ctx);
+Tensor optional_tensor_of(const asynctp_tensor* desc, std::string_view arg, const OpContext& ctx);
 // `count` tensors from an array; count must be at least 1 and at most kMaxTensorList.
 std::vector<Tensor> tensors_of(const asynctp_tensor* descs, int32_t count, std::string_view arg,
-                               std::string_view count_arg, const Context& ctx);
+                               std::string_view count_arg, const OpContext& ctx);
 inline constexpr int32_t kMaxTensorList = 64;
 
 // A reserve call's descriptors: like tensor_of, but data may be NULL whatever the size (only
 // shapes, dtypes and strides matter to sizing).
-Tensor shape_only_tensor_of(const asynctp_tensor* desc, std::string_view arg, const Context& ctx);
+Tensor shape_only_tensor_of(const asynctp_tensor* desc, std::string_view arg, const OpContext& ctx);
 
 std::optional<PathChoice> path_of(int32_t path);
 ReduceOp reduce_op_of(int32_t op);

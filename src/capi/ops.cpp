@@ -49,7 +49,7 @@ extern "C" {
 
 asynctp_status asynctp_context_set_stream(asynctp_context ctx, void* stream) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     if (stream == ASYNCTP_CONTEXT_STREAM)
       invalid("stream is ASYNCTP_CONTEXT_STREAM, which only op calls may pass");
     c.set_stream(stream);
@@ -61,7 +61,7 @@ asynctp_status asynctp_reserve_all_gather_matmul(asynctp_context ctx, const asyn
                                                  int32_t gather_dim, int32_t return_a,
                                                  void* stream) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     const Tensor a = shape_only_tensor_of(a_shard, "a_shard", c);
     if (num_bs < 1 || num_bs > kMaxTensorList)
       invalid("num_bs is {}, outside 1..{}", num_bs, kMaxTensorList);
@@ -79,7 +79,7 @@ asynctp_status asynctp_reserve_matmul_reduce_scatter(asynctp_context ctx, const 
                                                      const asynctp_tensor* bs, int32_t num_products,
                                                      int32_t scatter_dim, void* stream) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     if (num_products < 1 || num_products > kMaxTensorList)
       invalid("num_products is {}, outside 1..{}", num_products, kMaxTensorList);
     if (as == nullptr) invalid("as is NULL but num_products is {}", num_products);
@@ -100,7 +100,7 @@ asynctp_status asynctp_all_gather_matmul(asynctp_context ctx, const asynctp_tens
                                          const asynctp_tensor* outs, const asynctp_tensor* a_out,
                                          int32_t gather_dim, int32_t path, void* stream) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     const Tensor a = tensor_of(a_shard, "a_shard", c);
     const std::vector<Tensor> b = tensors_of(bs, num_bs, "bs", "num_bs", c);
     const std::vector<Tensor> o = tensors_of(outs, num_bs, "outs", "num_bs", c);
@@ -117,7 +117,7 @@ asynctp_status asynctp_all_gather_scaled_matmul(asynctp_context ctx, const async
                                                 const asynctp_tensor* a_out, int32_t gather_dim,
                                                 int32_t path, void* stream) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     const Tensor a = tensor_of(a_shard, "a_shard", c);
     const Tensor as = tensor_of(a_scale, "a_scale", c);
     const std::vector<Tensor> b = tensors_of(bs, num_bs, "bs", "num_bs", c);
@@ -140,7 +140,7 @@ asynctp_status asynctp_matmul_reduce_scatter(asynctp_context ctx, const asynctp_
                                              const asynctp_tensor* out, int32_t reduce_op,
                                              int32_t scatter_dim, int32_t path, void* stream) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     const std::vector<Tensor> a = tensors_of(as, num_products, "as", "num_products", c);
     const std::vector<Tensor> b = tensors_of(bs, num_products, "bs", "num_products", c);
     const Tensor o = tensor_of(out, "out", c);
@@ -153,7 +153,7 @@ asynctp_status asynctp_scaled_matmul_reduce_scatter(
     const asynctp_tensor* b, const asynctp_tensor* b_scale, const asynctp_tensor* out,
     int32_t reduce_op, int32_t scatter_dim, int32_t path, void* stream) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     scaled_matmul_reduce_scatter(c, tensor_of(a, "a", c), tensor_of(a_scale, "a_scale", c),
                                  tensor_of(b, "b", c), tensor_of(b_scale, "b_scale", c),
                                  tensor_of(out, "out", c),
@@ -164,7 +164,7 @@ asynctp_status asynctp_scaled_matmul_reduce_scatter(
 asynctp_status asynctp_all_gather(asynctp_context ctx, const asynctp_tensor* in,
                                   const asynctp_tensor* out, int32_t dim, void* stream) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     check_dim_arg(dim, "dim");
     all_gather(c, tensor_of(in, "in", c), tensor_of(out, "out", c), dim, stream_of(stream));
   });
@@ -174,7 +174,7 @@ asynctp_status asynctp_reduce_scatter(asynctp_context ctx, const asynctp_tensor*
                                       const asynctp_tensor* out, int32_t reduce_op, int32_t dim,
                                       void* stream) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     check_dim_arg(dim, "dim");
     const ReduceOp op = reduce_op_of(reduce_op);
     reduce_scatter(c, tensor_of(in, "in", c), tensor_of(out, "out", c), op, dim, stream_of(stream));
@@ -184,7 +184,7 @@ asynctp_status asynctp_reduce_scatter(asynctp_context ctx, const asynctp_tensor*
 asynctp_status asynctp_all_reduce(asynctp_context ctx, const asynctp_tensor* inout,
                                   int32_t reduce_op, void* stream) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     const ReduceOp op = reduce_op_of(reduce_op);
     all_reduce(c, tensor_of(inout, "inout", c), op, stream_of(stream));
   });
@@ -192,7 +192,7 @@ asynctp_status asynctp_all_reduce(asynctp_context ctx, const asynctp_tensor* ino
 
 asynctp_status asynctp_memory_stats_get(asynctp_context ctx, asynctp_memory_stats* out) {
   return guarded(__func__, [&] {
-    Context& c = *context_of(ctx, "ctx").ctx;
+    OpContext& c = *context_of(ctx, "ctx").ctx;
     if (out == nullptr) invalid("out is NULL");
     if (out->struct_size < static_cast<int32_t>(sizeof(int32_t)) ||
         out->struct_size > static_cast<int32_t>(sizeof(asynctp_memory_stats)))

@@ -27,8 +27,8 @@ DType dtype_of(int32_t code, std::string_view arg) {
 
 // The device the context's backend runs on: CPU tensors for the CPU backend, CUDA tensors of the
 // backend's GPU for the CUDA backend.
-Device device_of(const asynctp_tensor& desc, std::string_view arg, const Context& ctx) {
-  const Device want = const_cast<Context&>(ctx).backend().device();
+Device device_of(const asynctp_tensor& desc, std::string_view arg, const OpContext& ctx) {
+  const Device want = const_cast<OpContext&>(ctx).backend().device();
   switch (desc.device_type) {
     case ASYNCTP_DEVICE_CPU:
       // torch's CPU tensors carry index -1 or 0; there is one CPU device.
@@ -52,7 +52,7 @@ Device device_of(const asynctp_tensor& desc, std::string_view arg, const Context
   }
 }
 
-Tensor convert(const asynctp_tensor* desc, std::string_view arg, const Context& ctx,
+Tensor convert(const asynctp_tensor* desc, std::string_view arg, const OpContext& ctx,
                bool need_data) {
   if (desc == nullptr) invalid("{} is NULL", arg);
   if (desc->ndim == -1) invalid("{} is required, but its ndim is -1 (no tensor)", arg);
@@ -98,11 +98,11 @@ Tensor convert(const asynctp_tensor* desc, std::string_view arg, const Context& 
 
 }  // namespace
 
-Tensor tensor_of(const asynctp_tensor* desc, std::string_view arg, const Context& ctx) {
+Tensor tensor_of(const asynctp_tensor* desc, std::string_view arg, const OpContext& ctx) {
   return convert(desc, arg, ctx, /*need_data=*/true);
 }
 
-Tensor optional_tensor_of(const asynctp_tensor* desc, std::string_view arg, const Context& ctx) {
+Tensor optional_tensor_of(const asynctp_tensor* desc, std::string_view arg, const OpContext& ctx) {
   if (desc == nullptr || desc->ndim == -1) {
     if (desc != nullptr && desc->data != nullptr)
       invalid("{}.ndim is -1 (no tensor) but its data is not NULL", arg);
@@ -111,12 +111,13 @@ Tensor optional_tensor_of(const asynctp_tensor* desc, std::string_view arg, cons
   return tensor_of(desc, arg, ctx);
 }
 
-Tensor shape_only_tensor_of(const asynctp_tensor* desc, std::string_view arg, const Context& ctx) {
+Tensor shape_only_tensor_of(const asynctp_tensor* desc, std::string_view arg,
+                            const OpContext& ctx) {
   return convert(desc, arg, ctx, /*need_data=*/false);
 }
 
 std::vector<Tensor> tensors_of(const asynctp_tensor* descs, int32_t count, std::string_view arg,
-                               std::string_view count_arg, const Context& ctx) {
+                               std::string_view count_arg, const OpContext& ctx) {
   if (count < 1 || count > kMaxTensorList)
     invalid("{} is {}, outside 1..{}", count_arg, count, kMaxTensorList);
   if (descs == nullptr) invalid("{} is NULL but {} is {}", arg, count_arg, count);

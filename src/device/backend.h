@@ -147,7 +147,7 @@ class Backend {
 
   // Device memory (host memory on the CPU backend), not initialised.
   virtual Buffer allocate(size_t bytes) = 0;
-  // The stream ops run on where the caller names none (Context::set_stream, the ops' stream
+  // The stream ops run on where the caller names none (OpContext::set_stream, the ops' stream
   // options): one the backend creates.
   virtual Stream& compute_stream() = 0;
   virtual std::unique_ptr<Stream> create_stream() = 0;

@@ -82,7 +82,7 @@ void check_supported_dtype(const Node& node) {
 
 }  // namespace
 
-std::vector<RtValue> execute(Context& ctx, const Graph& graph, const Inputs& inputs,
+std::vector<RtValue> execute(OpContext& ctx, const Graph& graph, const Inputs& inputs,
                              const ExecOptions& options) {
   ASYNCTP_CHECK(graph.world_size == ctx.world_size(),
                 "the graph was recorded for world size {} "

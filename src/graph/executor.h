@@ -1,7 +1,7 @@
-// The executor: runs a graph on one rank of a Context (every rank of the job runs the same graph,
-// one process per rank, as PyTorch does). Matmuls, collectives and the fused targets run on the
-// Context's backend; elementwise ops, reductions, views and the attention reference run on host
-// memory (kernels_*.cpp). Every node's result is checked against the shape and dtype PyTorch
+// The executor: runs a graph on one rank of an OpContext (every rank of the job runs the same
+// graph, one process per rank, as PyTorch does). Matmuls, collectives and the fused targets run on
+// the OpContext's backend; elementwise ops, reductions, views and the attention reference run on
+// host memory (kernels_*.cpp). Every node's result is checked against the shape and dtype PyTorch
 // recorded in its `val`; a mismatch, an unsupported target or dtype is an error naming the node.
 #pragma once
 
@@ -26,7 +26,7 @@ struct ExecOptions {
 using Inputs = std::unordered_map<std::string, HostTensor>;
 
 // The graph's outputs: the output node's list, flattened one level (None entries kept).
-std::vector<RtValue> execute(Context& ctx, const Graph& graph, const Inputs& inputs,
+std::vector<RtValue> execute(OpContext& ctx, const Graph& graph, const Inputs& inputs,
                              const ExecOptions& options = {});
 
 }  // namespace asynctp::graph

@@ -49,7 +49,7 @@ struct RtValue {
 // Everything a kernel sees of one node: its evaluated arguments and the context.
 class Call {
  public:
-  Call(Context& ctx, const Node& node, std::vector<RtValue> args,
+  Call(OpContext& ctx, const Node& node, std::vector<RtValue> args,
        std::vector<std::pair<std::string, RtValue>> kwargs, std::string world_group)
       : ctx_(ctx),
         node_(node),
@@ -57,8 +57,8 @@ class Call {
         kwargs_(std::move(kwargs)),
         world_group_(std::move(world_group)) {}
 
-  Context& ctx() { return ctx_; }
-  // The group name that stands for the world group of the Context (ExecOptions::world_group).
+  OpContext& ctx() { return ctx_; }
+  // The group name that stands for the world group of the OpContext (ExecOptions::world_group).
   const std::string& world_group() const { return world_group_; }
   const Node& node() const { return node_; }
   size_t num_args() const { return args_.size(); }
@@ -92,7 +92,7 @@ class Call {
 
  private:
   std::string arg_name(size_t index, std::string_view key) const;
-  Context& ctx_;
+  OpContext& ctx_;
   const Node& node_;
   std::vector<RtValue> args_;
   std::vector<std::pair<std::string, RtValue>> kwargs_;

@@ -1,4 +1,4 @@
-// Kernels that run on the Context's backend: mm, bmm, _scaled_mm, the functional collectives and
+// Kernels that run on the OpContext's backend: mm, bmm, _scaled_mm, the functional collectives and
 // the project's fused targets (docs/GRAPH.md gives their signatures). Host tensors are staged to
 // the device and back through Backend::copy; on the CPU backend host memory is the device memory,
 // so nothing is copied.
@@ -16,7 +16,7 @@ using Table = std::vector<std::pair<std::string, Kernel>>;
 // Device views of host tensors for the duration of one kernel.
 class Staging {
  public:
-  explicit Staging(Context& ctx) : ctx_(ctx), host_is_device_(ctx.backend().device().is_cpu()) {}
+  explicit Staging(OpContext& ctx) : ctx_(ctx), host_is_device_(ctx.backend().device().is_cpu()) {}
 
   // A device tensor holding x (x itself on the CPU backend). GEMM operands need a unit stride in
   // one of their two matrix dims: other layouts are made contiguous first.
@@ -49,7 +49,7 @@ class Staging {
   }
 
  private:
-  Context& ctx_;
+  OpContext& ctx_;
   bool host_is_device_;
   std::vector<Buffer> buffers_;
   std::vector<std::pair<Tensor, Tensor>> outs_;

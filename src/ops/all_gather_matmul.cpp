@@ -4,7 +4,7 @@
 // A_shard) into slot r of every peer's symmetric buffer and then raises that peer's ready flag r
 // (a stream memory write over NVLink, ordered after the copy: no SM needed while a GEMM holds
 // them all). The write goes on a flag stream that waits for the copy through an event
-// (Context::flags_behind), so the copy stream goes on to the next push at once; each op joins
+// (OpContext::flags_behind), so the copy stream goes on to the next push at once; each op joins
 // its flag streams into the compute stream before it ends (captured: before its closing
 // barrier, so that no flag of it lands after the barrier's reset). It pushes to r-1 first, then
 // r-2, ...: at each step every rank is written by exactly one peer and receives the chunk its GEMMs
@@ -87,7 +87,7 @@ struct AgMmCall {
   Tensor b_scale(size_t i) const { return scaled ? b_scales[i] : Tensor(); }
 };
 
-void validate(Context& ctx, AgMmCall& c, int gather_dim) {
+void validate(OpContext& ctx, AgMmCall& c, int gather_dim) {
   const char* op = c.op;
   detail::check_on_device(ctx, c.a_shard, op, "A_shard");
   ASYNCTP_CHECK(c.a_shard.dim() >= 2, "{}: A_shard must have rank >= 2, got {}", op,
@@ -170,7 +170,7 @@ int64_t accumulator_elems(std::span<const Tensor> outs) {
   return elems;
 }
 
-void run_fallback(Context& ctx, const AgMmCall& c) {
+void run_fallback(OpContext& ctx, const AgMmCall& c) {
   const Dims gathered = all_gather_shape(c.a_shard, c.g, ctx.world_size());
   const Tensor a =
       c.a_out.defined() ? c.a_out : ctx.scratch(Scratch::kGatheredA, gathered, c.a_shard.dtype());
@@ -205,7 +205,7 @@ size_t push_symm_bytes(int ws, size_t shard_bytes, size_t scale_bytes) {
 
 // This op's buffer of the push workspace (detail::OpBuffer) and its ready flags.
 struct PushBuffer : detail::OpBuffer {
-  PushBuffer(Context& ctx, size_t shard_bytes, size_t scale_bytes)
+  PushBuffer(OpContext& ctx, size_t shard_bytes, size_t scale_bytes)
       : OpBuffer(ctx, ctx.push_workspace(),
                  push_buffer_bytes(ctx.world_size(), shard_bytes, scale_bytes)),
         ws(ctx.world_size()),
@@ -230,7 +230,7 @@ struct PushBuffer : detail::OpBuffer {
   int channel;
 };
 
-void run_split(Context& ctx, const AgMmCall& c) {
+void run_split(OpContext& ctx, const AgMmCall& c) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
   Stream& copy = ctx.copy_stream();
@@ -430,8 +430,8 @@ std::optional<NativePlan> native_plan(const AgMmCall& c, std::string* why) {
   return plan;
 }
 
-ChunkedGemmArgs native_args(Context& ctx, const NativePlan& plan, const Tensor& a, const Tensor& b,
-                            const Tensor& out) {
+ChunkedGemmArgs native_args(OpContext& ctx, const NativePlan& plan, const Tensor& a,
+                            const Tensor& b, const Tensor& out) {
   const int ws = ctx.world_size();
   ChunkedGemmArgs args;
   args.a = a;
@@ -444,7 +444,7 @@ ChunkedGemmArgs native_args(Context& ctx, const NativePlan& plan, const Tensor& 
   return args;
 }
 
-void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
+void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
   Stream& copy = ctx.copy_stream();
@@ -619,7 +619,7 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
 
 // The dispatcher's key of a call: the gathered product [ws x shard rows, K] @ [K, sum of the Bs'
 // columns], and what else sets the paths' times.
-std::string problem_key(Context& ctx, const AgMmCall& c) {
+std::string problem_key(OpContext& ctx, const AgMmCall& c) {
   const int64_t k = c.bs[0].size(0);
   const int64_t m = k == 0 ? 0 : ctx.world_size() * c.a_shard.numel() / k;
   int64_t n = 0;
@@ -634,8 +634,8 @@ std::string problem_key(Context& ctx, const AgMmCall& c) {
                              fmt::format("{}", fmt::join(variant, ", ")));
 }
 
-void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
-  const Context::StreamScope scope(ctx, options.stream);
+void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
+  const OpContext::StreamScope scope(ctx, options.stream);
   // Where the host's time goes before the first GPU work of the op (bench --trace).
   ctx.mark("call", ctx.stream());
   // A wait of an earlier op that timed out is reported here: no barrier of these ops would (and
@@ -692,20 +692,20 @@ Dims all_gather_matmul_out_shape(const Tensor& a_shard, const Tensor& b, int gat
   return shape;
 }
 
-void all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
+void all_gather_matmul(OpContext& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
                        std::span<const Tensor> outs, const Tensor& a_out,
                        const AllGatherMatmulOptions& options) {
   run(ctx, AgMmCall{"all_gather_matmul", a_shard, Tensor(), bs, {}, outs, a_out, 0, false},
       options);
 }
 
-void all_gather_matmul(Context& ctx, const Tensor& a_shard, const Tensor& b, const Tensor& out,
+void all_gather_matmul(OpContext& ctx, const Tensor& a_shard, const Tensor& b, const Tensor& out,
                        const Tensor& a_out, const AllGatherMatmulOptions& options) {
   all_gather_matmul(ctx, a_shard, std::span<const Tensor>(&b, 1), std::span<const Tensor>(&out, 1),
                     a_out, options);
 }
 
-void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor& a_scale,
+void all_gather_scaled_matmul(OpContext& ctx, const Tensor& a_shard, const Tensor& a_scale,
                               const Tensor& b, const Tensor& b_scale, const Tensor& out,
                               const Tensor& a_out, const AllGatherMatmulOptions& options) {
   all_gather_scaled_matmul(ctx, a_shard, a_scale, std::span<const Tensor>(&b, 1),
@@ -713,7 +713,7 @@ void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor&
                            a_out, options);
 }
 
-void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor& a_scale,
+void all_gather_scaled_matmul(OpContext& ctx, const Tensor& a_shard, const Tensor& a_scale,
                               std::span<const Tensor> bs, std::span<const Tensor> b_scales,
                               std::span<const Tensor> outs, const Tensor& a_out,
                               const AllGatherMatmulOptions& options) {
@@ -722,10 +722,10 @@ void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor&
       options);
 }
 
-void reserve_all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
+void reserve_all_gather_matmul(OpContext& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
                                bool return_a, const AllGatherMatmulOptions& options) {
   const char* op = "reserve_all_gather_matmul";
-  const Context::StreamScope scope(ctx, options.stream);
+  const OpContext::StreamScope scope(ctx, options.stream);
   ASYNCTP_CHECK(a_shard.defined() && a_shard.dim() >= 2, "{}: A_shard must have rank >= 2, got {}",
                 op, a_shard.describe());
   ASYNCTP_CHECK(options.gather_dim >= -a_shard.dim() && options.gather_dim < a_shard.dim(),

@@ -4,14 +4,14 @@ namespace asynctp {
 
 namespace {
 
-void check_device(Context& ctx, const Tensor& t, const char* op, const char* name) {
+void check_device(OpContext& ctx, const Tensor& t, const char* op, const char* name) {
   ASYNCTP_CHECK(t.defined(), "{}: {} is undefined", op, name);
   ASYNCTP_CHECK(t.device() == ctx.backend().device(), "{}: {} is on {} but the context runs on {}",
                 op, name, t.device().to_string(), ctx.backend().device().to_string());
 }
 
 // A contiguous version of t: t itself, or a copy in the given scratch.
-Tensor contiguous(Context& ctx, const Tensor& t, Scratch purpose) {
+Tensor contiguous(OpContext& ctx, const Tensor& t, Scratch purpose) {
   if (t.is_contiguous()) return t;
   Tensor copy = ctx.scratch(purpose, t.shape(), t.dtype());
   ctx.backend().copy(copy, t, ctx.stream());
@@ -43,7 +43,7 @@ Dims rs_staged_shape(const Dims& chunk, int ws) {
 
 }  // namespace
 
-void reserve_all_gather(Context& ctx, const Tensor& in, bool out_contiguous, int dim) {
+void reserve_all_gather(OpContext& ctx, const Tensor& in, bool out_contiguous, int dim) {
   dim = in.wrap_dim(dim);
   if (!in.is_contiguous()) ctx.reserve_scratch(Scratch::kCollectiveIn, in.nbytes());
   if (ag_staged(out_contiguous, dim)) {
@@ -52,7 +52,7 @@ void reserve_all_gather(Context& ctx, const Tensor& in, bool out_contiguous, int
   }
 }
 
-void reserve_reduce_scatter(Context& ctx, const Tensor& in, bool out_contiguous, int dim) {
+void reserve_reduce_scatter(OpContext& ctx, const Tensor& in, bool out_contiguous, int dim) {
   dim = in.wrap_dim(dim);
   const int ws = ctx.world_size();
   Dims chunk = in.shape();
@@ -65,9 +65,9 @@ void reserve_reduce_scatter(Context& ctx, const Tensor& in, bool out_contiguous,
   if (!out_contiguous) ctx.reserve_scratch(Scratch::kCollectiveOut, bytes_of(chunk, in.dtype()));
 }
 
-void all_gather(Context& ctx, const Tensor& in, const Tensor& out, int dim,
+void all_gather(OpContext& ctx, const Tensor& in, const Tensor& out, int dim,
                 std::optional<void*> stream) {
-  const Context::StreamScope scope(ctx, stream);
+  const OpContext::StreamScope scope(ctx, stream);
   check_device(ctx, in, "all_gather", "input");
   check_device(ctx, out, "all_gather", "output");
   ASYNCTP_CHECK(in.dim() >= 1, "all_gather: input must have rank >= 1, got {}", in.describe());
@@ -94,9 +94,9 @@ void all_gather(Context& ctx, const Tensor& in, const Tensor& out, int dim,
   }
 }
 
-void reduce_scatter(Context& ctx, const Tensor& in, const Tensor& out, ReduceOp op, int dim,
+void reduce_scatter(OpContext& ctx, const Tensor& in, const Tensor& out, ReduceOp op, int dim,
                     std::optional<void*> stream) {
-  const Context::StreamScope scope(ctx, stream);
+  const OpContext::StreamScope scope(ctx, stream);
   check_device(ctx, in, "reduce_scatter", "input");
   check_device(ctx, out, "reduce_scatter", "output");
   ASYNCTP_CHECK(in.dim() >= 1, "reduce_scatter: input must have rank >= 1, got {}", in.describe());
@@ -129,8 +129,8 @@ void reduce_scatter(Context& ctx, const Tensor& in, const Tensor& out, ReduceOp 
   if (dst.data() != out.data()) ctx.backend().copy(out, dst, ctx.stream());
 }
 
-void all_reduce(Context& ctx, const Tensor& inout, ReduceOp op, std::optional<void*> stream) {
-  const Context::StreamScope scope(ctx, stream);
+void all_reduce(OpContext& ctx, const Tensor& inout, ReduceOp op, std::optional<void*> stream) {
+  const OpContext::StreamScope scope(ctx, stream);
   check_device(ctx, inout, "all_reduce", "tensor");
   const Tensor t = contiguous(ctx, inout, Scratch::kCollectiveIn);
   ctx.communicator().all_reduce(t, op, ctx.stream());

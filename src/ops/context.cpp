@@ -36,12 +36,12 @@ int ContextOptions::default_push_streams() {
   return static_cast<int>(envvars::kPushStreams.integer());
 }
 
-std::unique_ptr<Context> Context::create(std::shared_ptr<Group> group, ContextOptions options) {
-  ASYNCTP_CHECK(group != nullptr, "Context::create needs a group");
-  return std::unique_ptr<Context>(new Context(std::move(group), std::move(options)));
+std::unique_ptr<OpContext> OpContext::create(std::shared_ptr<Group> group, ContextOptions options) {
+  ASYNCTP_CHECK(group != nullptr, "OpContext::create needs a group");
+  return std::unique_ptr<OpContext>(new OpContext(std::move(group), std::move(options)));
 }
 
-Context::Context(std::shared_ptr<Group> group, ContextOptions options)
+OpContext::OpContext(std::shared_ptr<Group> group, ContextOptions options)
     : group_(std::move(group)), options_(std::move(options)) {
   backend_ = make_backend(options_.backend, group_->local_rank(), options_.device_index);
   stream_ = &backend_->compute_stream();
@@ -92,13 +92,13 @@ Context::Context(std::shared_ptr<Group> group, ContextOptions options)
   dispatcher_ = std::make_unique<Dispatcher>(*this, options_.dispatch_cache);
 }
 
-Stream& Context::wrapped_stream(void* handle) {
+Stream& OpContext::wrapped_stream(void* handle) {
   std::unique_ptr<Stream>& s = wrapped_[handle];
   if (!s) s = backend_->wrap_stream(handle);
   return *s;
 }
 
-void Context::follow_previous_op() {
+void OpContext::follow_previous_op() {
   Stream& s = stream();
   if (previous_op_stream_ == nullptr || previous_op_stream_ == &s) return;
   if (backend_->capturing(*previous_op_stream_) || backend_->capturing(s)) return;
@@ -106,7 +106,7 @@ void Context::follow_previous_op() {
   switch_event_->block(s);
 }
 
-MemoryStats Context::memory_stats() const {
+MemoryStats OpContext::memory_stats() const {
   MemoryStats stats;
   stats.symmetric_bytes =
       static_cast<int64_t>(workspace_->capacity() + push_workspace_->capacity());
@@ -118,7 +118,7 @@ MemoryStats Context::memory_stats() const {
   return stats;
 }
 
-uint32_t* Context::flags(size_t count) {
+uint32_t* OpContext::flags(size_t count) {
   if (flags_.size() < std::max<size_t>(count, 1) * sizeof(uint32_t)) {
     ASYNCTP_CAPTURE_CHECK(!capturing(),
                           "the op's {} chunk flags ({} bytes) must be allocated while its stream "
@@ -134,14 +134,14 @@ uint32_t* Context::flags(size_t count) {
   return static_cast<uint32_t*>(flags_.data());
 }
 
-Context::~Context() {
+OpContext::~OpContext() {
   try {
     backend_->synchronize();
   } catch (...) {
   }
 }
 
-void Context::align_ranks() {
+void OpContext::align_ranks() {
   SymmWorkspace& symm = workspace();
   if (symm.unavailable_reason().empty() && symm.capacity() > 0) {
     symm.get(symm.capacity(), stream()).barrier(0, stream());
@@ -150,7 +150,7 @@ void Context::align_ranks() {
   }
 }
 
-Stream& Context::flags_behind(int i) {
+Stream& OpContext::flags_behind(int i) {
   const size_t k = static_cast<size_t>(i % options_.push_streams);
   Event& pushed = *flag_events_[2 * k];
   pushed.record(push_stream(i));
@@ -159,7 +159,7 @@ Stream& Context::flags_behind(int i) {
   return *flag_streams_[k];
 }
 
-void Context::join_flag_streams(Stream& stream) {
+void OpContext::join_flag_streams(Stream& stream) {
   for (size_t k = 0; k < flag_streams_.size(); ++k) {
     if (!flag_used_[k]) continue;
     flag_used_[k] = false;
@@ -169,13 +169,13 @@ void Context::join_flag_streams(Stream& stream) {
   }
 }
 
-Event& Context::event(size_t index) {
+Event& OpContext::event(size_t index) {
   while (events_.size() <= index)
     events_.push_back(backend_->create_event());
   return *events_[index];
 }
 
-Tensor Context::scratch(Scratch purpose, Dims shape, DType dtype) {
+Tensor OpContext::scratch(Scratch purpose, Dims shape, DType dtype) {
   reserve_scratch(purpose, static_cast<size_t>(shape.product()) * element_size(dtype));
   return scratch_[static_cast<size_t>(purpose)].view(shape, dtype);
 }
@@ -187,7 +187,7 @@ constexpr std::array<std::string_view, static_cast<size_t>(Scratch::kCount)> kSc
     "staging",    "partial",        "collective input", "collective output"};
 }  // namespace
 
-void Context::reserve_scratch(Scratch purpose, size_t bytes) {
+void OpContext::reserve_scratch(Scratch purpose, size_t bytes) {
   Buffer& buf = scratch_[static_cast<size_t>(purpose)];
   if (buf.size() >= bytes) return;
   ASYNCTP_CAPTURE_CHECK(

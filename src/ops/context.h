@@ -1,4 +1,4 @@
-// Context: everything a fused op needs on one rank of one group: the group, the execution
+// OpContext: everything a fused op needs on one rank of one group: the group, the execution
 // backend and its streams, the symmetric workspace, the communicator for ordinary collectives,
 // local scratch, and the usage counters. One per process and group; not thread-safe (like a
 // CUDA stream, it is driven by one host thread).
@@ -92,12 +92,13 @@ struct MemoryStats {
   int64_t local_bytes = 0;
 };
 
-class Context {
+class OpContext {
  public:
-  static std::unique_ptr<Context> create(std::shared_ptr<Group> group, ContextOptions options = {});
-  ~Context();
-  Context(const Context&) = delete;
-  Context& operator=(const Context&) = delete;
+  static std::unique_ptr<OpContext> create(std::shared_ptr<Group> group,
+                                           ContextOptions options = {});
+  ~OpContext();
+  OpContext(const OpContext&) = delete;
+  OpContext& operator=(const OpContext&) = delete;
 
   Group& group() { return *group_; }
   int rank() const { return group_->rank(); }
@@ -127,7 +128,7 @@ class Context {
   // work outside it, nor work outside wait for it; a captured op starts behind a barrier.)
   class StreamScope {
    public:
-    StreamScope(Context& ctx, std::optional<void*> handle) : ctx_(ctx), saved_(ctx.stream_) {
+    StreamScope(OpContext& ctx, std::optional<void*> handle) : ctx_(ctx), saved_(ctx.stream_) {
       if (handle) ctx.stream_ = &ctx.wrapped_stream(*handle);
       try {
         ctx.follow_previous_op();
@@ -147,7 +148,7 @@ class Context {
     StreamScope& operator=(const StreamScope&) = delete;
 
    private:
-    Context& ctx_;
+    OpContext& ctx_;
     Stream* saved_;
   };
   // The stream that moves data beside the op's stream.
@@ -219,7 +220,7 @@ class Context {
   }
 
  private:
-  Context(std::shared_ptr<Group> group, ContextOptions options);
+  OpContext(std::shared_ptr<Group> group, ContextOptions options);
 
   std::shared_ptr<Group> group_;
   ContextOptions options_;

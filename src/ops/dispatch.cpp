@@ -87,7 +87,7 @@ std::string Dispatcher::default_cache_path() {
   return "";
 }
 
-Dispatcher::Dispatcher(Context& ctx, std::string cache_path)
+Dispatcher::Dispatcher(OpContext& ctx, std::string cache_path)
     : ctx_(ctx), cache_path_(std::move(cache_path)) {
   if (cache_path_.empty()) cache_path_ = default_cache_path();
   if (cache_path_ == "off") cache_path_.clear();

@@ -35,7 +35,7 @@
 
 namespace asynctp {
 
-class Context;
+class OpContext;
 
 struct DispatchTiming {
   Path path = Path::kNative;
@@ -74,7 +74,7 @@ class Dispatcher {
   // same way) and PyTorch's anchor script measure.
   static constexpr double kTunePace = 1.0;
 
-  Dispatcher(Context& ctx, std::string cache_path);
+  Dispatcher(OpContext& ctx, std::string cache_path);
 
   // The path for `key`, one of `offered` (the paths this rank can run: not empty, no path twice;
   // ties go to the earlier) that every rank offered; `run(path)` runs the op on that path (used
@@ -94,7 +94,7 @@ class Dispatcher {
   // Every rank's `values`, by rank (through the store; blocks, bounded by the timeout).
   std::vector<std::vector<double>> over_ranks(const std::vector<double>& values);
 
-  Context& ctx_;
+  OpContext& ctx_;
   std::string cache_path_;
   std::map<std::string, DispatchTiming> decisions_;
   bool cache_warned_ = false;  // an unusable cache file was reported

@@ -25,7 +25,7 @@ Tensor gemm_view(const Tensor& t, int split, const char* what) {
   return *v;
 }
 
-PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
+PathDecision choose_path(OpContext& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
                          const char* op, const CallPaths& paths) {
   const PathChoice choice = requested.value_or(ctx.options().path);
   if (choice == PathChoice::kFallback)
@@ -66,7 +66,8 @@ PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size
   return {path, path == Path::kFallback ? "measured fastest" : "", false, true};
 }
 
-PossiblePaths possible_paths(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes) {
+PossiblePaths possible_paths(OpContext& ctx, std::optional<PathChoice> requested,
+                             size_t symm_bytes) {
   const PathChoice choice = requested.value_or(ctx.options().path);
   const bool fits =
       ctx.workspace().unavailable_reason().empty() && ctx.workspace().fits(symm_bytes);
@@ -84,7 +85,7 @@ PossiblePaths possible_paths(Context& ctx, std::optional<PathChoice> requested, 
   return p;
 }
 
-std::string problem_key(Context& ctx, const char* op, int64_t m, int64_t n, int64_t k, DType in,
+std::string problem_key(OpContext& ctx, const char* op, int64_t m, int64_t n, int64_t k, DType in,
                         DType out, const Tensor& b, const std::string& variant) {
   const bool b_row_major = b.stride(1) == 1 || b.size(1) == 1;
   return fmt::format("{}|{}x{}x{}|{}->{}|B {}|ws{}|{}{}{}", op, m, n, k, in, out,
@@ -110,7 +111,7 @@ Tensor shape_only_matrix(DType dtype, int64_t rows, int64_t cols, Device device)
   return Tensor(dummy_address(), dtype, {rows, cols}, {cols, 1}, device);
 }
 
-void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale,
+void gemm(OpContext& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale,
           Tensor b_scale, Stream& stream) {
   GemmArgs args;
   args.a = std::move(a);
@@ -122,7 +123,7 @@ void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_
   ctx.backend().gemm(args, stream);
 }
 
-void check_on_device(Context& ctx, const Tensor& t, const char* op, const std::string& name) {
+void check_on_device(OpContext& ctx, const Tensor& t, const char* op, const std::string& name) {
   ASYNCTP_CHECK(t.defined(), "{}: {} is undefined", op, name);
   ASYNCTP_CHECK(t.device() == ctx.backend().device(), "{}: {} is on {} but the context runs on {}",
                 op, name, t.device().to_string(), ctx.backend().device().to_string());

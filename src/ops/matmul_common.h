@@ -37,7 +37,7 @@ struct CallPaths {
 // (Backend::times_paths), the dispatcher's pick among the paths that can run (native, split,
 // fallback: the fallback always can); elsewhere native where it can run, else split, else the
 // fallback with the reason. Throws if the caller insisted on a path that cannot run, saying why.
-PathDecision choose_path(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
+PathDecision choose_path(OpContext& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
                          const char* op, const CallPaths& paths);
 
 // The paths a call may take, for reserving their buffers: the requested one, or under kAuto every
@@ -49,13 +49,14 @@ struct PossiblePaths {
   bool native = false;  // the native path (under kAuto or kNative: where the call allows it)
   bool fallback = false;
 };
-PossiblePaths possible_paths(Context& ctx, std::optional<PathChoice> requested, size_t symm_bytes);
+PossiblePaths possible_paths(OpContext& ctx, std::optional<PathChoice> requested,
+                             size_t symm_bytes);
 
 // "op|MxNxK|in dtype->out dtype|B row/col|wsN|device", then "|variant" unless it is empty: a
 // dispatcher key. m x n x k: the whole product (every rank's rows; n over every B; k summed over
 // several products); the variant names what else sets the paths' times (a gather or scatter dim
 // other than 0, several Bs or products, a returned A, ...).
-std::string problem_key(Context& ctx, const char* op, int64_t m, int64_t n, int64_t k, DType in,
+std::string problem_key(OpContext& ctx, const char* op, int64_t m, int64_t n, int64_t k, DType in,
                         DType out, const Tensor& b, const std::string& variant);
 
 // A tensor of `t`'s shape, strides and dtype at a 256-byte aligned dummy address: for asking
@@ -66,7 +67,7 @@ Tensor shape_only_contiguous(DType dtype, const Dims& shape, Device device);
 // A contiguous [rows, cols] matrix at that dummy address.
 Tensor shape_only_matrix(DType dtype, int64_t rows, int64_t cols, Device device);
 
-void check_on_device(Context& ctx, const Tensor& t, const char* op, const std::string& name);
+void check_on_device(OpContext& ctx, const Tensor& t, const char* op, const std::string& name);
 void check_gemm_dtype(const Tensor& t, const char* op, const std::string& name, bool scaled);
 void check_out_dtype(const Tensor& t, const char* op, const std::string& name);
 // Row-wise: `like`'s shape with the last dim 1 (even when that is one element: a one-row shard's
@@ -133,7 +134,7 @@ inline size_t op_buffers_bytes(size_t per_buffer) {
 }
 
 struct OpBuffer {
-  OpBuffer(Context& ctx, SymmWorkspace& workspace, size_t per_buffer)
+  OpBuffer(OpContext& ctx, SymmWorkspace& workspace, size_t per_buffer)
       : sm(workspace.get(op_buffers_bytes(per_buffer), ctx.stream())),
         captured(ctx.capturing()),
         number(captured ? 1 : sm.next_use()),
@@ -146,7 +147,7 @@ struct OpBuffer {
 };
 
 // Enqueues D (+)= A @ B with optional float8 scales on `stream` (see GemmArgs).
-void gemm(Context& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale,
+void gemm(OpContext& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale,
           Tensor b_scale, Stream& stream);
 
 }  // namespace asynctp::detail

@@ -17,7 +17,7 @@
 // by reduce-scatter. The copy stream carries only copy-engine work, and the flag stream beside
 // it only stream memory writes, since a kernel queued there would wait for an SM until the
 // running GEMM ends. A flag's write waits on the flag stream for an event recorded after its
-// copy (Context::flags_behind): behind the copy on the copy stream it would hold the next copy
+// copy (OpContext::flags_behind): behind the copy on the copy stream it would hold the next copy
 // until this one had drained. Every step of the protocols below that says "after the push" holds
 // through that event; each op joins its flag streams into the compute stream before it ends (and,
 // captured, before the next op's opening barrier and reset).
@@ -95,7 +95,7 @@ Dims product_shape(const Tensor& a, int64_t n) {
   return shape;
 }
 
-void validate(Context& ctx, MmRsCall& c, int scatter_dim) {
+void validate(OpContext& ctx, MmRsCall& c, int scatter_dim) {
   const char* op = c.op;
   ASYNCTP_CHECK(!c.as.empty(), "{}: needs at least one product", op);
   ASYNCTP_CHECK(c.as.size() == c.bs.size(), "{}: got {} As but {} Bs", op, c.as.size(),
@@ -162,7 +162,7 @@ int64_t strided_elems(std::span<const Tensor> as) {
   return elems;
 }
 
-std::vector<Tensor> contiguous_as(Context& ctx, const std::vector<Tensor>& as) {
+std::vector<Tensor> contiguous_as(OpContext& ctx, const std::vector<Tensor>& as) {
   const int64_t copy_elems = strided_elems(as);
   if (copy_elems == 0) return as;
   const Tensor buf = ctx.scratch(Scratch::kContiguousA, {copy_elems}, as[0].dtype());
@@ -185,7 +185,7 @@ std::vector<Tensor> contiguous_as(Context& ctx, const std::vector<Tensor>& as) {
 // an f32 accumulator in pair order and rounded once.
 class ProductWriter {
  public:
-  ProductWriter(Context& ctx, const MmRsCall& c, std::vector<Tensor> as, Tensor a_scale)
+  ProductWriter(OpContext& ctx, const MmRsCall& c, std::vector<Tensor> as, Tensor a_scale)
       : ctx_(ctx), c_(c), as_(std::move(as)), a_scale_(std::move(a_scale)) {}
 
   // Part of the product: all of it (d < 0), or chunk d of the scatter; on `stream` (default: the
@@ -223,13 +223,13 @@ class ProductWriter {
   }
 
  private:
-  Context& ctx_;
+  OpContext& ctx_;
   const MmRsCall& c_;
   std::vector<Tensor> as_;
   Tensor a_scale_;
 };
 
-void run_fallback(Context& ctx, const MmRsCall& c, ProductWriter& writer,
+void run_fallback(OpContext& ctx, const MmRsCall& c, ProductWriter& writer,
                   const MatmulReduceScatterOptions& options) {
   const Tensor product = ctx.scratch(Scratch::kPartial, product_shape(c.a(), c.n()), c.out.dtype());
   writer.write(-1, product);
@@ -261,7 +261,7 @@ size_t native_done_flags(int ws, const detail::RsPieces& pieces) {
 }
 
 struct Slots : detail::OpBuffer {
-  Slots(Context& ctx, const Tensor& out)
+  Slots(OpContext& ctx, const Tensor& out)
       : OpBuffer(ctx, ctx.workspace(), ctx.world_size() * chunk_bytes(out)),
         chunk(out.shape()),
         dtype(out.dtype()),
@@ -275,7 +275,7 @@ struct Slots : detail::OpBuffer {
   size_t bytes;
 };
 
-void run_split(Context& ctx, const MmRsCall& c, ProductWriter& writer,
+void run_split(OpContext& ctx, const MmRsCall& c, ProductWriter& writer,
                const MatmulReduceScatterOptions& options) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
@@ -366,7 +366,7 @@ void run_split(Context& ctx, const MmRsCall& c, ProductWriter& writer,
 //                        landed_{r+1}[0][r] = e, done[r+1][0] = 0 | piece 2 ... | chunk r+2 ...
 //   push 1:            | wait done[r+1][1], push piece 1 ...      | piece 3 ...
 //   (ContextOptions::push_streams of them, taking the pieces by turns; two by default; each
-//   piece's flag and reset go on a flag stream beside its push stream, Context::flags_behind,
+//   piece's flag and reset go on a flag stream beside its push stream, OpContext::flags_behind,
 //   so that the push stream's next copy does not wait for them)
 //
 // The GEMM counts the stored tiles of each piece (up to kMaxPushPieces per chunk, at least
@@ -428,7 +428,8 @@ std::optional<NativeRsPlan> native_rs_plan(const MmRsCall& c, std::string* why) 
   return plan;
 }
 
-ChunkedGemmArgs native_rs_args(Context& ctx, const Tensor& a2, const Tensor& b, const Tensor& p2) {
+ChunkedGemmArgs native_rs_args(OpContext& ctx, const Tensor& a2, const Tensor& b,
+                               const Tensor& p2) {
   ChunkedGemmArgs args;
   args.a = a2;
   args.b = b;
@@ -440,7 +441,7 @@ ChunkedGemmArgs native_rs_args(Context& ctx, const Tensor& a2, const Tensor& b, 
   return args;
 }
 
-void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRsPlan& plan,
+void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const NativeRsPlan& plan,
                 const MatmulReduceScatterOptions& options) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
@@ -516,7 +517,7 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
 
 // The dispatcher's key of a call: the product [M, K] @ [K, N] before the scatter (K summed over
 // several products), and what else sets the paths' times.
-std::string problem_key(Context& ctx, const MmRsCall& c, ReduceOp reduce_op) {
+std::string problem_key(OpContext& ctx, const MmRsCall& c, ReduceOp reduce_op) {
   int64_t k = 0;
   for (const Tensor& a : c.as)
     k += a.size(-1);
@@ -531,7 +532,7 @@ std::string problem_key(Context& ctx, const MmRsCall& c, ReduceOp reduce_op) {
 }
 
 // The native path's plan where it can run the call (a0: As[0], contiguous), else nullopt and why.
-std::optional<NativeRsPlan> native_rs_check(Context& ctx, const MmRsCall& c, const Tensor& a0,
+std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, const Tensor& a0,
                                             ReduceOp reduce_op, std::string* why) {
   std::optional<NativeRsPlan> plan = native_rs_plan(c, why);
   if (!plan) return plan;
@@ -556,8 +557,8 @@ std::optional<NativeRsPlan> native_rs_check(Context& ctx, const MmRsCall& c, con
   return plan;
 }
 
-void run(Context& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
-  const Context::StreamScope scope(ctx, options.stream);
+void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
+  const OpContext::StreamScope scope(ctx, options.stream);
   // Where the host's time goes before the first GPU work of the op (bench --trace).
   ctx.mark("call", ctx.stream());
   // A wait of an earlier op that timed out is reported here (see all_gather_matmul.cpp).
@@ -611,12 +612,12 @@ Dims matmul_reduce_scatter_out_shape(const Tensor& a, const Tensor& b, int scatt
   return shape;
 }
 
-void matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& out,
+void matmul_reduce_scatter(OpContext& ctx, const Tensor& a, const Tensor& b, const Tensor& out,
                            const MatmulReduceScatterOptions& options) {
   run(ctx, MmRsCall{"matmul_reduce_scatter", {a}, {b}, Tensor(), Tensor(), out, 0, false}, options);
 }
 
-void matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as, std::span<const Tensor> bs,
+void matmul_reduce_scatter(OpContext& ctx, std::span<const Tensor> as, std::span<const Tensor> bs,
                            const Tensor& out, const MatmulReduceScatterOptions& options) {
   run(ctx,
       MmRsCall{"matmul_reduce_scatter",
@@ -630,19 +631,19 @@ void matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as, std::span<c
       options);
 }
 
-void scaled_matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& a_scale,
+void scaled_matmul_reduce_scatter(OpContext& ctx, const Tensor& a, const Tensor& a_scale,
                                   const Tensor& b, const Tensor& b_scale, const Tensor& out,
                                   const MatmulReduceScatterOptions& options) {
   run(ctx, MmRsCall{"scaled_matmul_reduce_scatter", {a}, {b}, a_scale, b_scale, out, 0, true},
       options);
 }
 
-void reserve_matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as,
+void reserve_matmul_reduce_scatter(OpContext& ctx, std::span<const Tensor> as,
                                    std::span<const Tensor> bs,
                                    const MatmulReduceScatterOptions& options,
                                    std::optional<DType> out_dtype) {
   const char* op = "reserve_matmul_reduce_scatter";
-  const Context::StreamScope scope(ctx, options.stream);
+  const OpContext::StreamScope scope(ctx, options.stream);
   ASYNCTP_CHECK(!as.empty() && as.size() == bs.size(),
                 "{}: needs one or more products, one B per A; got {} As and {} Bs", op, as.size(),
                 bs.size());

@@ -3,7 +3,7 @@
 // landed, the closing barrier passed), and the reader gets each mark's time after the first, on
 // the device and on the host (when the op enqueued it: where the device runs ahead of the host,
 // the host's enqueueing sets the pace, and the two columns show it).
-// Marks are taken only while a trace is attached to the Context and nothing is being captured
+// Marks are taken only while a trace is attached to the OpContext and nothing is being captured
 // into a CUDA graph; otherwise ops skip them (one branch).
 #pragma once
 

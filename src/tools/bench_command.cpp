@@ -98,7 +98,7 @@ struct Result {
   double comm_bytes = 0;
 };
 
-void gemm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& d,
+void gemm(OpContext& ctx, const Tensor& a, const Tensor& b, const Tensor& d,
           Stream* stream = nullptr) {
   GemmArgs args;
   args.a = a;
@@ -109,7 +109,7 @@ void gemm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& d,
 
 // The op's own step marks (ops/trace.h), median over runs started together, printed by every
 // rank: where the time of one path goes, on the device and (in brackets) on the host.
-void print_trace(Context& ctx, int rank, const std::string& what,
+void print_trace(OpContext& ctx, int rank, const std::string& what,
                  const std::function<void()>& run) {
   constexpr int kRuns = 15;
   OpTrace trace(ctx.backend());
@@ -146,7 +146,7 @@ void print_trace(Context& ctx, int rank, const std::string& what,
                what.c_str(), kRuns, line.c_str());
 }
 
-bool bitwise_equal(Context& ctx, const Tensor& x, const Tensor& y) {
+bool bitwise_equal(OpContext& ctx, const Tensor& x, const Tensor& y) {
   OwnedTensor hx = empty_host(x.shape(), x.dtype()), hy = empty_host(y.shape(), y.dtype());
   ctx.backend().copy(hx, x, ctx.stream());
   ctx.backend().copy(hy, y, ctx.stream());
@@ -156,7 +156,7 @@ bool bitwise_equal(Context& ctx, const Tensor& x, const Tensor& y) {
 
 Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& shape,
                    double bandwidth_gbps) {
-  Context& ctx = *s.ctx;
+  OpContext& ctx = *s.ctx;
   const int ws = s.world_size();
   const int64_t m = shape.m, k = shape.k, n = shape.n;
   ASYNCTP_CHECK(m % ws == 0, "{}: M={} is not divisible by the world size {}", shape.label, m, ws);
@@ -434,7 +434,7 @@ nlohmann::json to_json(const Result& r) {
 
 int run_bench(const BenchOptions& o) {
   Session s = Session::join(o.backend);
-  Context& ctx = *s.ctx;
+  OpContext& ctx = *s.ctx;
   const DType dtype = parse_dtype(o.dtype);
   ASYNCTP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
                 "--dtype must be f32, bf16 or f16, got {}", o.dtype);

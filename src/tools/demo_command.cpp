@@ -29,7 +29,7 @@ struct DemoOptions {
   double tolerance = -1;  // < 0: the dtype's default
 };
 
-void gemm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& d) {
+void gemm(OpContext& ctx, const Tensor& a, const Tensor& b, const Tensor& d) {
   GemmArgs args;
   args.a = a;
   args.b = b;
@@ -39,7 +39,7 @@ void gemm(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& d) {
 
 int run_demo(const DemoOptions& o) {
   Session s = Session::join(o.backend);
-  Context& ctx = *s.ctx;
+  OpContext& ctx = *s.ctx;
   const int ws = s.world_size();
   const DType dtype = parse_dtype(o.dtype);
   ASYNCTP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,

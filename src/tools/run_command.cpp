@@ -77,7 +77,7 @@ int launch_ranks(const RunOptions& o, int nproc) {
 int run_as_rank(const RunOptions& o) {
   const graph::Graph g = graph::read_graph_file(o.graph);
   Session s = Session::join(o.backend);
-  Context& ctx = *s.ctx;
+  OpContext& ctx = *s.ctx;
   const graph::Inputs inputs = o.inputs.empty() ? graph::random_inputs(g, s.rank(), o.seed)
                                                 : graph::read_inputs(g, s.rank(), o.inputs);
   graph::ExecOptions exec;

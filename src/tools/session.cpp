@@ -27,18 +27,18 @@ Session Session::join(const std::string& backend) {
   s.group = Group::from_env();
   ContextOptions options;
   options.backend = resolve_backend(backend);
-  s.ctx = Context::create(s.group, options);
+  s.ctx = OpContext::create(s.group, options);
   return s;
 }
 
-OwnedTensor alloc(Context& ctx, Dims shape, DType dtype) {
+OwnedTensor alloc(OpContext& ctx, Dims shape, DType dtype) {
   Buffer buffer =
       ctx.backend().allocate(static_cast<size_t>(shape.product()) * element_size(dtype));
   Tensor view = buffer.view(shape, dtype);
   return {std::move(buffer), view};
 }
 
-void fill_random(Context& ctx, const Tensor& t, uint64_t seed, float scale) {
+void fill_random(OpContext& ctx, const Tensor& t, uint64_t seed, float scale) {
   // Values are made (and rounded to t's dtype) on the host, then copied as they are: a backend
   // copy between host and device memory does not convert.
   OwnedTensor host = empty_host(t.shape(), t.dtype());
@@ -54,7 +54,7 @@ void fill_random(Context& ctx, const Tensor& t, uint64_t seed, float scale) {
   ctx.backend().synchronize();
 }
 
-std::vector<float> to_host_f32(Context& ctx, const Tensor& t) {
+std::vector<float> to_host_f32(OpContext& ctx, const Tensor& t) {
   OwnedTensor host = empty_host(t.shape(), t.dtype());
   ctx.backend().copy(host.tensor, t, ctx.stream());
   ctx.backend().synchronize();
@@ -85,8 +85,9 @@ namespace {
 
 // Warm-up, then `iters` rounds in which every variant runs once, timed on its own with CUDA
 // events (host clocks on the CPU backend) after `align` (if any); the median per variant.
-std::vector<double> round_robin_medians(Context& ctx, const std::vector<std::function<void()>>& fns,
-                                        int warmup, int iters, const std::function<void()>& align,
+std::vector<double> round_robin_medians(OpContext& ctx,
+                                        const std::vector<std::function<void()>>& fns, int warmup,
+                                        int iters, const std::function<void()>& align,
                                         std::vector<double>* host_ms = nullptr,
                                         double warmup_ms = 0, double pace = 0,
                                         HostPause pause = HostPause::kSpin) {
@@ -163,11 +164,11 @@ std::vector<double> round_robin_medians(Context& ctx, const std::vector<std::fun
 
 }  // namespace
 
-double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int iters) {
+double median_ms(OpContext& ctx, const std::function<void()>& fn, int warmup, int iters) {
   return round_robin_medians(ctx, {fn}, warmup, iters, {})[0];
 }
 
-std::vector<double> median_ms_interleaved(Context& ctx,
+std::vector<double> median_ms_interleaved(OpContext& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
                                           int iters, std::vector<double>* host_ms, double warmup_ms,
                                           double pace, HostPause pause) {
@@ -209,7 +210,7 @@ std::vector<int64_t> parse_shape(const std::string& text) {
 
 namespace asynctp::tools {
 
-double measure_peer_bandwidth(Context& ctx, size_t bytes_per_peer, int iters) {
+double measure_peer_bandwidth(OpContext& ctx, size_t bytes_per_peer, int iters) {
   const int ws = ctx.world_size();
   if (ws == 1) return 0.0;
   const int64_t n = static_cast<int64_t>(bytes_per_peer / 4);

@@ -14,7 +14,7 @@ namespace asynctp::tools {
 
 struct Session {
   std::shared_ptr<Group> group;
-  std::unique_ptr<Context> ctx;
+  std::unique_ptr<OpContext> ctx;
 
   // Joins the job described by the environment (a single rank when run outside a launcher).
   // backend "auto" picks cuda when this build has it and a GPU is present, else cpu.
@@ -27,17 +27,17 @@ struct Session {
 std::string resolve_backend(const std::string& backend);
 
 // A device tensor of the context's backend.
-OwnedTensor alloc(Context& ctx, Dims shape, DType dtype);
+OwnedTensor alloc(OpContext& ctx, Dims shape, DType dtype);
 // Fills t with values uniform in [-scale, scale), determined by (seed, t's shape) alone.
-void fill_random(Context& ctx, const Tensor& t, uint64_t seed, float scale = 1.0f);
+void fill_random(OpContext& ctx, const Tensor& t, uint64_t seed, float scale = 1.0f);
 // A host copy of t as f32 values (waits for the backend).
-std::vector<float> to_host_f32(Context& ctx, const Tensor& t);
+std::vector<float> to_host_f32(OpContext& ctx, const Tensor& t);
 // ||a - b|| / ||b|| over f32 values (0 when both are zero; inf if a holds NaN).
 double relative_error(const std::vector<float>& a, const std::vector<float>& b);
 
 // Median milliseconds of `fn` over `iters` runs after `warmup`, timed with backend events around
 // each run; all ranks start each run together (host barrier through the store).
-double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int iters);
+double median_ms(OpContext& ctx, const std::function<void()>& fn, int warmup, int iters);
 // Medians of several variants timed round-robin (every round runs every variant once, in the
 // order round_order(balanced_orders(n), i), the same on every rank, each timed on its own): slow
 // drifts of the GPU's clocks (power, heat) hit every variant alike, and within whole blocks of
@@ -53,7 +53,7 @@ double median_ms(Context& ctx, const std::function<void()>& fn, int warmup, int 
 // cap within a few hundred ms and drops its SM clock from 1980 to 1400-1650 MHz, while short
 // bursts from idle (PyTorch's anchor script: 35 runs per column) stay at 1980 MHz. pause: how
 // the host idles (core/deadline.h).
-std::vector<double> median_ms_interleaved(Context& ctx,
+std::vector<double> median_ms_interleaved(OpContext& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
                                           int iters, std::vector<double>* host_ms = nullptr,
                                           double warmup_ms = 0, double pace = 0,
@@ -70,5 +70,5 @@ std::vector<int64_t> parse_shape(const std::string& text);
 namespace asynctp::tools {
 // Peer ingress bandwidth in GB/s: every rank pulls `bytes_per_peer` from each peer's symmetric
 // buffer at once (rank r starting at r+1, as the fused ops do); the slowest rank's rate.
-double measure_peer_bandwidth(Context& ctx, size_t bytes_per_peer, int iters);
+double measure_peer_bandwidth(OpContext& ctx, size_t bytes_per_peer, int iters);
 }  // namespace asynctp::tools

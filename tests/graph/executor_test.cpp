@@ -24,7 +24,7 @@ std::vector<float> values(const graph::RtValue& v) {
   return graph::load_f32(v.tensor.t);
 }
 
-std::string error_of(Context& ctx, const graph::Graph& g, const graph::Inputs& in,
+std::string error_of(OpContext& ctx, const graph::Graph& g, const graph::Inputs& in,
                      graph::ExecOptions o = {}) {
   try {
     graph::execute(ctx, g, in, o);
@@ -73,7 +73,7 @@ TEST(Executor, PointwiseReductionsAndViews) {
                           {node(bias), node(x), node(b.permute2d(w))}, {2, 4}, "float32");
   b.output({y, sub, norm, s, mm, bf, cat, rep, pw, lin});
   const graph::Graph g = b.build();
-  auto statuses = run_ranks(1, [&](Context& ctx) {
+  auto statuses = run_ranks(1, [&](OpContext& ctx) {
     const std::vector<float> xv{1, -2, 3, 0.5f, 4, -1};
     std::vector<float> wv(12);
     for (int i = 0; i < 12; ++i)
@@ -132,7 +132,7 @@ TEST(Executor, AttentionReferenceMatchesFiniteDifferences) {
         b.call("grad", "_operator.getitem", {node(bwd), Value::integer(i)}, shape, "float32"));
   b.output(outs);
   const graph::Graph g = b.build();
-  auto statuses = run_ranks(1, [&](Context& ctx) {
+  auto statuses = run_ranks(1, [&](OpContext& ctx) {
     graph::Inputs in = graph::random_inputs(g, 0, 3);
     const auto base = graph::execute(ctx, g, in);
     const std::vector<float> dov = graph::load_f32(in.at(dout).t);
@@ -164,7 +164,7 @@ TEST(Executor, AttentionReferenceMatchesFiniteDifferences) {
 }
 
 TEST(Executor, ErrorsNameTheNodeAndTarget) {
-  auto statuses = run_ranks(2, [](Context& ctx) {
+  auto statuses = run_ranks(2, [](OpContext& ctx) {
     {  // recorded shape disagrees with the computed one
       GraphBuilder b(2);
       const auto x = b.input("x", {2, 3});
@@ -226,7 +226,7 @@ TEST(Executor, InputsFromRawFiles) {
     graph::write_raw(dir + "/x.rank" + std::to_string(r) + ".bin",
                      from_values({2, 2}, {1.0f * r, 2, 3, 4}, DType::kBF16).t);
   }
-  auto statuses = run_ranks(2, [&](Context& ctx) {
+  auto statuses = run_ranks(2, [&](OpContext& ctx) {
     const auto out = graph::execute(ctx, g, graph::read_inputs(g, ctx.rank(), dir));
     const std::vector<float> expected{0, 2, 3, 4, 1, 2, 3, 4};
     EXPECT_EQ(values(out[0]), expected);

@@ -49,7 +49,7 @@ struct AgCase {
 };
 
 // Runs one case fused and forced-unfused on this rank and checks both against the reference.
-void check_case(Context& ctx, const AgCase& c, uint64_t id) {
+void check_case(OpContext& ctx, const AgCase& c, uint64_t id) {
   SCOPED_TRACE(c.describe());
   Backend& be = ctx.backend();
   const int ws = ctx.world_size(), rank = ctx.rank();
@@ -147,7 +147,7 @@ class AllGatherMatmulTest : public ::testing::TestWithParam<int> {
   void run_cases(const std::vector<AgCase>& cases, const HarnessOptions& options = {}) {
     auto statuses = run_ranks(
         GetParam(),
-        [&](Context& ctx) {
+        [&](OpContext& ctx) {
           for (size_t i = 0; i < cases.size(); ++i)
             check_case(ctx, cases[i], i);
         },
@@ -306,7 +306,7 @@ TEST_P(AllGatherMatmulTest, EdgeShapes) {
 TEST_P(AllGatherMatmulTest, BackToBackCallsWithSkewedRanks) {
   // One rank at a time arrives late; the barriers must keep every rank from overwriting its
   // symmetric buffer while a peer still reads it. Shapes alternate so that the workspace grows.
-  auto statuses = run_ranks(GetParam(), [](Context& ctx) {
+  auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
     for (int iter = 0; iter < 12; ++iter) {
       if (ctx.rank() == iter % ctx.world_size()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(3));
@@ -328,7 +328,7 @@ TEST_P(AllGatherMatmulTest, BackToBackLargeShardsCheckedAfterwards) {
   // all ops are done.
   constexpr int kOps = 6;
   const Dims shard{128, 512};
-  auto statuses = run_ranks(GetParam(), [&](Context& ctx) {
+  auto statuses = run_ranks(GetParam(), [&](OpContext& ctx) {
     Backend& be = ctx.backend();
     const int ws = ctx.world_size();
     const OwnedTensor b = seeded({512, 2}, DType::kF32, {77});

@@ -23,7 +23,7 @@ void* const kStreamB = reinterpret_cast<void*>(uintptr_t{0x2000});
 // ws 3: A_shard [4, 8] -> A [12, 8] @ B [8, 6] -> out [12, 6]; the product [12, 6] reduce-
 // scattered on dim 0 -> [4, 6].
 TEST(CallerStreamTest, OpsOnAWrappedOrSetStreamGiveTheSameBits) {
-  auto statuses = run_ranks(3, [](Context& ctx) {
+  auto statuses = run_ranks(3, [](OpContext& ctx) {
     const int r = ctx.rank();
     OwnedTensor a = seeded({4, 8}, DType::kF32, {1, static_cast<uint64_t>(r)});
     OwnedTensor b = seeded({8, 6}, DType::kF32, {2});
@@ -68,7 +68,7 @@ TEST(CallerStreamTest, OpsOnAWrappedOrSetStreamGiveTheSameBits) {
 }
 
 TEST(SingleBTest, OverloadsEqualTheSpanForms) {
-  auto statuses = run_ranks(2, [](Context& ctx) {
+  auto statuses = run_ranks(2, [](OpContext& ctx) {
     const int r = ctx.rank();
     OwnedTensor a = seeded({3, 16}, DType::kBF16, {1, static_cast<uint64_t>(r)});
     OwnedTensor b = seeded({16, 8}, DType::kBF16, {2});
@@ -104,7 +104,7 @@ TEST(SingleBTest, OverloadsEqualTheSpanForms) {
 // strided A) reduce-scattered on dim 0 and on the last dim.
 TEST(ReserveTest, ReservedCallsAllocateNothing) {
   for (const PathChoice path : {PathChoice::kAuto, PathChoice::kSplit, PathChoice::kFallback}) {
-    auto statuses = run_ranks(2, [path](Context& ctx) {
+    auto statuses = run_ranks(2, [path](OpContext& ctx) {
       const int r = ctx.rank();
       const MemoryStats fresh = ctx.memory_stats();
       EXPECT_EQ(fresh.symmetric_bytes, 0);
@@ -188,7 +188,7 @@ class CapturingCpuBackend final : public Backend {
 };
 
 TEST(CaptureErrorTest, AWorkspaceThatWouldGrowDuringCaptureNamesItself) {
-  auto statuses = run_ranks(1, [](Context& ctx) {
+  auto statuses = run_ranks(1, [](OpContext& ctx) {
     CapturingCpuBackend backend;
     const auto allocator = make_symm_allocator(backend, ctx.group());
     SymmWorkspace workspace(*allocator, backend, size_t{4} << 20, "the test workspace");

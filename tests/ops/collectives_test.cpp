@@ -9,7 +9,7 @@ namespace {
 
 using namespace asynctp::testing;  // NOLINT(google-build-using-namespace)
 
-void check_collectives(Context& ctx, uint64_t id, Dims shape, DType dtype, Layout in_layout,
+void check_collectives(OpContext& ctx, uint64_t id, Dims shape, DType dtype, Layout in_layout,
                        Layout out_layout) {
   Backend& be = ctx.backend();
   const int ws = ctx.world_size(), rank = ctx.rank();
@@ -58,7 +58,7 @@ void check_collectives(Context& ctx, uint64_t id, Dims shape, DType dtype, Layou
   }
 }
 
-void check_all(Context& ctx) {
+void check_all(OpContext& ctx) {
   uint64_t id = 0;
   check_collectives(ctx, ++id, {3, 4}, DType::kF32, Layout::kContiguous, Layout::kContiguous);
   check_collectives(ctx, ++id, {2, 3, 4}, DType::kF32, Layout::kContiguous, Layout::kContiguous);
@@ -71,7 +71,7 @@ void check_all(Context& ctx) {
 class CollectivesTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(CollectivesTest, EveryDimThroughSymmetricMemory) {
-  auto statuses = run_ranks(GetParam(), [](Context& ctx) {
+  auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
     EXPECT_EQ(ctx.communicator().name(), "symm");
     check_all(ctx);
   });
@@ -84,7 +84,7 @@ TEST_P(CollectivesTest, EveryDimThroughTheStoreAcrossNodes) {
   options.host_id = [](int rank) { return rank % 2 == 0 ? "node-even" : "node-odd"; };
   auto statuses = run_ranks(
       GetParam(),
-      [](Context& ctx) {
+      [](OpContext& ctx) {
         EXPECT_EQ(ctx.communicator().name(), "store");
         check_all(ctx);
       },
@@ -97,7 +97,7 @@ TEST_P(CollectivesTest, InPiecesUnderASmallWorkspaceLimit) {
   options.context.max_workspace_bytes = 4 * 8 * 3;  // three f32 elements per rank at ws 8
   auto statuses = run_ranks(
       GetParam(),
-      [](Context& ctx) {
+      [](OpContext& ctx) {
         check_collectives(ctx, 50, {5, 7}, DType::kF32, Layout::kContiguous, Layout::kContiguous);
         check_collectives(ctx, 51, {3, 2, 5}, DType::kBF16, Layout::kPadded, Layout::kTransposed);
         EXPECT_LE(ctx.workspace().capacity(), ctx.workspace().max_bytes());
@@ -107,7 +107,7 @@ TEST_P(CollectivesTest, InPiecesUnderASmallWorkspaceLimit) {
 }
 
 TEST(CollectivesArgumentsTest, NameTheBadArgument) {
-  auto statuses = run_ranks(2, [](Context& ctx) {
+  auto statuses = run_ranks(2, [](OpContext& ctx) {
     OwnedTensor in = empty_host({2, 3}, DType::kF32);
     OwnedTensor out = empty_host({4, 3}, DType::kF32);
     using ::testing::HasSubstr;

@@ -21,7 +21,7 @@ OwnedTensor f32(Dims shape) {
 }
 
 TEST(AllGatherMatmulErrorsTest, NameTheArgumentAndValue) {
-  auto statuses = run_ranks(2, [](Context& ctx) {
+  auto statuses = run_ranks(2, [](OpContext& ctx) {
     const OwnedTensor a = f32({2, 3}), b = f32({3, 4}), out = f32({4, 4}), a_out = f32({4, 3});
     auto call = [&](const Tensor& a_shard, std::vector<Tensor> bs, std::vector<Tensor> outs,
                     const Tensor& gathered = {}, int gather_dim = 0) {
@@ -85,7 +85,7 @@ TEST(AllGatherMatmulErrorsTest, NameTheArgumentAndValue) {
 }
 
 TEST(AllGatherScaledMatmulErrorsTest, NameTheArgumentAndValue) {
-  auto statuses = run_ranks(2, [](Context& ctx) {
+  auto statuses = run_ranks(2, [](OpContext& ctx) {
     const OwnedTensor a = empty_host({2, 3}, DType::kF8E4M3),
                       b = empty_host({3, 4}, DType::kF8E4M3);
     const OwnedTensor out = empty_host({4, 4}, DType::kBF16), one = f32({1});
@@ -127,7 +127,7 @@ TEST(AllGatherScaledMatmulErrorsTest, NameTheArgumentAndValue) {
 }
 
 TEST(MatmulReduceScatterErrorsTest, NameTheArgumentAndValue) {
-  auto statuses = run_ranks(2, [](Context& ctx) {
+  auto statuses = run_ranks(2, [](OpContext& ctx) {
     const OwnedTensor a = f32({4, 3}), b = f32({3, 2}), out = f32({2, 2});
     auto call = [&](const Tensor& a_, const Tensor& b_, const Tensor& out_, int scatter_dim = 0) {
       return error_of([&] {
@@ -187,7 +187,7 @@ TEST(MatmulReduceScatterErrorsTest, NameTheArgumentAndValue) {
 }
 
 TEST(ScaledMatmulReduceScatterErrorsTest, NameTheArgumentAndValue) {
-  auto statuses = run_ranks(2, [](Context& ctx) {
+  auto statuses = run_ranks(2, [](OpContext& ctx) {
     const OwnedTensor a = empty_host({4, 3}, DType::kF8E4M3),
                       b = empty_host({3, 2}, DType::kF8E5M2);
     const OwnedTensor out = empty_host({2, 2}, DType::kF16), one = f32({1});
@@ -230,7 +230,7 @@ struct DeathCase {
 };
 
 // One call of the op with fixed shapes (the second call needs no new workspace).
-void call_op(Context& ctx, Op op) {
+void call_op(OpContext& ctx, Op op) {
   const int ws = ctx.world_size();
   if (op == Op::kAllGatherMatmul) {
     const OwnedTensor a = seeded({2, 3}, DType::kF32, {1}), b = seeded({3, 2}, DType::kF32, {2});
@@ -260,7 +260,7 @@ TEST_P(RankDeathTest, PeersFailWithATimeoutNamingPeerAndChannel) {
   options.run_timeout = Millis(60'000);
   auto statuses = run_ranks(
       3,
-      [c](Context& ctx) {
+      [c](OpContext& ctx) {
         call_op(ctx, c.op);  // warm-up: the workspace is allocated while everyone is alive
         expect_path(ctx,
                     c.op == Op::kAllGatherMatmul ? "all_gather_matmul" : "matmul_reduce_scatter",

@@ -140,7 +140,7 @@ TEST(PushStreams, SettingComesFromTheEnvironmentAndIsChecked) {
         for (const int bad : {0, ContextOptions::kMaxPushStreams + 1}) {
           ContextOptions options;
           options.push_streams = bad;
-          EXPECT_THAT([&] { Context::create(group, options); },
+          EXPECT_THAT([&] { OpContext::create(group, options); },
                       ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
                           fmt::format("ContextOptions::push_streams must be from 1 to {}, got {}",
                                       ContextOptions::kMaxPushStreams, bad))));

@@ -89,7 +89,7 @@ OwnedTensor product_of(Backend& be, const RsCase& c, const RankInputs& in, const
   return p;
 }
 
-void run_op(Context& ctx, const RsCase& c, const RankInputs& in, const Tensor& out,
+void run_op(OpContext& ctx, const RsCase& c, const RankInputs& in, const Tensor& out,
             const MatmulReduceScatterOptions& options) {
   if (c.scaled()) {
     scaled_matmul_reduce_scatter(ctx, in.as[0], in.a_scale, in.bs[0], in.b_scale, out, options);
@@ -101,7 +101,7 @@ void run_op(Context& ctx, const RsCase& c, const RankInputs& in, const Tensor& o
   }
 }
 
-void check_case(Context& ctx, const RsCase& c, uint64_t id) {
+void check_case(OpContext& ctx, const RsCase& c, uint64_t id) {
   SCOPED_TRACE(c.describe());
   Backend& be = ctx.backend();
   const int ws = ctx.world_size(), rank = ctx.rank();
@@ -152,7 +152,7 @@ class MatmulReduceScatterTest : public ::testing::TestWithParam<int> {
   void run_cases(const std::vector<RsCase>& cases, const HarnessOptions& options = {}) {
     auto statuses = run_ranks(
         GetParam(),
-        [&](Context& ctx) {
+        [&](OpContext& ctx) {
           for (size_t i = 0; i < cases.size(); ++i)
             check_case(ctx, cases[i], i);
         },
@@ -322,7 +322,7 @@ TEST_P(MatmulReduceScatterTest, BackToBackCallsWithSkewedRanks) {
   // slots it is still reducing from, and no landed flag of one op may pass for the next one's.
   // Shapes alternate so that the workspace grows, with empty outputs between (an op that moves
   // nothing must leave no flag behind).
-  auto statuses = run_ranks(GetParam(), [](Context& ctx) {
+  auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
     for (int iter = 0; iter < 16; ++iter) {
       if (ctx.rank() == iter % ctx.world_size()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(3));

@@ -20,7 +20,7 @@ class OpSequencesTest : public ::testing::TestWithParam<int> {};
 TEST_P(OpSequencesTest, RandomSequencesMatchTheUnfusedPathBitForBit) {
   for (const uint64_t seed : {1u, 2u}) {
     SCOPED_TRACE(fmt::format("seed {}", seed));
-    auto statuses = run_ranks(GetParam(), [&](Context& ctx) {
+    auto statuses = run_ranks(GetParam(), [&](OpContext& ctx) {
       struct Step {
         bool ag = false;
         int dim = 0;

@@ -132,7 +132,7 @@ inline void reference_reduce_scatter(Backend& backend, const Tensor& out,
   backend.reduce(out, parts, op, backend.compute_stream());
 }
 
-inline void expect_path(Context& ctx, std::string_view op, Path path,
+inline void expect_path(OpContext& ctx, std::string_view op, Path path,
                         std::string_view reason_part = "") {
   const auto last = ctx.usage().last(op);
   ASSERT_TRUE(last.has_value()) << op << " recorded no call";

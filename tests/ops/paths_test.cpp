@@ -29,7 +29,7 @@ constexpr char kMmRs[] = "matmul_reduce_scatter";
 
 // all_gather_matmul of A_shard [4, 3] (per rank) with B [3, 4] on dim 0, checked against the
 // reference; returns nothing, fails the test on a mismatch.
-void all_gather_matmul_checked(Context& ctx, std::optional<PathChoice> path) {
+void all_gather_matmul_checked(OpContext& ctx, std::optional<PathChoice> path) {
   Backend& be = ctx.backend();
   std::vector<OwnedTensor> shards;
   for (int r = 0; r < ctx.world_size(); ++r)
@@ -47,7 +47,7 @@ void all_gather_matmul_checked(Context& ctx, std::optional<PathChoice> path) {
 }
 
 // matmul_reduce_scatter of A [2 * ws, 3] @ B [3, 4] (per rank) on dim 0, checked likewise.
-void matmul_reduce_scatter_checked(Context& ctx, std::optional<PathChoice> path) {
+void matmul_reduce_scatter_checked(OpContext& ctx, std::optional<PathChoice> path) {
   Backend& be = ctx.backend();
   const int ws = ctx.world_size();
   std::vector<OwnedTensor> as, bs, products;
@@ -69,7 +69,7 @@ void matmul_reduce_scatter_checked(Context& ctx, std::optional<PathChoice> path)
 class PathsTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(PathsTest, CallerForcesTheFallbackPerOp) {
-  auto statuses = run_ranks(GetParam(), [](Context& ctx) {
+  auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
     all_gather_matmul_checked(ctx, PathChoice::kFallback);
     expect_path(ctx, kAgMm, Path::kFallback, "the caller asked for the fallback");
     all_gather_matmul_checked(ctx, std::nullopt);
@@ -101,7 +101,7 @@ TEST_P(PathsTest, ContextDefaultPathAndPerOpOverride) {
   options.context.path = PathChoice::kFallback;
   auto statuses = run_ranks(
       GetParam(),
-      [](Context& ctx) {
+      [](OpContext& ctx) {
         all_gather_matmul_checked(ctx, std::nullopt);
         expect_path(ctx, kAgMm, Path::kFallback, "the caller asked for the fallback");
         matmul_reduce_scatter_checked(ctx, std::nullopt);
@@ -132,7 +132,7 @@ TEST_P(PathsTest, WorkspaceLimitTooSmallTakesTheFallback) {
   options.context.max_workspace_bytes = std::max(20, 4 * ws);
   auto statuses = run_ranks(
       ws,
-      [ws](Context& ctx) {
+      [ws](OpContext& ctx) {
         const size_t limit = ctx.workspace().max_bytes();
         all_gather_matmul_checked(ctx, std::nullopt);
         expect_path(ctx, kAgMm, Path::kFallback,
@@ -167,7 +167,7 @@ TEST_P(PathsTest, WorkspaceLimitExactlyLargeEnoughStaysFused) {
   options.context.max_workspace_bytes = ag_workspace_bytes(ws);  // to the byte
   auto statuses = run_ranks(
       ws,
-      [ws](Context& ctx) {
+      [ws](OpContext& ctx) {
         all_gather_matmul_checked(ctx, std::nullopt);
         expect_path(ctx, kAgMm, Path::kSplit);
         EXPECT_EQ(ctx.push_workspace().capacity(), ag_workspace_bytes(ws));
@@ -183,7 +183,7 @@ TEST_P(PathsTest, WorkspaceLimitZeroTurnsSymmetricMemoryOff) {
   options.context.max_workspace_bytes = 0;
   auto statuses = run_ranks(
       GetParam(),
-      [](Context& ctx) {
+      [](OpContext& ctx) {
         all_gather_matmul_checked(ctx, std::nullopt);
         expect_path(ctx, kAgMm, Path::kFallback, "the limit is 0");
         matmul_reduce_scatter_checked(ctx, std::nullopt);
@@ -201,7 +201,7 @@ TEST_P(PathsTest, GroupSpanningNodesTakesTheFallback) {
   options.host_id = [](int rank) { return fmt::format("host{}", rank % 2); };
   auto statuses = run_ranks(
       ws,
-      [](Context& ctx) {
+      [](OpContext& ctx) {
         const std::string reason = "the group spans 2 nodes; shared memory reaches one node only";
         all_gather_matmul_checked(ctx, std::nullopt);
         expect_path(ctx, kAgMm, Path::kFallback, reason);
@@ -220,7 +220,7 @@ TEST_P(PathsTest, GroupSpanningNodesTakesTheFallback) {
 // The native path needs the async-input GEMM (CUDA on Hopper): asked for on the CPU backend it
 // fails saying why; under auto the ops stay on the split path without measuring anything.
 TEST_P(PathsTest, NativeRequestedWhereItCannotRunSaysWhy) {
-  auto statuses = run_ranks(GetParam(), [](Context& ctx) {
+  auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
     EXPECT_THAT(
         error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kNative); }),
         HasSubstr("the native path was requested but cannot run: the cpu backend has no native"));
@@ -240,7 +240,7 @@ constexpr Path kOverlapped[] = {Path::kNative, Path::kSplit};
 constexpr Path kAllPaths[] = {Path::kNative, Path::kSplit, Path::kFallback};
 
 // Runs `body` on `ranks` ranks without a dispatch cache; the test fails where a rank fails.
-void on_ranks_without_cache(int ranks, const std::function<void(Context&)>& body) {
+void on_ranks_without_cache(int ranks, const std::function<void(OpContext&)>& body) {
   HarnessOptions options;
   options.context.dispatch_cache = "off";
   auto statuses = run_ranks(ranks, body, options);
@@ -272,7 +272,7 @@ TEST(DispatcherTest, CacheLocationFollowsTheEnvironment) {
 // win (the op ends when its slowest rank ends; the bench reports the slowest rank too), on every
 // rank alike, with the slowest rank's times in the decision.
 TEST(DispatcherTest, ChoosesByTheSlowestRank) {
-  on_ranks_without_cache(2, [](Context& ctx) {
+  on_ranks_without_cache(2, [](OpContext& ctx) {
     using Ms = std::chrono::duration<double, std::milli>;
     // Margins of 10 ms: a loaded 2-core machine oversleeps by a few ms.
     const double native_ms = ctx.rank() == 0 ? 1.0 : 30.0;  // mean 15.5, slowest 30
@@ -309,7 +309,7 @@ TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
   HarnessOptions options;
   options.context.dispatch_cache = file.string();
   // Native much slower than split: the stale entry said native.
-  auto pick = [](Context& ctx, int* runs) {
+  auto pick = [](OpContext& ctx, int* runs) {
     return ctx.dispatcher().pick("test|stale", kOverlapped, [&](Path p) {
       ++*runs;
       std::this_thread::sleep_for(std::chrono::milliseconds(p == Path::kNative ? 12 : 1));
@@ -319,7 +319,7 @@ TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
   auto pick_on_ranks = [&](bool measured) {
     auto statuses = run_ranks(
         2,
-        [&](Context& ctx) {
+        [&](OpContext& ctx) {
           int runs = 0;
           EXPECT_EQ(pick(ctx, &runs), Path::kSplit);
           if (measured) {
@@ -355,7 +355,7 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
   options.context.dispatch_cache = file.string();
   auto statuses = run_ranks(
       2,
-      [](Context& ctx) {
+      [](OpContext& ctx) {
         std::map<Path, int> runs;
         // Margins of 10 ms and more (see ChoosesByTheSlowestRank).
         const Path path =
@@ -395,7 +395,7 @@ TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
   options.context.dispatch_cache = file.string();
   auto statuses = run_ranks(
       2,
-      [](Context& ctx) {
+      [](OpContext& ctx) {
         const Path candidates[] = {Path::kSplit, Path::kFallback};
         int runs = 0;
         const Path path = ctx.dispatcher().pick("test|gone", candidates, [&](Path p) {
@@ -415,7 +415,7 @@ TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
 // One candidate is no choice: taken without running anything or talking to the other ranks (a
 // rank whose only candidate is the fallback must not wait in an exchange the others skip).
 TEST(DispatcherTest, SingleCandidateIsTakenUnmeasured) {
-  on_ranks_without_cache(2, [](Context& ctx) {
+  on_ranks_without_cache(2, [](OpContext& ctx) {
     const Path only[] = {Path::kFallback};
     int runs = 0;
     EXPECT_EQ(ctx.dispatcher().pick("test|one", only, [&](Path) { ++runs; }), Path::kFallback);
@@ -427,7 +427,7 @@ TEST(DispatcherTest, SingleCandidateIsTakenUnmeasured) {
 // Ranks that can run different paths choose among those all of them can run, alike: measured
 // where two or more remain, taken unmeasured where one does.
 TEST(DispatcherTest, ChoosesAmongThePathsEveryRankCanRun) {
-  on_ranks_without_cache(2, [](Context& ctx) {
+  on_ranks_without_cache(2, [](OpContext& ctx) {
     // Rank 1 cannot run the native path (which would be fastest).
     const std::vector<Path> offered =
         ctx.rank() == 0 ? std::vector<Path>{Path::kNative, Path::kSplit, Path::kFallback}
@@ -451,7 +451,7 @@ TEST(DispatcherTest, ChoosesAmongThePathsEveryRankCanRun) {
 }
 
 TEST(DispatcherTest, RejectsNoCandidateOrOneTwice) {
-  on_ranks_without_cache(1, [](Context& ctx) {
+  on_ranks_without_cache(1, [](OpContext& ctx) {
     auto run = [](Path) { FAIL() << "nothing may run"; };
     EXPECT_THAT([&] { ctx.dispatcher().pick("test|none", {}, run); },
                 ThrowsMessage<Error>(HasSubstr("no path can run test|none")));

@@ -7,7 +7,7 @@ namespace asynctp {
 namespace {
 
 TEST(OpsSmoke, AllGatherMatmulRunsFusedOnFourRanks) {
-  auto statuses = testing::run_ranks(4, [](Context& ctx) {
+  auto statuses = testing::run_ranks(4, [](OpContext& ctx) {
     OwnedTensor a = empty_host({2, 3}, DType::kF32);
     OwnedTensor b = empty_host({3, 2}, DType::kF32);
     OwnedTensor out = empty_host({8, 2}, DType::kF32);

@@ -19,18 +19,19 @@ namespace {
 using namespace asynctp::testing;  // NOLINT(google-build-using-namespace)
 
 // The collectives take (ctx, out, in): in one place here, so a change of order is one edit.
-void gather_into(Context& ctx, const Tensor& in, const Tensor& out, int dim) {
+void gather_into(OpContext& ctx, const Tensor& in, const Tensor& out, int dim) {
   all_gather(ctx, in, out, dim);
 }
 
-void expect_overlapped(Context& ctx, std::string_view op) {
+void expect_overlapped(OpContext& ctx, std::string_view op) {
   const auto last = ctx.usage().last(op);
   ASSERT_TRUE(last.has_value()) << op << " recorded no call";
   EXPECT_NE(last->path, Path::kFallback) << op << " fell back: " << last->reason;
 }
 
 // all_gather_matmul on the TP group: A_shard [s, k] -AG(g)-> A; outs[i] = A @ Bs[i].
-void check_all_gather_matmul(Context& tp, int tp_index, uint64_t id, DType dtype, int gather_dim) {
+void check_all_gather_matmul(OpContext& tp, int tp_index, uint64_t id, DType dtype,
+                             int gather_dim) {
   SCOPED_TRACE(fmt::format("all_gather_matmul, TP group {}, {}, gather_dim {}", tp_index, dtype,
                            gather_dim));
   Backend& be = tp.backend();
@@ -72,7 +73,7 @@ void check_all_gather_matmul(Context& tp, int tp_index, uint64_t id, DType dtype
 }
 
 // matmul_reduce_scatter on the TP group: out = RS(A [m, k] @ B [k, n], scatter_dim).
-void check_matmul_reduce_scatter(Context& tp, int tp_index, uint64_t id, DType dtype,
+void check_matmul_reduce_scatter(OpContext& tp, int tp_index, uint64_t id, DType dtype,
                                  int scatter_dim) {
   SCOPED_TRACE(fmt::format("matmul_reduce_scatter, TP group {}, {}, scatter_dim {}", tp_index,
                            dtype, scatter_dim));
@@ -105,7 +106,7 @@ void check_matmul_reduce_scatter(Context& tp, int tp_index, uint64_t id, DType d
 }
 
 // all_reduce and all_gather on the DP group (or the world): inputs seeded by global rank.
-void check_collectives(Context& ctx, const char* name, uint64_t id) {
+void check_collectives(OpContext& ctx, const char* name, uint64_t id) {
   SCOPED_TRACE(fmt::format("collectives on the {} group", name));
   Backend& be = ctx.backend();
   const Dims shape = {3, 4};
@@ -136,9 +137,9 @@ TEST(Subgroups, TensorParallelOnTheRowsOfATwoByTwoMesh) {
         auto dp_group = world->split(std::vector<int>{column, column + 2});
         ASSERT_EQ(tp_group->rank(), column);
         ASSERT_EQ(dp_group->rank(), row);
-        auto tp = Context::create(tp_group, options.context);
-        auto dp = Context::create(dp_group, options.context);
-        auto all = Context::create(world, options.context);
+        auto tp = OpContext::create(tp_group, options.context);
+        auto dp = OpContext::create(dp_group, options.context);
+        auto all = OpContext::create(world, options.context);
         uint64_t id = 0;
         for (int round = 0; round < 2; ++round) {
           for (DType dtype : {DType::kF32, DType::kBF16}) {

@@ -22,7 +22,7 @@ std::vector<std::string> labels_of(const std::vector<OpTrace::Mark>& marks) {
 }
 
 TEST(OpTrace, MarksTheStepsOfBothSplitPathsInOrder) {
-  auto statuses = testing::run_ranks(3, [](Context& ctx) {
+  auto statuses = testing::run_ranks(3, [](OpContext& ctx) {
     const int r = ctx.rank();
     OwnedTensor a_shard = empty_host({2, 4}, DType::kF32);
     OwnedTensor b = empty_host({4, 3}, DType::kF32);

@@ -20,7 +20,7 @@ namespace asynctp::testing {
 // (< 0: the dtype's default), 0 meaning bit for bit.
 inline void expect_same_outputs(const graph::Graph& original, const graph::Graph& transformed,
                                 double tolerance = -1, uint64_t seed = 7) {
-  auto statuses = run_ranks(original.world_size, [&](Context& ctx) {
+  auto statuses = run_ranks(original.world_size, [&](OpContext& ctx) {
     const graph::Inputs inputs = graph::random_inputs(original, ctx.rank(), seed);
     const auto ref = graph::execute(ctx, original, inputs);
     const auto got = graph::execute(ctx, transformed, inputs);

@@ -112,7 +112,7 @@ TEST(Stress, RandomGraphsStayValidSortedAndEqual) {
     transformed.push_back(std::move(g));
   }
   // One set of processes runs every pair (forking per graph would dominate the run time).
-  auto statuses = run_ranks(kWs, [&](Context& ctx) {
+  auto statuses = run_ranks(kWs, [&](OpContext& ctx) {
     for (size_t i = 0; i < originals.size(); ++i) {
       const graph::Inputs inputs = graph::random_inputs(originals[i], ctx.rank(), 100 + i);
       const auto ref = graph::execute(ctx, originals[i], inputs);

@@ -138,13 +138,13 @@ std::vector<RankStatus> run_processes(int world_size,
   return statuses;
 }
 
-std::vector<RankStatus> run_ranks(int world_size, const std::function<void(Context&)>& body,
+std::vector<RankStatus> run_ranks(int world_size, const std::function<void(OpContext&)>& body,
                                   const HarnessOptions& options) {
   return run_processes(
       world_size,
       [&](const RendezvousInfo& info) {
         auto group = Group::create(info, rank_group_options(options, info.rank));
-        auto ctx = Context::create(group, options.context);
+        auto ctx = OpContext::create(group, options.context);
         body(*ctx);
       },
       options);

@@ -47,8 +47,8 @@ std::vector<RankStatus> run_processes(int world_size,
                                       const std::function<void(const RendezvousInfo&)>& body,
                                       const HarnessOptions& options = {});
 
-// Runs body(ctx) on every rank with a Group and Context built from the options.
-std::vector<RankStatus> run_ranks(int world_size, const std::function<void(Context&)>& body,
+// Runs body(ctx) on every rank with a Group and OpContext built from the options.
+std::vector<RankStatus> run_ranks(int world_size, const std::function<void(OpContext&)>& body,
                                   const HarnessOptions& options = {});
 
 // The group options a rank of run_processes should use (store served by the harness).

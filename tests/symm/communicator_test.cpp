@@ -71,7 +71,7 @@ TEST_P(CommunicatorTest, AllGatherReduceScatterAllReduce) {
   const CommCase param = GetParam();
   auto statuses = testing::run_ranks(
       param.world_size,
-      [param](Context& ctx) {
+      [param](OpContext& ctx) {
         const int ws = ctx.world_size(), rank = ctx.rank();
         Communicator& comm = ctx.communicator();
         EXPECT_EQ(comm.name(), param.spans_nodes && ws > 1 ? "store" : "symm");
@@ -130,7 +130,7 @@ TEST_P(CommunicatorTest, InputsLargerThanTheWorkspaceGoInPieces) {
   const CommCase param = GetParam();
   auto statuses = testing::run_ranks(
       param.world_size,
-      [](Context& ctx) {
+      [](OpContext& ctx) {
         const int ws = ctx.world_size(), rank = ctx.rank();
         const Dims shape{37, 11};  // 407 elements per rank: many pieces under a small limit
         Dims gathered = shape;
@@ -172,7 +172,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, CommunicatorTest,
                          comm_case_name);
 
 TEST(SymmCommunicatorTest, WorkspaceTooSmallForOneElementPerRankIsAnError) {
-  auto statuses = testing::run_ranks(4, [](Context& ctx) {
+  auto statuses = testing::run_ranks(4, [](OpContext& ctx) {
     auto allocator = make_cpu_symm_allocator(ctx.group());
     SymmWorkspace workspace(*allocator, ctx.backend(),
                             8);  // 4 ranks need 16 bytes to reduce-scatter
@@ -194,7 +194,7 @@ TEST(SymmCommunicatorTest, ContextUsesTheStoreUnderATinyWorkspaceLimit) {
     options.context.max_workspace_bytes = limit;
     auto statuses = testing::run_ranks(
         4,
-        [](Context& ctx) {
+        [](OpContext& ctx) {
           EXPECT_EQ(ctx.communicator().name(), "store");
           OwnedTensor in = empty_host({4, 2}, DType::kF32);
           testing::fill_value(in, static_cast<float>(ctx.rank()));
@@ -209,12 +209,12 @@ TEST(SymmCommunicatorTest, ContextUsesTheStoreUnderATinyWorkspaceLimit) {
   testing::HarnessOptions options;
   options.context.max_workspace_bytes = 16;
   auto statuses = testing::run_ranks(
-      4, [](Context& ctx) { EXPECT_EQ(ctx.communicator().name(), "symm"); }, options);
+      4, [](OpContext& ctx) { EXPECT_EQ(ctx.communicator().name(), "symm"); }, options);
   EXPECT_RANKS_OK(statuses);
 }
 
 TEST(SymmCommunicatorTest, ChecksItsArguments) {
-  auto statuses = testing::run_ranks(2, [](Context& ctx) {
+  auto statuses = testing::run_ranks(2, [](OpContext& ctx) {
     OwnedTensor in = empty_host({2, 3}, DType::kF32);
     OwnedTensor out = empty_host({2, 3}, DType::kF32);
     EXPECT_THAT(testing::error_of([&] { ctx.communicator().all_gather(out, in, ctx.stream()); }),

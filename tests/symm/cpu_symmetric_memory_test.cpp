@@ -30,7 +30,7 @@ std::string world_name(const ::testing::TestParamInfo<int>& info) {
 }
 
 TEST_P(SymmWorldTest, EveryRankSeesEveryPeersWrites) {
-  auto statuses = testing::run_ranks(world_size(), [](Context& ctx) {
+  auto statuses = testing::run_ranks(world_size(), [](OpContext& ctx) {
     auto allocator = make_cpu_symm_allocator(ctx.group());
     ASSERT_EQ(allocator->unavailable_reason(), "");
     const int rank = ctx.rank(), ws = ctx.world_size();
@@ -70,7 +70,7 @@ TEST_P(SymmWorldTest, EveryRankSeesEveryPeersWrites) {
 // reset_and_barrier: the flags a rank owns (peers raise them, as the native all-gather's ready
 // flags) read 0 on every peer past the barrier, and nothing else on the pad changes.
 TEST_P(SymmWorldTest, ResetAndBarrierClearsTheOwnFlagsForEveryPeer) {
-  auto statuses = testing::run_ranks(world_size(), [](Context& ctx) {
+  auto statuses = testing::run_ranks(world_size(), [](OpContext& ctx) {
     auto allocator = make_cpu_symm_allocator(ctx.group());
     auto sm = allocator->allocate(64);
     const int rank = ctx.rank(), ws = ctx.world_size();
@@ -103,7 +103,7 @@ TEST_P(SymmWorldTest, ResetAndBarrierClearsTheOwnFlagsForEveryPeer) {
 }
 
 TEST_P(SymmWorldTest, SignalHandshakesOnSeveralChannelsWithoutReset) {
-  auto statuses = testing::run_ranks(world_size(), [](Context& ctx) {
+  auto statuses = testing::run_ranks(world_size(), [](OpContext& ctx) {
     auto allocator = make_cpu_symm_allocator(ctx.group());
     auto sm = allocator->allocate(sizeof(int64_t) * kNumChannels);
     const int rank = ctx.rank(), ws = ctx.world_size();
@@ -160,7 +160,7 @@ TEST_P(SymmWorldTest, SignalHandshakesOnSeveralChannelsWithoutReset) {
 }
 
 TEST_P(SymmWorldTest, BarrierOrdersWritesRepeatedly) {
-  auto statuses = testing::run_ranks(world_size(), [](Context& ctx) {
+  auto statuses = testing::run_ranks(world_size(), [](OpContext& ctx) {
     auto allocator = make_cpu_symm_allocator(ctx.group());
     const int rank = ctx.rank(), ws = ctx.world_size();
     auto sm = allocator->allocate(sizeof(int32_t));
@@ -183,7 +183,7 @@ TEST(SymmTimeoutTest, WaitOnSilentPeerNamesRankPeerAndChannel) {
   options.group_timeout = Millis(2000);  // also bounds group startup: not too tight under ASan
   auto statuses = testing::run_ranks(
       3,
-      [](Context& ctx) {
+      [](OpContext& ctx) {
         auto allocator = make_cpu_symm_allocator(ctx.group());
         auto sm = allocator->allocate(64);
         const std::string done_key = "test/timeout-done";
@@ -224,7 +224,7 @@ TEST(SymmTimeoutTest, TimeoutIsATimeoutErrorForBarriersToo) {
   options.group_timeout = Millis(2000);  // also bounds group startup: not too tight under ASan
   auto statuses = testing::run_ranks(
       2,
-      [](Context& ctx) {
+      [](OpContext& ctx) {
         auto allocator = make_cpu_symm_allocator(ctx.group());
         auto sm = allocator->allocate(64);
         if (ctx.rank() == 0) {
@@ -241,7 +241,7 @@ TEST(SymmTimeoutTest, TimeoutIsATimeoutErrorForBarriersToo) {
 }
 
 TEST(SymmArgumentsTest, PeerChannelAndViewBoundsAreChecked) {
-  auto statuses = testing::run_ranks(2, [](Context& ctx) {
+  auto statuses = testing::run_ranks(2, [](OpContext& ctx) {
     auto allocator = make_cpu_symm_allocator(ctx.group());
     auto sm = allocator->allocate(256);
     EXPECT_THAT(error_of([&] { sm->buffer_ptr(2); }),
@@ -263,7 +263,7 @@ TEST(SymmArgumentsTest, PeerChannelAndViewBoundsAreChecked) {
 }
 
 TEST(SymmAllocationTest, SizeMismatchBetweenRanksIsAClearErrorOnEveryRank) {
-  auto statuses = testing::run_ranks(3, [](Context& ctx) {
+  auto statuses = testing::run_ranks(3, [](OpContext& ctx) {
     auto allocator = make_cpu_symm_allocator(ctx.group());
     const size_t bytes = ctx.rank() == 2 ? 2048 : 1024;
     const std::string msg = error_of([&] { allocator->allocate(bytes); });
@@ -279,7 +279,7 @@ TEST(SymmAllocationTest, SizeMismatchBetweenRanksIsAClearErrorOnEveryRank) {
 }
 
 TEST(SymmAllocationTest, SeveralAllocationsAreIndependent) {
-  auto statuses = testing::run_ranks(3, [](Context& ctx) {
+  auto statuses = testing::run_ranks(3, [](OpContext& ctx) {
     auto allocator = make_cpu_symm_allocator(ctx.group());
     auto a = allocator->allocate(4096 * 3 + 8);
     auto b = allocator->allocate(16);
@@ -304,7 +304,7 @@ TEST(SymmAllocationTest, GroupSpanningNodesHasNoSymmetricMemory) {
   options.host_id = [](int rank) { return rank < 2 ? "node-a" : "node-b"; };
   auto statuses = testing::run_ranks(
       4,
-      [](Context& ctx) {
+      [](OpContext& ctx) {
         auto allocator = make_cpu_symm_allocator(ctx.group());
         EXPECT_EQ(allocator->unavailable_reason(),
                   "the group spans 2 nodes; shared memory reaches one node only");
@@ -316,7 +316,7 @@ TEST(SymmAllocationTest, GroupSpanningNodesHasNoSymmetricMemory) {
 }
 
 TEST(SymmWorkspaceTest, GrowsOnDemandUpToItsLimit) {
-  auto statuses = testing::run_ranks(3, [](Context& ctx) {
+  auto statuses = testing::run_ranks(3, [](OpContext& ctx) {
     auto allocator = make_cpu_symm_allocator(ctx.group());
     constexpr size_t kMiB = size_t{1} << 20;
     SymmWorkspace ws(*allocator, ctx.backend(), 3 * kMiB + 100);

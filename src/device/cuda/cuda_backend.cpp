@@ -351,7 +351,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     validate_gemm(args);
     // GEMMs on the caller's streams (wrapped, not owned) take one of two workspace keys: one
     // for eager calls, one for calls captured into CUDA graphs. Eager ops never overlap each
-    // other (an op waits on its stream for the op before it, Context::StreamScope), nor do the
+    // other (an op waits on its stream for the op before it, OpContext::StreamScope), nor do the
     // replays of graphs that hold GEMMs (like the native GEMM's split workspace, below); a graph
     // replayed beside eager ops on another stream has a workspace of its own. A stream first
     // seen during capture (torch.cuda.graph's own) finds the captured key's workspace, made as

@@ -114,7 +114,7 @@ TEST_P(AllGatherMatmulGpu, MatchesHostReference) {
   if (c.pieces) options.context.push_piece_bytes = 1;
   auto statuses = run_ranks(
       c.ws,
-      [&](Context& ctx) {
+      [&](OpContext& ctx) {
         const int ws = ctx.world_size();
         const int g = c.gather_dim < 0 ? c.gather_dim + shard_shape.size() : c.gather_dim;
         Dims full = shard_shape;
@@ -242,7 +242,7 @@ TEST_P(MatmulReduceScatterGpu, MatchesHostReferenceAndIsDeterministic) {
   const Dims a_shape(std::span<const int64_t>(c.a));
   auto statuses = run_ranks(
       c.ws,
-      [&](Context& ctx) {
+      [&](OpContext& ctx) {
         const int ws = ctx.world_size();
         const int64_t k = a_shape.back();
         const int64_t rows = a_shape.product() / k;
@@ -352,7 +352,7 @@ TEST_P(ScaledGpu, BothOpsMatchHostReference) {
   SKIP_UNLESS_GPUS(2);
   auto statuses = run_ranks(
       2,
-      [&](Context& ctx) {
+      [&](OpContext& ctx) {
         const int ws = ctx.world_size();
         const int64_t ms = 64, k = 128, n = 96;
         const uint64_t r = static_cast<uint64_t>(ctx.rank());
@@ -443,7 +443,7 @@ TEST(FusedOpsGpu, CapturedInACudaGraphAndReplayedWithNewInputs) {
       if (gpu_rank_slots() < ws) continue;
       auto statuses = run_ranks(
           ws,
-          [&](Context& ctx) {
+          [&](OpContext& ctx) {
             const int64_t ms = 128, k = 256, n = 192;
             const uint64_t r = static_cast<uint64_t>(ctx.rank());
             DeviceTensor a =
@@ -518,7 +518,7 @@ TEST(FusedOpsGpu, DispatcherMeasuresOnceAndCachesOnDisk) {
     for (int round = 0; round < 2; ++round) {
       auto statuses = run_ranks(
           ws,
-          [&](Context& ctx) {
+          [&](OpContext& ctx) {
             const uint64_t r = static_cast<uint64_t>(ctx.rank());
             DeviceTensor a =
                 upload_seeded(ctx, {512, 512}, DType::kBF16, seed_of({31, r}), Values::kRandom);
@@ -564,7 +564,7 @@ TEST(FusedOpsGpu, CaptureRefusesToGrowTheWorkspace) {
   SKIP_UNLESS_GPUS(2);
   auto statuses = run_ranks(
       2,
-      [&](Context& ctx) {
+      [&](OpContext& ctx) {
         DeviceTensor a = upload_seeded(ctx, {64, 64}, DType::kBF16, seed_of({31}), Values::kRandom);
         DeviceTensor b = upload_seeded(ctx, {64, 64}, DType::kBF16, seed_of({32}), Values::kRandom);
         OwnedTensor out = device_empty(ctx, {128, 64}, DType::kBF16);
@@ -586,7 +586,7 @@ TEST(FusedOpsGpu, NativeAllGatherTakesAStridedShard) {
   SKIP_UNLESS_GPUS(2);
   auto statuses = run_ranks(
       2,
-      [&](Context& ctx) {
+      [&](OpContext& ctx) {
         const int ws = ctx.world_size();
         const int64_t rows = 256, k = 64, n = 96;
         std::vector<std::vector<float>> shards;
@@ -639,7 +639,7 @@ TEST(FusedOpsGpu, LayersBackToBackOnEveryPath) {
     options.context.gemm_streams = gemm_streams;
     auto statuses = run_ranks(
         2,
-        [&](Context& ctx) {
+        [&](OpContext& ctx) {
           const int ws = ctx.world_size();
           const uint64_t me = static_cast<uint64_t>(ctx.rank());
           const Dims shard{256, 256}, a2_shape{512, 384};
@@ -705,7 +705,7 @@ TEST(FusedOpsGpu, AllGatherBuffersAcrossEagerOpsAndReplaysOfBothPaths) {
       options.context.push_piece_bytes = piece_bytes;
       auto statuses = run_ranks(
           ws,
-          [&](Context& ctx) {
+          [&](OpContext& ctx) {
             const int64_t rows = 256, k = 128, n = 256;
             const std::string steps = "NNGFHNFGHFFNG";
             const int count = static_cast<int>(steps.size());
@@ -797,7 +797,7 @@ TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
     if (gpu_rank_slots() < ws) continue;
     auto statuses = run_ranks(
         ws,
-        [&](Context& ctx) {
+        [&](OpContext& ctx) {
           const int64_t rows = 128, k = 128, n = 256, m = rows * ws;
           const std::string steps = "FFNFGFNGHGFHNHF";
           const int count = static_cast<int>(steps.size());
@@ -885,7 +885,7 @@ TEST(FusedOpsGpu, NativeReduceScatterPushesOnSeveralStreams) {
       options.context.push_streams = streams;
       auto statuses = run_ranks(
           ws,
-          [&](Context& ctx) {
+          [&](OpContext& ctx) {
             const int64_t rows = 1024, k = 64, n = 8192, m = rows * ws;
             ASSERT_EQ(detail::native_rs_pieces(n, rows * n * 2).count, 4);
             const uint64_t me = static_cast<uint64_t>(ctx.rank());
@@ -965,7 +965,7 @@ TEST(FusedOpsGpu, NativeReduceScatterRepeatsAmongOtherOps) {
       SCOPED_TRACE(fmt::format("world size {}, steps {}", ws, steps));
       auto statuses = run_ranks(
           ws,
-          [&](Context& ctx) {
+          [&](OpContext& ctx) {
             const int64_t m = 512, k = 256, n = 384;
             const uint64_t me = static_cast<uint64_t>(ctx.rank());
             DeviceTensor a =
@@ -1021,7 +1021,7 @@ TEST(FusedOpsGpu, RandomSequencesOfOpsMatchTheUnfusedPath) {
       SCOPED_TRACE(fmt::format("world size {}, seed {}", ws, seed));
       auto statuses = run_ranks(
           ws,
-          [&](Context& ctx) {
+          [&](OpContext& ctx) {
             struct Step {
               bool ag;
               PathChoice path;
@@ -1095,7 +1095,7 @@ TEST(FusedOpsGpu, RandomSequencesOfOpsMatchTheUnfusedPath) {
   }
 }
 
-// An op that threw midway leaves a flag stream it used unjoined (Context::forget_flag_streams):
+// An op that threw midway leaves a flag stream it used unjoined (OpContext::forget_flag_streams):
 // the next op, captured into a CUDA graph, must not join that stream into the capture, which
 // it is no part of. Simulated by queueing on flag stream 1 directly, then capturing a native
 // matmul_reduce_scatter that uses flag stream 0 only (ws 2: one peer chunk, small enough to go
@@ -1106,7 +1106,7 @@ TEST(FusedOpsGpu, CaptureAfterAFlagStreamLeftUnjoined) {
   options.context.push_streams = 2;
   auto statuses = run_ranks(
       2,
-      [&](Context& ctx) {
+      [&](OpContext& ctx) {
         const int64_t rows = 128, k = 64, n = 256, m = 2 * rows;
         ASSERT_EQ(detail::native_rs_pieces(n, rows * n * 2).count, 1);
         const uint64_t me = static_cast<uint64_t>(ctx.rank());
@@ -1141,7 +1141,7 @@ void expect_missing_rank_times_out(PathChoice path, int64_t shard_rows,
                                    std::initializer_list<const char*> names) {
   auto statuses = run_ranks(
       2,
-      [&](Context& ctx) {
+      [&](OpContext& ctx) {
         DeviceTensor a =
             upload_seeded(ctx, {shard_rows, 64}, DType::kBF16, seed_of({41}), Values::kRandom);
         DeviceTensor b = upload_seeded(ctx, {64, 64}, DType::kBF16, seed_of({42}), Values::kRandom);
@@ -1188,7 +1188,7 @@ TEST(FusedOpsGpu, FallbackThroughNcclMatchesReference) {
   SKIP_UNLESS_GPUS(2);
   auto statuses = run_ranks(
       2,
-      [&](Context& ctx) {
+      [&](OpContext& ctx) {
         EXPECT_EQ(ctx.communicator().name(), cuda_ranks_per_gpu() == 1 ? "nccl" : "symm");
         const int ws = ctx.world_size();
         const int64_t ms = 64, k = 96, n = 80;

@@ -45,7 +45,7 @@ struct DeviceTensor {
   const Tensor& operator*() const { return device.tensor; }
 };
 
-inline DeviceTensor upload_seeded(Context& ctx, Dims shape, DType dtype, uint64_t seed,
+inline DeviceTensor upload_seeded(OpContext& ctx, Dims shape, DType dtype, uint64_t seed,
                                   Values kind) {
   DeviceTensor t;
   t.host = empty_host(shape, dtype);
@@ -57,13 +57,13 @@ inline DeviceTensor upload_seeded(Context& ctx, Dims shape, DType dtype, uint64_
   return t;
 }
 
-inline OwnedTensor device_empty(Context& ctx, Dims shape, DType dtype) {
+inline OwnedTensor device_empty(OpContext& ctx, Dims shape, DType dtype) {
   Buffer buf = ctx.backend().allocate(static_cast<size_t>(shape.product()) * element_size(dtype));
   Tensor view = buf.view(shape, dtype);
   return {std::move(buf), view};
 }
 
-inline OwnedTensor download(Context& ctx, const Tensor& device) {
+inline OwnedTensor download(OpContext& ctx, const Tensor& device) {
   OwnedTensor host = empty_host(device.shape(), device.dtype());
   ctx.backend().copy(host, device, ctx.stream());
   ctx.backend().synchronize();
