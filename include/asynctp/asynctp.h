@@ -1,14 +1,12 @@
-// asynctp: asynchronous tensor parallelism. The one header users include.
+// asynctp: asynchronous tensor parallelism. The one header C++ users include: tensors, groups
+// (and their stores), contexts, the ops and the errors. C users include asynctp_c.h instead.
 #pragma once
 
+#include <asynctp/context.h>
+#include <asynctp/dims.h>
+#include <asynctp/dtype.h>
+#include <asynctp/errors.h>
 #include <asynctp/group.h>
+#include <asynctp/ops.h>
+#include <asynctp/store.h>
 #include <asynctp/tensor.h>
-#include "core/buffer.h"
-#include "core/dtype.h"
-#include "core/error.h"
-#include "device/backend.h"
-#include "ops/collectives.h"
-#include "ops/context.h"
-#include "ops/fused_matmul.h"
-#include "runtime/launcher.h"
-#include "symm/symmetric_memory.h"

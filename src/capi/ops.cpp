@@ -124,7 +124,7 @@ asynctp_status asynctp_all_gather_scaled_matmul(asynctp_context ctx, const async
     const std::vector<Tensor> bsc = tensors_of(b_scales, num_bs, "b_scales", "num_bs", c);
     const std::vector<Tensor> o = tensors_of(outs, num_bs, "outs", "num_bs", c);
     const Tensor ao = optional_tensor_of(a_out, "a_out", c);
-    // A valid request the op cannot serve (ops/fused_matmul.h): each shard of the contraction
+    // A valid request the op cannot serve (asynctp/ops.h): each shard of the contraction
     // dim would carry its own scale.
     if (a.dim() >= 1 && (gather_dim == a.dim() - 1 || gather_dim == -1))
       unsupported(

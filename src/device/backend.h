@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include <asynctp/ops.h>
 #include <asynctp/tensor.h>
 #include "core/buffer.h"
 #include "core/dtype.h"
@@ -38,10 +39,6 @@ class Event {
   // Milliseconds from `start` to this event (both recorded and complete).
   virtual float elapsed_ms(const Event& start) const = 0;
 };
-
-enum class ReduceOp : uint8_t { kSum, kAvg };
-std::string_view reduce_op_name(ReduceOp op);
-ReduceOp parse_reduce_op(std::string_view text);
 
 enum class UnaryOp : uint8_t { kSilu, kRelu, kGelu };
 

@@ -1,4 +1,5 @@
-// OpContext: everything a fused op needs on one rank of one group: the group, the execution
+// OpContext: the engine behind a public Context (asynctp/context.h), everything a fused op needs
+// on one rank of one group: the group, the execution
 // backend and its streams, the symmetric workspace, the communicator for ordinary collectives,
 // local scratch, and the usage counters. One per process and group; not thread-safe (like a
 // CUDA stream, it is driven by one host thread).
@@ -12,61 +13,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include <asynctp/context.h>
 #include <asynctp/group.h>
 #include "device/backend.h"
 #include "device/communicator.h"
 #include "ops/dispatch.h"
 #include "ops/trace.h"
-#include "ops/usage.h"
 #include "symm/workspace.h"
 
 namespace asynctp {
-
-struct ContextOptions {
-  // "cpu", "cuda", or "auto" (cuda where built and a GPU is visible, else cpu).
-  std::string backend = "cpu";
-  // The GPU (CUDA): -1 for the group's local rank modulo the visible GPUs, else its index.
-  int device_index = -1;
-  // Largest symmetric workspace per rank (each of the two: the shared one and the native
-  // all_gather_matmul's push workspace); an op needing more takes the fallback.
-  // ASYNCTP_MAX_WORKSPACE_MB overrides the default of 2048 MiB.
-  size_t max_workspace_bytes = default_max_workspace_bytes();
-  // Default path for every op (an op's own options may override it). ASYNCTP_PATH sets it.
-  PathChoice path = default_path_choice();
-  // Streams the chunk GEMMs of a fused op alternate between (1 or 2): with 2, the tail of one
-  // chunk's GEMM may overlap the start of the next, but two chunk GEMMs can also share the SMs
-  // from the start and finish together, which delays the first push. 1 by default: at ws 2 the
-  // two were within noise; at ws 4 (4 x H200) 2 streams made the split matmul_reduce_scatter
-  // 3% slower on three shapes and 14-36% slower and erratic on 8192x2048x8192, and the split
-  // all_gather_matmul 1.5-4.5% slower. ASYNCTP_GEMM_STREAMS sets it.
-  int gemm_streams = default_gemm_streams();
-  // The native all_gather_matmul pushes each shard in up to 4 pieces of at least this many bytes,
-  // each with its own ready flag, so that a peer's GEMM starts on the first rows of a shard before
-  // the whole shard has landed (the first wave's tiles of the next chunk wait for one piece, not
-  // for the shard). 0: one piece per shard. Each piece costs two more host calls (copy, flag).
-  // ASYNCTP_PUSH_PIECE_BYTES sets it. Default 0: on 4 x H200 pieces of 8 MiB (2 for seed-4096 and
-  // l3-8b-ffn-up, 4 for l3-70b-qkv) measured no faster (docs/PERFORMANCE.md).
-  size_t push_piece_bytes = default_push_piece_bytes();
-  // Copy streams the native matmul_reduce_scatter's pushes take by turns, piece by piece (1 to
-  // kMaxPushStreams). Each piece first waits for its GEMM counter, a stream memory operation: on
-  // the stream that made the previous copy it waits for that copy to drain (~3 us per piece on an
-  // H200, scripts/experiments/ce_under_load.cu); on two streams one's wait overlaps the other's
-  // copy. Default 2: at ws 2 (2 x H200) on push-bound shapes with 4 MiB pieces the native path
-  // took 116-129 us on 2 streams against 122-139 on 1 (4096x{1024,2048}x4096), and the same on
-  // the anchor shapes and on 16 MiB pieces (docs/PERFORMANCE.md); 3 streams were
-  // better on one shape and worse on the other. ASYNCTP_PUSH_STREAMS sets it.
-  int push_streams = default_push_streams();
-  // Where the measured path choices are kept between runs (see ops/dispatch.h): "" the default
-  // location, "off" none.
-  std::string dispatch_cache;
-
-  static size_t default_max_workspace_bytes();
-  static PathChoice default_path_choice();
-  static int default_gemm_streams();
-  static size_t default_push_piece_bytes();
-  static int default_push_streams();
-  static constexpr int kMaxPushStreams = 4;
-};
 
 // Local (non-symmetric) scratch buffers, one per purpose, so that buffers in use at the same
 // time never alias.
@@ -80,16 +35,6 @@ enum class Scratch : uint8_t {
   kCollectiveIn,   // collectives on another dim than 0: input rearranged to dim 0
   kCollectiveOut,  // collectives on another dim than 0: output before it is rearranged back
   kCount
-};
-
-// What a context holds, in bytes on this rank.
-struct MemoryStats {
-  // This rank's share of both symmetric workspaces (the shared one and the push workspace).
-  int64_t symmetric_bytes = 0;
-  // The limit of each of them (ContextOptions::max_workspace_bytes).
-  int64_t symmetric_limit = 0;
-  // What the context allocated for itself: the scratch buffers and the chunk flags.
-  int64_t local_bytes = 0;
 };
 
 class OpContext {
@@ -249,5 +194,13 @@ class OpContext {
   std::unique_ptr<Dispatcher> dispatcher_;
   OpTrace* trace_ = nullptr;
 };
+
+namespace detail {
+// The engine of a public Context, for the library's own code (the public header only
+// forward-declares this, so a user reaches none of the OpContext's internals).
+struct ContextAccess {
+  static OpContext& engine(Context& ctx) { return *ctx.engine_; }
+};
+}  // namespace detail
 
 }  // namespace asynctp

@@ -31,7 +31,7 @@
 #include <span>
 #include <string>
 
-#include "ops/usage.h"
+#include <asynctp/context.h>
 
 namespace asynctp {
 

@@ -1,4 +1,4 @@
-#include "ops/usage.h"
+#include <asynctp/context.h>
 
 #include "core/error.h"
 #include "core/log.h"

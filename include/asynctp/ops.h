@@ -1,0 +1,146 @@
+// The ops: all-gather + matmul and matmul + reduce-scatter, overlapping the communication with
+// the GEMMs through symmetric memory, their float8 (scaled) forms, and the ordinary collectives.
+// Each runs on one rank of the Context's group (every rank calls it) on the caller's stream.
+// Outputs are written into tensors the caller allocates (so that the ops can be captured in a
+// CUDA graph); the *_shape helpers give their shapes.
+//
+// Shape algebra (ws = world size, g = gather/scatter dim):
+//   all_gather_matmul:     A_shard [.., s@g, .., k]  -AG(g)->  A [.., ws*s@g, .., K]
+//                          out_i = A @ B_i : A's shape with the last dim N_i
+//                          (g = last: A_shard's last dim is K/ws, and each shard's product is a
+//                          partial sum over its slice of K)
+//   matmul_reduce_scatter: P = A [.., K] @ B [K, N] : A's shape with the last dim N
+//                          out = RS(g)(P) : P's shape with dim g divided by ws
+//                          (g = last: each rank's chunk of P comes from a column block of B)
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include <asynctp/context.h>
+#include <asynctp/tensor.h>
+
+namespace asynctp {
+
+// kAvg: the sum divided by the world size.
+enum class ReduceOp : uint8_t { kSum, kAvg };
+// "sum", "avg".
+std::string_view reduce_op_name(ReduceOp op);
+ReduceOp parse_reduce_op(std::string_view text);
+
+struct AllGatherMatmulOptions {
+  int gather_dim = 0;
+  std::optional<PathChoice> path = std::nullopt;  // unset: the context's default
+  // The native path's push pieces for this call (see ContextOptions::push_piece_bytes); unset:
+  // the context's.
+  std::optional<size_t> push_piece_bytes = std::nullopt;
+  // The caller's native stream for this call (see Context::set_stream); unset: the context's.
+  std::optional<void*> stream = std::nullopt;
+};
+
+struct MatmulReduceScatterOptions {
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int scatter_dim = 0;
+  std::optional<PathChoice> path;
+  // The caller's native stream for this call (see Context::set_stream); unset: the context's.
+  std::optional<void*> stream = std::nullopt;
+};
+
+// The gathered shape of A_shard.
+Dims all_gather_shape(const Tensor& a_shard, int gather_dim, int world_size);
+// The shape of out_i for B_i.
+Dims all_gather_matmul_out_shape(const Tensor& a_shard, const Tensor& b, int gather_dim,
+                                 int world_size);
+// The shape of matmul_reduce_scatter's output.
+Dims matmul_reduce_scatter_out_shape(const Tensor& a, const Tensor& b, int scatter_dim,
+                                     int world_size);
+
+// outs[i] = all_gather(A_shard, gather_dim) @ Bs[i], for one or several Bs sharing the gathered
+// A (Q/K/V, gate/up). A_shard: f32/bf16/f16, rank >= 2, any strides. Bs[i]: [K, N_i], A's
+// dtype. outs[i]: contiguous, f32/bf16/f16. a_out: where to return the gathered A (contiguous,
+// A's dtype), or undefined to not return it.
+void all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
+                       std::span<const Tensor> outs, const Tensor& a_out = {},
+                       const AllGatherMatmulOptions& options = {});
+
+// One B: out = all_gather(A_shard, gather_dim) @ B.
+void all_gather_matmul(Context& ctx, const Tensor& a_shard, const Tensor& b, const Tensor& out,
+                       const Tensor& a_out = {}, const AllGatherMatmulOptions& options = {});
+
+// float8 form: A_shard and Bs in f8e4m3/f8e5m2. a_scale (f32): one element (tensor-wise; the
+// same on every rank) or A_shard's shape with the last dim 1 (row-wise; gathered with A).
+// b_scales[i] (f32): one element or [1, N_i]. Gathering on the contraction dim is not supported
+// here, since each shard would carry its own scale.
+void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor& a_scale,
+                              std::span<const Tensor> bs, std::span<const Tensor> b_scales,
+                              std::span<const Tensor> outs, const Tensor& a_out = {},
+                              const AllGatherMatmulOptions& options = {});
+
+// One B: out = (all_gather(A_shard, gather_dim) @ B) * scales.
+void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor& a_scale,
+                              const Tensor& b, const Tensor& b_scale, const Tensor& out,
+                              const Tensor& a_out = {}, const AllGatherMatmulOptions& options = {});
+
+// out = reduce_scatter(A @ B, reduce_op, scatter_dim). Partial products are added in f32 in rank
+// order and rounded once, so every run (and every path on the CPU backend) gives the same bits.
+// A: rank >= 2, any strides; B: [K, N]; out: any strides, f32/bf16/f16.
+void matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& out,
+                           const MatmulReduceScatterOptions& options = {});
+
+// out = reduce_scatter(sum_i as[i] @ bs[i]): several products of the same output shape (the
+// backward of Q/K/V or gate/up projections) accumulated in f32 before one scatter. The as[i]
+// share every dim but the last (K_i); bs[i] is [K_i, N].
+void matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as, std::span<const Tensor> bs,
+                           const Tensor& out, const MatmulReduceScatterOptions& options = {});
+
+// float8 form: a_scale one element or A's shape with the last dim 1; b_scale one element or
+// [1, N]. The output dtype is out's.
+void scaled_matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& a_scale,
+                                  const Tensor& b, const Tensor& b_scale, const Tensor& out,
+                                  const MatmulReduceScatterOptions& options = {});
+
+// Reserve: collective (every rank calls it with the same shapes). Sizes what a call of the op
+// with these operands and options would need: both symmetric workspaces, the chunk flags and
+// the local scratch, for every path the call could take (the options' path, else each one the
+// context's choice could pick), without running anything. A call within those sizes allocates
+// nothing, so it can
+// be captured into a CUDA graph; one that would have to grow a buffer while its stream is
+// capturing throws CaptureError instead. Where the workspace limit is too small for the
+// overlapped paths, the fallback's buffers are reserved (the call takes the fallback). Only
+// shapes, strides, dtypes and devices are read, never the data: descriptors at any address do
+// (a Tensor cannot hold a null pointer; the C ABI gives null-data descriptors one).
+//
+// all_gather_matmul / all_gather_scaled_matmul with these A_shard and Bs, returning the
+// gathered A (a_out given) or not. A float8 A_shard is sized for a row-wise scale (which needs
+// more than a tensor-wise one).
+void reserve_all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
+                               bool return_a, const AllGatherMatmulOptions& options = {});
+// matmul_reduce_scatter (one or several products) / scaled_matmul_reduce_scatter, into an
+// output of out_dtype (unset: A's dtype, or bf16 for float8 As).
+void reserve_matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as,
+                                   std::span<const Tensor> bs,
+                                   const MatmulReduceScatterOptions& options = {},
+                                   std::optional<DType> out_dtype = std::nullopt);
+
+// The ordinary collectives, on any dim and any strides (NCCL on CUDA; symmetric memory or the
+// store on CPU). Inputs first, then outputs, as in the fused ops. `stream`: the caller's native
+// stream for this call (see Context::set_stream); unset: the context's.
+//
+// out: in's shape with `dim` multiplied by the world size; rank r's input lands at slice r.
+void all_gather(Context& ctx, const Tensor& in, const Tensor& out, int dim = 0,
+                std::optional<void*> stream = {});
+// out: in's shape with `dim` divided by the world size; rank r receives op over every rank's
+// slice r.
+void reduce_scatter(Context& ctx, const Tensor& in, const Tensor& out, ReduceOp op, int dim = 0,
+                    std::optional<void*> stream = {});
+void all_reduce(Context& ctx, const Tensor& inout, ReduceOp op, std::optional<void*> stream = {});
+
+// The local scratch all_gather / reduce_scatter would take for an input like `in` (a descriptor:
+// only its shape, strides and dtype are read) on `dim`, into a contiguous output or not: grown
+// now (see reserve_all_gather_matmul). Not the communicator's own buffers.
+void reserve_all_gather(Context& ctx, const Tensor& in, bool out_contiguous, int dim);
+void reserve_reduce_scatter(Context& ctx, const Tensor& in, bool out_contiguous, int dim);
+
+}  // namespace asynctp
