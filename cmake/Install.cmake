@@ -1,9 +1,9 @@
-# install(): the public headers, the C ABI library, the static C++ layers with the headers they
-# include, the `asynctp` command, and a CMake package config, so that
+# install(): the public headers (include/asynctp/*.h, and nothing of src/), the C ABI library,
+# the static C++ layers, the `asynctp` command, and a CMake package config, so that
 #   find_package(asynctp)  gives  asynctp::c (the C ABI)  and  asynctp::asynctp (C++).
-# The C++ layers' headers still live under src/: they are installed under
-# include/asynctp/internal/ (core/, runtime/, ...), which asynctp::asynctp puts on the include
-# path next to include/, so that <asynctp/asynctp.h> and its "core/..." includes resolve.
+# asynctp::asynctp's include path is the installed include/ alone: the public headers include
+# only each other and standard headers (tests/install/public_headers_test.cmake checks that), and
+# the static layers it links carry no include path of their own once installed.
 #
 # With SKBUILD (the Python wheel, scikit-build-core) only the component `python` exists: the C
 # library at asynctp/lib/libasynctp_c.so relative to the wheel's root, and nothing else.
@@ -16,11 +16,12 @@ if(SKBUILD)
 endif()
 
 set(ASYNCTP_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/asynctp)
-set(ASYNCTP_INSTALL_INTERNAL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/asynctp/internal)
 
-# asynctp::asynctp: the C++ API (the ops layer and everything below it).
+# asynctp::asynctp: the C++ API (the public headers; the ops layer and everything below it).
 add_library(asynctp_cxx INTERFACE)
 target_link_libraries(asynctp_cxx INTERFACE asynctp_ops)
+target_include_directories(asynctp_cxx INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+                                                 $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 set_target_properties(asynctp_cxx PROPERTIES EXPORT_NAME asynctp)
 
 set(_asynctp_layers asynctp_core asynctp_runtime asynctp_device asynctp_symm asynctp_ops)
@@ -32,24 +33,15 @@ foreach(_layer graph passes)
     list(APPEND _asynctp_layers asynctp_${_layer})
   endif()
 endforeach()
-foreach(_t IN LISTS _asynctp_layers)
-  # The layers' include root is src/ in the build tree, internal/ once installed.
-  set_property(TARGET ${_t} APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES
-               $<INSTALL_INTERFACE:${ASYNCTP_INSTALL_INTERNAL_INCLUDEDIR}>
-               $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
-endforeach()
-
 install(TARGETS asynctp_c ${_asynctp_layers} asynctp_cxx asynctp_spdlog
         EXPORT asynctpTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
 install(TARGETS asynctp RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/asynctp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        COMPONENT development FILES_MATCHING PATTERN "*.h")
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/ DESTINATION ${ASYNCTP_INSTALL_INTERNAL_INCLUDEDIR}
-        COMPONENT development FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh"
-        PATTERN "capi" EXCLUDE PATTERN "tools" EXCLUDE)
+file(GLOB _asynctp_public_headers CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/include/asynctp/*.h)
+install(FILES ${_asynctp_public_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/asynctp
+        COMPONENT development)
 
 install(EXPORT asynctpTargets NAMESPACE asynctp:: DESTINATION ${ASYNCTP_INSTALL_CMAKEDIR}
         COMPONENT development)

@@ -1,7 +1,8 @@
 # cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... [-DCXX=...] [-DLAUNCHER=...]
 #       -P install_test.cmake
-# Installs the build tree to a fresh prefix, builds examples/ against it with find_package, and
-# runs the examples (C++ and C) on 2 ranks with the installed `asynctp launch`.
+# Installs the build tree to a fresh prefix, checks that its headers are exactly the public ones
+# (include/asynctp/*.h: nothing of src/, no internal/ folder), builds examples/ against it with
+# find_package, and runs the examples (C++ and C) on 2 ranks with the installed `asynctp launch`.
 file(REMOVE_RECURSE ${WORK_DIR})
 set(_prefix ${WORK_DIR}/prefix)
 function(run)
@@ -18,6 +19,19 @@ foreach(_f include/asynctp/asynctp.h include/asynctp/asynctp_c.h lib/libasynctp_
     message(FATAL_ERROR "the install lacks ${_f}")
   endif()
 endforeach()
+file(GLOB_RECURSE _installed RELATIVE ${_prefix} ${_prefix}/include/*)
+file(GLOB _public RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/include/asynctp/*.h)
+foreach(_f IN LISTS _installed)
+  if(_f MATCHES "internal")
+    message(FATAL_ERROR "an installed header path names internals: ${_f}")
+  endif()
+endforeach()
+list(SORT _installed)
+list(SORT _public)
+if(NOT _installed STREQUAL _public)
+  message(FATAL_ERROR "the installed headers are not the public ones:\n"
+                      "installed: ${_installed}\npublic: ${_public}")
+endif()
 set(_args -S ${SOURCE_DIR}/examples -B ${WORK_DIR}/build -G Ninja -DCMAKE_BUILD_TYPE=Release
           -DCMAKE_PREFIX_PATH=${_prefix})
 if(CXX)
