@@ -56,6 +56,7 @@
 // GEMM's): replicas of the output never drift apart.
 #include <fmt/ranges.h>
 
+#include "ops/call_memo.h"
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
@@ -377,6 +378,7 @@ void run_split(Context& ctx, const AgMmCall& c) {
 //            barrier, which also sets ready back to 0)
 //   copy:    A_shard -> S_{r-1}[r] | A_shard -> S_{r-2}[r] | ...
 //   flags:        ready_{r-1}[r] = e (behind its push) | ready_{r-2}[r] = e | ...
+//            (the last flag on the copy stream itself, where no copy of a returned A follows)
 //
 //   ws 4, step i = the i-th push of every rank (arrows: who writes whose slot):
 //     step 1: 1->0, 2->1, 3->2, 0->3   each rank gets the chunk its GEMM takes after its own
@@ -471,8 +473,15 @@ void run_native(Context& ctx, const AgMmCall& c, const NativePlan& plan) {
     be.copy(piece_of(slot(owner, rank), q), piece_of(from, q), copy);
   };
   // Its flag, beside the copy stream (which goes on at once), behind everything on it so far.
+  // The last flag goes on the copy stream itself, straight behind its copy, where nothing
+  // follows it there in this op (no returned A): a flag on the copy stream holds only that
+  // stream's next copy (see Context::flags_behind), and there is none; it saves the flag
+  // stream's event edge and its join, four host calls of an eager op (all of them at ws 2 with
+  // one piece).
+  int flags_left = (ws - 1) * pieces.count;
   auto flag_piece = [&](int owner, int q) {
-    be.write_flag(flag_of(owner, q), number, ctx.flags_behind(0));
+    const bool last = --flags_left == 0 && !c.a_out.defined();
+    be.write_flag(flag_of(owner, q), number, last ? copy : ctx.flags_behind(0));
   };
   // Copies pieces [first_piece, end_piece) of this rank's chunk into `owner`'s slot, each
   // followed by its flag.
@@ -634,6 +643,20 @@ std::string problem_key(Context& ctx, const AgMmCall& c) {
                              fmt::format("{}", fmt::join(variant, ", ")));
 }
 
+void run_path(Context& ctx, const AgMmCall& c, Path path, const std::optional<NativePlan>& plan) {
+  switch (path) {
+    case Path::kNative:
+      run_native(ctx, c, *plan);
+      break;
+    case Path::kSplit:
+      run_split(ctx, c);
+      break;
+    case Path::kFallback:
+      run_fallback(ctx, c);
+      break;
+  }
+}
+
 void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   const Context::StreamScope scope(ctx, options.stream);
   // Where the host's time goes before the first GPU work of the op (bench --trace).
@@ -642,8 +665,28 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   // every later bounded wait gives up at once while the error stands).
   ctx.backend().check_errors();
   ctx.forget_flag_streams();
-  validate(ctx, c, options.gather_dim);
   c.push_piece_bytes = options.push_piece_bytes.value_or(ctx.options().push_piece_bytes);
+  // The call's metadata: a call seen before skips the checks and the choice.
+  detail::CallMemos& memos = ctx.call_memos();
+  memos.start(c.op);
+  memos.add(options.gather_dim);
+  memos.add(options.path ? static_cast<int64_t>(*options.path) : -1);
+  memos.add(static_cast<int64_t>(c.push_piece_bytes));
+  memos.add(c.a_shard);
+  memos.add(c.a_scale);
+  memos.add(c.bs);
+  memos.add(c.b_scales);
+  memos.add(c.outs);
+  memos.add(c.a_out);
+  if (const detail::CallMemo* memo = memos.find()) {
+    c.g = memo->dim;
+    std::optional<NativePlan> plan;
+    if (memo->has_plan) plan = NativePlan{memo->plan[0], memo->plan[1]};
+    ctx.usage().record(c.op, memo->decision.path, memo->decision.reason, memo->decision.warns());
+    run_path(ctx, c, memo->decision.path, plan);
+    return;
+  }
+  validate(ctx, c, options.gather_dim);
   const size_t symm_bytes =
       push_symm_bytes(ctx.world_size(), c.a_shard.nbytes(), c.rowwise() ? c.a_scale.nbytes() : 0);
   detail::CallPaths paths;
@@ -659,22 +702,15 @@ void run(Context& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
     }
   }
   paths.key = problem_key(ctx, c);
-  paths.run = [&](Path p) {
-    switch (p) {
-      case Path::kNative:
-        run_native(ctx, c, *plan);
-        break;
-      case Path::kSplit:
-        run_split(ctx, c);
-        break;
-      case Path::kFallback:
-        run_fallback(ctx, c);
-        break;
-    }
-  };
+  paths.run = [&](Path p) { run_path(ctx, c, p, plan); };
   const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, paths);
   ctx.usage().record(c.op, decision.path, decision.reason, decision.warns());
-  paths.run(decision.path);
+  // (Kept before the run: the key is the memos' one buffer.)
+  if (decision.settled) {
+    memos.remember(
+        {decision, c.g, plan.has_value(), {plan ? plan->rows : 0, plan ? plan->k : 0, 0}});
+  }
+  run_path(ctx, c, decision.path, plan);
 }
 
 }  // namespace

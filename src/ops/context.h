@@ -22,6 +22,10 @@
 
 namespace asynctp {
 
+namespace detail {
+class CallMemos;
+}
+
 struct ContextOptions {
   // "cpu", "cuda", or "auto" (cuda where built and a GPU is visible, else cpu).
   std::string backend = "cpu";
@@ -191,6 +195,8 @@ class Context {
   Communicator& communicator() { return *communicator_; }
   Usage& usage() { return usage_; }
   Dispatcher& dispatcher() { return *dispatcher_; }
+  // What the ops worked out for calls seen before (ops/call_memo.h).
+  detail::CallMemos& call_memos() { return *call_memos_; }
   // `count` u32 flags in device memory for one op's chunk signalling (ready / done flags of the
   // native path): 0 when handed out, and the op sets them back to 0 before it ends. Valid until
   // the next call; grows outside capture.
@@ -246,6 +252,7 @@ class Context {
   Buffer flags_;
   Usage usage_;
   std::unique_ptr<Dispatcher> dispatcher_;
+  std::unique_ptr<detail::CallMemos> call_memos_;
   OpTrace* trace_ = nullptr;
 };
 

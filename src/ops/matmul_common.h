@@ -21,6 +21,9 @@ struct PathDecision {
   std::string reason;
   bool requested = false;  // the caller forced this path
   bool measured = false;   // the dispatcher measured it fastest
+  // Whether every later call of the same problem takes the same path (ops/call_memo.h): not a
+  // capture's provisional pick of an unmeasured problem.
+  bool settled = true;
   // Whether a fallback is worth a warning: neither asked for nor chosen for its speed.
   bool warns() const { return path == Path::kFallback && !requested && !measured; }
 };

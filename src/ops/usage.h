@@ -3,6 +3,7 @@
 // each (op, reason) is also logged as a warning.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -40,12 +41,17 @@ class Usage {
   int64_t count(std::string_view op, Path path) const;
   std::optional<PathRecord> last(std::string_view op) const;
   // Every (op, path) with its count: "all_gather_matmul split 3".
-  std::map<std::pair<std::string, Path>, int64_t> counts() const { return counts_; }
+  std::map<std::pair<std::string, Path>, int64_t> counts() const;
   void reset();
 
  private:
-  std::map<std::pair<std::string, Path>, int64_t> counts_;
-  std::map<std::string, PathRecord, std::less<>> last_;
+  struct PerOp {
+    std::array<int64_t, 3> counts{};  // indexed by Path's value
+    Path last = Path::kSplit;
+    std::string reason;  // the last call's
+    bool seen = false;
+  };
+  std::map<std::string, PerOp, std::less<>> ops_;
   std::set<std::pair<std::string, std::string>> warned_;
 };
 
