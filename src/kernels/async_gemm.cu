@@ -30,12 +30,7 @@
 //
 // Why 16: a wave of 132 CTAs spans about 16 m-tiles x 8 n-tiles, and per k-block its tiles then
 // read 16 of A's 16 KiB blocks and 8 of B's 32 KiB ones: the fewest bytes for 132 tiles (height
-// 32 reads 32 x 16 + 4 x 32 KiB, height 8 about 8 x 16 + 17 x 32). Measured (H200, ws 2, the
-// anchor suite, old and new binaries alternated; docs/PERFORMANCE.md): the kernel
-// alone 3.0% faster than at 32 on 8192 x 8192 x 28672, 1.9% on 8192 x 14336 x 8192, 0.9-1.3% on
-// four more, the same where the shards hold 16 m-tiles or fewer. (On one GPU alone,
-// 16, 32 and 64 measure within 1% of each other, and height 8 6-33% slower, except on
-// 8192 x 8192 x 28672, where it runs as fast as 16.)
+// 32 reads 32 x 16 + 4 x 32 KiB, height 8 about 8 x 16 + 17 x 32); see docs/DECISIONS.md D10.
 //
 // Tail split: with T tiles on G CTAs, the last wave holds T mod G tiles; where that is at most
 // half of G, each of its tiles is cut into s <= 4 K-ranges (s = G / tail, at least 4 k-blocks
@@ -50,10 +45,8 @@
 //
 // All tail units fit in one wave, at most one per CTA, so a last part never waits for a CTA
 // that is not running; the sum order is fixed, so the result is the same on every run.
-// Measured slower on the H200 and set aside (docs/PERFORMANCE.md): stream-K
-// ranges over the last two waves (every CTA at its own k offset: A and B no longer shared in L2
-// by the CTAs running together, 5-15% slower) and, for a last wave more than half full, several
-// rounds of parts (no gain, up to 2% slower).
+// Not stream-K, nor several rounds of parts: with every CTA at its own k offset, A and B are no
+// longer shared in L2 by the CTAs running together (see docs/DECISIONS.md D13).
 //
 // The reduce-scatter epilogue (sum_chunk, single CTAs): the tiles of the own chunk, last in the
 // walk, add the peers' parts of their rows to the accumulators. The parts come through the
@@ -285,8 +278,7 @@ struct Tile {
 // The walk's first m-tile: the first one wholly inside first_chunk's rows. Where the chunks are
 // off the tile grid, the tile over that chunk's first row also holds rows of the chunk before,
 // which (AG+MM) lands last: it comes last in the walk instead of holding a CTA of the first wave
-// until then (emulated ws 4 on one H100, 4000x8192x3584 as rank 1: landing 507 and 496 -> 372
-// and 373 us; docs/PERFORMANCE.md).
+// until then (see docs/DECISIONS.md D12).
 __host__ __device__ __forceinline__ int64_t walk_pivot(int64_t first_row, int64_t height) {
   return (first_row + height - 1) / height;
 }
@@ -316,9 +308,8 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 // Arrives on the mbarrier at the same shared-memory offset in CTA `cta` of this cluster.
 // Release at CTA scope (the default), not .release.cluster: ptxas makes the cluster-scope
 // release a full fence (MEMBAR.ALL.CTA + MEMBAR.ALL.GPU before the arrive), which the consumers
-// paid twice per k-block and which made CTA pairs 1.7-1.9x slower than single CTAs (H200,
-// docs/PERFORMANCE.md). It orders nothing that is needed here: what the
-// arrive hands over is a stage that wgmma (the async proxy) has finished reading, which
+// paid twice per k-block (see docs/DECISIONS.md D17). It orders nothing that is needed here:
+// what the arrive hands over is a stage that wgmma (the async proxy) has finished reading, which
 // wgmma.wait_group already guarantees, and the peer refills it with TMA, also the async proxy.
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   asm volatile(
@@ -484,10 +475,9 @@ __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[1
 // GPU's own stream front end (cuStreamWaitValue32), and the rows they cover by its own copy
 // engine. Neither agent is a thread of the PTX memory model, at either scope: what this rests
 // on is that both reach this GPU's memory through its L2, the point of coherence of every local
-// access (the GPU tests push and check every counted piece). System scope, as before, cost the
-// native MM+RS 8-13 us per op at ws 2 beside the copy engine's pushes (docs/PERFORMANCE.md),
-// for ordering towards observers (the host, the peers) that never read these
-// counters while the kernel runs. (The TMA stores were waited for with wait_group 0, whose
+// access (the GPU tests push and check every counted piece). System scope would pay for
+// ordering towards observers (the host, the peers) that never read these counters while the
+// kernel runs (see docs/DECISIONS.md D14). (The TMA stores were waited for with wait_group 0, whose
 // completion includes the async-to-generic proxy ordering.)
 __device__ __forceinline__ void publish_done(const Params& p, int r0, int n0) {
   uint32_t* counter = p.done + (r0 / p.done_rows) * p.done_col_pieces + n0 / p.done_cols;
@@ -549,11 +539,9 @@ struct PairOf<__half> {
 // accumulators (fragment layout as in store_block).
 constexpr int kSumBoxBytes = kBM * 64 * 2;
 // The parts are not prefetched into L2 during the tile's main loop: every SM of a wave reaches
-// its sum tile's end together, so the prefetches (192 KiB per SM at ws 4, ~25 MB a wave) came as
-// one burst from HBM that slowed the main loop by as much as it took off the epilogue, and more:
-// without it the kernel alone ran 2-3.5% faster at ws 4 on K <= 3584 and the same at ws 2 and on
-// long K (docs/PERFORMANCE.md). Spread one peer at a time, or as TMA
-// prefetches, or at the tile's start (evicted before the epilogue), it was slower too.
+// its sum tile's end together, so the prefetches (192 KiB per SM at ws 4, ~25 MB a wave) would
+// come as one burst from HBM that slows the main loop by more than it takes off the epilogue
+// (see docs/DECISIONS.md D15).
 constexpr int kSumStageBytes = 2 * kSumBoxBytes;
 static_assert(kSumStageBytes <= kStageBBytes);
 
@@ -604,8 +592,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // 1024-byte aligned (the 128-byte swizzle's atom) by an offset from smem_raw rather than by
   // masking its generic address: a pointer rebuilt from an integer loses its address space, so
   // the staging stores compiled to generic 64-bit ST.E and every k-block read the shared window
-  // (S2UR SR_SWINHI) to convert its stage addresses back. (Fewer instructions; the same time on
-  // one H200, docs/PERFORMANCE.md.)
+  // (S2UR SR_SWINHI) to convert its stage addresses back (see docs/DECISIONS.md D18).
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* smem_a = smem;
   uint8_t* smem_b = smem + kStages * kStageABytes;
@@ -1154,10 +1141,9 @@ int largest_group_dividing(int64_t tiles) {
 // every piece and chunk: groups are laid from the first chunk's first m-tile on, so a group
 // never spans two pieces or two chunks. The native MM+RS depends on it: its own chunk must come
 // last in the walk, or two ranks can each hold the tile the other waits for (until the
-// timeout), and its pushes want the peers' chunks finished one after the other. (Groups that
-// span the peers' chunks, the own chunk still last, were measured at ws 4 and set aside: the
-// kernel alone gained little, and the chunks then finished together, late, so that their pushes
-// no longer overlapped the GEMM: seed-like native 385 -> 444 us; docs/PERFORMANCE.md.)
+// timeout), and its pushes want the peers' chunks finished one after the other: groups that
+// span the peers' chunks would finish them together, late, so that their pushes no longer
+// overlap the GEMM (see docs/DECISIONS.md D11).
 int group_m_of(const AsyncGemmArgs& a, int64_t height) {
   if (a.ready == nullptr && a.done == nullptr && a.sum_chunk < 0) return kGroupM;
   int64_t rows = chunk_rows_of(a);
@@ -1165,9 +1151,7 @@ int group_m_of(const AsyncGemmArgs& a, int64_t height) {
   if (a.done != nullptr) rows = std::gcd(rows, done_rows_of(a));
   // Off the tile grid (AG+MM chunks of any rows; the counted and reduced ones are on it): tiles
   // straddle pieces anyway, but groups of at most a piece's whole m-tiles span few pieces, so the
-  // walk follows the pieces as they land. (With groups of 16 the first groups of
-  // a ws-4 GEMM of 1000-row chunks took tiles of three chunks: emulated, the GEMM spent ~100 us
-  // more than with every chunk ready, against ~20 on the grid; docs/PERFORMANCE.md.)
+  // walk follows the pieces as they land (see docs/DECISIONS.md D11).
   if (rows % height != 0) {
     if (a.ready == nullptr) return kGroupM;
     // A piece's rows (the op's push pieces are whole tiles, but a chunk's last may be shorter:
@@ -1296,9 +1280,8 @@ int tail_split_of(const AsyncGemmArgs& a, int ctas, bool clustered) {
 }
 
 // The TMA store needs a 16-bit C with a 16-byte aligned base and row stride; clusters of two
-// (B multicast) only come with it, and only when asked for: on one H200 they run 0-2.5% behind
-// single CTAs (10% on seed-4096, where only single CTAs split the last wave's tiles); given a
-// tail split too (tried, not kept), 0-2% behind (docs/PERFORMANCE.md).
+// (B multicast) only come with it, and only when asked for: they are no faster than single CTAs
+// (see docs/DECISIONS.md D17).
 bool uses_tma_store(const AsyncGemmArgs& a) {
   return a.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(a.c) % 16 == 0 && a.ldc % 8 == 0 &&
          !a.force_register_store;

@@ -162,8 +162,8 @@ struct AsyncGemmArgs {
   // Store C from registers even where the TMA store could be used (tests and measurements).
   bool force_register_store = false;
   // CTAs per cluster: 1 (0: the default, 1), or 2 (pairs sharing each B tile through TMA
-  // multicast; only with the TMA store, no tail split). Correct; on one H200 0-2.5% slower than
-  // single CTAs on the anchor shapes and 10% on seed-4096 (no tail split), so not the default.
+  // multicast; only with the TMA store, no tail split). Correct, but no faster than single CTAs,
+  // so not the default (see docs/DECISIONS.md D17).
   int cluster = 0;
   // The tail split: when the tiles leave the last wave mostly idle (tiles % CTAs small), each
   // tile of that wave is cut into up to 4 K-ranges computed by otherwise idle CTAs, the last

@@ -30,9 +30,9 @@
 //     buffer e % 2 in op e; p last read it in its op e-2 reduction. r's op-e pushes follow r's op
 //     e-1 reduction on its compute stream (each push waits for its chunk GEMM), which waited for
 //     p's op e-1 flag, raised after p's op e-1 push, which followed p's op e-2 reduction. A flag is
-//     at most one op ahead (e+1, after a push into the other buffer). (Before: an opening barrier,
-//     ~12 us, which also waited for the slowest rank to arrive.) The native path takes the same
-//     buffers by turns (same op count), with flags per piece on channels of its own; its
+//     at most one op ahead (e+1, after a push into the other buffer). (No opening barrier, which
+//     would wait for the slowest rank to arrive: see docs/DECISIONS.md D1.) The native path takes
+//     the same buffers by turns (same op count), with flags per piece on channels of its own; its
 //     "reduction" is the own chunk's part of its GEMM (see run_native).
 //   - Captured into a CUDA graph (no op number can be baked into a replay): buffer 2, 0/1 flags
 //     (kLandedChannel; the native path's kNativeLandedChannel + piece) and an opening barrier,
@@ -509,8 +509,8 @@ void run_native(Context& ctx, const MmRsCall& c, const Tensor& a, const NativeRs
     const bool last_on_stream = t + streams >= to_push.size();
     Stream& flags = last_on_stream ? push : ctx.flags_behind(static_cast<int>(t));
     be.write_flag(landed_of(d) + q * ws + rank, slots.number, flags);
-    // Counted in full: back to 0 for the next op, here beside the GEMM (a stream write takes
-    // ~3 us; after the GEMM they would add up).
+    // Counted in full: back to 0 for the next op, here beside the GEMM (stream writes after the
+    // GEMM would add up; see docs/DECISIONS.md D4).
     be.write_flag(done + index, 0, flags);
     if (ctx.tracing()) ctx.mark(fmt::format("pushed piece {} to {}", q, d), flags);
   }

@@ -63,13 +63,11 @@ uint64_t timeout_ns(std::chrono::milliseconds timeout) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
 }
 
-// The native GEMM's CTAs where ranks share a GPU: each rank's share of the SMs. Measured on an
-// H100 (scripts/experiments/shared_gpu_probe.cu): beside a kernel spinning on every SM, a
-// one-block kernel of another process started only after ~150 ms, and the native ops, whose
-// ranks wait on each other's GEMMs many times per op, waited out their timeouts; beside one on
-// half the SMs it started at once (0.3 ms), and with every rank's GEMM on its share the ws-2 and
-// ws-4 op tests all pass. Between ranks of one GPU the pushes are copies within the GPU, which
-// are kernels too (so the probe measured within one process): they need SMs the GEMMs leave free.
+// The native GEMM's CTAs where ranks share a GPU: each rank's share of the SMs. Beside a kernel
+// spinning on every SM another process's kernel does not start promptly, and the native ops'
+// ranks wait on each other's GEMMs many times per op; between ranks of one GPU the pushes are
+// copies within the GPU, which are kernels too and need SMs the GEMMs leave free (see
+// docs/DECISIONS.md D25, D3).
 // 0 (one CTA per SM) where every rank has a GPU of its own.
 int shared_gpu_ctas() {
   static const int ctas = [] {
@@ -375,7 +373,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
                            const FlagWait& wait, Stream& stream) override {
     if (ranks_per_gpu_ > 1) {
       // Where ranks share a GPU, a push to a peer on the same GPU is a copy within the GPU, which
-      // is a kernel (docs/PERFORMANCE.md). The reduction's blocks, each
+      // is a kernel (see docs/DECISIONS.md D3). The reduction's blocks, each
       // spinning on the flags, take every thread slot of the GPU, so that copy, queued on this
       // rank's copy stream behind a push to another GPU, could start only once the reduction
       // ended, which waits (through the peers) for it: with 2 ranks on each of 2 GPUs the ws-4
