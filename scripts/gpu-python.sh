@@ -46,7 +46,7 @@ fi
 
 if step bench; then
   for pace in paced sustained; do
-    args=(--suite anchors --iters "$ITERS")
+    args=(--suite anchors --iters "$ITERS" --warmup-ms 300)
     [ "$pace" = sustained ] && args+=(--pace 0)
     echo "== asynctp bench ${args[*]} ($pace)"
     "$BIN/asynctp" launch --nproc "$NGPU" -- "$BIN/asynctp" bench "${args[@]}" \
