@@ -42,6 +42,7 @@
 
 #include "gemm_common.cuh"
 #include "kernels/kernels.h"
+#include "kernels/native/schedule.h"
 
 namespace {
 
@@ -177,7 +178,7 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&ready, sizeof(uint32_t) * pieces * ws));
     CHECK(cudaMemset(ready, 0, sizeof(uint32_t) * pieces * ws));
 
-    asynctp::kernels::AsyncGemmArgs args = problem.native_args();
+    asynctp::kernels::NativeGemmParams args = problem.native_args();
     args.chunk_rows = rows;
     args.first_chunk = rank;
     args.ready = ready;
@@ -201,8 +202,7 @@ int main(int argc, char** argv) {
     const double model_last = piece_us * (ws - 1) * pieces;
     // Rows of the own chunk off the tile grid: the edge tiles read them from A, landed by a copy
     // within the GPU (a kernel), then the own flags (see src/ops/all_gather_matmul.cpp).
-    const asynctp::kernels::AsyncGemmOwnEdges edges =
-        asynctp::kernels::async_gemm_own_edge_rows(args);
+    const asynctp::kernels::NativeGemmOwnEdges edges = asynctp::kernels::own_edge_rows(args);
     auto land_own_edges = [&](cudaStream_t stream) {
       if (edges.head > 0) {
         CHECK(cudaMemcpyAsync(a + rank * rows * k, own, edges.head * row_bytes,

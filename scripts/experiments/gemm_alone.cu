@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
     const long long m = problem.m, k = problem.k, n = problem.n;
     __nv_bfloat16 *a = problem.a, *b = problem.b, *c = problem.c, *c_ref = problem.c_ref;
 
-    asynctp::kernels::AsyncGemmArgs args = problem.native_args();
+    asynctp::kernels::NativeGemmParams args = problem.native_args();
     args.split_workspace = split_ws;
     args.cluster = cluster;
     // --sum N: the native matmul_reduce_scatter's kernel at world size N, every peer's part

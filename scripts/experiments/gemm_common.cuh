@@ -132,8 +132,8 @@ struct Problem {
     CHECK(cudaGetLastError());
   }
   // The native GEMM's arguments for C = A @ B, all row-major (nothing else set).
-  asynctp::kernels::AsyncGemmArgs native_args() const {
-    asynctp::kernels::AsyncGemmArgs args;
+  asynctp::kernels::NativeGemmParams native_args() const {
+    asynctp::kernels::NativeGemmParams args;
     args.a = a;
     args.lda = k;
     args.b = b;
