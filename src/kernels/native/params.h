@@ -121,7 +121,7 @@ struct NativeGemmSchedule {
 
 // What the backend adds for one launch.
 struct NativeGemmLaunch {
-  uint64_t timeout_ns = 0;  // the bound of every wait (%globaltimer ns); 0: no waits allowed
+  uint64_t timeout_ns = 0;  // the bound of every wait (%globaltimer ns); 0: no flag waits
   DeviceErrorSlot* slot = nullptr;
   int max_ctas = 0;  // 0: one per SM
   // The tail split's workspace of async_gemm_split_workspace_bytes() (zeroed once when
