@@ -35,15 +35,66 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
+// Everything a map encodes (encode_map's arguments; unused dims zero).
+struct MapKey {
+  const void* base = nullptr;
+  int type = 0;
+  int rank = 0;
+  cuuint64_t dims[3] = {};
+  cuuint64_t strides[2] = {};
+  cuuint32_t box[3] = {};
+  friend bool operator==(const MapKey&, const MapKey&) = default;
+};
+
+// Encoded maps, by what they encode. Every launch encodes three to six maps, each a driver call
+// on the host's critical path of an eager op, and a training or serving loop launches over the
+// same few buffers (the symmetric slots, the weights, outputs the caching allocator hands out
+// again) call after call. Direct-mapped and per thread (no lock): a miss just encodes.
+struct MapCache {
+  static constexpr size_t kSlots = 64;
+  struct Slot {
+    MapKey key;
+    CUtensorMap map;
+    bool valid = false;
+  };
+  Slot slots[kSlots];
+
+  static size_t slot_of(const MapKey& k) {
+    uint64_t h = reinterpret_cast<uintptr_t>(k.base) >> 4;
+    for (int d = 0; d < k.rank; ++d)
+      h = (h ^ k.dims[d]) * 0x9e3779b97f4a7c15ull;
+    return static_cast<size_t>((h ^ static_cast<uint64_t>(k.box[0]) << 7) >> 58) % kSlots;
+  }
+};
+thread_local MapCache map_cache;
+
 // A tiled map of `rank` dims (dims[0] contiguous; strides in bytes for dims 1..), 128-byte
 // swizzle, zero fill out of bounds.
 bool encode_map(CUtensorMap* map, const void* base, CUtensorMapDataType type, int rank,
                 const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box) {
+  MapKey key;
+  key.base = base;
+  key.type = static_cast<int>(type);
+  key.rank = rank;
+  std::copy(dims, dims + rank, key.dims);
+  std::copy(strides, strides + rank - 1, key.strides);
+  std::copy(box, box + rank, key.box);
+  MapCache::Slot& slot = map_cache.slots[MapCache::slot_of(key)];
+  if (slot.valid && slot.key == key) {
+    *map = slot.map;
+    return true;
+  }
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  return encode_tiled()(map, type, rank, const_cast<void*>(base), dims, strides, box, elem_strides,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  if (encode_tiled()(map, type, rank, const_cast<void*>(base), dims, strides, box, elem_strides,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+    return false;
+  }
+  slot.key = key;
+  slot.map = *map;
+  slot.valid = true;
+  return true;
 }
 
 // The map's element type for a 16-bit dtype.
