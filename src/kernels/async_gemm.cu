@@ -43,7 +43,11 @@ struct MapKey {
   cuuint64_t dims[3] = {};
   cuuint64_t strides[2] = {};
   cuuint32_t box[3] = {};
-  friend bool operator==(const MapKey&, const MapKey&) = default;
+  bool operator==(const MapKey& o) const {  // (the CUDA sources are C++17: no = default)
+    return base == o.base && type == o.type && rank == o.rank &&
+           std::equal(dims, dims + 3, o.dims) && std::equal(strides, strides + 2, o.strides) &&
+           std::equal(box, box + 3, o.box);
+  }
 };
 
 // Encoded maps, by what they encode. Every launch encodes three to six maps, each a driver call
