@@ -11,11 +11,11 @@
 #   BENCH_ARGS="--pace 0 ..."               (more options for asynctp bench)
 #   BUNDLE=1                                (write the logs elsewhere and leave in $OUT only one
 #                                            archive of them, gpu-check.tgz, and the summaries
-#                                            bench.txt and torch.txt: the device tool brings back
-#                                            at most 8 files)
+#                                            bench.txt and torch.txt, for a transport that brings
+#                                            back only a few files)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# Never NVLink multicast on the shared machines.
+# NVLink multicast off in every library of the run (asynctp itself never uses it).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/asynctp-gpu-check}
 mkdir -p "$OUT"

@@ -12,7 +12,7 @@
 #   ITERS=30                      (timed runs per measurement)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# Never NVLink multicast on the shared machines.
+# NVLink multicast off in every library of the run (asynctp itself never uses it).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/asynctp-gpu-python}
 mkdir -p "$OUT"
@@ -46,7 +46,7 @@ fi
 
 if step bench; then
   for pace in paced sustained; do
-    args=(--suite anchors --iters "$ITERS")
+    args=(--suite anchors --iters "$ITERS" --warmup-ms 300)
     [ "$pace" = sustained ] && args+=(--pace 0)
     echo "== asynctp bench ${args[*]} ($pace)"
     "$BIN/asynctp" launch --nproc "$NGPU" -- "$BIN/asynctp" bench "${args[@]}" \

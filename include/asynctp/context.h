@@ -4,6 +4,7 @@
 // stream, it is driven by one host thread). Every op of asynctp/ops.h takes one.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -54,12 +55,17 @@ class Usage {
   int64_t count(std::string_view op, Path path) const;
   std::optional<PathRecord> last(std::string_view op) const;
   // Every (op, path) with its count: "all_gather_matmul split 3".
-  std::map<std::pair<std::string, Path>, int64_t> counts() const { return counts_; }
+  std::map<std::pair<std::string, Path>, int64_t> counts() const;
   void reset();
 
  private:
-  std::map<std::pair<std::string, Path>, int64_t> counts_;
-  std::map<std::string, PathRecord, std::less<>> last_;
+  struct PerOp {
+    std::array<int64_t, 3> counts{};  // indexed by Path's value
+    Path last = Path::kSplit;
+    std::string reason;  // the last call's
+    bool seen = false;
+  };
+  std::map<std::string, PerOp, std::less<>> ops_;
   std::set<std::pair<std::string, std::string>> warned_;
 };
 
@@ -76,26 +82,21 @@ struct ContextOptions {
   PathChoice path = default_path_choice();
   // Streams the chunk GEMMs of a fused op alternate between (1 or 2): with 2, the tail of one
   // chunk's GEMM may overlap the start of the next, but two chunk GEMMs can also share the SMs
-  // from the start and finish together, which delays the first push. 1 by default: at ws 2 the
-  // two were within noise; at ws 4 (4 x H200) 2 streams made the split matmul_reduce_scatter
-  // 3% slower on three shapes and 14-36% slower and erratic on 8192x2048x8192, and the split
-  // all_gather_matmul 1.5-4.5% slower. ASYNCTP_GEMM_STREAMS sets it.
+  // from the start and finish together, which delays the first push. 1 by default (see
+  // docs/DECISIONS.md D6). ASYNCTP_GEMM_STREAMS sets it.
   int gemm_streams = default_gemm_streams();
   // The native all_gather_matmul pushes each shard in up to 4 pieces of at least this many bytes,
   // each with its own ready flag, so that a peer's GEMM starts on the first rows of a shard before
   // the whole shard has landed (the first wave's tiles of the next chunk wait for one piece, not
   // for the shard). 0: one piece per shard. Each piece costs two more host calls (copy, flag).
-  // ASYNCTP_PUSH_PIECE_BYTES sets it. Default 0: on 4 x H200 pieces of 8 MiB (2 for seed-4096 and
-  // l3-8b-ffn-up, 4 for l3-70b-qkv) measured no faster (docs/PERFORMANCE.md).
+  // ASYNCTP_PUSH_PIECE_BYTES sets it. Default 0: pieces measured no faster (see
+  // docs/DECISIONS.md D7).
   size_t push_piece_bytes = default_push_piece_bytes();
   // Copy streams the native matmul_reduce_scatter's pushes take by turns, piece by piece (1 to
   // kMaxPushStreams). Each piece first waits for its GEMM counter, a stream memory operation: on
-  // the stream that made the previous copy it waits for that copy to drain (~3 us per piece on an
-  // H200, scripts/experiments/ce_under_load.cu); on two streams one's wait overlaps the other's
-  // copy. Default 2: at ws 2 (2 x H200) on push-bound shapes with 4 MiB pieces the native path
-  // took 116-129 us on 2 streams against 122-139 on 1 (4096x{1024,2048}x4096), and the same on
-  // the anchor shapes and on 16 MiB pieces (docs/PERFORMANCE.md); 3 streams were
-  // better on one shape and worse on the other. ASYNCTP_PUSH_STREAMS sets it.
+  // the stream that made the previous copy it waits for that copy to drain; on two streams one's
+  // wait overlaps the other's copy. Default 2 (see docs/DECISIONS.md D5). ASYNCTP_PUSH_STREAMS
+  // sets it.
   int push_streams = default_push_streams();
   // Where the measured path choices of PathChoice::kAuto are kept between runs: "" the default
   // location ($ASYNCTP_CACHE_DIR/dispatch.json), "off" none.

@@ -280,6 +280,29 @@ def lib() -> ctypes.CDLL:
     return _lib
 
 
+# The eager ops' calls (asynctp.torch) once more, with their descriptor arrays as void*: the
+# caller passes the arrays' addresses (ints), which ctypes converts faster than arrays to typed
+# pointers, on every call.
+_ADDRESS_PROTOTYPES = {
+    "asynctp_all_gather_matmul": (ctypes.c_int, [_ctx, _vp, _vp, _i32, _vp, _vp, _i32, _i32, _vp]),
+    "asynctp_matmul_reduce_scatter": (
+        ctypes.c_int,
+        [_ctx, _vp, _vp, _i32, _vp, _i32, _i32, _i32, _vp],
+    ),
+}
+_by_address: dict = {}
+
+
+def by_address(name: str):
+    """The library's function `name` taking its tensor descriptor arrays by address (ints)."""
+    fn = _by_address.get(name)
+    if fn is None:
+        restype, argtypes = _ADDRESS_PROTOTYPES[name]
+        fn = ctypes.CFUNCTYPE(restype, *argtypes)((name, lib()))
+        _by_address[name] = fn
+    return fn
+
+
 def raise_status(status: int) -> None:
     """Raises the Error subclass of a failed status with this thread's library message."""
     message = lib().asynctp_last_error()

@@ -33,7 +33,7 @@ class Deadline {
 // How the host passes a pause between timed GPU runs (the benchmark's and the dispatcher's
 // pacing). kSpin keeps the thread on its core, as a training loop's host (and PyTorch's anchor
 // script, which syncs on an event in a spin loop) is; kSleep lets the core idle, and a core that
-// wakes from idle enqueues the next run's work more slowly (see docs/PERFORMANCE.md).
+// wakes from idle enqueues the next run's work more slowly (see docs/DECISIONS.md D23).
 enum class HostPause { kSpin, kSleep };
 void pause_host(std::chrono::duration<double, std::micro> length, HostPause how);
 

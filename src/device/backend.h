@@ -14,8 +14,10 @@
 
 #include <asynctp/ops.h>
 #include <asynctp/tensor.h>
+
 #include "core/buffer.h"
 #include "core/dtype.h"
+#include "kernels/native/params.h"
 
 namespace asynctp {
 
@@ -75,63 +77,27 @@ void validate_gemm(const GemmArgs& args);
 // whose rows of a arrive in chunks of chunk_rows rows (the last may be shorter). The kernel
 // walks the chunks from first_chunk on, wrapping around, and
 //   - before reading chunk c of a, waits until ready[c] is up for op ready_value (flag_raised:
-//     0/1 flags, or op numbers) (bounded by `timeout`; a timeout
-//     is reported as a TimeoutError naming `rank` and the chunk at the next synchronization);
+//     0/1 flags, or op numbers) (bounded by `timeout`; a timeout is reported as a TimeoutError
+//     naming `rank` and the chunk at the next synchronization);
 //   - after storing the output rows of chunk c, counts them in done[c]: chunk c of d is complete
 //     once done[c] reaches its count in native_gemm_done_order(args).
 // ready and done are device arrays of one u32 per chunk (or null); the caller zeroes them.
-struct ChunkedGemmArgs {
-  Tensor a;                // [m, k], unit column stride
-  Tensor b;                // [k, n], row-major or column-major (a transposed [n, k])
-  Tensor d;                // [m, n], unit column stride
-  int64_t chunk_rows = 0;  // 0: a single chunk
-  int first_chunk = 0;
-  const uint32_t* ready = nullptr;
-  uint32_t ready_value = 1;
-  // Chunks that land in pieces: piece j (ready_rows rows; the last of a chunk may be shorter) of
-  // chunk c is flagged by ready[j * ready_stride + c]. 0: one flag per chunk, ready[c].
-  int64_t ready_rows = 0;
-  int64_t ready_stride = 0;
-  uint32_t* done = nullptr;
+// The schedule and protocol fields (chunk_rows, ready*, done*, own_chunk, sum_*, ...) are the
+// kernel's own (kernels::NativeGemmSchedule, kernels/native/params.h, which documents each);
+// the backend derives the operands' pointers, strides and dtypes from the tensors below.
+struct ChunkedGemmArgs : kernels::NativeGemmSchedule {
+  Tensor a;  // [m, k], unit column stride
+  Tensor b;  // [k, n], row-major or column-major (a transposed [n, k])
+  Tensor d;  // [m, n], unit column stride
   std::chrono::milliseconds timeout{60'000};
-  int rank = 0;
   // Chunk own_chunk's rows as the caller holds them ([rows of that chunk, k], unit column
   // stride): read from here, without waiting for ready[own_chunk], by every tile wholly inside
   // the chunk (all of them unless native_gemm_own_edge_rows says otherwise).
   Tensor own_a;
-  int own_chunk = -1;
-  // SMs the kernel leaves free, for a kernel of another stream to run beside it (0 to 8).
-  int reserve_sms = 0;
-  // Tiles of a mostly idle last wave cut into K-ranges for the idle SMs (their f32 partial sums
-  // added in a fixed order: the same bits every run): 0 where the backend sees fit, 1 never, n >= 2
-  // at most n ranges.
-  int tail_split = 0;
-  // Rows per done counter (done[r / done_rows]); 0: chunk_rows. A multiple of 128 dividing
-  // chunk_rows: the pieces in which the caller pushes a finished chunk. done_cols (0: all of n;
-  // else a multiple of 256) cuts them by columns too: tile (r, c) counts in
-  // done[(r / done_rows) * ceil(n / done_cols) + c / done_cols].
-  int64_t done_rows = 0;
-  int64_t done_cols = 0;
-  // The reduce-scatter epilogue (the native matmul_reduce_scatter): the tiles of chunk sum_chunk
-  // are neither stored into d nor counted in done. They add the peers' partials of that chunk,
-  // sum_parts[s] for every s but sum_self (d's dtype, bf16 or f16, each [chunk rows, n] with a
-  // unit column stride; n even), to their f32 products, in rank order after the product (times
-  // 1 / the number of parts if sum_avg), and store the result once rounded into sum_out ([chunk
-  // rows, n], d's dtype). A tile of piece q ((chunk row / sum_rows) * ceil(n / sum_cols) +
-  // column / sum_cols; sum_rows 0: chunk_rows, sum_cols 0: n) first waits until
-  // sum_flags[q * sum_flag_stride + s] is up for sum_value (flag_raised) for every such s,
-  // bounded by `timeout`; a timeout names peer s and channel sum_channel + q.
-  int sum_chunk = -1;
+  // The reduce-scatter epilogue's partials, sum_parts[s] for every s but sum_self (d's dtype,
+  // bf16 or f16, each [chunk rows, n] with a unit column stride; n even), and its output.
   Tensor sum_parts;  // [parts, chunk rows, n]
   Tensor sum_out;    // [chunk rows, n]
-  int sum_self = -1;
-  bool sum_avg = false;
-  const uint32_t* sum_flags = nullptr;
-  uint32_t sum_value = 1;
-  int64_t sum_rows = 0;
-  int64_t sum_cols = 0;
-  int64_t sum_flag_stride = 0;
-  int sum_channel = 0;
 };
 
 class Backend {

@@ -106,8 +106,8 @@ __global__ void reduce_vec_kernel(void* out, InputPointers in, int count, int64_
   constexpr int kPer = 16 / elem_bytes<D>();
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < vectors;
        v += int64_t(gridDim.x) * blockDim.x) {
-    // Up to kBatch inputs' vectors are loaded before any is added (one load in flight per
-    // thread at a time reached ~3.3 TB/s at ws 4 on an H200); the adds stay in input order.
+    // Up to kBatch inputs' vectors are loaded before any is added, so that more loads are in
+    // flight per thread (see docs/DECISIONS.md D21); the adds stay in input order.
     constexpr int kBatch = 8;
     float acc[kPer];
 #pragma unroll

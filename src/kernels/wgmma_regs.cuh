@@ -1,5 +1,5 @@
 // Generated register lists for the one wgmma shape the async-input GEMM uses (m64n256k16, f32
-// accumulators: 128 per thread). Kept apart so that async_gemm.cu stays readable.
+// accumulators: 128 per thread). Kept apart so that native/ptx.cuh stays readable.
 #pragma once
 
 #define ASYNCTP_WGMMA_ACC_REGS                                                                   \

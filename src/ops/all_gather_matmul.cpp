@@ -8,11 +8,11 @@
 // its flag streams into the compute stream before it ends (captured: before its closing
 // barrier, so that no flag of it lands after the barrier's reset). It pushes to r-1 first, then
 // r-2, ...: at each step every rank is written by exactly one peer and receives the chunk its GEMMs
-// take next (the own chunk comes first and needs no communication; pushing to r+1 first delivered
-// the chunk each GEMM needed first last of all). Nothing but the first GEMM stands at the start of
-// the op (and a copy of A_shard where it is not contiguous, or of its edge rows off the native
-// GEMM's tile grid): no publication copy, no opening barrier (the split path had both before:
-// 17-50 us at ws 4).
+// take next (the own chunk comes first and needs no communication; pushing to r+1 first would
+// deliver the chunk each GEMM needs first last of all: see docs/DECISIONS.md D8). Nothing but the
+// first GEMM stands at the start of the op (and a copy of A_shard where it is not contiguous, or of
+// its edge rows off the native GEMM's tile grid): no publication copy, no opening barrier (see
+// docs/DECISIONS.md D1).
 //
 // When may a rank push again into a peer's buffer, which the peer's GEMMs read? Two protocols:
 //
@@ -24,9 +24,9 @@
 // for p's op-e-1 pushes, which start behind p's op e-2 GEMMs: p is done with them. For the same
 // reason a peer's flag is at most one op ahead (e+1, raised after its op-e push into the other
 // buffer), and a rank never waits for anything but the chunks it multiplies: the op ends when
-// its GEMMs and its own pushes do (a closing barrier cost ~12 us, the skew between the ranks
-// included). A flag is up for op e when it holds e or e+1 (flag_raised): a stale flag, behind
-// by any number of ops, never passes for a new one.
+// its GEMMs and its own pushes do (a closing barrier would add the skew between the ranks; see
+// docs/DECISIONS.md D1). A flag is up for op e when it holds e or e+1 (flag_raised): a stale flag,
+// behind by any number of ops, never passes for a new one.
 //
 // Captured into a CUDA graph (replayed any number of times, so no op number can be baked in):
 // a third buffer and flags of its own (channels kCapturedReadyChannel..) that go 0 -> 1, and a
@@ -56,6 +56,7 @@
 // GEMM's): replicas of the output never drift apart.
 #include <fmt/ranges.h>
 
+#include "ops/call_memo.h"
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
@@ -377,6 +378,7 @@ void run_split(OpContext& ctx, const AgMmCall& c) {
 //            barrier, which also sets ready back to 0)
 //   copy:    A_shard -> S_{r-1}[r] | A_shard -> S_{r-2}[r] | ...
 //   flags:        ready_{r-1}[r] = e (behind its push) | ready_{r-2}[r] = e | ...
+//            (the last flag on the copy stream itself, where no copy of a returned A follows)
 //
 //   ws 4, step i = the i-th push of every rank (arrows: who writes whose slot):
 //     step 1: 1->0, 2->1, 3->2, 0->3   each rank gets the chunk its GEMM takes after its own
@@ -393,11 +395,8 @@ void run_split(OpContext& ctx, const AgMmCall& c) {
 // where A_shard cannot be read in place (strided, misaligned) all of it is copied there first,
 // on the compute stream, and pushed from there.
 //
-// Tried and set aside (docs/PERFORMANCE.md): pulling instead of pushing, with the own shard
-// published into the own slot and an opening barrier, on the compute stream before the GEMM (1-7%
-// slower than the split path at ws 2) or on the copy stream in an SM the GEMM leaves free
-// (reserve_sms: the barrier kernel did not get that SM promptly, eagerly up to 3x slower, and
-// in a CUDA graph never).
+// Pushing, not pulling: a pull needs the own shard published and an opening barrier first, and a
+// barrier kernel beside the GEMM gets no SM (see docs/DECISIONS.md D1, D2).
 struct NativePlan {
   int64_t rows = 0;  // rows of the shard as a matrix
   int64_t k = 0;
@@ -471,8 +470,15 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
     be.copy(piece_of(slot(owner, rank), q), piece_of(from, q), copy);
   };
   // Its flag, beside the copy stream (which goes on at once), behind everything on it so far.
+  // The last flag goes on the copy stream itself, straight behind its copy, where nothing
+  // follows it there in this op (no returned A): a flag on the copy stream holds only that
+  // stream's next copy (see OpContext::flags_behind), and there is none; it saves the flag
+  // stream's event edge and its join, four host calls of an eager op (all of them at ws 2 with
+  // one piece).
+  int flags_left = (ws - 1) * pieces.count;
   auto flag_piece = [&](int owner, int q) {
-    be.write_flag(flag_of(owner, q), number, ctx.flags_behind(0));
+    const bool last = --flags_left == 0 && !c.a_out.defined();
+    be.write_flag(flag_of(owner, q), number, last ? copy : ctx.flags_behind(0));
   };
   // Copies pieces [first_piece, end_piece) of this rank's chunk into `owner`'s slot, each
   // followed by its flag.
@@ -514,10 +520,9 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
 
   // The copy stream pushes only contiguous matrices to peers (a copy engine's copies, beside a GEMM
   // that holds every SM and waits for them: a copy kernel there would get no SM until CTAs exit;
-  // a copy within one GPU is such a kernel, even a contiguous one: scripts/experiments/
-  // shared_gpu_probe.cu). A shard the GEMM cannot read in place is first gathered into the own
-  // slot on the compute stream, before the GEMM (a strided copy may take a kernel), and pushed
-  // from there.
+  // a copy within one GPU is such a kernel, even a contiguous one: see docs/DECISIONS.md D3).
+  // A shard the GEMM cannot read in place is first gathered into the own slot on the compute
+  // stream, before the GEMM (a strided copy may take a kernel), and pushed from there.
   ctx.mark("start", compute);
   if (!in_place) {
     be.copy(slot(rank, rank).view(c.a_shard.shape()), c.a_shard, compute);
@@ -532,10 +537,10 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   start.block(copy);
   // Read in place but off the tile grid: the tiles over the own chunk's edges read its first
   // head and last tail rows from the own slot. Those rows only, on the compute stream before the
-  // GEMM: a copy within one GPU is a kernel (even a contiguous one; scripts/experiments/
-  // shared_gpu_probe.cu), which on the copy stream would wait beside the GEMM for an SM until
-  // CTAs exit, and the edge tiles with it. After the copy stream's start: the pushes read
-  // A_shard, not the own slot, and need not wait for this copy.
+  // GEMM: a copy within one GPU is a kernel (even a contiguous one; see docs/DECISIONS.md D3),
+  // which on the copy stream would wait beside the GEMM for an SM until CTAs exit, and the edge
+  // tiles with it. After the copy stream's start: the pushes read A_shard, not the own slot, and
+  // need not wait for this copy.
   if (edges.any()) {
     const Tensor own = slot(rank, rank);
     if (edges.head > 0)
@@ -557,8 +562,7 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
     }
   };
   // Host order. Unless replayed from a graph, each call's host time delays what is enqueued after
-  // it, and on an idle GPU the device waits for it (scripts/experiments/host_costs.cu, H200:
-  // a GEMM's launch ~4 us + ~2 of ours, a copy ~2.6, a flag with its event ~1.7):
+  // it, and on an idle GPU the device waits for it (see docs/DECISIONS.md D9):
   //
   //   ws 2:   GEMM 0 | copy piece 0 | flag 0 | GEMMs of the other Bs | the other pieces
   //   ws > 2: copy piece 0 | GEMM 0 | flag 0 | GEMMs of the other Bs | the other pieces, then
@@ -568,9 +572,8 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   // and each chunk lands as late as the first push started, the last one bounding the GEMM; so
   // the first copy goes before the launch (its flag after: the copy takes longer than the launch
   // anyway). With two there is one push, and it lands long before the GEMM is through its own
-  // chunk: the GEMM goes first (measured at ws 2: 5-10 us faster on seed-4096 and seed-2048,
-  // docs/PERFORMANCE.md). The other Bs' GEMMs run after the first on the compute
-  // stream, so their launches wait until the first piece is on its way.
+  // chunk: the GEMM goes first (see docs/DECISIONS.md D9). The other Bs' GEMMs run after the
+  // first on the compute stream, so their launches wait until the first piece is on its way.
   const bool gemm_first = ws == 2;
   const int first_peer = (rank - 1 + ws) % ws;
   if (ws > 1 && !gemm_first) copy_piece(first_peer, source, 0);
@@ -611,7 +614,7 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   ctx.mark("joined", compute);
   if (buf.captured) {
     // Past this barrier no rank reads any buffer of this op, and every flag is back to 0 (reset
-    // in the barrier's kernel: separate stream writes cost ~10 us at ws 4).
+    // in the barrier's kernel, not by separate stream writes: see docs/DECISIONS.md D20).
     buf.sm.reset_and_barrier(ready, ws * pieces.count, kBarrierChannel, compute);
   }
   ctx.mark("end", compute);
@@ -634,6 +637,20 @@ std::string problem_key(OpContext& ctx, const AgMmCall& c) {
                              fmt::format("{}", fmt::join(variant, ", ")));
 }
 
+void run_path(OpContext& ctx, const AgMmCall& c, Path path, const std::optional<NativePlan>& plan) {
+  switch (path) {
+    case Path::kNative:
+      run_native(ctx, c, *plan);
+      break;
+    case Path::kSplit:
+      run_split(ctx, c);
+      break;
+    case Path::kFallback:
+      run_fallback(ctx, c);
+      break;
+  }
+}
+
 void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   const OpContext::StreamScope scope(ctx, options.stream);
   // Where the host's time goes before the first GPU work of the op (bench --trace).
@@ -642,8 +659,28 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   // every later bounded wait gives up at once while the error stands).
   ctx.backend().check_errors();
   ctx.forget_flag_streams();
-  validate(ctx, c, options.gather_dim);
   c.push_piece_bytes = options.push_piece_bytes.value_or(ctx.options().push_piece_bytes);
+  // The call's metadata: a call seen before skips the checks and the choice.
+  detail::CallMemos& memos = ctx.call_memos();
+  memos.start(c.op);
+  memos.add(options.gather_dim);
+  memos.add(options.path ? static_cast<int64_t>(*options.path) : -1);
+  memos.add(static_cast<int64_t>(c.push_piece_bytes));
+  memos.add(c.a_shard);
+  memos.add(c.a_scale);
+  memos.add(c.bs);
+  memos.add(c.b_scales);
+  memos.add(c.outs);
+  memos.add(c.a_out);
+  if (const detail::CallMemo* memo = memos.find()) {
+    c.g = memo->dim;
+    std::optional<NativePlan> plan;
+    if (memo->has_plan) plan = NativePlan{memo->plan[0], memo->plan[1]};
+    ctx.usage().record(c.op, memo->decision.path, memo->decision.reason, memo->decision.warns());
+    run_path(ctx, c, memo->decision.path, plan);
+    return;
+  }
+  validate(ctx, c, options.gather_dim);
   const size_t symm_bytes =
       push_symm_bytes(ctx.world_size(), c.a_shard.nbytes(), c.rowwise() ? c.a_scale.nbytes() : 0);
   detail::CallPaths paths;
@@ -659,22 +696,15 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
     }
   }
   paths.key = problem_key(ctx, c);
-  paths.run = [&](Path p) {
-    switch (p) {
-      case Path::kNative:
-        run_native(ctx, c, *plan);
-        break;
-      case Path::kSplit:
-        run_split(ctx, c);
-        break;
-      case Path::kFallback:
-        run_fallback(ctx, c);
-        break;
-    }
-  };
+  paths.run = [&](Path p) { run_path(ctx, c, p, plan); };
   const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, paths);
   ctx.usage().record(c.op, decision.path, decision.reason, decision.warns());
-  paths.run(decision.path);
+  // (Kept before the run: the key is the memos' one buffer.)
+  if (decision.settled) {
+    memos.remember(
+        {decision, c.g, plan.has_value(), {plan ? plan->rows : 0, plan ? plan->k : 0, 0}});
+  }
+  run_path(ctx, c, decision.path, plan);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "core/env.h"
 #include "core/log.h"
+#include "ops/call_memo.h"
 #include "symm/symm_communicator.h"
 #ifdef ASYNCTP_WITH_CUDA
 #include "device/cuda/cuda_backend.h"
@@ -90,6 +91,7 @@ OpContext::OpContext(std::shared_ptr<Group> group, ContextOptions options)
                         : make_store_communicator(*backend_, *group_);
   }
   dispatcher_ = std::make_unique<Dispatcher>(*this, options_.dispatch_cache);
+  call_memos_ = std::make_unique<detail::CallMemos>();
 }
 
 Stream& OpContext::wrapped_stream(void* handle) {

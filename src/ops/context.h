@@ -15,6 +15,7 @@
 
 #include <asynctp/context.h>
 #include <asynctp/group.h>
+
 #include "device/backend.h"
 #include "device/communicator.h"
 #include "ops/dispatch.h"
@@ -22,6 +23,10 @@
 #include "symm/workspace.h"
 
 namespace asynctp {
+
+namespace detail {
+class CallMemos;
+}
 
 // Local (non-symmetric) scratch buffers, one per purpose, so that buffers in use at the same
 // time never alias.
@@ -108,10 +113,8 @@ class OpContext {
   // options().push_streams) waits for everything enqueued on push_stream(i) so far and is
   // returned, for the flag's stream write (and any other bookkeeping behind the copy). Why: a
   // stream memory operation queued on the copy stream itself holds that stream's next copy until
-  // the copy before it has drained, ~3-4 us per operation on an H200; eight back-to-back 4 MiB
-  // pushes with a wait, a flag and a reset each took 173 us instead of 106, and 139 with the flag
-  // and the reset beside them (scripts/experiments/ce_under_load.cu, docs/PERFORMANCE.md). An op
-  // that uses it ends with join_flag_streams.
+  // the copy before it has drained (see docs/DECISIONS.md D4). An op that uses it ends with
+  // join_flag_streams.
   Stream& flags_behind(int i);
   // Makes `stream` wait for everything enqueued so far on the flag streams used since the last
   // join (only those: under CUDA-graph capture an unused one is not part of the capture).
@@ -137,6 +140,8 @@ class OpContext {
   Communicator& communicator() { return *communicator_; }
   Usage& usage() { return usage_; }
   Dispatcher& dispatcher() { return *dispatcher_; }
+  // What the ops worked out for calls seen before (ops/call_memo.h).
+  detail::CallMemos& call_memos() { return *call_memos_; }
   // `count` u32 flags in device memory for one op's chunk signalling (ready / done flags of the
   // native path): 0 when handed out, and the op sets them back to 0 before it ends. Valid until
   // the next call; grows outside capture.
@@ -192,6 +197,7 @@ class OpContext {
   Buffer flags_;
   Usage usage_;
   std::unique_ptr<Dispatcher> dispatcher_;
+  std::unique_ptr<detail::CallMemos> call_memos_;
   OpTrace* trace_ = nullptr;
 };
 

@@ -53,11 +53,8 @@ struct DispatchTiming {
 class Dispatcher {
  public:
   // The disk cache's format and the paths its choices were measured on. Bumped whenever a change
-  // to the paths can change which of them is faster, so that choices measured before are
-  // measured again: 2 since the native GEMM's walk groups of 16 and the native AG's GEMM-first
-  // order at ws 2 (and the choice by the slowest rank, which version 1 did not have); 3 since the
-  // fallback is measured beside the overlapped paths (and keys name the call's variant); 4 since
-  // the file names the split path "split".
+  // to the paths can change which of them is faster, or to the file's layout, so that choices
+  // measured before are measured again.
   static constexpr int kCacheVersion = 4;
   // Rounds of the first measurement: at least kTuneRuns, whole blocks of the balanced orders
   // (core/balanced_orders.h) for that many candidates (16 for two, 18 for three).
@@ -67,11 +64,10 @@ class Dispatcher {
   // more rounds.
   static constexpr double kCloseCall = 0.03;
   static constexpr int kCloseCallRuns = 30;
-  // After each tuning run the host idles kTunePace x that run's time. Back to back, an H200
-  // reaches its power cap within a few hundred ms and runs at 1400-1650 MHz instead of 1980,
-  // and there the ranking of the paths can flip: at ws 4 on 8192x8192x14336 the native path
-  // measured 1% faster back to back but 18% slower at full clocks, where the bench (paced the
-  // same way) and PyTorch's anchor script measure.
+  // After each tuning run the host idles kTunePace x that run's time: back to back the GPU
+  // reaches its power cap and the ranking of the paths can flip, so they are ranked at the clocks
+  // the bench (paced the same way) and PyTorch's anchor script measure at (see
+  // docs/DECISIONS.md D22).
   static constexpr double kTunePace = 1.0;
 
   Dispatcher(OpContext& ctx, std::string cache_path);

@@ -63,7 +63,8 @@ PathDecision choose_path(OpContext& ctx, std::optional<PathChoice> requested, si
   candidates[count++] = Path::kFallback;
   const Path path =
       ctx.dispatcher().pick(paths.key, std::span<const Path>(candidates.data(), count), paths.run);
-  return {path, path == Path::kFallback ? "measured fastest" : "", false, true};
+  return {path, path == Path::kFallback ? "measured fastest" : "", false, true,
+          ctx.dispatcher().decision(paths.key).has_value()};
 }
 
 PossiblePaths possible_paths(OpContext& ctx, std::optional<PathChoice> requested,

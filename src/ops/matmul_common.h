@@ -21,6 +21,9 @@ struct PathDecision {
   std::string reason;
   bool requested = false;  // the caller forced this path
   bool measured = false;   // the dispatcher measured it fastest
+  // Whether every later call of the same problem takes the same path (ops/call_memo.h): not a
+  // capture's provisional pick of an unmeasured problem.
+  bool settled = true;
   // Whether a fallback is worth a warning: neither asked for nor chosen for its speed.
   bool warns() const { return path == Path::kFallback && !requested && !measured; }
 };
@@ -95,11 +98,11 @@ PushPieces push_pieces(int64_t rows, size_t bytes, size_t piece_bytes);
 // bytes: `count` pieces of `cols` columns each (the last may be narrower; cols 0: one piece of
 // all n), a multiple of 256 (the native GEMM's tile width, so a tile counts in one piece), at
 // least kRsPieceBytes a piece on average, at most kMaxPushPieces. By columns, not rows: the GEMM's
-// walk may then take up to 16 m-tiles of the chunk per group (see async_gemm.cu on group
-// heights) and still finish the pieces one after the other, within each group. (A chunk of more
-// than 16 m-tiles finishes all its pieces in its last group: its pushes come nearer the chunk's
-// end than with groups of the whole chunk. Of the anchor shapes only those at ws 2 have such
-// chunks, and there the native path got faster with groups of 16.)
+// walk may then take up to 16 m-tiles of the chunk per group (see kernels/native/schedule.h on
+// group heights) and still finish the pieces one after the other, within each group. (A chunk of
+// more than 16 m-tiles finishes all its pieces in its last group: its pushes come nearer the
+// chunk's end than with groups of the whole chunk. Of the anchor shapes only those at ws 2 have
+// such chunks, and there the native path got faster with groups of 16.)
 inline constexpr size_t kRsPieceBytes = size_t{4} << 20;
 struct RsPieces {
   int count = 1;

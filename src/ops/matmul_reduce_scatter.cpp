@@ -30,9 +30,9 @@
 //     buffer e % 2 in op e; p last read it in its op e-2 reduction. r's op-e pushes follow r's op
 //     e-1 reduction on its compute stream (each push waits for its chunk GEMM), which waited for
 //     p's op e-1 flag, raised after p's op e-1 push, which followed p's op e-2 reduction. A flag is
-//     at most one op ahead (e+1, after a push into the other buffer). (Before: an opening barrier,
-//     ~12 us, which also waited for the slowest rank to arrive.) The native path takes the same
-//     buffers by turns (same op count), with flags per piece on channels of its own; its
+//     at most one op ahead (e+1, after a push into the other buffer). (No opening barrier, which
+//     would wait for the slowest rank to arrive: see docs/DECISIONS.md D1.) The native path takes
+//     the same buffers by turns (same op count), with flags per piece on channels of its own; its
 //     "reduction" is the own chunk's part of its GEMM (see run_native).
 //   - Captured into a CUDA graph (no op number can be baked into a replay): buffer 2, 0/1 flags
 //     (kLandedChannel; the native path's kNativeLandedChannel + piece) and an opening barrier,
@@ -51,6 +51,7 @@
 // [channel][s] = slot s has landed.
 #include <fmt/ranges.h>
 
+#include "ops/call_memo.h"
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
@@ -367,7 +368,8 @@ void run_split(OpContext& ctx, const MmRsCall& c, ProductWriter& writer,
 //   push 1:            | wait done[r+1][1], push piece 1 ...      | piece 3 ...
 //   (ContextOptions::push_streams of them, taking the pieces by turns; two by default; each
 //   piece's flag and reset go on a flag stream beside its push stream, OpContext::flags_behind,
-//   so that the push stream's next copy does not wait for them)
+//   so that the push stream's next copy does not wait for them; a stream's last piece, which
+//   no copy follows, has them on the push stream itself)
 //
 // The GEMM counts the stored tiles of each piece (up to kMaxPushPieces per chunk, at least
 // kRsPieceBytes on average, column ranges of whole 256-column tiles: the GEMM's walk takes up
@@ -470,39 +472,46 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
     sm.reset_and_barrier(landed_of(rank), pieces.count * ws, kBarrierChannel, compute);
     ctx.mark("opened", compute);
   }
-  const int streams = ctx.options().push_streams;
-  Event& start = ctx.event(0);
-  start.record(compute);
-  for (int i = 0; i < streams; ++i)
-    start.block(ctx.push_stream(i));
   ChunkedGemmArgs args = native_rs_args(ctx, a.view({plan.m, plan.k}), c.bs[0], product);
   detail::set_native_rs_reduction(args, rank, ws, pieces,
                                   sm.buffer(rank, {ws, rows, plan.n}, c.out.dtype(), slots.offset),
                                   c.out.view({rows, plan.n}), done, landed_of(rank), slots.number,
                                   channel, options.reduce_op == ReduceOp::kAvg);
+  // The pieces to push, in the order the GEMM finishes them (native_gemm_done_order: chunk by
+  // chunk, rank + 1, rank + 2, ..., each by columns); the own chunk is reduced in the GEMM's
+  // epilogue, never counted. Piece t goes on push stream t (mod the push streams): each piece
+  // waits only for its own counter and raises only its own flag, so no piece waits for another's
+  // copy. Only the push streams that get a piece are forked and joined.
+  std::vector<Backend::DoneCounter> to_push;
+  for (const Backend::DoneCounter& counter : be.native_gemm_done_order(args))
+    if (counter.index / pieces.count != rank) to_push.push_back(counter);
+  const int streams =
+      static_cast<int>(std::min<size_t>(ctx.options().push_streams, to_push.size()));
+  Event& start = ctx.event(0);
+  start.record(compute);
+  for (int i = 0; i < streams; ++i)
+    start.block(ctx.push_stream(i));
   be.native_gemm(args, compute);
   ctx.mark("gemm", compute);
   // The push streams' waits for the counters (stream memory waits, no SM needed) are bounded by
-  // the GEMM: its tiles of other chunks wait for nothing, so every count is reached. The pieces
-  // go in the order the GEMM finishes them (native_gemm_done_order: chunk by chunk, rank + 1,
-  // rank + 2, ..., each by columns), on the push streams by turns: each piece waits only for its
-  // own counter and raises only its own flag, so no piece waits for another's copy.
-  int turn = 0;
-  for (const auto [index, count] : be.native_gemm_done_order(args)) {
+  // the GEMM: its tiles of other chunks wait for nothing, so every count is reached.
+  for (size_t t = 0; t < to_push.size(); ++t) {
+    const auto [index, count] = to_push[t];
     const int d = index / pieces.count;
     const int q = index % pieces.count;
-    if (d == rank) continue;  // reduced in the GEMM's epilogue, never counted
-    const int t = turn++;
-    Stream& push = ctx.push_stream(t);
+    Stream& push = ctx.push_stream(static_cast<int>(t));
     const Tensor from = product.narrow(0, d * rows, rows);
     const Tensor to = slots.at(d, rank).view({rows, plan.n});
     be.wait_flag(done + index, count, push);
     be.copy(piece_of(to, q), piece_of(from, q), push);
-    // The flag and the reset beside the push stream, which goes on to its next piece at once.
-    Stream& flags = ctx.flags_behind(t);
+    // The flag and the reset beside the push stream, which goes on to its next piece at once;
+    // after a stream's last piece, on the push stream itself (nothing follows there that they
+    // could hold up), which saves the flag stream's event edge and its join.
+    const bool last_on_stream = t + streams >= to_push.size();
+    Stream& flags = last_on_stream ? push : ctx.flags_behind(static_cast<int>(t));
     be.write_flag(landed_of(d) + q * ws + rank, slots.number, flags);
-    // Counted in full: back to 0 for the next op, here beside the GEMM (a stream write takes
-    // ~3 us; after the GEMM they would add up).
+    // Counted in full: back to 0 for the next op, here beside the GEMM (stream writes after the
+    // GEMM would add up; see docs/DECISIONS.md D4).
     be.write_flag(done + index, 0, flags);
     if (ctx.tracing()) ctx.mark(fmt::format("pushed piece {} to {}", q, d), flags);
   }
@@ -564,7 +573,23 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   // A wait of an earlier op that timed out is reported here (see all_gather_matmul.cpp).
   ctx.backend().check_errors();
   ctx.forget_flag_streams();
-  validate(ctx, c, options.scatter_dim);
+  // The call's metadata: a call seen before skips the checks and the choice.
+  detail::CallMemos& memos = ctx.call_memos();
+  memos.start(c.op);
+  memos.add(options.scatter_dim);
+  memos.add(static_cast<int64_t>(options.reduce_op));
+  memos.add(options.path ? static_cast<int64_t>(*options.path) : -1);
+  memos.add(c.as);
+  memos.add(c.bs);
+  memos.add(c.a_scale);
+  memos.add(c.b_scale);
+  memos.add(c.out);
+  const detail::CallMemo* memo = memos.find();
+  if (memo != nullptr) {
+    c.g = memo->dim;
+  } else {
+    validate(ctx, c, options.scatter_dim);
+  }
   std::vector<Tensor> as = contiguous_as(ctx, c.as);
   Tensor a_scale = c.a_scale;
   if (c.rowwise() && !a_scale.is_contiguous()) {
@@ -572,14 +597,9 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
     ctx.backend().copy(a_scale, c.a_scale, ctx.stream());
   }
   ProductWriter writer(ctx, c, std::move(as), a_scale);
-  const size_t symm_bytes = slots_symm_bytes(ctx.world_size(), chunk_bytes(c.out));
-  detail::CallPaths paths;
   const Tensor a0 = writer.a0();
-  const std::optional<NativeRsPlan> plan =
-      native_rs_check(ctx, c, a0, options.reduce_op, &paths.native_unsupported);
-  if (plan) paths.native_symm_bytes = symm_bytes;
-  paths.key = problem_key(ctx, c, options.reduce_op);
-  paths.run = [&](Path p) {
+  std::optional<NativeRsPlan> plan;
+  auto run_path = [&](Path p) {
     switch (p) {
       case Path::kNative:
         run_native(ctx, c, a0, *plan, options);
@@ -592,9 +612,28 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
         break;
     }
   };
+  if (memo != nullptr) {
+    if (memo->has_plan) plan = NativeRsPlan{memo->plan[0], memo->plan[1], memo->plan[2]};
+    ctx.usage().record(c.op, memo->decision.path, memo->decision.reason, memo->decision.warns());
+    run_path(memo->decision.path);
+    return;
+  }
+  const size_t symm_bytes = slots_symm_bytes(ctx.world_size(), chunk_bytes(c.out));
+  detail::CallPaths paths;
+  plan = native_rs_check(ctx, c, a0, options.reduce_op, &paths.native_unsupported);
+  if (plan) paths.native_symm_bytes = symm_bytes;
+  paths.key = problem_key(ctx, c, options.reduce_op);
+  paths.run = run_path;
   const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, paths);
   ctx.usage().record(c.op, decision.path, decision.reason, decision.warns());
-  paths.run(decision.path);
+  // (Kept before the run: the key is the memos' one buffer.)
+  if (decision.settled) {
+    memos.remember({decision,
+                    c.g,
+                    plan.has_value(),
+                    {plan ? plan->m : 0, plan ? plan->k : 0, plan ? plan->n : 0}});
+  }
+  run_path(decision.path);
 }
 
 }  // namespace

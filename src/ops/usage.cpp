@@ -39,9 +39,17 @@ std::string_view path_choice_name(PathChoice choice) {
   return "?";
 }
 
+static_assert(static_cast<size_t>(Path::kNative) < 3, "Usage::PerOp::counts is indexed by Path");
+
 void Usage::record(std::string_view op, Path path, std::string_view reason, bool warn) {
-  ++counts_[{std::string(op), path}];
-  last_[std::string(op)] = PathRecord{path, std::string(reason)};
+  // Every eager call passes here: no allocation once the op has been seen.
+  auto it = ops_.find(op);
+  if (it == ops_.end()) it = ops_.emplace(std::string(op), PerOp{}).first;
+  PerOp& per_op = it->second;
+  ++per_op.counts[static_cast<size_t>(path)];
+  per_op.last = path;
+  per_op.seen = true;
+  if (per_op.reason != reason) per_op.reason.assign(reason);
   if (warn && path == Path::kFallback &&
       warned_.emplace(std::string(op), std::string(reason)).second) {
     ASYNCTP_LOG_WARN("{} takes the unfused fallback: {}", op, reason);
@@ -49,19 +57,27 @@ void Usage::record(std::string_view op, Path path, std::string_view reason, bool
 }
 
 int64_t Usage::count(std::string_view op, Path path) const {
-  auto it = counts_.find({std::string(op), path});
-  return it == counts_.end() ? 0 : it->second;
+  auto it = ops_.find(op);
+  return it == ops_.end() ? 0 : it->second.counts[static_cast<size_t>(path)];
 }
 
 std::optional<PathRecord> Usage::last(std::string_view op) const {
-  auto it = last_.find(op);
-  if (it == last_.end()) return std::nullopt;
-  return it->second;
+  auto it = ops_.find(op);
+  if (it == ops_.end() || !it->second.seen) return std::nullopt;
+  return PathRecord{it->second.last, it->second.reason};
+}
+
+std::map<std::pair<std::string, Path>, int64_t> Usage::counts() const {
+  std::map<std::pair<std::string, Path>, int64_t> all;
+  for (const auto& [op, per_op] : ops_) {
+    for (size_t p = 0; p < per_op.counts.size(); ++p)
+      if (per_op.counts[p] > 0) all[{op, static_cast<Path>(p)}] = per_op.counts[p];
+  }
+  return all;
 }
 
 void Usage::reset() {
-  counts_.clear();
-  last_.clear();
+  ops_.clear();
 }
 
 }  // namespace asynctp

@@ -73,7 +73,7 @@ class SymmetricMemory {
   virtual void barrier(int channel, Stream& stream) = 0;
   // Sets this rank's `count` u32 flags at `flags` (device memory of this rank, e.g. its own pad
   // or an op's counters) to 0, then barrier(channel): every peer past the barrier sees them 0.
-  // One kernel on CUDA instead of stream writes before a barrier (those cost ~10 us at ws 4).
+  // One kernel on CUDA instead of stream writes before a barrier (see docs/DECISIONS.md D20).
   virtual void reset_and_barrier(uint32_t* flags, int count, int channel, Stream& stream) = 0;
   virtual void put_signal(int peer, int channel, Stream& stream) = 0;
   virtual void wait_signal(int peer, int channel, Stream& stream) = 0;

@@ -339,7 +339,7 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
       shape.op, shape.label, r.err_split, r.err_native, tol);
 
   // Every variant timed round-robin in one loop (see median_ms_interleaved): timed one after the
-  // other, the later ones ran on a hotter, slower GPU (up to 5-10% on the big shapes).
+  // other, the later ones would run on a hotter, slower GPU (see docs/DECISIONS.md D23).
   std::vector<std::function<void()>> fns{
       gemm_fn, split_fn, coll_fn, base_fn, fused_fn, [&] { fused_with(PathChoice::kSplit); }};
   std::vector<double*> slots{&r.gemm_ms,     &r.split_gemm_ms, &r.collective_ms,

@@ -107,7 +107,7 @@ std::vector<double> round_robin_medians(OpContext& ctx,
   if (warmup_ms > 0) {
     // Keep the GPU busy for warmup_ms in all: a GPU that comes out of a pause (validation, the
     // previous shape's set-up) runs its first few hundred milliseconds of heavy work at reduced
-    // clocks (seen on the H200s: 1400-1500 MHz, "SW power cap", at 250-500 W, then 1980 MHz).
+    // clocks (see docs/DECISIONS.md D23).
     // The ranks agree on the number of rounds: every round is collective.
     const auto t0 = std::chrono::steady_clock::now();
     round();
@@ -125,11 +125,8 @@ std::vector<double> round_robin_medians(OpContext& ctx,
   std::vector<std::vector<double>> times(fns.size()), host(fns.size());
   // Each round runs the variants in the next order of a balanced design, the same on every rank
   // (the ops are collective): what runs just before a variant, and the state it leaves in L2,
-  // clocks and copy engines, is every other variant about equally often. (A fixed order, even
-  // rotated, let one variant always follow the same neighbour: 2% on identical code. Orders
-  // shuffled from a fixed seed then repeated the same uneven neighbours in every run and every
-  // shape: the auto column, the native path itself, measured 1-4% above the native column on
-  // several shapes, ninth session.)
+  // clocks and copy engines, is every other variant about equally often. (A fixed or shuffled
+  // order gives a variant the same neighbours in every run: see docs/DECISIONS.md D23.)
   const std::vector<std::vector<size_t>> orders = balanced_orders(fns.size());
   for (int i = 0; i < iters; ++i) {
     for (const size_t f : round_order(orders, static_cast<size_t>(i))) {
@@ -218,9 +215,8 @@ double measure_peer_bandwidth(OpContext& ctx, size_t bytes_per_peer, int iters) 
   OwnedTensor dst = alloc(ctx, {ws, n}, DType::kF32);
   ctx.backend().fill(sm.buffer(ctx.rank(), {n}, DType::kF32), 1.0f, ctx.stream());
   sm.barrier(0, ctx.stream());
-  // Every rank starts each run together (device barrier): unaligned, a rank's pulls overlapped
-  // a varying share of its peers' and the result moved between 214 and 324 GB/s at ws 4 (the
-  // pattern alone, aligned, gives 350).
+  // Every rank starts each run together (device barrier): unaligned, a rank's pulls overlap a
+  // varying share of its peers' (see docs/DECISIONS.md D23).
   const double ms = median_ms_interleaved(
       ctx, {[&] {
         for (int i = 1; i < ws; ++i) {

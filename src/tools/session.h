@@ -49,10 +49,10 @@ double median_ms(OpContext& ctx, const std::function<void()>& fn, int warmup, in
 // median host time each variant's call took to return (its enqueueing, on an asynchronous backend).
 // warmup_ms: after the `warmup` rounds, more rounds until that much time has passed (the same
 // number on every rank). pace: after each timed run the host pauses pace x that run's time, so
-// the GPU works at most 1/(1+pace) of the time: back to back (pace 0) an H200 reaches its 700 W
-// cap within a few hundred ms and drops its SM clock from 1980 to 1400-1650 MHz, while short
-// bursts from idle (PyTorch's anchor script: 35 runs per column) stay at 1980 MHz. pause: how
-// the host idles (core/deadline.h).
+// the GPU works at most 1/(1+pace) of the time: back to back (pace 0) a GPU reaches its power
+// cap within a few hundred ms and lowers its SM clock, while short bursts from idle (as PyTorch's
+// anchor script times) keep it up (see docs/DECISIONS.md D23). pause: how the host idles
+// (core/deadline.h).
 std::vector<double> median_ms_interleaved(OpContext& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
                                           int iters, std::vector<double>* host_ms = nullptr,

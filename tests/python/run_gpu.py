@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 import asynctp
 import asynctp.torch as atp
+from asynctp.torch import _ops
 
 OPS = torch.ops.asynctp
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
@@ -162,38 +163,64 @@ def capture(name: str) -> None:
                    atp.last_path("matmul_reduce_scatter", name)[0]]})
 
 
-def bench(fn, iters: int, graph: bool = False) -> float:
-    """Median microseconds by CUDA events, the slowest rank's (as the anchor script times)."""
-    torch.cuda.synchronize()
-    run = fn
-    if graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+def as_graph(fn):
+    """fn captured into a CUDA graph (after a warm-up on a side stream); returns its replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
             fn()
-        run = g.replay
-    for _ in range(5):
-        run()
+    torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    dist.barrier()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0)
-    times.sort()
-    t = torch.tensor([times[len(times) // 2]], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g.replay
+
+
+def spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def bench(fns: dict, iters: int, pace: float, warmup_ms: float = 300.0) -> dict:
+    """Median microseconds by CUDA events, the slowest rank's, of each of `fns`, timed the way
+    `asynctp bench` times (src/tools/session.cpp): rounds of every variant in alternating orders
+    (each variant follows the other about equally often), each run after a device barrier (a
+    one-element NCCL all-reduce on the current stream, which lines the ranks up on the GPU), timed
+    from an event recorded behind the barrier to one recorded behind the run, then an idle spin
+    of `pace` times the run (1: paced, below the power cap; 0: sustained, back to back). Warmed
+    up until warmup_ms have passed."""
+    names = list(fns)
+    token = torch.zeros(1, device="cuda")
+    began = time.perf_counter()
+    for r in itertools.count():
+        for n in names:
+            fns[n]()
+        # Every rank runs the same number of rounds (the ops are collective).
+        more = torch.tensor([float(r < 2 or (time.perf_counter() - began) * 1e3 < warmup_ms)],
+                            device="cuda")
+        dist.all_reduce(more, op=dist.ReduceOp.MAX)
+        if more.item() == 0.0:
+            break
+    times = {n: [] for n in names}
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(iters):
+        for n in (names if i % 2 == 0 else names[::-1]):
+            dist.all_reduce(token)
+            start.record()
+            fns[n]()
+            stop.record()
+            stop.synchronize()
+            us = start.elapsed_time(stop) * 1000.0
+            times[n].append(us)
+            if pace > 0:
+                spin(pace * us / 1e6)
+    med = torch.tensor([sorted(times[n])[len(times[n]) // 2] for n in names], device="cuda")
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return dict(zip(names, med.tolist()))
 
 
 def host_time(fn, calls: int = 200) -> float:
@@ -211,6 +238,17 @@ def host_time(fn, calls: int = 200) -> float:
             torch.cuda.synchronize()
     times.sort()
     return times[len(times) // 2]
+
+
+def side_by_side(rec: dict, ours, theirs, iters: int) -> None:
+    """asynctp's op and symm_mem's, eager and replayed from CUDA graphs, paced and sustained, into
+    rec: "{eager|graph}_{paced|sustained}": {"asynctp": us, "symm_mem": us, "speedup": x}."""
+    replays = {"asynctp": as_graph(ours), "symm_mem": as_graph(theirs)}
+    for mode, fns in (("eager", {"asynctp": ours, "symm_mem": theirs}), ("graph", replays)):
+        for pace_name, pace in (("paced", 1.0), ("sustained", 0.0)):
+            t = bench(fns, iters, pace)
+            t["speedup"] = t["symm_mem"] / t["asynctp"]
+            rec[f"{mode}_{pace_name}"] = t
 
 
 def timings(name: str, iters: int) -> None:
@@ -234,12 +272,8 @@ def timings(name: str, iters: int) -> None:
         theirs = lambda: torch.ops.symm_mem.fused_all_gather_matmul(A, [B], 0, name, return_A=False)  # noqa: E731
         rec = {"kind": "ag_mm", "shape": label, "M": M, "K": K, "N": N}
         atp.reserve(OPS.fused_all_gather_matmul, A, [B], 0, name, return_A=False)
-        for tag, fn in (("asynctp", ours), ("symm_mem", theirs)):
-            rec[tag] = bench(fn, iters)
-            rec[f"{tag}_graph"] = bench(fn, iters, graph=True)
+        side_by_side(rec, ours, theirs, iters)
         rec["path"] = atp.last_path("all_gather_matmul", name)[0]
-        rec["speedup"] = rec["symm_mem"] / rec["asynctp"]
-        rec["speedup_graph"] = rec["symm_mem_graph"] / rec["asynctp_graph"]
         log(rec)
     rs_shapes = [("seed-like-4096x8192x3584", 4096, 3584, 8192), ("l3-8b-ffn-down", 8192, 14336 // ws, 4096),
                  ("l3-70b-ffn-down", 8192, 28672 // ws, 8192), ("l3-70b-attn-out", 8192, 8192 // ws, 8192)]
@@ -251,12 +285,8 @@ def timings(name: str, iters: int) -> None:
         theirs = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 0, name)  # noqa: E731
         rec = {"kind": "mm_rs", "shape": label, "M": M, "K": K, "N": N}
         atp.reserve(OPS.fused_matmul_reduce_scatter, A, B, "sum", 0, name)
-        for tag, fn in (("asynctp", ours), ("symm_mem", theirs)):
-            rec[tag] = bench(fn, iters)
-            rec[f"{tag}_graph"] = bench(fn, iters, graph=True)
+        side_by_side(rec, ours, theirs, iters)
         rec["path"] = atp.last_path("matmul_reduce_scatter", name)[0]
-        rec["speedup"] = rec["symm_mem"] / rec["asynctp"]
-        rec["speedup_graph"] = rec["symm_mem_graph"] / rec["asynctp_graph"]
         log(rec)
     # Host time of one eager call, on a small problem whose GPU time hides behind the host's.
     A = torch.randn(256 // ws, 256, dtype=dt, device="cuda")
@@ -264,6 +294,9 @@ def timings(name: str, iters: int) -> None:
     rec = {"kind": "host_us",
            "asynctp_ag_mm": host_time(lambda: OPS.fused_all_gather_matmul(A, [B], 0, name, return_A=False)),
            "asynctp_mm_rs": host_time(lambda: OPS.fused_matmul_reduce_scatter(B, B, "sum", 0, name)),
+           # The same without torch's dispatcher: asynctp's kernel called from Python directly.
+           "asynctp_ag_mm_kernel": host_time(lambda: _ops._all_gather_matmul(A, [B], 0, name, return_A=False)),
+           "asynctp_mm_rs_kernel": host_time(lambda: _ops._matmul_reduce_scatter(B, B, "sum", 0, name)),
            "symm_mem_ag_mm": host_time(lambda: torch.ops.symm_mem.fused_all_gather_matmul(A, [B], 0, name, return_A=False)),
            "torch_mm": host_time(lambda: torch.mm(B, B))}
     t = torch.tensor([rec["asynctp_ag_mm"], rec["asynctp_mm_rs"]], device="cuda")

@@ -4,6 +4,10 @@
     A, (out,) = torch.ops.asynctp.fused_all_gather_matmul(a_shard, [w], 0, group.group_name)
     y = torch.ops.asynctp.fused_matmul_reduce_scatter(h, w2, "sum", 0, group.group_name)
 
+asynctp.torch.fused_all_gather_matmul etc. (asynctp.torch.functional) take the same arguments
+and skip torch's dispatcher on eager calls that record no autograd graph: the lowest host time
+per call.
+
 The four fused ops have exactly torch.ops.symm_mem's schemas (swap one for the other);
 fused_matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name) reduce-scatters the sum
 of several products. Groups are torch process groups named by group_name (subgroups too); CPU
@@ -19,9 +23,23 @@ from .. import _capi
 from .._capi import InvalidArgumentError
 from . import _contexts, _ops
 from ._contexts import OPTIONS, release
+from .functional import (
+    fused_all_gather_matmul,
+    fused_all_gather_scaled_matmul,
+    fused_matmul_reduce_scatter,
+    fused_matmuls_reduce_scatter,
+    fused_scaled_matmul_reduce_scatter,
+)
 from .modules import ColumnParallelLinear, RowParallelLinear  # registers autograd too
 
 __all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "fused_all_gather_matmul",
+    "fused_all_gather_scaled_matmul",
+    "fused_matmul_reduce_scatter",
+    "fused_matmuls_reduce_scatter",
+    "fused_scaled_matmul_reduce_scatter",
     "last_path",
     "memory_stats",
     "release",

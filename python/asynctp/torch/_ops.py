@@ -154,6 +154,9 @@ def _unsupported_extras(biases, result_scales, op: str) -> None:
 # ---- calling the library ---------------------------------------------------------------------
 
 
+_current_stream = torch._C._cuda_getCurrentRawStream
+
+
 def _stream_on(cuda: bool, index: int):
     """torch's current stream of CUDA device `index` (a cudaStream_t; NULL is the legacy default
     stream, as the C ABI takes it), None (ignored) on the CPU backend."""
@@ -177,7 +180,6 @@ def _descs(e, key: str, tensors):
 
 
 _NO_TENSOR = _capi.no_tensor()
-_NO_TENSOR_PTR = ctypes.pointer(_NO_TENSOR)  # made once: the eager path passes it as is
 _entries = _contexts._entries
 
 
@@ -189,18 +191,21 @@ def _contiguous_strides(shape) -> list[int]:
     return strides[::-1]
 
 
-def _key(ts) -> tuple:
-    """What a call plan depends on: each tensor's shape, strides, dtype and device."""
-    return tuple([(t.shape, t.dtype, t.get_device(), t.is_contiguous() or t.stride()) for t in ts])
+def _tensor_key(t) -> tuple:
+    """What a call plan depends on of one tensor: shape, dtype, device, strides."""
+    return (t.shape, t.dtype, t.get_device(), t.stride())
 
 
 class _Plan:
     """A call's descriptors, filled once per (shapes, strides, dtypes, devices, dims): a call
     then only writes data pointers and allocates its outputs (the host time of an eager call
-    is the acceptance's measure)."""
+    is the acceptance's measure). The descriptors' element views and the arrays' addresses are
+    kept too: making a view of an array element, and converting an array into a pointer
+    argument, cost more than the write or the call itself."""
 
     __slots__ = ("out_shapes", "out_dtype", "a_shape", "dim", "inputs", "outs", "a_out", "op",
-                 "cuda", "device", "index")
+                 "cuda", "device", "index", "input_views", "out_views", "a_out_view", "addrs",
+                 "a_out_addr", "same_dtype")
 
     def __init__(self, inputs, out_shapes, out_dtype, a_shape, dim, device, op=0):
         self.inputs = []
@@ -209,16 +214,24 @@ class _Plan:
             for i, t in enumerate(ts):
                 fill(arr[i], t)
             self.inputs.append(arr)
+        self.input_views = [[arr[i] for i in range(len(arr))] for arr in self.inputs]
         self.out_shapes = out_shapes
         self.out_dtype = out_dtype
+        self.same_dtype = out_dtype == inputs[0][0].dtype
         self.outs = (_capi.Tensor * len(out_shapes))()
         for i, shape in enumerate(out_shapes):
             _contexts.fill_meta(self.outs[i], out_dtype, device, shape, _contiguous_strides(shape))
+        self.out_views = [self.outs[i] for i in range(len(out_shapes))]
         self.a_shape = a_shape
         self.a_out = None
+        self.a_out_view = None
+        self.a_out_addr = ctypes.addressof(_NO_TENSOR)
         if a_shape is not None:
             self.a_out = (_capi.Tensor * 1)()
             _contexts.fill_meta(self.a_out[0], out_dtype, device, a_shape, _contiguous_strides(a_shape))
+            self.a_out_view = self.a_out[0]
+            self.a_out_addr = ctypes.addressof(self.a_out)
+        self.addrs = [ctypes.addressof(arr) for arr in self.inputs] + [ctypes.addressof(self.outs)]
         self.dim = dim
         self.device = device
         self.cuda = device.type == "cuda"
@@ -236,32 +249,45 @@ def _remember(e, key, plan: _Plan) -> None:
     e.descs[key] = plan
 
 
+def _empty(plan: _Plan, like, shape):
+    """An output of the plan's dtype on its device (new_empty where the dtype is the input's:
+    fewer arguments to parse)."""
+    if plan.same_dtype:
+        return like.new_empty(shape)
+    return torch.empty(shape, dtype=plan.out_dtype, device=plan.device)
+
+
 def _all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
     e = _entries.get((group_name, A.get_device())) or _contexts.entry(group_name, A)
-    key = ("ag", gather_dim, return_A, _key([A, *Bs]))
+    if len(Bs) == 1:
+        key = ("ag", gather_dim, return_A, A.shape, A.dtype, A.stride(), _tensor_key(Bs[0]))
+    else:
+        key = ("ag", gather_dim, return_A, A.shape, A.dtype, A.stride(),
+               *[_tensor_key(B) for B in Bs])
     plan = e.descs.get(key)
     if plan is None:
         g, full, out_shapes = _ag_shapes(A, Bs, gather_dim, e.world_size)
         _same_dtype(A, Bs, "Bs")
         plan = _Plan([[A], Bs], out_shapes, A.dtype, full if return_A else None, g, A.device)
         _remember(e, key, plan)
-    d_a, d_bs = plan.inputs
-    d_a[0].data = A.data_ptr()
-    for i, B in enumerate(Bs):
-        d_bs[i].data = B.data_ptr()
-    device, dtype = plan.device, plan.out_dtype
-    outs = [torch.empty(s, dtype=dtype, device=device) for s in plan.out_shapes]
-    for i, out in enumerate(outs):
-        plan.outs[i].data = out.data_ptr()
+    (a_view,), b_views = plan.input_views
+    a_view.data = A.data_ptr()
+    for view, B in zip(b_views, Bs):
+        view.data = B.data_ptr()
+    outs = [_empty(plan, A, s) for s in plan.out_shapes]
+    for view, out in zip(plan.out_views, outs):
+        view.data = out.data_ptr()
     a_out = None
-    if plan.a_out is not None:
-        a_out = torch.empty(plan.a_shape, dtype=dtype, device=device)
-        plan.a_out[0].data = a_out.data_ptr()
-    status = _capi.lib().asynctp_all_gather_matmul(
-        e.handle, d_a, d_bs, len(Bs), plan.outs,
-        plan.a_out if plan.a_out is not None else _NO_TENSOR_PTR, plan.dim,
-        _capi.PATH_DEFAULT, _stream_on(plan.cuda, plan.index))
-    _complete(e, status, plan.cuda)
+    if plan.a_out_view is not None:
+        a_out = _empty(plan, A, plan.a_shape)
+        plan.a_out_view.data = a_out.data_ptr()
+    cuda = plan.cuda
+    addrs = plan.addrs
+    status = _capi.by_address("asynctp_all_gather_matmul")(
+        e.handle, addrs[0], addrs[1], len(Bs), addrs[2], plan.a_out_addr, plan.dim,
+        _capi.PATH_DEFAULT, (_current_stream(plan.index) or None) if cuda else None)
+    if status or not cuda:
+        _complete(e, status, cuda)
     return a_out, outs
 
 
@@ -280,23 +306,30 @@ def _matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name):
         )
     A0 = As[0]
     e = _entries.get((group_name, A0.get_device())) or _contexts.entry(group_name, A0)
-    key = ("rs", reduce_op, scatter_dim, _key([*As, *Bs]))
+    if len(As) == 1:
+        key = ("rs", reduce_op, scatter_dim, A0.shape, A0.dtype, A0.stride(), _tensor_key(Bs[0]))
+    else:
+        key = ("rs", reduce_op, scatter_dim, *[_tensor_key(t) for t in (*As, *Bs)])
     plan = e.descs.get(key)
     if plan is None:
         op = _reduce_op(reduce_op)
         g, out_shape = _rs_check(As, Bs, scatter_dim, e.world_size)
         plan = _Plan([As, Bs], [out_shape], A0.dtype, None, g, A0.device, op)
         _remember(e, key, plan)
-    d_as, d_bs = plan.inputs
-    for i, (A, B) in enumerate(zip(As, Bs)):
-        d_as[i].data = A.data_ptr()
-        d_bs[i].data = B.data_ptr()
-    out = torch.empty(plan.out_shapes[0], dtype=plan.out_dtype, device=plan.device)
-    plan.outs[0].data = out.data_ptr()
-    status = _capi.lib().asynctp_matmul_reduce_scatter(
-        e.handle, d_as, d_bs, len(As), plan.outs, plan.op, plan.dim, _capi.PATH_DEFAULT,
-        _stream_on(plan.cuda, plan.index))
-    _complete(e, status, plan.cuda)
+    a_views, b_views = plan.input_views
+    for view, A in zip(a_views, As):
+        view.data = A.data_ptr()
+    for view, B in zip(b_views, Bs):
+        view.data = B.data_ptr()
+    out = _empty(plan, A0, plan.out_shapes[0])
+    plan.out_views[0].data = out.data_ptr()
+    cuda = plan.cuda
+    addrs = plan.addrs
+    status = _capi.by_address("asynctp_matmul_reduce_scatter")(
+        e.handle, addrs[0], addrs[1], len(As), addrs[2], plan.op, plan.dim, _capi.PATH_DEFAULT,
+        (_current_stream(plan.index) or None) if cuda else None)
+    if status or not cuda:
+        _complete(e, status, cuda)
     return out
 
 

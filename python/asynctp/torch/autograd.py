@@ -1,4 +1,4 @@
-"""Backward formulas of the bf16/f16/f32 fused ops (torch.library.register_autograd).
+"""Backward formulas of the bf16/f16/f32 fused ops (torch.library.register_autograd's kernel).
 
 Shapes (ws = the group's size, g = gather/scatter dim, d = any other leading dims):
 
@@ -188,23 +188,52 @@ def _mms_rs_backward(ctx, grad_out):
     return grad_As, grad_Bs, None, None, None
 
 
+# The dispatch keys whose kernel is asynctp's own (_ops._KERNELS): where the highest key left
+# below autograd is one of these, nothing (no mode, subclass or functionalization) sits between
+# autograd and the kernel.
+_PLAIN_KEYS = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
+
+
+def _register_one(name: str, backward, setup_context) -> None:
+    """register_autograd's kernel, plus a shortcut for calls that record nothing.
+
+    torch.library.register_autograd's Autograd kernel sends a call that needs no graph (grad
+    mode off, or no input requiring grad) back through the dispatcher below autograd, a second
+    trip of a few microseconds on every eager call. Here such a call goes straight to asynctp's
+    kernel when the next key down is CPU or CUDA: the kernel the dispatcher would pick. Every
+    other call (one that records a graph, or a fake tensor, a mode, a subclass below autograd)
+    takes register_autograd's own kernel unchanged.
+    """
+    from . import _ops
+
+    qualname = f"asynctp::{name}"
+    try:
+        from torch._library.autograd import Info, make_autograd_impl
+
+        op = getattr(torch.ops.asynctp, name).default
+        generated = make_autograd_impl(op, Info(backward, setup_context))
+    except (ImportError, AttributeError, TypeError):  # a torch without these internals
+        torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+        return
+    direct = _ops._KERNELS[name][0]
+    after_autograd = torch._C._after_autograd_keyset
+    grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
+
+    def kernel(keyset, *args, **kwargs):
+        if not (grad_enabled() and any_requires_grad(*args)) and (
+            (keyset & after_autograd).highestPriorityTypeId() in _PLAIN_KEYS
+        ):
+            return direct(*args, **kwargs)
+        return generated(keyset, *args, **kwargs)
+
+    _ops.lib.impl(name, kernel, "Autograd", with_keyset=True)
+
+
 def _register() -> None:
     """Runs once, on import, after asynctp.torch has defined the ops."""
-    torch.library.register_autograd(
-        "asynctp::fused_all_gather_matmul",
-        _ag_mm_backward,
-        setup_context=_ag_mm_setup_context,
-    )
-    torch.library.register_autograd(
-        "asynctp::fused_matmul_reduce_scatter",
-        _mm_rs_backward,
-        setup_context=_mm_rs_setup_context,
-    )
-    torch.library.register_autograd(
-        "asynctp::fused_matmuls_reduce_scatter",
-        _mms_rs_backward,
-        setup_context=_mms_rs_setup_context,
-    )
+    _register_one("fused_all_gather_matmul", _ag_mm_backward, _ag_mm_setup_context)
+    _register_one("fused_matmul_reduce_scatter", _mm_rs_backward, _mm_rs_setup_context)
+    _register_one("fused_matmuls_reduce_scatter", _mms_rs_backward, _mms_rs_setup_context)
 
 
 _register()

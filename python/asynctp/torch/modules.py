@@ -33,6 +33,7 @@ from torch import nn
 from torch.distributed import distributed_c10d as c10d
 
 from . import autograd as _autograd  # noqa: F401  (the ops' backward formulas)
+from . import functional as _functional
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear"]
 
@@ -181,7 +182,7 @@ class ColumnParallelLinear(_SequenceParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dim = self._seq_dim_of(x)
-        _, (y,) = torch.ops.asynctp.fused_all_gather_matmul(
+        _, (y,) = _functional.fused_all_gather_matmul(
             x, [self.weight.t()], dim, self.group_name, return_A=self.keep_gathered_input and torch.is_grad_enabled()
         )
         return y if self.bias is None else y + self.bias
@@ -242,7 +243,7 @@ class RowParallelLinear(_SequenceParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dim = self._seq_dim_of(x)
-        y = torch.ops.asynctp.fused_matmul_reduce_scatter(
+        y = _functional.fused_matmul_reduce_scatter(
             x, self.weight.t(), "sum", dim, self.group_name
         )
         if self.bias is None:

@@ -14,6 +14,7 @@
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/driver_api.h"
 #include "device/cuda/ktensor.h"
+#include "kernels/native/schedule.h"
 
 namespace asynctp {
 
@@ -63,13 +64,11 @@ uint64_t timeout_ns(std::chrono::milliseconds timeout) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count());
 }
 
-// The native GEMM's CTAs where ranks share a GPU: each rank's share of the SMs. Measured on an
-// H100 (scripts/experiments/shared_gpu_probe.cu): beside a kernel spinning on every SM, a
-// one-block kernel of another process started only after ~150 ms, and the native ops, whose
-// ranks wait on each other's GEMMs many times per op, waited out their timeouts; beside one on
-// half the SMs it started at once (0.3 ms), and with every rank's GEMM on its share the ws-2 and
-// ws-4 op tests all pass. Between ranks of one GPU the pushes are copies within the GPU, which
-// are kernels too (so the probe measured within one process): they need SMs the GEMMs leave free.
+// The native GEMM's CTAs where ranks share a GPU: each rank's share of the SMs. Beside a kernel
+// spinning on every SM another process's kernel does not start promptly, and the native ops'
+// ranks wait on each other's GEMMs many times per op; between ranks of one GPU the pushes are
+// copies within the GPU, which are kernels too and need SMs the GEMMs leave free (see
+// docs/DECISIONS.md D25, D3).
 // 0 (one CTA per SM) where every rank has a GPU of its own.
 int shared_gpu_ctas() {
   static const int ctas = [] {
@@ -84,7 +83,7 @@ int shared_gpu_ctas() {
   return ctas;
 }
 
-std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k) {
+std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::NativeGemmParams* k) {
   const Tensor& a = args.a;
   const Tensor& b = args.b;
   const Tensor& d = args.d;
@@ -98,6 +97,8 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
     return fmt::format("a {} has no unit column stride", a.describe());
   if (d.stride(1) != 1 && d.size(1) != 1)
     return fmt::format("d {} has no unit column stride", d.describe());
+  *k = {};
+  static_cast<kernels::NativeGemmSchedule&>(*k) = args;
   k->a = a.data();
   k->lda = a.stride(0);
   k->b = b.data();
@@ -117,18 +118,8 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
   k->m = a.size(0);
   k->n = b.size(1);
   k->k = a.size(1);
-  k->chunk_rows = args.chunk_rows;
-  k->first_chunk = args.first_chunk;
-  k->ready = args.ready;
-  k->ready_value = args.ready_value;
-  k->ready_rows = args.ready_rows;
-  k->ready_stride = args.ready_stride;
-  k->done = args.done;
   k->timeout_ns = timeout_ns(args.timeout);
-  k->rank = args.rank;
-  k->reserve_sms = args.reserve_sms;
   k->max_ctas = shared_gpu_ctas();
-  k->tail_split = args.tail_split;
   if (args.own_a.defined()) {
     const Tensor& o = args.own_a;
     if (o.dim() != 2 || o.size(1) != a.size(1) || o.dtype() != a.dtype() ||
@@ -138,14 +129,13 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
     }
     k->own_a = o.data();
     k->own_lda = o.stride(0);
-    k->own_chunk = args.own_chunk;
+  } else {
+    k->own_chunk = -1;
   }
-  k->done_rows = args.done_rows;
-  k->done_cols = args.done_cols;
   if (args.sum_chunk >= 0) {
     const Tensor& parts = args.sum_parts;
     const Tensor& out = args.sum_out;
-    const int64_t rows = args.chunk_rows > 0 ? args.chunk_rows : a.size(0);
+    const int64_t rows = kernels::chunk_rows_of(*k);
     if (out.dim() != 2 || out.size(0) != rows || out.size(1) != d.size(1) ||
         out.dtype() != d.dtype() || (out.stride(1) != 1 && out.size(1) != 1)) {
       return fmt::format("sum_out {} is not a [{}, {}] {} matrix with unit column stride",
@@ -157,7 +147,6 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
       return fmt::format("sum_parts {} is not [parts, {}, {}] {} with unit column stride",
                          parts.describe(), rows, d.size(1), d.dtype());
     }
-    k->sum_chunk = args.sum_chunk;
     k->sum_out = out.data();
     k->sum_ldo = out.stride(0);
     k->sum_count = parts.defined() ? static_cast<int>(parts.size(0)) : 1;
@@ -166,14 +155,6 @@ std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::AsyncGemmArgs* k
       k->sum_part_stride = parts.stride(0);
       k->sum_ld = parts.stride(1);
     }
-    k->sum_self = args.sum_self;
-    k->sum_avg = args.sum_avg;
-    k->sum_flags = args.sum_flags;
-    k->sum_value = args.sum_value;
-    k->sum_rows = args.sum_rows;
-    k->sum_cols = args.sum_cols;
-    k->sum_flag_stride = args.sum_flag_stride;
-    k->sum_channel = args.sum_channel;
   }
   return "";
 }
@@ -375,7 +356,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
                            const FlagWait& wait, Stream& stream) override {
     if (ranks_per_gpu_ > 1) {
       // Where ranks share a GPU, a push to a peer on the same GPU is a copy within the GPU, which
-      // is a kernel (docs/PERFORMANCE.md). The reduction's blocks, each
+      // is a kernel (see docs/DECISIONS.md D3). The reduction's blocks, each
       // spinning on the flags, take every thread slot of the GPU, so that copy, queued on this
       // rank's copy stream behind a push to another GPU, could start only once the reduction
       // ended, which waits (through the peers) for it: with 2 ranks on each of 2 GPUs the ws-4
@@ -405,14 +386,14 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   }
 
   std::string native_gemm_unsupported(const ChunkedGemmArgs& args) override {
-    kernels::AsyncGemmArgs k;
+    kernels::NativeGemmParams k;
     if (std::string why = to_async_gemm(args, &k); !why.empty()) return why;
     const char* why = kernels::async_gemm_unsupported(k);
     return why == nullptr ? "" : std::string(why);
   }
 
   void native_gemm(const ChunkedGemmArgs& args, Stream& stream) override {
-    kernels::AsyncGemmArgs k;
+    kernels::NativeGemmParams k;
     const std::string why = to_async_gemm(args, &k);
     ASYNCTP_CHECK(why.empty(), "native GEMM of a {} by b {} into d {}: {}", args.a.describe(),
                   args.b.describe(), args.d.describe(), why);
@@ -425,20 +406,20 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   }
 
   std::vector<DoneCounter> native_gemm_done_order(const ChunkedGemmArgs& args) override {
-    kernels::AsyncGemmArgs k;
+    kernels::NativeGemmParams k;
     const std::string why = to_async_gemm(args, &k);
     ASYNCTP_CHECK(why.empty(), "native_gemm_done_order: {}", why);
     std::vector<DoneCounter> counters;
-    for (const int index : kernels::async_gemm_done_order(k))
-      counters.push_back({index, kernels::async_gemm_done_count(k, index)});
+    for (const int index : kernels::done_order(k))
+      counters.push_back({index, kernels::done_count(k, index)});
     return counters;
   }
 
   OwnEdgeRows native_gemm_own_edge_rows(const ChunkedGemmArgs& args) override {
-    kernels::AsyncGemmArgs k;
+    kernels::NativeGemmParams k;
     const std::string why = to_async_gemm(args, &k);
     ASYNCTP_CHECK(why.empty(), "native_gemm_own_edge_rows: {}", why);
-    const kernels::AsyncGemmOwnEdges edges = kernels::async_gemm_own_edge_rows(k);
+    const kernels::NativeGemmOwnEdges edges = kernels::own_edge_rows(k);
     return {edges.head, edges.tail};
   }
 

@@ -57,7 +57,7 @@ struct Gpu {
 // The reference kernel's result (f32) for d = a @ b.
 OwnedTensor reference(Gpu& gpu, const Tensor& a, const Tensor& b) {
   OwnedTensor d = gpu.empty({a.size(0), b.size(1)}, DType::kF32);
-  kernels::AsyncGemmArgs k;
+  kernels::NativeGemmParams k;
   k.a = a.data();
   k.lda = a.stride(0);
   k.b = b.data();
@@ -142,7 +142,7 @@ TEST(NativeGemm, RegisterStoreMatchesTmaStore) {
   OwnedTensor b = gpu.upload({264, 520}, DType::kBF16, 8);
   OwnedTensor d1 = gpu.empty({300, 520}, DType::kBF16);
   OwnedTensor d2 = gpu.empty({300, 520}, DType::kBF16);
-  kernels::AsyncGemmArgs k;
+  kernels::NativeGemmParams k;
   k.a = a->data();
   k.lda = 264;
   k.b = b->data();
@@ -488,7 +488,7 @@ TEST(NativeGemm, TailSplitMatchesUnsplitAndRepeatsBitForBit) {
     }
     // The rule: as many parts as the idle CTAs of the last wave take, 4 k-blocks deep at least,
     // 4 at most.
-    kernels::AsyncGemmArgs kargs;
+    kernels::NativeGemmParams kargs;
     kargs.m = m;
     kargs.n = n;
     kargs.k = k;
@@ -503,161 +503,6 @@ TEST(NativeGemm, TailSplitMatchesUnsplitAndRepeatsBitForBit) {
     EXPECT_EQ(kernels::async_gemm_tail_split(kargs), expected);
     kargs.tail_split = 1;
     EXPECT_EQ(kernels::async_gemm_tail_split(kargs), 1);
-  }
-}
-
-// Arguments for the host-only walk tests: only the shape matters (nothing is launched).
-kernels::AsyncGemmArgs walk_args(int64_t m, int64_t n) {
-  kernels::AsyncGemmArgs a;
-  a.m = m;
-  a.n = n;
-  a.k = 1024;
-  a.c_dtype = DType::kBF16;
-  return a;
-}
-
-// The walk's group height (host arithmetic, no GPU needed): 16 m-tiles where nothing waits or
-// counts; where rows become ready (AG) or are counted (MM+RS) by pieces, the largest height up
-// to 16 that divides every piece and chunk, so that a group never spans two chunks (the native
-// MM+RS's own chunk must come last in the walk) or two pieces; where AG pieces are off the tile
-// grid, a piece's whole m-tiles (up to 16), so that a group spans few pieces.
-TEST(NativeGemm, WalkGroupsNeverSpanAPieceOrAChunk) {
-  uint32_t flag = 0;
-  kernels::AsyncGemmArgs a = walk_args(8192, 4096);
-  EXPECT_EQ(kernels::async_gemm_group_m(a), 16);
-  a.done = &flag;
-  for (int64_t chunk_tiles = 1; chunk_tiles <= 80; ++chunk_tiles) {
-    for (int64_t piece_tiles : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{4}, chunk_tiles}) {
-      if (piece_tiles > 0 && chunk_tiles % piece_tiles != 0) continue;
-      SCOPED_TRACE(fmt::format("chunks of {} m-tiles, pieces of {}", chunk_tiles, piece_tiles));
-      a.chunk_rows = 128 * chunk_tiles;
-      a.m = 2 * a.chunk_rows;
-      a.done_rows = 128 * piece_tiles;
-      const int g = kernels::async_gemm_group_m(a);
-      const int64_t piece = piece_tiles > 0 ? piece_tiles : chunk_tiles;
-      EXPECT_GE(g, 1);
-      EXPECT_LE(g, 16);
-      EXPECT_EQ(piece % g, 0);
-      EXPECT_EQ(chunk_tiles % g, 0);
-    }
-  }
-  a.done_rows = 0;
-  for (const auto& [chunk_tiles, want] : std::vector<std::pair<int64_t, int>>{
-           {8, 8}, {16, 16}, {40, 10}, {48, 16}, {56, 14}, {64, 16}, {37, 1}, {13, 13}}) {
-    a.chunk_rows = 128 * chunk_tiles;
-    a.m = 2 * a.chunk_rows;
-    EXPECT_EQ(kernels::async_gemm_group_m(a), want) << chunk_tiles << " m-tiles a chunk";
-  }
-  // Ready pieces (AG); chunks off the tile grid: as many whole m-tiles as a piece holds (up to
-  // 16), so that a group spans at most two pieces.
-  a.done = nullptr;
-  a.ready = &flag;
-  a.chunk_rows = 128 * 48;
-  a.ready_rows = 128 * 12;
-  EXPECT_EQ(kernels::async_gemm_group_m(a), 12);
-  a.ready_rows = 0;
-  for (const auto& [rows, want] : std::vector<std::pair<int64_t, int>>{
-           {1000, 7}, {2000, 15}, {4000, 16}, {100, 1}, {250, 1}, {300, 2}}) {
-    a.chunk_rows = rows;
-    a.m = 4 * rows;
-    EXPECT_EQ(kernels::async_gemm_group_m(a), want) << rows << "-row chunks";
-  }
-  // Pieces (whole tiles but each chunk's last): a piece's whole m-tiles.
-  for (const auto& [rows, piece, want] : std::vector<std::tuple<int64_t, int64_t, int>>{
-           {4000, 1024, 8}, {1000, 512, 4}, {1000, 896, 7}, {300, 256, 2}}) {
-    a.chunk_rows = rows;
-    a.ready_rows = piece;
-    a.m = 4 * rows;
-    EXPECT_EQ(kernels::async_gemm_group_m(a), want) << rows << "-row chunks, pieces of " << piece;
-  }
-  // A reduced own chunk keeps the groups within chunks even with nothing waited for or counted.
-  a.ready = nullptr;
-  a.chunk_rows = 128 * 40;
-  a.m = 2 * a.chunk_rows;
-  a.sum_chunk = 0;
-  a.first_chunk = 1;
-  EXPECT_EQ(kernels::async_gemm_group_m(a), 10);
-}
-
-// async_gemm_done_order against the walk as the file comment of async_gemm.cu states it, run
-// forwards tile by tile (the function inverts it): random shapes with short last chunks and
-// column pieces, row pieces, clusters of two.
-TEST(NativeGemm, DoneOrderFollowsTheWalk) {
-  uint32_t flag = 0;
-  std::mt19937 rng(7);
-  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  for (int trial = 0; trial < 2000; ++trial) {
-    kernels::AsyncGemmArgs a = walk_args(0, 0);  // m, n: drawn below
-    a.done = &flag;
-    a.cluster = pick(0, 3) == 0 ? 2 : 1;
-    const int64_t chunk_tiles = pick(1, 12);
-    a.chunk_rows = 128 * chunk_tiles;  // done needs chunks on the tile grid
-    const int64_t chunks = pick(1, 6);
-    a.m = chunks * a.chunk_rows - (pick(0, 2) == 0 ? 128 * pick(0, int(chunk_tiles) - 1) : 0);
-    a.n = 256 * pick(1, 12) - (pick(0, 1) == 0 ? 8 * pick(0, 31) : 0);
-    const int64_t chunk_count = (a.m + a.chunk_rows - 1) / a.chunk_rows;
-    a.first_chunk = pick(0, int(chunk_count) - 1);
-    if (pick(0, 1) == 0) {
-      std::vector<int64_t> divisors;
-      for (int64_t d = 1; d <= chunk_tiles; ++d)
-        if (chunk_tiles % d == 0) divisors.push_back(d);
-      a.done_rows = 128 * divisors[pick(0, int(divisors.size()) - 1)];
-    }
-    if (pick(0, 1) == 0) a.done_cols = 256 * pick(1, 4);
-    SCOPED_TRACE(
-        fmt::format("m {} n {} chunk_rows {} first {} done_rows {} done_cols {} cluster {}", a.m,
-                    a.n, a.chunk_rows, a.first_chunk, a.done_rows, a.done_cols, a.cluster));
-    const int64_t height = a.cluster == 2 ? 256 : 128;
-    const int64_t g = kernels::async_gemm_group_m(a);
-    const int64_t tiles_m = (a.m + height - 1) / height, tiles_n = (a.n + 255) / 256;
-    // The walk starts at the first (cluster) tile wholly inside first_chunk.
-    const int64_t pivot = (a.first_chunk * a.chunk_rows + height - 1) / height;
-    const int64_t rows = a.done_rows > 0 ? a.done_rows : a.chunk_rows;
-    const int64_t cols =
-        a.done_cols > 0 && a.done_cols < tiles_n * 256 ? a.done_cols : tiles_n * 256;
-    const int64_t pieces = (a.n + cols - 1) / cols;
-    std::vector<int64_t> last(static_cast<size_t>((a.m + rows - 1) / rows * pieces), -1);
-    for (int64_t t = 0; t < tiles_m * tiles_n; ++t) {
-      const int64_t group = t / (g * tiles_n), first = group * g;
-      const int64_t h = std::min(g, tiles_m - first), local = t - group * g * tiles_n;
-      const int64_t mi = (first + local % h + pivot) % tiles_m, ni = local / h;
-      for (int64_t r0 = mi * height; r0 < std::min(a.m, (mi + 1) * height); r0 += 128)
-        last[static_cast<size_t>(r0 / rows * pieces + ni * 256 / cols)] = t;
-    }
-    std::vector<int> want(last.size());
-    std::iota(want.begin(), want.end(), 0);
-    std::stable_sort(want.begin(), want.end(), [&](int x, int y) { return last[x] < last[y]; });
-    ASSERT_EQ(kernels::async_gemm_done_order(a), want);
-  }
-}
-
-// The native MM+RS's walk (host arithmetic): groups never span two chunks, so the done
-// counters complete chunk by chunk in the walk's order (rank + 1, rank + 2, ...), each chunk's
-// column pieces in column order, and the own chunk (reduced, never counted) comes last: the
-// order async_gemm_done_order gives the pushes.
-TEST(NativeGemm, ReduceScatterWalkFinishesThePeersChunksOneByOneAndTheOwnLast) {
-  uint32_t flag = 0;
-  kernels::AsyncGemmArgs a = walk_args(0, 8192);  // m: per case below
-  a.done = &flag;
-  a.done_cols = 2048;  // 4 column pieces of 8 n-tiles
-  for (int ws : {2, 3, 4, 8}) {
-    for (int64_t chunk_tiles = 1; chunk_tiles <= 40; ++chunk_tiles) {
-      for (int rank = 0; rank < ws; ++rank) {
-        SCOPED_TRACE(fmt::format("ws {}, rank {}, chunks of {} m-tiles", ws, rank, chunk_tiles));
-        a.chunk_rows = 128 * chunk_tiles;
-        a.m = ws * a.chunk_rows;
-        a.sum_chunk = rank;
-        a.first_chunk = (rank + 1) % ws;
-        const int g = kernels::async_gemm_group_m(a);
-        EXPECT_EQ(chunk_tiles % g, 0) << "a group of " << g << " spans two chunks";
-        std::vector<int> want;
-        for (int i = 1; i <= ws; ++i) {
-          for (int q = 0; q < 4; ++q)
-            want.push_back(4 * ((rank + i) % ws) + q);
-        }
-        EXPECT_EQ(kernels::async_gemm_done_order(a), want);
-      }
-    }
   }
 }
 

@@ -1,0 +1,432 @@
+// The native GEMM's schedule as pure functions of its parameters (kernels/native/params.h),
+// called by the kernel, by its host launcher and by the CPU tests: the walk of the tiles from
+// the per-rank pivot, the group height, the tail split, the done counters (their order and
+// counts), the own chunk's edge rows, and the indexing of pieces and flags.
+//
+// Tile 128 x 256 (each of the two consumers owns 64 rows), k-block 64. A cluster of two CTAs
+// takes 256-row tiles (each CTA its 128 rows): `height` is a (cluster) tile's rows.
+//
+// The walk (tile_at): tiles are numbered so that all tiles of the m-tile group starting at
+// `first_chunk`'s first whole m-tile come first, then the following rows, wrapping around (a
+// tile over the chunk's first row, off the tile grid, comes last); within a group of group_m
+// m-tiles the m index runs fastest (B panels stay in L2). CTA i takes units i, i + grid, ...:
+// all SMs work on the chunk that landed first while the copy engine brings the next ones.
+//
+//   m-tiles, pivot p, groups of g:   p .. p+g-1 | p+g .. p+2g-1 | ... | .. tiles_m-1, 0 .. p-1
+//   within a group (h m-tiles):      (m0, n0) (m1, n0) .. (m_h-1, n0) (m0, n1) ..
+//
+// group_m is kGroupM (16), or where rows wait for flags, are counted in done or are reduced
+// (sum_chunk) the largest height up to 16 that divides every piece and chunk (on the tile grid):
+// a group then never spans two pieces or chunks, so the tiles of the first wave that are not the
+// own chunk's wait for the piece that lands first, not for the whole next chunk (or the one
+// after), counted pieces finish in walk order, and the native MM+RS's own chunk comes last.
+// Pieces off the tile grid (AG+MM chunks of any rows): a piece's whole m-tiles, up to 16, so that
+// a group spans few pieces.
+//
+// Why 16: a wave of 132 CTAs spans about 16 m-tiles x 8 n-tiles, and per k-block its tiles then
+// read 16 of A's 16 KiB blocks and 8 of B's 32 KiB ones: the fewest bytes for 132 tiles (height
+// 32 reads 32 x 16 + 4 x 32 KiB, height 8 about 8 x 16 + 17 x 32); see docs/DECISIONS.md D10.
+//
+// Tail split: with T tiles on G CTAs, the last wave holds T mod G tiles; where that is at most
+// half of G, each of its tiles is cut into s <= 4 K-ranges (s = G / tail, at least 4 k-blocks
+// each), one per otherwise idle CTA. Work units in loop order, for CTA i: units i, i+G, ...
+//
+//   units [0, T - tail):        whole tiles, as without the split
+//   units [T - tail, T + (s-1) tail): part p = v / tail of tail tile v mod tail
+//
+//   parts 0 .. s-2: main loop over their K-range | f32 accumulators -> workspace | count++
+//   part s-1:       main loop over its K-range   | wait count = s-1 | += parts 0 .. s-2 in order
+//                   | epilogue (store, done counter) | count = 0 for the next launch
+//
+// All tail units fit in one wave, at most one per CTA, so a last part never waits for a CTA
+// that is not running; the sum order is fixed, so the result is the same on every run.
+// Not stream-K, nor several rounds of parts: with every CTA at its own k offset, A and B are no
+// longer shared in L2 by the CTAs running together (see docs/DECISIONS.md D13).
+//
+// The per-tile functions (tile_at, unit_at, ready_piece_at, reads_own, done_index, ...) take the
+// params resolved (resolved()): the kernel calls them as they are; the others resolve first.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "kernels/native/params.h"
+
+namespace asynctp::kernels {
+
+inline constexpr int kBM = 128;
+inline constexpr int kBN = 256;
+inline constexpr int kBK = 64;
+inline constexpr int kGroupM = 16;
+inline constexpr int kMaxSplit = 4;
+inline constexpr int kMinSplitKBlocks = 4;  // k-blocks per part at least (the pipeline must fill)
+// One tile's f32 accumulators in the tail split's workspace: 2 consumers x 32 float4 x 128.
+inline constexpr size_t kPartialBytes = 2 * 32 * 128 * 16;
+
+// ---- Defaults and pieces ----
+
+ASYNCTP_HOST_DEVICE int64_t chunk_rows_of(const NativeGemmParams& p) {
+  return p.chunk_rows > 0 ? p.chunk_rows : p.m;
+}
+ASYNCTP_HOST_DEVICE int64_t ready_rows_of(const NativeGemmParams& p) {
+  return p.ready_rows > 0 ? p.ready_rows : chunk_rows_of(p);
+}
+ASYNCTP_HOST_DEVICE int64_t done_rows_of(const NativeGemmParams& p) {
+  return p.done_rows > 0 ? p.done_rows : chunk_rows_of(p);
+}
+ASYNCTP_HOST_DEVICE int64_t sum_rows_of(const NativeGemmParams& p) {
+  return p.sum_rows > 0 ? p.sum_rows : chunk_rows_of(p);
+}
+ASYNCTP_HOST_DEVICE int64_t num_chunks(const NativeGemmParams& p) {
+  return (p.m + chunk_rows_of(p) - 1) / chunk_rows_of(p);
+}
+
+// Columns per piece of the done counters or the sum flags (0, or more than n: all of n), and
+// the pieces per row range. A column piece is a multiple of kBN wide, so a tile lies in one.
+ASYNCTP_HOST_DEVICE int64_t piece_cols(const NativeGemmParams& p, int64_t cols) {
+  const int64_t all = (p.n + kBN - 1) / kBN * kBN;
+  return cols > 0 && cols < all ? cols : all;
+}
+ASYNCTP_HOST_DEVICE int col_pieces(const NativeGemmParams& p, int64_t cols) {
+  return static_cast<int>((p.n + piece_cols(p, cols) - 1) / piece_cols(p, cols));
+}
+
+// The TMA store needs a 16-bit C with a 16-byte aligned base and row stride; clusters of two
+// (B multicast) only come with it, and only when asked for: they are no faster than single CTAs
+// (see docs/DECISIONS.md D17).
+ASYNCTP_HOST_DEVICE bool uses_tma_store(const NativeGemmParams& p) {
+  return p.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0 && p.ldc % 8 == 0 &&
+         !p.force_register_store;
+}
+// The reduce-scatter epilogue runs on single CTAs: its sum stages are per CTA, while a cluster's
+// rings go in step.
+ASYNCTP_HOST_DEVICE bool uses_cluster(const NativeGemmParams& p) {
+  return p.cluster == 2 && uses_tma_store(p) && p.sum_chunk < 0;
+}
+// A (cluster) tile's rows.
+ASYNCTP_HOST_DEVICE int64_t tile_height(const NativeGemmParams& p) {
+  return int64_t{kBM} * (uses_cluster(p) ? 2 : 1);
+}
+ASYNCTP_HOST_DEVICE int64_t num_tiles(const NativeGemmParams& p, int64_t height) {
+  return ((p.m + height - 1) / height) * ((p.n + kBN - 1) / kBN);
+}
+
+// The params as the kernel reads them: every 0 or -1 that stands for a default replaced by its
+// value (resolved(resolved(p)) == resolved(p)).
+inline NativeGemmParams resolved(const NativeGemmParams& p) {
+  NativeGemmParams r = p;
+  r.chunk_rows = chunk_rows_of(p);
+  r.ready_rows = ready_rows_of(p);
+  r.done_rows = done_rows_of(p);
+  r.done_cols = piece_cols(p, p.done_cols);
+  r.sum_rows = sum_rows_of(p);
+  r.sum_cols = piece_cols(p, p.sum_cols);
+  r.b_mn_lbo = p.b_mn_lbo != 0 ? p.b_mn_lbo : 8192;
+  r.b_mn_sbo = p.b_mn_sbo != 0 ? p.b_mn_sbo : 1024;
+  if (p.own_a == nullptr || p.own_chunk < 0) r.own_chunk = -1;
+  return r;
+}
+
+// ---- The walk ----
+
+struct Tile {
+  int m0, n0;
+};
+
+// The walk's first m-tile: the first one wholly inside first_chunk's rows. Where the chunks are
+// off the tile grid, the tile over that chunk's first row also holds rows of the chunk before,
+// which (AG+MM) lands last: it comes last in the walk instead of holding a CTA of the first wave
+// until then (see docs/DECISIONS.md D12).
+ASYNCTP_HOST_DEVICE int64_t walk_pivot(int64_t first_row, int64_t height) {
+  return (first_row + height - 1) / height;
+}
+ASYNCTP_HOST_DEVICE int64_t walk_pivot(const NativeGemmParams& p, int64_t height) {
+  return walk_pivot(p.first_chunk * chunk_rows_of(p), height);
+}
+
+// Tile t of the walk (see the file comment); tiles are `height` rows (a cluster's).
+ASYNCTP_HOST_DEVICE Tile tile_at(int t, int tiles_m, int tiles_n, int pivot_m, int height,
+                                 int group_m) {
+  const int group = t / (group_m * tiles_n);
+  const int first = group * group_m;
+  const int rows = group_m < tiles_m - first ? group_m : tiles_m - first;
+  const int local = t - group * group_m * tiles_n;
+  const int mi = (first + local % rows + pivot_m) % tiles_m;
+  return {mi * height, (local / rows) * kBN};
+}
+
+// The walk's dimensions for resolved params: (cluster) tiles of `height` rows, groups of group_m
+// m-tiles, k_blocks k-blocks per tile.
+struct Walk {
+  int height, tiles_m, tiles_n, num_tiles, k_blocks, pivot_m, group_m;
+  ASYNCTP_HOST_DEVICE Tile tile(int t) const {
+    return tile_at(t, tiles_m, tiles_n, pivot_m, height, group_m);
+  }
+};
+ASYNCTP_HOST_DEVICE Walk walk_of(const NativeGemmParams& p, int height, int group_m) {
+  Walk w;
+  w.height = height;
+  w.tiles_m = static_cast<int>((p.m + height - 1) / height);
+  w.tiles_n = static_cast<int>((p.n + kBN - 1) / kBN);
+  w.num_tiles = w.tiles_m * w.tiles_n;
+  w.k_blocks = static_cast<int>((p.k + kBK - 1) / kBK);
+  w.pivot_m = static_cast<int>(walk_pivot(p.first_chunk * p.chunk_rows, height));
+  w.group_m = group_m;
+  return w;
+}
+
+// The largest height up to kGroupM that divides `tiles` m-tiles (1 if none above 1 does).
+ASYNCTP_HOST_DEVICE int largest_group_dividing(int64_t tiles) {
+  for (int64_t g = tiles < kGroupM ? tiles : kGroupM; g > 1; --g) {
+    if (tiles % g == 0) return static_cast<int>(g);
+  }
+  return 1;
+}
+
+// The walk's group height (see the file comment): kGroupM, or where rows become ready together
+// (pieces of ready_rows), are counted together (pieces of done_rows) or are reduced (sum_chunk:
+// the native MM+RS) and the chunks and pieces start on the tile grid, the largest height up to
+// kGroupM that divides every piece and chunk: groups are laid from the first chunk's first
+// m-tile on, so a group never spans two pieces or two chunks. The native MM+RS depends on it: its
+// own chunk must come last in the walk, or two ranks can each hold the tile the other waits for
+// (until the timeout), and its pushes want the peers' chunks finished one after the other:
+// groups that span the peers' chunks would finish them together, late, so that their pushes no
+// longer overlap the GEMM (see docs/DECISIONS.md D11).
+inline int group_m_of(const NativeGemmParams& p, int64_t height) {
+  if (p.ready == nullptr && p.done == nullptr && p.sum_chunk < 0) return kGroupM;
+  int64_t rows = chunk_rows_of(p);
+  if (p.ready != nullptr) rows = std::gcd(rows, ready_rows_of(p));
+  if (p.done != nullptr) rows = std::gcd(rows, done_rows_of(p));
+  // Off the tile grid (AG+MM chunks of any rows; the counted and reduced ones are on it): tiles
+  // straddle pieces anyway, but groups of at most a piece's whole m-tiles span few pieces, so the
+  // walk follows the pieces as they land (see docs/DECISIONS.md D11).
+  if (rows % height != 0) {
+    if (p.ready == nullptr) return kGroupM;
+    // A piece's rows (the op's push pieces are whole tiles, but a chunk's last may be shorter:
+    // sized by it, the groups of 1000-row chunks in pieces of 896 and 104 would be 1 m-tile).
+    const int64_t piece = std::min(ready_rows_of(p), chunk_rows_of(p));
+    return static_cast<int>(std::clamp<int64_t>(piece / height, 1, kGroupM));
+  }
+  return largest_group_dividing(rows / height);
+}
+
+// ---- Work units and the tail split ----
+
+// Work unit u of the persistent loop: a whole tile, or one K-range (part) of a tail tile.
+struct Unit {
+  int t;         // tile number in the walk
+  int kb0, kb1;  // k-blocks [kb0, kb1)
+  int part;      // -1: whole tile; else 0 .. split-1 (the last one finishes the tile)
+  int tail;      // index of the tail tile (t - full_tiles)
+};
+
+ASYNCTP_HOST_DEVICE Unit unit_at(int u, const NativeGemmPlan& plan, int num_tiles, int k_blocks) {
+  if (u < plan.full_tiles) return {u, 0, k_blocks, -1, 0};
+  const int tails = num_tiles - plan.full_tiles;
+  const int v = u - plan.full_tiles;
+  const int tail = v % tails;
+  const int part = v / tails;
+  return {plan.full_tiles + tail, part * k_blocks / plan.split, (part + 1) * k_blocks / plan.split,
+          part, tail};
+}
+
+// The units of `num_tiles` tiles (int in the kernel, int64_t on the host).
+template <typename I>
+ASYNCTP_HOST_DEVICE I num_units(const NativeGemmPlan& plan, I num_tiles) {
+  return plan.full_tiles + (num_tiles - plan.full_tiles) * plan.split;
+}
+
+// Parts per tail tile on `ctas` CTAs of a device with `sms` SMs: as many as the idle CTAs of
+// the last wave can take, each part at least kMinSplitKBlocks deep. The tail units then fit in
+// one wave, at most one per CTA, so the last part of a tile never waits for a CTA that is not
+// running.
+inline int tail_split_of(const NativeGemmParams& p, int ctas, int sms) {
+  // More CTAs than SMs could leave a part's CTA waiting for an SM that its partner holds.
+  if (p.split_workspace == nullptr || p.tail_split == 1 || uses_cluster(p) || ctas <= 0 ||
+      ctas > sms) {
+    return 1;
+  }
+  const int64_t tiles = num_tiles(p, kBM);
+  const int tail = static_cast<int>(tiles % ctas);
+  if (tail == 0) return 1;
+  const int64_t k_blocks = (p.k + kBK - 1) / kBK;
+  int split = static_cast<int>(std::min<int64_t>(ctas / tail, k_blocks / kMinSplitKBlocks));
+  split = std::min(split, p.tail_split >= 2 ? std::min(p.tail_split, kMaxSplit) : kMaxSplit);
+  return split >= 2 ? split : 1;
+}
+
+// The tail split's workspace: [split flags, rounded to 256 bytes][partials], for up to `sms`
+// CTAs (one tail tile per CTA at most).
+inline size_t split_flag_bytes(int sms) {
+  return (static_cast<size_t>(sms) * 2 * sizeof(uint32_t) + 255) / 256 * 256;
+}
+inline size_t split_workspace_bytes(int sms) {
+  return split_flag_bytes(sms) + static_cast<size_t>(sms) * kPartialBytes;
+}
+// The counter of published parts of tail tile `tail`, consumer `consumer`.
+ASYNCTP_HOST_DEVICE int split_flag_index(int tail, int consumer) {
+  return 2 * tail + consumer;
+}
+// Where part `part` (< split - 1) of tail tile `tail` leaves consumer `consumer`'s
+// accumulators: the float4 index of thread 0's first one (thread t's i-th at + i * 128 + t).
+ASYNCTP_HOST_DEVICE int64_t split_partial_index(const NativeGemmPlan& plan, int tail, int part,
+                                                int consumer) {
+  return ((static_cast<int64_t>(tail) * (plan.split - 1) + part) * 2 + consumer) * (32 * 128);
+}
+
+// ---- What a tile reads and waits for ----
+
+// The ready flag of the piece holding row `row` of A, and the first row past that piece.
+struct ReadyPiece {
+  int64_t chunk, piece, end;
+};
+ASYNCTP_HOST_DEVICE ReadyPiece ready_piece_at(const NativeGemmParams& p, int64_t row) {
+  const int64_t c = row / p.chunk_rows;
+  const int64_t j = (row - c * p.chunk_rows) / p.ready_rows;
+  const int64_t piece_end = (j + 1) * p.ready_rows;
+  return {c, j, c * p.chunk_rows + (piece_end < p.chunk_rows ? piece_end : p.chunk_rows)};
+}
+ASYNCTP_HOST_DEVICE int64_t ready_index(const NativeGemmParams& p, const ReadyPiece& r) {
+  return r.piece * p.ready_stride + r.chunk;
+}
+
+// The own chunk's first row.
+ASYNCTP_HOST_DEVICE int64_t own_first_row(const NativeGemmParams& p) {
+  return static_cast<int64_t>(p.own_chunk) * p.chunk_rows;
+}
+// Whether a CTA's 128 rows from m0 lie wholly inside the own chunk: read from own_a, no wait.
+ASYNCTP_HOST_DEVICE bool reads_own(const NativeGemmParams& p, int64_t m0) {
+  const int64_t own_first = own_first_row(p);
+  return p.own_chunk >= 0 && m0 >= own_first && m0 + kBM <= own_first + p.chunk_rows;
+}
+
+// With own_a given, the rows of own_chunk that tiles still read from `a` (tiles that straddle
+// the chunk's first or last row: chunk edges off the 128-row tile grid): the chunk's first
+// `head` and last `tail` rows (both 0: none; they may cover the whole chunk). Those tiles wait
+// for ready[own_chunk] (its pieces) and need those rows in `a`; no tile reads the others there.
+struct NativeGemmOwnEdges {
+  int64_t head = 0, tail = 0;
+};
+inline NativeGemmOwnEdges own_edge_rows(const NativeGemmParams& params) {
+  const NativeGemmParams p = resolved(params);
+  if (p.own_chunk < 0) return {};
+  // As reads_own decides, for the tiles that overlap [first, last) (with clusters each CTA loads
+  // its own 128 rows).
+  const int64_t first = own_first_row(p);
+  const int64_t last = std::min(p.m, first + p.chunk_rows);
+  if (last <= first) return {};
+  const int64_t head = first % kBM == 0 ? 0 : std::min(last, (first / kBM + 1) * kBM) - first;
+  const int64_t m0 = (last - 1) / kBM * kBM;  // the tile holding the chunk's last row
+  const int64_t tail = m0 + kBM > first + p.chunk_rows && m0 >= first + head ? last - m0 : 0;
+  return {head, tail};
+}
+
+// ---- Done counters ----
+
+// The counter of the stored 64-row half of a tile at (r0, n0): row piece r0 / done_rows, column
+// piece n0 / done_cols (a tile lies in one piece: kBN divides done_cols).
+ASYNCTP_HOST_DEVICE int64_t done_index(const NativeGemmParams& p, const NativeGemmPlan& plan,
+                                       int64_t r0, int n0) {
+  return (r0 / p.done_rows) * plan.done_col_pieces + n0 / static_cast<int>(p.done_cols);
+}
+
+// The value done[index] reaches once every tile of its rows and columns is stored: its 64-row
+// halves (those inside m) times its n-tiles.
+inline uint32_t done_count(const NativeGemmParams& p, int index) {
+  const int64_t rows = done_rows_of(p), cols = piece_cols(p, p.done_cols);
+  const int pieces = col_pieces(p, p.done_cols);
+  const int64_t first = index / pieces * rows;
+  const int64_t last = std::min(p.m, first + rows);
+  const int64_t halves = (last - first + 63) / 64;
+  const int64_t first_col = index % pieces * cols;
+  const int64_t width = std::min(p.n, first_col + cols) - first_col;
+  return static_cast<uint32_t>(halves * ((width + kBN - 1) / kBN));
+}
+
+inline int num_done_counters(const NativeGemmParams& p) {
+  return static_cast<int>((p.m + done_rows_of(p) - 1) / done_rows_of(p) *
+                          col_pieces(p, p.done_cols));
+}
+
+// The done counters' indices in walk order (of each, the position of its last tile in the
+// walk): the order to wait for them in. CTAs run side by side and the tail split reorders the
+// last wave, so counters may complete a little out of this order; nothing depends on it but the
+// pace of the waits. Where the walk's groups divide every piece and chunk (single CTAs, the
+// native MM+RS) it is chunk by chunk from first_chunk on, each chunk's pieces in row order, then
+// column order.
+inline std::vector<int> done_order(const NativeGemmParams& p) {
+  // Each counter's last tile in the walk (tile_at inverted): an m-tile at walk row rel lies in
+  // group rel / g, whose h m-tiles run fastest, so tile (rel, ni) is number
+  // group * g * tiles_n + ni * h + rel % g; a counter's last one is in its last column.
+  const int64_t height = tile_height(p);
+  const int64_t g = group_m_of(p, height);
+  const int64_t tiles_m = (p.m + height - 1) / height, tiles_n = (p.n + kBN - 1) / kBN;
+  const int64_t pivot = walk_pivot(p, height);
+  const int64_t rows = done_rows_of(p), cols = piece_cols(p, p.done_cols);
+  const int pieces = col_pieces(p, p.done_cols);
+  std::vector<int64_t> last(static_cast<size_t>(num_done_counters(p)), -1);
+  for (int64_t r0 = 0; r0 < p.m; r0 += kBM) {  // each CTA's rows of a (cluster) tile
+    const int64_t rel = (r0 / height - pivot + tiles_m) % tiles_m;
+    const int64_t first = rel / g * g;
+    const int64_t h = std::min(g, tiles_m - first);
+    for (int q = 0; q < pieces; ++q) {
+      const int64_t ni = std::min(tiles_n, ((q + 1) * cols + kBN - 1) / kBN) - 1;
+      int64_t& t = last[static_cast<size_t>(r0 / rows * pieces + q)];
+      t = std::max(t, first * tiles_n + ni * h + (rel - first));
+    }
+  }
+  std::vector<int> order(last.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return last[x] < last[y]; });
+  return order;
+}
+
+// ---- The reduce-scatter epilogue ----
+
+// Whether the tile starting at row m0 belongs to the chunk whose tiles are reduced (sum_chunk:
+// chunk_rows is a multiple of 128, so a tile lies in one chunk).
+ASYNCTP_HOST_DEVICE bool in_sum_chunk(const NativeGemmParams& p, int64_t m0) {
+  return p.sum_chunk >= 0 && m0 / p.chunk_rows == p.sum_chunk;
+}
+// Row r of the product as a row of the sum chunk (of the parts and of sum_out).
+ASYNCTP_HOST_DEVICE int64_t sum_row_of(const NativeGemmParams& p, int64_t r) {
+  return r - static_cast<int64_t>(p.sum_chunk) * p.chunk_rows;
+}
+// Whether unit w (its tile at row m0) ends in the reduce-scatter epilogue: a whole tile of the
+// sum chunk, or the last K-range of one.
+ASYNCTP_HOST_DEVICE bool sums_tile(const NativeGemmParams& p, const NativeGemmPlan& plan,
+                                   const Unit& w, int64_t m0) {
+  return in_sum_chunk(p, m0) && (w.part < 0 || w.part == plan.split - 1);
+}
+// The piece of the sum flags that holds chunk row `row`, column `col`.
+ASYNCTP_HOST_DEVICE int64_t sum_piece(const NativeGemmParams& p, const NativeGemmPlan& plan,
+                                      int64_t row, int col) {
+  return (row / p.sum_rows) * plan.sum_col_pieces + col / static_cast<int>(p.sum_cols);
+}
+
+// ---- The launch's plan ----
+
+// What the launcher derives from resolved params on `ctas` CTAs of a device with `sms` SMs.
+inline NativeGemmPlan plan_of(const NativeGemmParams& p, int ctas, int sms) {
+  NativeGemmPlan plan;
+  const int64_t height = tile_height(p);
+  plan.group_m = group_m_of(p, height);
+  plan.done_col_pieces = col_pieces(p, p.done_cols);
+  plan.sum_col_pieces = col_pieces(p, p.sum_cols);
+  plan.split = tail_split_of(p, ctas, sms);
+  const int64_t tiles = num_tiles(p, height);
+  plan.full_tiles = static_cast<int>(plan.split > 1 ? tiles - tiles % ctas : tiles);
+  if (plan.split > 1) {
+    plan.split_flags = static_cast<uint32_t*>(p.split_workspace);
+    plan.partials =
+        reinterpret_cast<float*>(static_cast<uint8_t*>(p.split_workspace) + split_flag_bytes(sms));
+  }
+  plan.sum_tma_store = p.sum_chunk >= 0 && uses_tma_store(p) &&
+                       reinterpret_cast<uintptr_t>(p.sum_out) % 16 == 0 && p.sum_ldo % 8 == 0;
+  return plan;
+}
+
+}  // namespace asynctp::kernels

@@ -1,0 +1,112 @@
+"""asynctp.torch.functional: the fused ops as Python functions. An eager call that needs no
+dispatcher goes straight to asynctp's kernel; every other call goes through torch.ops. Both give
+torch.ops's results, and the right route is taken in each case."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from asynctp.torch import _ops, functional
+
+OPS = torch.ops.asynctp
+
+
+def _group_name():
+    return dist.group.WORLD.group_name
+
+
+def _randn(shape, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) / 4).to(dtype)
+
+
+def case_same_results():
+    """Each function against its torch.ops op, bit for bit, eager and no-grad."""
+    name = _group_name()
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    for dtype in (torch.float32, torch.bfloat16):
+        a = _randn((2 * ws, 8), 10 + rank, dtype)
+        bs = [_randn((8, 6), 20, dtype), _randn((8, 4), 21, dtype)]
+        for return_A in (True, False):
+            got = functional.fused_all_gather_matmul(a, bs, 0, name, return_A=return_A)
+            ref = OPS.fused_all_gather_matmul(a, bs, 0, name, return_A=return_A)
+            assert (got[0] is None) == (ref[0] is None)
+            if ref[0] is not None:
+                assert torch.equal(got[0], ref[0])
+            assert all(torch.equal(g, r) for g, r in zip(got[1], ref[1]))
+        h = _randn((2 * ws, 8), 30 + rank, dtype)
+        w = _randn((8, 4), 31, dtype)
+        for op in ("sum", "avg"):
+            assert torch.equal(functional.fused_matmul_reduce_scatter(h, w, op, 0, name),
+                               OPS.fused_matmul_reduce_scatter(h, w, op, 0, name))
+        assert torch.equal(
+            functional.fused_matmuls_reduce_scatter([h, h], [w, w], "sum", 0, name),
+            OPS.fused_matmuls_reduce_scatter([h, h], [w, w], "sum", 0, name))
+    return True
+
+
+def test_same_results(pool):
+    if pool.world_size > 2:
+        pytest.skip("the routes do not depend on the world size")
+    pool.run(case_same_results)
+
+
+def case_routes():
+    """Which calls skip the dispatcher: the eager, no-grad ones on plain tensors only."""
+    name = _group_name()
+    ws = dist.get_world_size()
+    a, b = _randn((2 * ws, 8), 1), _randn((8, 6), 2)
+    assert functional._plain((a, b))
+    with torch.no_grad():
+        assert functional._plain((a, b.requires_grad_()))
+    assert not functional._plain((a, b))  # b requires grad, grad mode on
+    b.requires_grad_(False)
+    with FakeTensorMode():
+        assert not functional._plain((a, b))
+    fake = FakeTensorMode().from_tensor(a)
+    assert not functional._plain((fake, b))
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passing():
+        assert not functional._plain((a, b))
+    assert not torch.func.vmap(lambda x: torch.tensor(functional._plain((x, b))))(a[None])
+    # Through torch.compile the function is traced into the graph as the torch.ops op.
+    compiled = torch.compile(
+        lambda x, y: functional.fused_all_gather_matmul(x, [y], 0, name, return_A=False)[1][0],
+        backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(a, b), OPS.fused_all_gather_matmul(a, [b], 0, name, return_A=False)[1][0])
+    # With a gradient to record, the call goes through torch.ops's autograd.
+    x = a.clone().requires_grad_()
+    _, (y,) = functional.fused_all_gather_matmul(x, [b], 0, name, return_A=False)
+    assert y.grad_fn is not None
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    return True
+
+
+def test_routes(pool2):
+    pool2.run(case_routes)
+
+
+def test_direct_calls_skip_the_dispatcher(monkeypatch):
+    """On plain tensors with no gradient to record the function calls the kernel itself;
+    otherwise it calls torch.ops."""
+    seen = []
+    monkeypatch.setattr(functional, "_OPS", type("Ops", (), {
+        "fused_all_gather_matmul": staticmethod(lambda *a, **k: seen.append("ops") or (None, [])),
+    }))
+    monkeypatch.setattr(_ops, "_all_gather_matmul",
+                        lambda *a, **k: seen.append("kernel") or (None, []))
+    a, b = torch.zeros(2, 4), torch.zeros(4, 3)
+    functional.fused_all_gather_matmul(a, [b], 0, "g", return_A=False)
+    functional.fused_all_gather_matmul(a, [b.requires_grad_()], 0, "g", return_A=False)
+    with torch.no_grad():
+        functional.fused_all_gather_matmul(a, [b], 0, "g", return_A=False)
+    assert seen == ["kernel", "ops", "kernel"]
