@@ -89,11 +89,21 @@ void unregister_handle(const void* handle);
 asynctp_group_s& group_of(asynctp_group handle, std::string_view arg);
 asynctp_context_s& context_of(asynctp_context handle, std::string_view arg);
 
+// A C argument's name for messages: "out", or element `index` of a list, "bs[1]" (formatted only
+// when a message is: every eager call converts its descriptors, and most never fail).
+struct ArgName {
+  ArgName(const char* base) : base(base) {}       // NOLINT(google-explicit-constructor)
+  ArgName(std::string_view base) : base(base) {}  // NOLINT(google-explicit-constructor)
+  ArgName(std::string_view base, int64_t index) : base(base), index(index) {}
+  std::string_view base;
+  int64_t index = -1;
+};
+
 // A required tensor: every field checked, naming `arg` ("bs[1]", "out"), and its device must be
 // the context's.
-Tensor tensor_of(const asynctp_tensor* desc, std::string_view arg, const OpContext& ctx);
+Tensor tensor_of(const asynctp_tensor* desc, ArgName arg, const OpContext& ctx);
 // An optional tensor: NULL, or data == NULL with ndim == -1, is "no tensor" (undefined).
-Tensor optional_tensor_of(const asynctp_tensor* desc, std::string_view arg, const OpContext& ctx);
+Tensor optional_tensor_of(const asynctp_tensor* desc, ArgName arg, const OpContext& ctx);
 // `count` tensors from an array; count must be at least 1 and at most kMaxTensorList.
 std::vector<Tensor> tensors_of(const asynctp_tensor* descs, int32_t count, std::string_view arg,
                                std::string_view count_arg, const OpContext& ctx);
@@ -101,9 +111,17 @@ inline constexpr int32_t kMaxTensorList = 64;
 
 // A reserve call's descriptors: like tensor_of, but data may be NULL whatever the size (only
 // shapes, dtypes and strides matter to sizing).
-Tensor shape_only_tensor_of(const asynctp_tensor* desc, std::string_view arg, const OpContext& ctx);
+Tensor shape_only_tensor_of(const asynctp_tensor* desc, ArgName arg, const OpContext& ctx);
 
 std::optional<PathChoice> path_of(int32_t path);
 ReduceOp reduce_op_of(int32_t op);
 
 }  // namespace asynctp::capi
+
+template <>
+struct fmt::formatter<asynctp::capi::ArgName> : fmt::formatter<std::string_view> {
+  auto format(const asynctp::capi::ArgName& a, format_context& ctx) const {
+    if (a.index < 0) return fmt::formatter<std::string_view>::format(a.base, ctx);
+    return fmt::format_to(ctx.out(), "{}[{}]", a.base, a.index);
+  }
+};

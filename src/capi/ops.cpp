@@ -68,7 +68,7 @@ asynctp_status asynctp_reserve_all_gather_matmul(asynctp_context ctx, const asyn
     if (bs == nullptr) invalid("bs is NULL but num_bs is {}", num_bs);
     std::vector<Tensor> b;
     for (int32_t i = 0; i < num_bs; ++i)
-      b.push_back(shape_only_tensor_of(&bs[i], fmt::format("bs[{}]", i), c));
+      b.push_back(shape_only_tensor_of(&bs[i], ArgName("bs", static_cast<int64_t>(i)), c));
     if (return_a != 0 && return_a != 1) invalid("return_a is {}, expected 0 or 1", return_a);
     reserve_all_gather_matmul(c, a, b, return_a != 0,
                               ag_options(gather_dim, ASYNCTP_PATH_DEFAULT, stream));
@@ -87,8 +87,8 @@ asynctp_status asynctp_reserve_matmul_reduce_scatter(asynctp_context ctx, const 
     std::vector<Tensor> a;
     std::vector<Tensor> b;
     for (int32_t i = 0; i < num_products; ++i) {
-      a.push_back(shape_only_tensor_of(&as[i], fmt::format("as[{}]", i), c));
-      b.push_back(shape_only_tensor_of(&bs[i], fmt::format("bs[{}]", i), c));
+      a.push_back(shape_only_tensor_of(&as[i], ArgName("as", static_cast<int64_t>(i)), c));
+      b.push_back(shape_only_tensor_of(&bs[i], ArgName("bs", static_cast<int64_t>(i)), c));
     }
     reserve_matmul_reduce_scatter(
         c, a, b, rs_options(ASYNCTP_REDUCE_SUM, scatter_dim, ASYNCTP_PATH_DEFAULT, stream));

@@ -7,7 +7,7 @@ namespace asynctp::capi {
 
 namespace {
 
-DType dtype_of(int32_t code, std::string_view arg) {
+DType dtype_of(int32_t code, const ArgName& arg) {
   switch (code) {
     case ASYNCTP_F32:
       return DType::kF32;
@@ -27,7 +27,7 @@ DType dtype_of(int32_t code, std::string_view arg) {
 
 // The device the context's backend runs on: CPU tensors for the CPU backend, CUDA tensors of the
 // backend's GPU for the CUDA backend.
-Device device_of(const asynctp_tensor& desc, std::string_view arg, const OpContext& ctx) {
+Device device_of(const asynctp_tensor& desc, const ArgName& arg, const OpContext& ctx) {
   const Device want = const_cast<OpContext&>(ctx).backend().device();
   switch (desc.device_type) {
     case ASYNCTP_DEVICE_CPU:
@@ -52,7 +52,7 @@ Device device_of(const asynctp_tensor& desc, std::string_view arg, const OpConte
   }
 }
 
-Tensor convert(const asynctp_tensor* desc, std::string_view arg, const OpContext& ctx,
+Tensor convert(const asynctp_tensor* desc, const ArgName& arg, const OpContext& ctx,
                bool need_data) {
   if (desc == nullptr) invalid("{} is NULL", arg);
   if (desc->ndim == -1) invalid("{} is required, but its ndim is -1 (no tensor)", arg);
@@ -98,11 +98,11 @@ Tensor convert(const asynctp_tensor* desc, std::string_view arg, const OpContext
 
 }  // namespace
 
-Tensor tensor_of(const asynctp_tensor* desc, std::string_view arg, const OpContext& ctx) {
+Tensor tensor_of(const asynctp_tensor* desc, ArgName arg, const OpContext& ctx) {
   return convert(desc, arg, ctx, /*need_data=*/true);
 }
 
-Tensor optional_tensor_of(const asynctp_tensor* desc, std::string_view arg, const OpContext& ctx) {
+Tensor optional_tensor_of(const asynctp_tensor* desc, ArgName arg, const OpContext& ctx) {
   if (desc == nullptr || desc->ndim == -1) {
     if (desc != nullptr && desc->data != nullptr)
       invalid("{}.ndim is -1 (no tensor) but its data is not NULL", arg);
@@ -111,8 +111,7 @@ Tensor optional_tensor_of(const asynctp_tensor* desc, std::string_view arg, cons
   return tensor_of(desc, arg, ctx);
 }
 
-Tensor shape_only_tensor_of(const asynctp_tensor* desc, std::string_view arg,
-                            const OpContext& ctx) {
+Tensor shape_only_tensor_of(const asynctp_tensor* desc, ArgName arg, const OpContext& ctx) {
   return convert(desc, arg, ctx, /*need_data=*/false);
 }
 
@@ -124,7 +123,7 @@ std::vector<Tensor> tensors_of(const asynctp_tensor* descs, int32_t count, std::
   std::vector<Tensor> out;
   out.reserve(count);
   for (int32_t i = 0; i < count; ++i)
-    out.push_back(tensor_of(&descs[i], fmt::format("{}[{}]", arg, i), ctx));
+    out.push_back(tensor_of(&descs[i], ArgName(arg, i), ctx));
   return out;
 }
 

@@ -55,6 +55,7 @@
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
+#include "ops/matmul_reduce_scatter_paths.h"
 
 namespace asynctp {
 
@@ -63,32 +64,7 @@ using detail::gemm_view;
 
 namespace {
 
-constexpr int kBarrierChannel = 0;
-constexpr int kLandedChannel = 5;       // see NOTE [signal pads and channels]
-constexpr int kEagerLandedChannel = 6;  // same
-// The native path's landed flags, one channel per piece (up to detail::kMaxPushPieces).
-constexpr int kEagerNativeLandedChannel = 12;  // same
-constexpr int kNativeLandedChannel = 16;       // same
-static_assert(kEagerLandedChannel < kNumChannels);
-static_assert(kEagerNativeLandedChannel + detail::kMaxPushPieces <= kNativeLandedChannel &&
-              kNativeLandedChannel + detail::kMaxPushPieces <= kNumChannels);
-
-struct MmRsCall {
-  const char* op;
-  std::vector<Tensor> as;  // one or more products sum_i as[i] @ bs[i]
-  std::vector<Tensor> bs;
-  Tensor a_scale;  // undefined unless scaled (scaled calls have exactly one pair)
-  Tensor b_scale;
-  Tensor out;
-  int g = 0;
-  bool scaled = false;
-
-  const Tensor& a() const { return as[0]; }
-  int64_t n() const { return bs[0].size(1); }
-  bool rowwise() const { return scaled && detail::is_rowwise_scale(a_scale, a()); }
-  bool colwise() const { return scaled && b_scale.numel() != 1; }
-  bool last_dim() const { return g == a().dim() - 1; }
-};
+using namespace detail::mmrs;  // NOLINT(google-build-using-namespace)
 
 Dims product_shape(const Tensor& a, int64_t n) {
   Dims shape = a.shape();
@@ -240,41 +216,6 @@ void run_fallback(OpContext& ctx, const MmRsCall& c, ProductWriter& writer,
 // The symmetric buffer both overlapped paths push into: this op's part of the shared workspace
 // (detail::OpBuffer: the protocol of the file comment) holds, on every rank, ws slots of one
 // output chunk each; slot s of rank d holds rank s's partial of d's chunk.
-size_t chunk_bytes(const Tensor& out) {
-  return static_cast<size_t>(out.numel()) * out.element_size();
-}
-
-// The shared workspace both overlapped paths need per rank (kOpBuffers sets of ws chunks).
-size_t slots_symm_bytes(int ws, size_t chunk_bytes) {
-  return detail::op_buffers_bytes(ws * chunk_bytes);
-}
-
-// The split path's staging: the ws - 1 chunks computed for peers, before they are pushed.
-Dims staging_shape(const Dims& chunk, int ws) {
-  Dims shape = chunk;
-  shape.insert(0, std::max(ws - 1, 1));
-  return shape;
-}
-
-// The native path's done counters: one per piece of every chunk.
-size_t native_done_flags(int ws, const detail::RsPieces& pieces) {
-  return static_cast<size_t>(ws) * pieces.count;
-}
-
-struct Slots : detail::OpBuffer {
-  Slots(OpContext& ctx, const Tensor& out)
-      : OpBuffer(ctx, ctx.workspace(), ctx.world_size() * chunk_bytes(out)),
-        chunk(out.shape()),
-        dtype(out.dtype()),
-        bytes(chunk_bytes(out)) {}
-  Tensor at(int owner, int src) const {
-    return sm.buffer(owner, chunk, dtype, offset + src * bytes);
-  }
-
-  Dims chunk;
-  DType dtype;
-  size_t bytes;
-};
 
 void run_split(OpContext& ctx, const MmRsCall& c, ProductWriter& writer,
                const MatmulReduceScatterOptions& options) {
@@ -355,175 +296,6 @@ void run_split(OpContext& ctx, const MmRsCall& c, ProductWriter& writer,
   ctx.mark("end", compute);
 }
 
-// The native schedule on rank r of ws (one bf16/f16 product, scatter on a dim with no batch dims
-// before it, so that every owner's chunk is a row range of P = A @ B as a matrix; a contiguous
-// output):
-//
-//   compute: (captured: reset landed, barrier) | native GEMM: chunks r+1, r+2, ..., r-1 -> P,
-//            each piece counted in done as its tiles are stored; then the own chunk r, whose
-//            tiles wait for the peers' pieces, add them to their products and store the
-//            reduced rows straight into out | join
-//   push 0:            | wait done[r+1][0], push piece 0 of P[r+1] -> slot r of rank r+1,
-//                        landed_{r+1}[0][r] = e, done[r+1][0] = 0 | piece 2 ... | chunk r+2 ...
-//   push 1:            | wait done[r+1][1], push piece 1 ...      | piece 3 ...
-//   (ContextOptions::push_streams of them, taking the pieces by turns; two by default; each
-//   piece's flag and reset go on a flag stream beside its push stream, OpContext::flags_behind,
-//   so that the push stream's next copy does not wait for them; a stream's last piece, which
-//   no copy follows, has them on the push stream itself)
-//
-// The GEMM counts the stored tiles of each piece (up to kMaxPushPieces per chunk, at least
-// kRsPieceBytes on average, column ranges of whole 256-column tiles: the GEMM's walk takes up
-// to 16 m-tiles of the chunk's rows per group and its columns in order, so the pieces finish one
-// after the other); each piece's push stream waits for its count (a stream memory wait: no SM
-// needed while the GEMM holds them all) and pushes it while the GEMM goes on.
-// Every rank walks the chunks from its own r+1 on, so chunk r comes last on r and earlier on
-// every peer (on r-1 first, on r+1 second to last): its pieces have landed on r by the time r's
-// GEMM reaches its own chunk, and nothing is left once the GEMM ends (no reduction kernel, no
-// closing barrier). The sum in each own tile: the f32 product first, then the peers'
-// partials in rank order, rounded once (deterministic; not the split path's bits, whose own
-// partial is rounded before the reduction).
-//
-// The protocol is the split path's (file comment) with landed flags per piece: eager op e uses
-// buffer e % 2 and raises [kEagerNativeLandedChannel + q][r] to e; captured, buffer 2, 0/1 flags
-// on kNativeLandedChannel + q and an opening barrier that resets them. Rank r pushes into p's
-// buffer e % 2 in op e behind its own op e-1 GEMM, whose own tiles waited for p's op e-1 pushes,
-// which followed p's op e-1 GEMM's counts, so p's op e-2 GEMM (the last reader of that buffer)
-// had ended.
-struct NativeRsPlan {
-  int64_t m = 0, k = 0, n = 0;
-};
-
-std::optional<NativeRsPlan> native_rs_plan(const MmRsCall& c, std::string* why) {
-  if (c.scaled) {
-    *why = "float8 operands (the native GEMM takes bf16 or f16)";
-    return std::nullopt;
-  }
-  if (c.as.size() != 1) {
-    *why = "several products (the native GEMM computes one)";
-    return std::nullopt;
-  }
-  if (c.last_dim()) {
-    *why = "the scatter is on the last dim";
-    return std::nullopt;
-  }
-  for (int d = 0; d < c.g; ++d) {
-    if (c.a().size(d) != 1) {
-      *why = fmt::format(
-          "scatter dim {} has batch dims before it (A {}): the chunks are not row ranges", c.g,
-          c.a().describe());
-      return std::nullopt;
-    }
-  }
-  NativeRsPlan plan;
-  plan.k = c.a().size(-1);
-  plan.n = c.n();
-  plan.m = plan.k == 0 ? 0 : c.a().numel() / plan.k;
-  if (plan.m == 0 || plan.n == 0) {
-    *why = "an empty product";
-    return std::nullopt;
-  }
-  if (!c.out.is_contiguous()) {
-    *why = fmt::format("a strided output {} (the GEMM stores the reduced rows into it)",
-                       c.out.describe());
-    return std::nullopt;
-  }
-  return plan;
-}
-
-ChunkedGemmArgs native_rs_args(OpContext& ctx, const Tensor& a2, const Tensor& b,
-                               const Tensor& p2) {
-  ChunkedGemmArgs args;
-  args.a = a2;
-  args.b = b;
-  args.d = p2;
-  args.chunk_rows = a2.size(0) / ctx.world_size();
-  args.first_chunk = (ctx.rank() + 1) % ctx.world_size();
-  args.timeout = ctx.group().timeout();
-  args.rank = ctx.rank();
-  return args;
-}
-
-void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const NativeRsPlan& plan,
-                const MatmulReduceScatterOptions& options) {
-  Backend& be = ctx.backend();
-  Stream& compute = ctx.stream();
-  const int ws = ctx.world_size();
-  const int rank = ctx.rank();
-  const int64_t rows = plan.m / ws;
-  // The protocol (see above): eager, buffer e % 2 of the split path's op count, no opening
-  // barrier; captured, buffer 2 behind one.
-  const Slots slots(ctx, c.out);
-  SymmetricMemory& sm = slots.sm;
-  const bool captured = slots.captured;
-  const int channel = captured ? kNativeLandedChannel : kEagerNativeLandedChannel;
-  const detail::RsPieces pieces = detail::native_rs_pieces(plan.n, slots.bytes);
-  auto landed_of = [&](int owner) { return sm.signal_pad_ptr(owner) + channel * ws; };
-  auto piece_of = [&](const Tensor& m, int q) {
-    if (pieces.count == 1) return m;
-    return m.narrow(1, q * pieces.cols, std::min(pieces.cols, plan.n - q * pieces.cols));
-  };
-  const Tensor product = ctx.scratch(Scratch::kPartial, {plan.m, plan.n}, c.out.dtype());
-  uint32_t* done = ctx.flags(native_done_flags(ws, pieces));
-
-  ctx.mark("start", compute);
-  if (captured) {
-    // Past this barrier every owner has finished reading its slots in every earlier op, and its
-    // landed flags are back to 0.
-    sm.reset_and_barrier(landed_of(rank), pieces.count * ws, kBarrierChannel, compute);
-    ctx.mark("opened", compute);
-  }
-  ChunkedGemmArgs args = native_rs_args(ctx, a.view({plan.m, plan.k}), c.bs[0], product);
-  detail::set_native_rs_reduction(args, rank, ws, pieces,
-                                  sm.buffer(rank, {ws, rows, plan.n}, c.out.dtype(), slots.offset),
-                                  c.out.view({rows, plan.n}), done, landed_of(rank), slots.number,
-                                  channel, options.reduce_op == ReduceOp::kAvg);
-  // The pieces to push, in the order the GEMM finishes them (native_gemm_done_order: chunk by
-  // chunk, rank + 1, rank + 2, ..., each by columns); the own chunk is reduced in the GEMM's
-  // epilogue, never counted. Piece t goes on push stream t (mod the push streams): each piece
-  // waits only for its own counter and raises only its own flag, so no piece waits for another's
-  // copy. Only the push streams that get a piece are forked and joined.
-  std::vector<Backend::DoneCounter> to_push;
-  for (const Backend::DoneCounter& counter : be.native_gemm_done_order(args))
-    if (counter.index / pieces.count != rank) to_push.push_back(counter);
-  const int streams =
-      static_cast<int>(std::min<size_t>(ctx.options().push_streams, to_push.size()));
-  Event& start = ctx.event(0);
-  start.record(compute);
-  for (int i = 0; i < streams; ++i)
-    start.block(ctx.push_stream(i));
-  be.native_gemm(args, compute);
-  ctx.mark("gemm", compute);
-  // The push streams' waits for the counters (stream memory waits, no SM needed) are bounded by
-  // the GEMM: its tiles of other chunks wait for nothing, so every count is reached.
-  for (size_t t = 0; t < to_push.size(); ++t) {
-    const auto [index, count] = to_push[t];
-    const int d = index / pieces.count;
-    const int q = index % pieces.count;
-    Stream& push = ctx.push_stream(static_cast<int>(t));
-    const Tensor from = product.narrow(0, d * rows, rows);
-    const Tensor to = slots.at(d, rank).view({rows, plan.n});
-    be.wait_flag(done + index, count, push);
-    be.copy(piece_of(to, q), piece_of(from, q), push);
-    // The flag and the reset beside the push stream, which goes on to its next piece at once;
-    // after a stream's last piece, on the push stream itself (nothing follows there that they
-    // could hold up), which saves the flag stream's event edge and its join.
-    const bool last_on_stream = t + streams >= to_push.size();
-    Stream& flags = last_on_stream ? push : ctx.flags_behind(static_cast<int>(t));
-    be.write_flag(landed_of(d) + q * ws + rank, slots.number, flags);
-    // Counted in full: back to 0 for the next op, here beside the GEMM (stream writes after the
-    // GEMM would add up; see docs/DECISIONS.md D4).
-    be.write_flag(done + index, 0, flags);
-    if (ctx.tracing()) ctx.mark(fmt::format("pushed piece {} to {}", q, d), flags);
-  }
-  for (int i = 0; i < streams; ++i) {
-    Event& pushed = ctx.event(ws + i);
-    pushed.record(ctx.push_stream(i));
-    pushed.block(compute);
-  }
-  ctx.join_flag_streams(compute);
-  ctx.mark("end", compute);
-}
-
 // The dispatcher's key of a call: the product [M, K] @ [K, N] before the scatter (K summed over
 // several products), and what else sets the paths' times.
 std::string problem_key(OpContext& ctx, const MmRsCall& c, ReduceOp reduce_op) {
@@ -538,32 +310,6 @@ std::string problem_key(OpContext& ctx, const MmRsCall& c, ReduceOp reduce_op) {
   if (reduce_op == ReduceOp::kAvg) variant.push_back("avg");
   return detail::problem_key(ctx, c.op, m, c.n(), k, c.a().dtype(), c.out.dtype(), c.bs[0],
                              fmt::format("{}", fmt::join(variant, ", ")));
-}
-
-// The native path's plan where it can run the call (a0: As[0], contiguous), else nullopt and why.
-std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, const Tensor& a0,
-                                            ReduceOp reduce_op, std::string* why) {
-  std::optional<NativeRsPlan> plan = native_rs_plan(c, why);
-  if (!plan) return plan;
-  const int ws = ctx.world_size();
-  if (plan->m % ws != 0) {
-    *why = fmt::format("the product's {} rows do not split evenly over {} ranks", plan->m, ws);
-    return std::nullopt;
-  }
-  ChunkedGemmArgs args = native_rs_args(
-      ctx, detail::shape_only(a0.view({plan->m, plan->k})), detail::shape_only(c.bs[0]),
-      detail::shape_only_matrix(c.out.dtype(), plan->m, plan->n, c.out.device()));
-  // The run's own arguments but for the buffers (aligned, like the symmetric slots).
-  const int64_t rows = plan->m / ws;
-  auto* flags = reinterpret_cast<uint32_t*>(uintptr_t{1} << 20);
-  detail::set_native_rs_reduction(
-      args, ctx.rank(), ws, detail::native_rs_pieces(plan->n, chunk_bytes(c.out)),
-      detail::shape_only_matrix(c.out.dtype(), ws * rows, plan->n, c.out.device())
-          .view({ws, rows, plan->n}),
-      c.out.view({rows, plan->n}), flags, flags, 1, 0, reduce_op == ReduceOp::kAvg);
-  *why = ctx.backend().native_gemm_unsupported(args);
-  if (!why->empty()) return std::nullopt;
-  return plan;
 }
 
 void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {

@@ -1,0 +1,91 @@
+// What the paths of all_gather_matmul share (all_gather_matmul.cpp: the op, its protocol and the
+// split and fallback paths; all_gather_matmul_native.cpp: the native path).
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+
+#include "ops/context.h"
+#include "ops/matmul_common.h"
+
+namespace asynctp::detail::agmm {
+
+constexpr int kBarrierChannel = 0;  // see NOTE [signal pads and channels]
+
+struct AgMmCall {
+  const char* op;
+  Tensor a_shard;
+  Tensor a_scale;  // undefined unless scaled
+  std::span<const Tensor> bs;
+  std::span<const Tensor> b_scales;
+  std::span<const Tensor> outs;
+  Tensor a_out;
+  int g = 0;
+  bool scaled = false;
+  size_t push_piece_bytes = 0;  // the native path's (the call's option, else the context's)
+
+  bool rowwise() const { return scaled && is_rowwise_scale(a_scale, a_shard); }
+  bool k_gather() const { return g == a_shard.dim() - 1; }
+  Tensor b_scale(size_t i) const { return scaled ? b_scales[i] : Tensor(); }
+};
+
+// ---- The push buffers (see the file comment) ----------------------------------------------------
+
+constexpr int kCapturedReadyChannel = 1;  // to 1 + kMaxPushPieces - 1: see NOTE [signal pads and
+constexpr int kEagerReadyChannel = 8;     // to 8 + kMaxPushPieces - 1:  channels]
+static_assert(kCapturedReadyChannel + kMaxPushPieces <= kEagerReadyChannel &&
+              kEagerReadyChannel + kMaxPushPieces <= kNumChannels);
+
+// One buffer of the push workspace: [ws shard slots | ws scale slots] (row-wise scales), each
+// part 256-byte aligned.
+inline size_t push_buffer_bytes(int ws, size_t shard_bytes, size_t scale_bytes) {
+  return align_up(ws * shard_bytes, 256) + align_up(ws * scale_bytes, 256);
+}
+
+// The push workspace both overlapped paths need per rank (kOpBuffers buffers).
+inline size_t push_symm_bytes(int ws, size_t shard_bytes, size_t scale_bytes) {
+  return op_buffers_bytes(push_buffer_bytes(ws, shard_bytes, scale_bytes));
+}
+
+// This op's buffer of the push workspace (OpBuffer) and its ready flags.
+struct PushBuffer : OpBuffer {
+  PushBuffer(OpContext& ctx, size_t shard_bytes, size_t scale_bytes)
+      : OpBuffer(ctx, ctx.push_workspace(),
+                 push_buffer_bytes(ctx.world_size(), shard_bytes, scale_bytes)),
+        ws(ctx.world_size()),
+        shard_bytes(shard_bytes),
+        scale_bytes(scale_bytes),
+        channel(captured ? kCapturedReadyChannel : kEagerReadyChannel) {}
+
+  // Slot p (rank p's shard) of `owner`'s buffer, viewed as `shape`.
+  Tensor slot(int owner, int p, const Dims& shape, DType dtype) const {
+    return sm.buffer(owner, shape, dtype, offset + p * shard_bytes);
+  }
+  // Rank p's row-wise scale in `owner`'s buffer.
+  Tensor scale_slot(int owner, int p, const Dims& shape) const {
+    return sm.buffer(owner, shape, DType::kF32,
+                     offset + align_up(ws * shard_bytes, 256) + p * scale_bytes);
+  }
+  // `owner`'s flags: piece q of chunk p is flag q * ws + p.
+  uint32_t* ready(int owner) const { return sm.signal_pad_ptr(owner) + channel * ws; }
+
+  int ws;
+  size_t shard_bytes, scale_bytes;
+  int channel;
+};
+
+// The native path (all_gather_matmul_native.cpp).
+struct NativePlan {
+  int64_t rows = 0;  // rows of the shard as a matrix
+  int64_t k = 0;
+};
+
+// The native plan where the native GEMM can take the call's shapes, else nullopt and why.
+std::optional<NativePlan> native_plan(const AgMmCall& c, std::string* why);
+// The native GEMM's arguments for a (the gathered A), b and out, chunked by the shards.
+ChunkedGemmArgs native_args(OpContext& ctx, const NativePlan& plan, const Tensor& a,
+                            const Tensor& b, const Tensor& out);
+void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan);
+
+}  // namespace asynctp::detail::agmm
