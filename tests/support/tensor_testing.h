@@ -1,6 +1,7 @@
 // Tensor helpers for tests: deterministic seeded contents (so that any rank can rebuild any other
 // rank's inputs), element access in logical order for any strides, non-contiguous layouts, and a
-// bit-for-bit comparison that names the first element that differs.
+// bit-for-bit comparison that names the first element that differs. Every host access first waits
+// for the work enqueued on the CPU backend's streams (cpu::testing::synchronize_all).
 #pragma once
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/random.h"
+#include "device/cpu_streams.h"
 
 namespace asynctp::testing {
 
@@ -70,6 +72,7 @@ inline int64_t offset_of(const Tensor& t, int64_t linear) {
 }
 
 inline float get(const Tensor& t, int64_t linear) {
+  cpu::testing::synchronize_all();
   const char* p = static_cast<const char*>(t.data()) + offset_of(t, linear) * t.element_size();
   return dispatch_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -81,6 +84,7 @@ inline float get(const Tensor& t, int64_t linear) {
 
 // Stores value rounded to t's dtype (as the library's casts round).
 inline void set(const Tensor& t, int64_t linear, float value) {
+  cpu::testing::synchronize_all();
   char* p = static_cast<char*>(t.data()) + offset_of(t, linear) * t.element_size();
   dispatch_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -91,6 +95,7 @@ inline void set(const Tensor& t, int64_t linear, float value) {
 
 // The raw bits of one element, widened.
 inline uint32_t bits_at(const Tensor& t, int64_t linear) {
+  cpu::testing::synchronize_all();
   const char* p = static_cast<const char*>(t.data()) + offset_of(t, linear) * t.element_size();
   uint32_t bits = 0;
   std::memcpy(&bits, p, t.element_size());  // little-endian: the low bytes
