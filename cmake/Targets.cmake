@@ -10,16 +10,36 @@ function(asynctp_add_layer)
   target_compile_options(asynctp_${L_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
 endfunction()
 
-# asynctp_add_test(NAME <name> LABEL <cpu|gpu> SOURCES ... DEPS ...): one gtest binary, every
-# test case registered with ctest under the label.
+# asynctp_add_test(NAME <name> LABEL <cpu|gpu> [STREAMS] [TIMEOUT <s>] SOURCES ... DEPS ...): one
+# gtest binary, every test case registered with ctest under the label, with a time budget of
+# TIMEOUT seconds (default 300). CPU tests run with the CPU streams' jitter seeded by the first
+# of ASYNCTP_JITTER_SEEDS (tests/CMakeLists.txt); a STREAMS binary (whose tests run the ops'
+# schedules across streams and ranks) runs again under each other seed, its tests named
+# <test>/jitter<seed>.
 function(asynctp_add_test)
-  cmake_parse_arguments(T "" "NAME;LABEL;TIMEOUT" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(T "STREAMS" "NAME;LABEL;TIMEOUT" "SOURCES;DEPS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} asynctp_test_support GTest::gtest_main)
   target_compile_options(${T_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
-  gtest_discover_tests(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
-                       DISCOVERY_TIMEOUT 60)
+  set(_seeds 0)
+  if(T_LABEL STREQUAL "cpu" AND ASYNCTP_JITTER_SEEDS)
+    set(_seeds ${ASYNCTP_JITTER_SEEDS})
+    if(NOT T_STREAMS)
+      list(GET _seeds 0 _seeds)
+    endif()
+  endif()
+  list(GET _seeds 0 _first)
+  foreach(_seed IN LISTS _seeds)
+    set(_suffix "")
+    if(NOT _seed EQUAL _first)
+      set(_suffix "/jitter${_seed}")
+    endif()
+    gtest_discover_tests(${T_NAME} TEST_SUFFIX "${_suffix}"
+                         PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+                                    ENVIRONMENT ASYNCTP_CPU_STREAM_JITTER=${_seed}
+                         DISCOVERY_TIMEOUT 60)
+  endforeach()
 endfunction()
