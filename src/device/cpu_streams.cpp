@@ -34,6 +34,8 @@ std::exception_ptr placed(const std::exception& e, const std::string& stream, co
 }
 
 std::atomic<int64_t> g_event_waits{0};
+// How long the fault switch holds back the work a dropped wait was for.
+constexpr std::chrono::milliseconds kStall{20};
 // Items enqueued and not yet completed on every stream of this process, and the streams
 // (testing::synchronize_all).
 std::atomic<int64_t> g_outstanding{0};
@@ -54,6 +56,8 @@ struct Progress {
   std::exception_ptr failure;
   uint64_t failure_seq = 0;
   uint64_t skip_through = 0;
+  // The fault switch's stall: this item first sleeps kStall (0: none).
+  uint64_t stall_at = 0;
 
   // Waits until item n has completed; the failure among items 1..n that was skipped through,
   // if any.
@@ -156,7 +160,7 @@ class Worker {
   void run() {
     for (;;) {
       Item item;
-      bool skip = false;
+      bool skip = false, stall = false;
       {
         std::unique_lock lock(progress->mu);
         queued_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -165,7 +169,9 @@ class Worker {
         queue_.pop_front();
         skip = progress->failure && item.seq > progress->failure_seq &&
                item.seq <= progress->skip_through;
+        stall = item.seq == progress->stall_at;
       }
+      if (stall) std::this_thread::sleep_for(kStall);
       if (!skip) {
         if (item.jitter && jitter_) {
           const auto us = static_cast<int64_t>(splitmix64(rng_) % (kMaxJitterUs + 1));
@@ -297,7 +303,14 @@ class CpuEvent final : public Event {
     CpuStream& s = as_cpu(stream, "Event::block");
     const int64_t index = g_event_waits.fetch_add(1);
     if (index == g_drop.load()) {
+      // Dropped: and the work it waited for is held back, so that whatever read that work
+      // without the wait reads it too early.
       g_dropped = true;
+      if (progress_) {
+        const std::lock_guard lock(progress_->mu);
+        // Item seq_ is the record's marker; the one before it, the last work recorded.
+        if (progress_->completed + 1 < seq_) progress_->stall_at = seq_ - 1;
+      }
       return;
     }
     if (!progress_) return;  // never recorded: nothing to wait for (as in CUDA)

@@ -93,8 +93,10 @@ CpuStream& as_cpu(Stream& stream, const char* what);
 std::unique_ptr<Event> make_cpu_event();
 
 // The test-only fault switch of the event waits: every Event::block call of this process is
-// counted from 0 since the last reset, and the one numbered `drop` (if any) enqueues nothing.
-// The tests that prove each event wait of an op necessary drop them one at a time.
+// counted from 0 since the last reset, and the one numbered `drop` (if any) enqueues nothing;
+// instead the last item of the recorded work it stood for, if not yet completed, first sleeps
+// 20 ms: the schedule in which a missing wait shows. The tests that prove
+// each event wait of an op necessary drop them one at a time.
 namespace testing {
 void reset_event_waits(int64_t drop = -1);
 // Event::block calls since the last reset.

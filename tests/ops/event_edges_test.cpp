@@ -1,23 +1,18 @@
 // Every event wait of the fused ops is needed: with the CPU streams' jitter on (NOTE [cpu
-// streams]), dropping any one of them (cpu::testing::reset_event_waits, the same wait on every
-// rank) makes some rank compute a wrong result or fail. A test of the emulation as much as of the
-// ops: if a dropped wait went unnoticed, either the wait is redundant or the jitter too weak to
-// show the race it guards.
+// streams]), dropping any one of them on one rank (cpu::testing::reset_event_waits) makes some
+// rank compute a wrong result or fail, but for the split paths' two closing waits, which cover
+// each other (see the test). A test of the emulation as much as of the ops: a dropped wait that
+// goes unnoticed is either redundant or guards a race the emulation does not show.
 //
 // Each run writes the op's input on the op's stream (behind a garbage fill), runs the op, and
 // overwrites the input on that stream again at once (the caller may reuse it once the op is
 // through), three times with fresh inputs; then it synchronizes the op's stream only and compares
 // with the unfused reference.
 //
-// Disabled: with 0-200 us of jitter per item most waits are not shown necessary on every seed
-// (run it with --gtest_also_run_disabled_tests; each rank reports the waits that changed nothing).
-// Found on seeds 1-3 (the k-th Event::block of one call): the split all_gather_matmul's
-// copy-stream start (0) always fails when dropped; a flag stream's wait for its push (1 at ws 2;
-// pushes 2 and 3 at ws 4 never, push 1 on two seeds of three), the compute stream's wait for the
-// pushes at the end and the flag streams' join never do. The split matmul_reduce_scatter's first
-// chunk's copy-after-GEMM wait (0) always fails; the others vary by seed, and the end waits
-// (pushes, join) never fail. The join of the flag streams is needed where a CUDA graph must close
-// every fork, not in an eager run, where the flags are ordered on their own streams.
+// Rank 0 drops the wait (the others run the op as it is: a drop on every rank stalls all of them
+// alike, and the race it opens closes again), and the fault switch holds back the work it was
+// for. The jitter alone (0-200 us an item) showed few of the waits: a consumer reaches the data
+// late anyway, behind its own stream's other work.
 #include <unistd.h>
 
 #include <cstdio>
@@ -141,45 +136,66 @@ class EventEdgesTest : public ::testing::TestWithParam<EdgeCase> {
   }
 };
 
-TEST_P(EventEdgesTest, DISABLED_DroppingAnyEventWaitFails) {
+// Rank 0 drops wait k of each of its calls; the other ranks run the op as it is.
+TEST_P(EventEdgesTest, DroppingAnyEventWaitFails) {
   const EdgeCase c = GetParam();
   HarnessOptions options;
   options.group_timeout = Millis(3000);
   options.run_timeout = Millis(60'000);
+  // Rank 0's exit code: the wait changed no result, or the op has no wait k.
+  constexpr int kUnnoticed = 3;
+  constexpr int kPastTheLastWait = 4;
+  std::vector<int64_t> unnoticed;
+  int64_t waits = 0;
   // k = -1: nothing dropped, every result right; then each wait k of the op until past its last.
-  constexpr int kPastTheLastWait = 3;
   for (int64_t k = -1;; ++k) {
     auto statuses = run_ranks(
         c.ws,
         [&](Context& ctx) {
           bool dropped = false;
-          const bool ok = run_once(ctx, c, k, &dropped);
+          const bool ok = run_once(ctx, c, ctx.rank() == 0 ? k : -1, &dropped);
           auto& store = ctx.group().store();
-          store.set(fmt::format("k/{}", ctx.rank()),
-                    fmt::format("{}{}", ok ? 1 : 0, dropped ? 1 : 0));
+          store.set(fmt::format("k/{}", ctx.rank()), ok ? "1" : "0");
           if (ctx.rank() != 0) return;
-          bool any_wrong = false, any_dropped = false;
-          for (int r = 0; r < c.ws; ++r) {
-            const std::string v = store.get(fmt::format("k/{}", r), Millis(30'000));
-            any_wrong |= v[0] == '0';
-            any_dropped |= v[1] == '1';
-          }
+          bool any_wrong = false;
+          for (int r = 0; r < c.ws; ++r)
+            any_wrong |= store.get(fmt::format("k/{}", r), Millis(30'000)) == "0";
           if (k < 0) {
             EXPECT_FALSE(any_wrong) << "a wrong result with no wait dropped";
-          } else if (!any_dropped) {
-            std::printf("%s: %lld event waits\n", case_name({c, 0}).c_str(),
-                        static_cast<long long>(k));
-            std::fflush(stdout);
-            ::_exit(kPastTheLastWait);
-          } else {
-            EXPECT_TRUE(any_wrong)
-                << "dropping event wait " << k << " of the op changed no result on any rank";
+            return;
           }
+          std::fflush(stdout);
+          if (!dropped) ::_exit(kPastTheLastWait);
+          if (!any_wrong) ::_exit(kUnnoticed);
         },
         options);
     ASSERT_EQ(statuses.size(), static_cast<size_t>(c.ws));
-    if (statuses[0].exited && statuses[0].exit_code == kPastTheLastWait) break;
-    EXPECT_RANKS_OK(statuses) << "event wait " << k;
+    if (statuses[0].exited && statuses[0].exit_code == kPastTheLastWait) {
+      waits = k;
+      break;
+    }
+    if (statuses[0].exited && statuses[0].exit_code == kUnnoticed) {
+      unnoticed.push_back(k);
+      statuses[0].exit_code = 0;
+    }
+    ASSERT_RANKS_OK(statuses) << "event wait " << k;
+  }
+  // The split paths end with two waits of the op's stream: for the pushes (the caller may write
+  // A or the staging again) and for the flag streams (Context::join_flag_streams). Each covers
+  // the other's data: every push has its flag behind it on a flag stream, so the join orders the
+  // stream after the pushes, and the flags the push wait leaves unjoined are raised on their own
+  // streams, in order, only later. Either alone keeps an eager run right; both stay, for a CUDA
+  // graph, which must join every stream it forked.
+  const std::vector<int64_t> redundant_pair =
+      waits >= 2 ? std::vector<int64_t>{waits - 2, waits - 1} : std::vector<int64_t>{};
+  std::printf("%s: %lld event waits, unnoticed when dropped: %s\n", case_name({c, 0}).c_str(),
+              static_cast<long long>(waits), fmt::format("{}", fmt::join(unnoticed, ", ")).c_str());
+  if (c.path == PathChoice::kFallback) {
+    EXPECT_EQ(waits, 0) << "the fallback runs on the op's stream alone";
+  } else {
+    EXPECT_GE(waits, 4);
+    EXPECT_EQ(unnoticed, redundant_pair)
+        << "dropping these event waits changed no result on any rank";
   }
 }
 
