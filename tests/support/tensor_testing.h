@@ -113,6 +113,7 @@ inline void fill_value(const Tensor& t, float value) {
 }
 
 inline std::vector<float> to_vector(const Tensor& t) {
+  cpu::testing::synchronize_all();
   std::vector<float> out(t.numel());
   for (int64_t i = 0; i < t.numel(); ++i)
     out[i] = get(t, i);
@@ -141,6 +142,7 @@ inline OwnedTensor empty_padded(Dims shape, DType dtype, int64_t pad) {
 
 // Same shape, dtype and bits at every element (NaNs of the same pattern compare equal).
 inline ::testing::AssertionResult same_bits(const Tensor& actual, const Tensor& expected) {
+  cpu::testing::synchronize_all();  // empty tensors too: work queued before may read other inputs
   if (actual.shape() != expected.shape() || actual.dtype() != expected.dtype()) {
     return ::testing::AssertionFailure()
            << "got " << actual.describe() << ", expected " << expected.describe();
