@@ -206,8 +206,8 @@ inline constexpr EnvVar kCpuStreamJitter{
     .kind = EnvVar::Kind::kInteger,
     .default_value = "0",
     .doc =
-        "CPU backend: a seed for a random 0-200 us delay before each item of each stream, so "
-        "that a missing event edge shows; 0: no delays.",
+        "CPU backend: a seed for random delays (0-200 us, before one item in two of each "
+        "stream) that show a missing event edge; 0: no delays.",
     .min = 0,
     .max = 9007199254740991.0,  // 2^53 - 1: exact in a double
 };

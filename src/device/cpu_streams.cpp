@@ -174,8 +174,11 @@ class Worker {
       if (stall) std::this_thread::sleep_for(kStall);
       if (!skip) {
         if (item.jitter && jitter_) {
-          const auto us = static_cast<int64_t>(splitmix64(rng_) % (kMaxJitterUs + 1));
-          if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+          // Half the items run at once (a sleep costs ~50 us more than it asks for: that halves
+          // the cost), the others after 0 to kMaxJitterUs.
+          const uint64_t r = splitmix64(rng_);
+          const auto us = static_cast<int64_t>((r >> 1) % (kMaxJitterUs + 1));
+          if ((r & 1) != 0 && us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
         }
         try {
           item.work();

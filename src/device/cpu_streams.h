@@ -11,7 +11,7 @@
 //                      its item n; later items of s run after it.
 //   Event::synchronize, Stream::synchronize: the host waits until that point is completed.
 // With ASYNCTP_CPU_STREAM_JITTER set to a seed, each work item (not the event items) first
-// sleeps a random 0 to kMaxJitterUs microseconds, drawn from the stream's own generator seeded
+// sleeps, one time in two, a random 0 to kMaxJitterUs microseconds, drawn from the stream's own generator seeded
 // by (seed, rank, stream index), so the relative pace of streams and ranks changes from seed to
 // seed and a consumer that does not wait for its producer reads too early.
 // Failures: an item that throws marks its stream failed; the items enqueued on it up to then are
