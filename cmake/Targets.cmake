@@ -10,16 +10,34 @@ function(asynctp_add_layer)
   target_compile_options(asynctp_${L_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
 endfunction()
 
-# asynctp_add_test(NAME <name> LABEL <cpu|gpu> SOURCES ... DEPS ...): one gtest binary, every
-# test case registered with ctest under the label.
+# asynctp_add_test(NAME <name> LABEL <cpu|gpu> [STREAMS <gtest filter>] [TIMEOUT <s>] SOURCES ...
+# DEPS ...): one gtest binary, every test case registered with ctest under the label, with a
+# time budget of TIMEOUT seconds (default 300). CPU tests run with the CPU streams' jitter seeded
+# by the first of ASYNCTP_JITTER_SEEDS (tests/CMakeLists.txt); the tests that STREAMS selects
+# (those that run the ops' schedules across streams and ranks) run again under each other seed,
+# named <test>/jitter<seed>.
 function(asynctp_add_test)
-  cmake_parse_arguments(T "" "NAME;LABEL;TIMEOUT" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;LABEL;TIMEOUT;STREAMS" "SOURCES;DEPS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} asynctp_test_support GTest::gtest_main)
   target_compile_options(${T_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
+  set(_seeds 0)
+  if(T_LABEL STREQUAL "cpu" AND ASYNCTP_JITTER_SEEDS)
+    set(_seeds ${ASYNCTP_JITTER_SEEDS})
+  endif()
+  list(POP_FRONT _seeds _first)
   gtest_discover_tests(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+                                            ENVIRONMENT ASYNCTP_CPU_STREAM_JITTER=${_first}
                        DISCOVERY_TIMEOUT 60)
+  if(T_STREAMS)
+    foreach(_seed IN LISTS _seeds)
+      gtest_discover_tests(${T_NAME} TEST_SUFFIX "/jitter${_seed}" TEST_FILTER "${T_STREAMS}"
+                           PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+                                      ENVIRONMENT ASYNCTP_CPU_STREAM_JITTER=${_seed}
+                           DISCOVERY_TIMEOUT 60)
+    endforeach()
+  endif()
 endfunction()

@@ -201,6 +201,17 @@ inline constexpr EnvVar kSharedGpus{
     .max = 8,
 };
 
+inline constexpr EnvVar kCpuStreamJitter{
+    .name = "ASYNCTP_CPU_STREAM_JITTER",
+    .kind = EnvVar::Kind::kInteger,
+    .default_value = "0",
+    .doc =
+        "CPU backend: a seed for random delays (0-200 us, before one item in two of each "
+        "stream) that show a missing event edge; 0: no delays.",
+    .min = 0,
+    .max = 9007199254740991.0,  // 2^53 - 1: exact in a double
+};
+
 inline constexpr EnvVar kSharedDir{
     .name = "ASYNCTP_SHARED_DIR",
     .kind = EnvVar::Kind::kText,
@@ -237,9 +248,10 @@ inline constexpr EnvVar kBuildTests{
 
 // Every variable, in the order `asynctp env` and the README list them.
 inline constexpr const EnvVar* kAll[] = {
-    &kTimeout,   &kMaxWorkspaceMb, &kPath,        &kCacheDir,       &kLogLevel,    &kHostId,
-    &kRunId,     &kStorePort,      &kGemmStreams, &kPushPieceBytes, &kPushStreams, &kGemmAutotune,
-    &kAllowTf32, &kSharedGpus,     &kLibrary,     &kSharedDir,      &kSkipAsan,    &kBuildTests,
+    &kTimeout,     &kMaxWorkspaceMb, &kPath,      &kCacheDir,    &kLogLevel,
+    &kHostId,      &kRunId,          &kStorePort, &kGemmStreams, &kPushPieceBytes,
+    &kPushStreams, &kGemmAutotune,   &kAllowTf32, &kSharedGpus,  &kCpuStreamJitter,
+    &kLibrary,     &kSharedDir,      &kSkipAsan,  &kBuildTests,
 };
 
 // The registered variable of that name; nullptr when there is none.

@@ -136,7 +136,7 @@ std::unique_ptr<Backend> make_backend(std::string_view name, int local_rank, int
     name = "cpu";
 #endif
   }
-  if (name == "cpu") return make_cpu_backend();
+  if (name == "cpu") return make_cpu_backend(local_rank);
   if (name == "cuda") {
 #ifdef ASYNCTP_WITH_CUDA
     return make_cuda_backend(local_rank, device_index);

@@ -1,7 +1,7 @@
 // The execution interface the ops are written against: streams, events, copies, GEMM, the
-// partial-sum reduction and a few elementwise kernels. A backend runs work in stream order; the
-// CPU backend runs every call eagerly on the calling thread (its streams are in order by
-// construction), the CUDA backend enqueues on CUDA streams.
+// partial-sum reduction and a few elementwise kernels. A backend runs work in stream order,
+// asynchronously to the host: the CUDA backend on CUDA streams, the CPU backend on worker
+// threads (NOTE [cpu streams] in device/cpu_streams.h).
 #pragma once
 
 #include <chrono>
@@ -116,7 +116,7 @@ class Backend {
   virtual std::unique_ptr<Stream> create_stream() = 0;
   // A Stream over the caller's native stream, which it does not own (the caller keeps it alive
   // while the wrapper is used). CUDA: a cudaStream_t, nullptr the legacy default stream. CPU:
-  // any handle names the backend's one eager stream, so the wrapper is a view of it.
+  // any handle names the backend's compute stream, so the wrapper is a view of it.
   virtual std::unique_ptr<Stream> wrap_stream(void* handle) = 0;
   // timing: the event can be used with elapsed_ms (slightly more expensive on CUDA).
   virtual std::unique_ptr<Event> create_event(bool timing = false) = 0;
@@ -141,7 +141,7 @@ class Backend {
   // Waits for all work on all streams of this backend.
   virtual void synchronize() = 0;
   // Throws the TimeoutError of a bounded device-side wait that gave up since the last check (a
-  // host read; the CPU backend throws at once and has nothing pending).
+  // host read; the CPU backend: the first failure of any stream not yet reported).
   virtual void check_errors() {}
 
   // The native async-input GEMM (see ChunkedGemmArgs). native_gemm_unsupported says why this

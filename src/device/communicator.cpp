@@ -61,6 +61,8 @@ class StoreCommunicator final : public Communicator {
     validate_all_gather(out, in, group_.world_size());
     const std::string key = group_.next_key("coll/all_gather");
     const int rank = group_.rank();
+    // The host reads `in` and writes `out`: after the work enqueued before on the stream.
+    stream.synchronize();
     group_.store().set(fmt::format("{}/{}", key, rank), bytes_of(in));
     const auto chunks = out.chunk(group_.world_size(), 0);
     for (int r = 0; r < group_.world_size(); ++r) {
@@ -79,6 +81,7 @@ class StoreCommunicator final : public Communicator {
     const int rank = group_.rank();
     const int ws = group_.world_size();
     const auto chunks = in.chunk(ws, 0);
+    stream.synchronize();  // the host reads `in`
     for (int dst = 0; dst < ws; ++dst) {
       group_.store().set(fmt::format("{}/{}/{}", key, rank, dst), bytes_of(chunks[dst]));
     }
@@ -92,6 +95,7 @@ class StoreCommunicator final : public Communicator {
     ASYNCTP_CHECK(inout.is_contiguous(), "all_reduce: tensor {} must be contiguous",
                   inout.describe());
     const std::string key = group_.next_key("coll/all_reduce");
+    stream.synchronize();  // the host reads `inout`
     group_.store().set(fmt::format("{}/{}", key, group_.rank()), bytes_of(inout));
     reduce_from(
         key, [&](int src) { return fmt::format("{}/{}", key, src); }, inout, op, stream);
@@ -114,6 +118,7 @@ class StoreCommunicator final : public Communicator {
       inputs.push_back(out.with_data(data.back().data()));
     }
     backend_.reduce(out, inputs, op, stream);
+    stream.synchronize();  // the reduction reads `data`, which goes with this call
     group_.barrier(key + "/read");
   }
 

@@ -1,44 +1,21 @@
 #include "device/cpu_backend.h"
 
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "core/deadline.h"
+#include "core/env.h"
+#include "device/cpu_futex.h"
 #include "device/cpu_loops.h"
+#include "device/cpu_streams.h"
 
 namespace asynctp {
 
 namespace {
 
-class CpuStream final : public Stream {
- public:
-  void synchronize() override {}
-  void* native_handle() const override { return nullptr; }
-};
-
-// Work is done when it is enqueued, so an event is the host time at which it was recorded.
-class CpuEvent final : public Event {
- public:
-  void record(Stream&) override {
-    time_ = std::chrono::steady_clock::now();
-    recorded_ = true;
-  }
-  void block(Stream&) override {}
-  void synchronize() override {}
-  float elapsed_ms(const Event& start) const override {
-    const auto& s = dynamic_cast<const CpuEvent&>(start);
-    ASYNCTP_CHECK(recorded_ && s.recorded_, "elapsed_ms on an event that was never recorded");
-    return std::chrono::duration<float, std::milli>(time_ - s.time_).count();
-  }
-
- private:
-  std::chrono::steady_clock::time_point time_{};
-  bool recorded_ = false;
-};
+using cpu::as_cpu;
 
 void check_host(const Tensor& t, const char* what) {
   ASYNCTP_CHECK(t.device().is_cpu(), "the cpu backend cannot touch {} on {}", what,
@@ -71,25 +48,94 @@ Tensor as_batched(const Tensor& t) {
   return t.dim() == 3 ? t : t.unsqueeze(0);
 }
 
+// Every method that takes a stream checks its arguments now and enqueues the work on the stream
+// (NOTE [cpu streams]): the loops below run on the stream's worker, with the arguments copied.
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(int rank)
+      : streams_(rank, static_cast<uint64_t>(envvars::kCpuStreamJitter.integer())),
+        compute_(streams_.create()) {}
+
   std::string_view name() const override { return "cpu"; }
   Device device() const override { return Device::cpu(); }
   Buffer allocate(size_t bytes) override { return Buffer::host(bytes); }
-  Stream& compute_stream() override { return stream_; }
-  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(); }
-  // Work runs as it is enqueued, so every stream is in order with every other: a view is a
-  // stream like any.
-  std::unique_ptr<Stream> wrap_stream(void*) override { return std::make_unique<CpuStream>(); }
-  std::unique_ptr<Event> create_event(bool) override { return std::make_unique<CpuEvent>(); }
+  Stream& compute_stream() override { return *compute_; }
+  std::unique_ptr<Stream> create_stream() override { return streams_.create(); }
+  // Torch's CPU tensors have no streams: every caller's handle is a view of the compute stream.
+  std::unique_ptr<Stream> wrap_stream(void*) override {
+    return std::make_unique<cpu::CpuStream>(*compute_);
+  }
+  std::unique_ptr<Event> create_event(bool) override { return cpu::make_cpu_event(); }
   bool capturing(Stream&) override { return false; }
-  void synchronize() override {}
+  void synchronize() override { streams_.synchronize(); }
+  void check_errors() override { streams_.check_errors(); }
 
-  void copy(const Tensor& dst, const Tensor& src, Stream&) override {
+  void copy(const Tensor& dst, const Tensor& src, Stream& stream) override {
     check_host(dst, "copy destination");
     check_host(src, "copy source");
     ASYNCTP_CHECK(dst.shape() == src.shape(), "copy: destination {} and source {} differ in shape",
                   dst.describe(), src.describe());
+    as_cpu(stream, "copy").enqueue("copy", [dst, src] { run_copy(dst, src); });
+  }
+
+  void fill(const Tensor& dst, float value, Stream& stream) override {
+    check_host(dst, "fill destination");
+    as_cpu(stream, "fill").enqueue("fill", [dst, value] { run_fill(dst, value); });
+  }
+
+  void gemm(const GemmArgs& args, Stream& stream) override {
+    validate_gemm(args);
+    for (const Tensor* t : {&args.a, &args.b, &args.d})
+      check_host(*t, "a GEMM operand");
+    as_cpu(stream, "gemm").enqueue("gemm", [args] { run_gemm(args); });
+  }
+
+  void reduce(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
+              Stream& stream) override {
+    check_reduce(out, inputs);
+    as_cpu(stream, "reduce")
+        .enqueue("reduce", [out, ins = std::vector<Tensor>(inputs.begin(), inputs.end()), op] {
+          run_reduce(out, ins, op);
+        });
+  }
+
+  // Flags in host memory that other processes (the ranks) map too: atomic accesses, as the CPU
+  // symmetric memory's signals do, and a futex wake for the waiters.
+  void write_flag(uint32_t* flag, uint32_t value, Stream& stream) override {
+    ASYNCTP_CHECK(flag != nullptr, "write_flag: no flag");
+    as_cpu(stream, "write_flag").enqueue("write_flag", [flag, value] {
+      std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_release);
+      cpu::futex_wake(flag);
+    });
+  }
+
+  void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
+                           const FlagWait& wait, Stream& stream) override {
+    check_flag_wait(wait);
+    check_reduce(out, inputs);
+    as_cpu(stream, "reduce_when_flagged")
+        .enqueue("reduce_when_flagged",
+                 [out, ins = std::vector<Tensor>(inputs.begin(), inputs.end()), op, wait] {
+                   run_wait_flags(wait);
+                   run_reduce(out, ins, op);
+                 });
+  }
+
+  void wait_flags(const FlagWait& wait, Stream& stream) override {
+    check_flag_wait(wait);
+    as_cpu(stream, "wait_flags").enqueue("wait_flags", [wait] { run_wait_flags(wait); });
+  }
+
+  void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream& stream) override {
+    check_host(out, "unary output");
+    check_host(in, "unary input");
+    ASYNCTP_CHECK(out.shape() == in.shape(), "unary: output {} and input {} differ in shape",
+                  out.describe(), in.describe());
+    as_cpu(stream, "unary").enqueue("unary", [op, out, in] { run_unary(op, out, in); });
+  }
+
+ private:
+  static void run_copy(const Tensor& dst, const Tensor& src) {
     if (dst.numel() == 0) return;
     if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
       std::memmove(dst.data(), src.data(), dst.nbytes());
@@ -119,8 +165,7 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void fill(const Tensor& dst, float value, Stream&) override {
-    check_host(dst, "fill destination");
+  static void run_fill(const Tensor& dst, float value) {
     if (dst.numel() == 0) return;
     const Tensor d = dst.dim() == 0 ? dst.unsqueeze(0) : dst;
     std::vector<float> row(d.size(-1), value);
@@ -129,10 +174,7 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void gemm(const GemmArgs& args, Stream&) override {
-    validate_gemm(args);
-    for (const Tensor* t : {&args.a, &args.b, &args.d})
-      check_host(*t, "a GEMM operand");
+  static void run_gemm(const GemmArgs& args) {
     const Tensor a = as_batched(args.a);
     const Tensor b = as_batched(args.b);
     const Tensor d = as_batched(args.d);
@@ -184,7 +226,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void reduce(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op, Stream&) override {
+  static void check_reduce(const Tensor& out, std::span<const Tensor> inputs) {
     check_host(out, "reduce output");
     ASYNCTP_CHECK(!inputs.empty(), "reduce needs at least one input");
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -192,6 +234,9 @@ class CpuBackend final : public Backend {
       ASYNCTP_CHECK(inputs[i].shape() == out.shape(), "reduce input {} is {} but the output is {}",
                     i, inputs[i].describe(), out.describe());
     }
+  }
+
+  static void run_reduce(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op) {
     if (out.numel() == 0) return;
     const Tensor o = out.dim() == 0 ? out.unsqueeze(0) : out;
     std::vector<Tensor> ins;
@@ -230,21 +275,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // Flags in host memory that other processes (the ranks) map too: atomic accesses, as the CPU
-  // symmetric memory's signals do. Streams are eager, so the write happens now.
-  void write_flag(uint32_t* flag, uint32_t value, Stream&) override {
-    ASYNCTP_CHECK(flag != nullptr, "write_flag: no flag");
-    std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_release);
-  }
-
-  void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
-                           const FlagWait& wait, Stream& stream) override {
-    wait_flags(wait, stream);
-    reduce(out, inputs, op, stream);
-  }
-
-  void wait_flags(const FlagWait& wait, Stream&) override {
-    check_flag_wait(wait);
+  // The deadline starts when the worker reaches the wait, as a GPU wait's does.
+  static void run_wait_flags(const FlagWait& wait) {
     const Deadline deadline(wait.timeout);
     for (int i = wait.first; i < wait.count; ++i) {
       if (i == wait.skip) continue;
@@ -262,16 +294,13 @@ class CpuBackend final : public Backend {
               "that peer alive and in the same op?)",
               wait.rank, deadline.describe(), i, wait.channel);
         }
-        std::this_thread::yield();
+        cpu::futex_wait(const_cast<uint32_t*>(wait.flags + i), flag.load(),
+                        std::min(deadline.remaining_ms() + 1, 50));
       }
     }
   }
 
-  void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream&) override {
-    check_host(out, "unary output");
-    check_host(in, "unary input");
-    ASYNCTP_CHECK(out.shape() == in.shape(), "unary: output {} and input {} differ in shape",
-                  out.describe(), in.describe());
+  static void run_unary(UnaryOp op, const Tensor& out, const Tensor& in) {
     if (out.numel() == 0) return;
     const Tensor o = out.dim() == 0 ? out.unsqueeze(0) : out;
     const Tensor x = in.dim() == 0 ? in.unsqueeze(0) : in;
@@ -296,20 +325,20 @@ class CpuBackend final : public Backend {
     });
   }
 
- private:
   static float load_scalar(const Tensor& t) {
     float v = 0;
     load_row(t.dtype(), t.data(), 0, 1, 1, &v);
     return v;
   }
 
-  CpuStream stream_;
+  cpu::StreamSet streams_;
+  std::unique_ptr<cpu::CpuStream> compute_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() {
-  return std::make_unique<CpuBackend>();
+std::unique_ptr<Backend> make_cpu_backend(int rank) {
+  return std::make_unique<CpuBackend>(rank);
 }
 
 }  // namespace asynctp

@@ -57,8 +57,8 @@ class OpContext {
 
   Backend& backend() { return *backend_; }
   // The stream later ops run on, where their call names none: the caller's native stream (a
-  // cudaStream_t, nullptr the legacy default stream; any handle on the CPU backend, whose one
-  // stream is eager). Not owned: the caller keeps it alive while ops use it. Until it is set,
+  // cudaStream_t, nullptr the legacy default stream; any handle on the CPU backend names its
+  // compute stream). Not owned: the caller keeps it alive while ops use it. Until it is set,
   // the backend's compute stream.
   void set_stream(void* handle) { stream_ = &wrapped_stream(handle); }
   // The stream of the op now running (a call's own stream, see StreamScope), else the one

@@ -2,32 +2,24 @@
 #include "core/deadline.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <climits>
-#include <ctime>
 #include <vector>
 
 #include <asynctp/group.h>
+
+#include "device/cpu_futex.h"
+#include "device/cpu_streams.h"
 
 namespace asynctp {
 
 namespace {
 
-void futex_wait(uint32_t* addr, uint32_t expected, int timeout_ms) {
-  timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1'000'000L};
-  // Shared (non-private) futex: the word lives in memory mapped by several processes.
-  ::syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void futex_wake(uint32_t* addr) {
-  ::syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
+using cpu::futex_wait;
+using cpu::futex_wake;
 
 // Moves *flag from `from` to `to` once it holds `from`; false if the deadline passes first.
 bool transition(uint32_t* flag, uint32_t from, uint32_t to, const Deadline& deadline) {
@@ -72,24 +64,43 @@ class CpuSymmetricMemory final : public SymmetricMemory {
     return static_cast<uint32_t*>(maps_[peer].base);
   }
 
-  void put_signal(int peer, int channel, Stream&) override {
-    put(peer, channel, Deadline(timeout_));
+  // Each call is checked now and carried out in stream order by the stream's worker (NOTE [cpu
+  // streams]); its deadline starts when the worker reaches it, as a GPU wait's does.
+  void put_signal(int peer, int channel, Stream& stream) override {
+    check_peer(peer, "put_signal");
+    check_channel(channel, "put_signal");
+    cpu::as_cpu(stream, "put_signal").enqueue("put_signal", [this, peer, channel] {
+      put(peer, channel, Deadline(timeout_));
+    });
   }
-  void wait_signal(int peer, int channel, Stream&) override {
-    wait(peer, channel, Deadline(timeout_));
+  void wait_signal(int peer, int channel, Stream& stream) override {
+    check_peer(peer, "wait_signal");
+    check_channel(channel, "wait_signal");
+    cpu::as_cpu(stream, "wait_signal").enqueue("wait_signal", [this, peer, channel] {
+      wait(peer, channel, Deadline(timeout_));
+    });
   }
 
   void reset_and_barrier(uint32_t* flags, int count, int channel, Stream& stream) override {
     check_reset(flags, count);
-    // Peers read these flags from their own processes, through the shared mapping.
-    for (int i = 0; i < count; ++i)
-      std::atomic_ref<uint32_t>(flags[i]).store(0, std::memory_order_release);
-    barrier(channel, stream);
+    check_channel(channel, "barrier");
+    cpu::as_cpu(stream, "reset_and_barrier")
+        .enqueue("reset_and_barrier", [this, flags, count, channel] {
+          // Peers read these flags from their own processes, through the shared mapping.
+          for (int i = 0; i < count; ++i)
+            std::atomic_ref<uint32_t>(flags[i]).store(0, std::memory_order_release);
+          run_barrier(channel);
+        });
   }
 
-  // One deadline for the whole barrier: it never blocks longer than the group's timeout.
-  void barrier(int channel, Stream&) override {
+  void barrier(int channel, Stream& stream) override {
     check_channel(channel, "barrier");
+    cpu::as_cpu(stream, "barrier").enqueue("barrier", [this, channel] { run_barrier(channel); });
+  }
+
+ private:
+  // One deadline for the whole barrier: it never blocks longer than the group's timeout.
+  void run_barrier(int channel) {
     const Deadline deadline(timeout_);
     for (int i = 1; i < world_size_; ++i)
       put((rank_ + i) % world_size_, channel, deadline);
@@ -97,10 +108,7 @@ class CpuSymmetricMemory final : public SymmetricMemory {
       wait((rank_ + i) % world_size_, channel, deadline);
   }
 
- private:
   void put(int peer, int channel, const Deadline& deadline) {
-    check_peer(peer, "put_signal");
-    check_channel(channel, "put_signal");
     if (!transition(flag(peer, channel, rank_), 0, 1, deadline)) {
       ASYNCTP_TIMEOUT(
           "rank {}: put_signal to peer {} on channel {} timed out after {}: the peer "
@@ -110,8 +118,6 @@ class CpuSymmetricMemory final : public SymmetricMemory {
   }
 
   void wait(int peer, int channel, const Deadline& deadline) {
-    check_peer(peer, "wait_signal");
-    check_channel(channel, "wait_signal");
     if (!transition(flag(rank_, channel, peer), 1, 0, deadline)) {
       ASYNCTP_TIMEOUT(
           "rank {}: wait_signal from peer {} on channel {} timed out after {}: the "

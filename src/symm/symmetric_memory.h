@@ -30,8 +30,8 @@
 // Every wait is bounded by the group's timeout and fails with a TimeoutError that names this rank,
 // the peer and the channel.
 //
-// On the CPU backend these calls act immediately (streams are eager); on CUDA they are enqueued
-// on the given stream.
+// They are enqueued on the given stream, on CUDA and on the CPU backend alike (NOTE [cpu
+// streams]).
 #pragma once
 
 #include <cstddef>

@@ -63,6 +63,7 @@ int main(void) {
   od = matrix(out, 2, 2);
   CHECK(asynctp_all_gather_matmul(ctx, &ad, &bd, 1, &od, NULL, 0, ASYNCTP_PATH_DEFAULT,
                                   ASYNCTP_CONTEXT_STREAM) == ASYNCTP_OK);
+  CHECK(asynctp_synchronize(ctx) == ASYNCTP_OK); /* the op runs on the context's stream */
   for (i = 0; i < 4; ++i)
     CHECK(out[i] == want[i]);
   CHECK(asynctp_last_path(ctx, "all_gather_matmul", &path, reason, sizeof(reason)) == ASYNCTP_OK);

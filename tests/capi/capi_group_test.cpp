@@ -55,6 +55,7 @@ TEST(CapiGroups, SubgroupsOfAMesh) {
                                             ASYNCTP_CONTEXT_STREAM));
       const std::vector<std::vector<float>> parts = {seeded_values(shard, 40 + members[0]),
                                                      seeded_values(shard, 40 + members[1])};
+      C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
       EXPECT_EQ(values_of(out), matmul(concat(parts, shard, 0), b_values, 4, 2));
     };
     run(tp_ctx, row);

@@ -168,6 +168,7 @@ void check_all_gather_matmul(asynctp_context ctx, int rank, int ws, Shape shard,
   const asynctp_tensor a_desc = a_shard.desc(), a_out_desc = a_out.desc();
   C_ASSERT_OK(asynctp_all_gather_matmul(ctx, &a_desc, b_desc, 2, out_desc, &a_out_desc, g, path,
                                         ASYNCTP_CONTEXT_STREAM));
+  C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
   EXPECT_EQ(values_of(a_out), a) << "gathered A, path " << path;
   for (int i = 0; i < 2; ++i)
     EXPECT_EQ(values_of(outs[i]), matmul(a, seeded_values({k, ns[i]}, 7 + i), k, ns[i]))
@@ -245,6 +246,7 @@ void check_matmul_reduce_scatter(asynctp_context ctx, int rank, int ws, Shape a_
   const asynctp_tensor out_desc = out.desc();
   C_ASSERT_OK(asynctp_matmul_reduce_scatter(ctx, a_desc, b_desc, 2, &out_desc, op, g, path,
                                             ASYNCTP_CONTEXT_STREAM));
+  C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
   const std::vector<float> got = values_of(out);
   ASSERT_EQ(got.size(), want.size());
   for (size_t j = 0; j < got.size(); ++j)
@@ -299,6 +301,7 @@ TEST_P(CapiOps, ScaledOps) {
     C_ASSERT_OK(asynctp_all_gather_scaled_matmul(ctx, &a_d, &a_scale_d, &b_d, &b_scale_d, 1, &out_d,
                                                  &none, 0, ASYNCTP_PATH_SPLIT,
                                                  ASYNCTP_CONTEXT_STREAM));
+    C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
     EXPECT_EQ(values_of(out), matmul(concat(shard_values, {s, k}, 0), b_values, k, n));
     // scaled_matmul_reduce_scatter: A [ws*s, k] on every rank, scattered on 0.
     std::vector<float> sum(ws * s * n, 0.0f);
@@ -321,6 +324,7 @@ TEST_P(CapiOps, ScaledOps) {
       C_ASSERT_OK(asynctp_scaled_matmul_reduce_scatter(ctx, &ma, &a_scale_d, &mb, &b_scale_d, &ro,
                                                        ASYNCTP_REDUCE_SUM, 0, path,
                                                        ASYNCTP_CONTEXT_STREAM));
+      C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
       EXPECT_EQ(values_of(rs_out), slice(sum, {ws * s, n}, 0, rank, ws)) << "path " << path;
     }
   });
@@ -340,6 +344,7 @@ TEST_P(CapiOps, Collectives) {
       HostTensor out(full, ASYNCTP_BF16);
       const asynctp_tensor in_d = in.desc(), out_d = out.desc();
       C_ASSERT_OK(asynctp_all_gather(ctx, &in_d, &out_d, dim, ASYNCTP_CONTEXT_STREAM));
+      C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
       EXPECT_EQ(values_of(out), concat(parts, shard, dim)) << "all_gather dim " << dim;
     }
     // reduce_scatter of [2, 3*ws, 4] on dim 1, and all_reduce, summed in f32.
@@ -355,18 +360,21 @@ TEST_P(CapiOps, Collectives) {
     const asynctp_tensor in_d = in.desc(), out_d = out.desc();
     C_ASSERT_OK(
         asynctp_reduce_scatter(ctx, &in_d, &out_d, ASYNCTP_REDUCE_SUM, 1, ASYNCTP_CONTEXT_STREAM));
+    C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
     EXPECT_EQ(values_of(out), slice(sum, big, 1, rank, ws));
     // On the caller's stream: the CPU backend takes any handle (its one stream is eager), given
     // per call or set on the context.
     HostTensor inout = in;
     const asynctp_tensor io_d = inout.desc();
     C_ASSERT_OK(asynctp_all_reduce(ctx, &io_d, ASYNCTP_REDUCE_SUM, nullptr));
+    C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
     EXPECT_EQ(values_of(inout), sum);
     C_ASSERT_OK(asynctp_context_set_stream(ctx, nullptr));
     HostTensor out2({2, 3, 4}, ASYNCTP_F32);
     const asynctp_tensor out2_d = out2.desc();
     C_ASSERT_OK(
         asynctp_reduce_scatter(ctx, &in_d, &out2_d, ASYNCTP_REDUCE_SUM, 1, ASYNCTP_CONTEXT_STREAM));
+    C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
     EXPECT_EQ(values_of(out2), slice(sum, big, 1, rank, ws));
     C_ASSERT_OK(asynctp_synchronize(ctx));
   });

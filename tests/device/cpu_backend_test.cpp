@@ -124,9 +124,11 @@ TEST_F(CpuBackendTest, CopyConvertsEveryDtypePair) {
 TEST_F(CpuBackendTest, CopyScalarsAndEmpty) {
   float a = 1.5f, b = 0.0f;
   backend_->copy(Tensor(&b, DType::kF32, {}), Tensor(&a, DType::kF32, {}), stream());
+  stream().synchronize();
   EXPECT_EQ(b, 1.5f);
   uint16_t h = 0;
   backend_->copy(Tensor(&h, DType::kBF16, {}), Tensor(&a, DType::kF32, {}), stream());
+  stream().synchronize();
   EXPECT_EQ(h, float_to_bf16_bits(1.5f));
   EXPECT_NO_THROW(backend_->copy(Tensor(nullptr, DType::kF32, {0, 3}),
                                  Tensor(nullptr, DType::kBF16, {0, 3}), stream()));
@@ -169,6 +171,7 @@ TEST_F(CpuBackendTest, FillRoundsIntoTheDtype) {
     EXPECT_EQ(bits_at(t, i), float_to_bf16_bits(1.0f / 3.0f));
   float scalar = 0;
   backend_->fill(Tensor(&scalar, DType::kF32, {}), 7.0f, stream());
+  stream().synchronize();
   EXPECT_EQ(scalar, 7.0f);
 }
 
@@ -243,16 +246,20 @@ TEST_F(CpuBackendTest, ReduceWhenFlaggedWaitsForEveryFlagButTheSkippedOne) {
   wait.channel = 5;
   backend_->write_flag(&flags[0], 1, stream());
   OwnedTensor got = empty_host({5}, DType::kBF16);
-  EXPECT_THAT([&] { backend_->reduce_when_flagged(got, views, ReduceOp::kSum, wait, stream()); },
+  // The wait runs on the stream; its timeout surfaces at the stream's next synchronize.
+  auto reduce_now = [&] {
+    backend_->reduce_when_flagged(got, views, ReduceOp::kSum, wait, stream());
+    stream().synchronize();
+  };
+  EXPECT_THAT(reduce_now,
               ::testing::ThrowsMessage<TimeoutError>(::testing::AllOf(
                   HasSubstr("rank 1"), HasSubstr("partial of rank 2"), HasSubstr("channel 5"))));
   // A flag is up for op `value` (1 here) when it holds that number or the next (a peer one op
   // ahead), not any other.
   backend_->write_flag(&flags[2], 7, stream());
-  EXPECT_THROW(backend_->reduce_when_flagged(got, views, ReduceOp::kSum, wait, stream()),
-               TimeoutError);
+  EXPECT_THROW(reduce_now(), TimeoutError);
   backend_->write_flag(&flags[2], 2, stream());
-  backend_->reduce_when_flagged(got, views, ReduceOp::kSum, wait, stream());
+  reduce_now();
   EXPECT_TRUE(same_bits(got, want));
   EXPECT_EQ(flags[1], 0u) << "the skipped flag is left alone";
 }
@@ -266,11 +273,14 @@ TEST_F(CpuBackendTest, ReduceOrderIsTheOneGiven) {
   const Tensor to(&out, DType::kF32, {1});
   const Tensor order1[] = {tb, ts, tm};
   backend_->reduce(to, order1, ReduceOp::kSum, stream());
+  stream().synchronize();
   EXPECT_EQ(out, 0.0f);  // 1e8 + 1 rounds back to 1e8
   const Tensor order2[] = {tb, tm, ts};
   backend_->reduce(to, order2, ReduceOp::kSum, stream());
+  stream().synchronize();
   EXPECT_EQ(out, 1.0f);
   backend_->reduce(to, order2, ReduceOp::kAvg, stream());
+  stream().synchronize();
   EXPECT_EQ(out, 1.0f / 3.0f);
 }
 
@@ -333,6 +343,7 @@ TEST_F(CpuBackendTest, UnaryEdgeCasesAndDtypes) {
   float ys[4];
   backend_->unary(UnaryOp::kRelu, Tensor(ys, DType::kF32, {4}), Tensor(xs, DType::kF32, {4}),
                   stream());
+  stream().synchronize();
   EXPECT_TRUE(std::isnan(ys[0]));
   EXPECT_EQ(ys[2], 0.0f);
   EXPECT_EQ(ys[3], 2.0f);

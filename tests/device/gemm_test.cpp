@@ -54,7 +54,12 @@ class CpuGemmTest : public ::testing::Test {
  protected:
   std::unique_ptr<Backend> backend_ = make_cpu_backend();
 
-  void gemm(const GemmArgs& args) { backend_->gemm(args, backend_->compute_stream()); }
+  // Runs the GEMM and waits for it: the tests read d next, and their operands often go with the
+  // statement.
+  void gemm(const GemmArgs& args) {
+    backend_->gemm(args, backend_->compute_stream());
+    backend_->compute_stream().synchronize();
+  }
 
   // Integer inputs: every partial sum is exact, so the result must be the exact product rounded
   // once into d's dtype.

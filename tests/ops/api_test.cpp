@@ -147,6 +147,7 @@ TEST(ReserveTest, ReservedCallsAllocateNothing) {
       OwnedTensor rs_last_out = empty_host({16, 12}, DType::kBF16);
       matmul_reduce_scatter(ctx, p0, b0, rs_out, rs);
       matmul_reduce_scatter(ctx, ps, b_pair, rs_last_out, rs_last);
+      ctx.stream().synchronize();  // the operands go with this scope
       const MemoryStats after = ctx.memory_stats();
       EXPECT_EQ(after.local_bytes, reserved.local_bytes);
       // The fallback's collectives stage through the communicator's own buffers, which reserve

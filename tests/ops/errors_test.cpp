@@ -79,6 +79,7 @@ TEST(AllGatherMatmulErrorsTest, NameTheArgumentAndValue) {
     fill_seeded(a, seed_of({uint64_t(ctx.rank())}), Values::kSmallInts);
     fill_seeded(b, seed_of({7}), Values::kSmallInts);
     EXPECT_EQ(call(a, {b}, {out}, a_out), "<no error thrown>");
+    ctx.stream().synchronize();  // the op ran on the stream; its operands go with this scope
     expect_path(ctx, "all_gather_matmul", Path::kSplit);
   });
   EXPECT_RANKS_OK(statuses);
@@ -181,6 +182,7 @@ TEST(MatmulReduceScatterErrorsTest, NameTheArgumentAndValue) {
         HasSubstr(op + "As[1] is bf16 but As[0] is f32"));
     EXPECT_EQ(ctx.usage().count("matmul_reduce_scatter", Path::kSplit), 0);
     EXPECT_EQ(call(a, b, out), "<no error thrown>");
+    ctx.stream().synchronize();  // the op ran on the stream; its operands go with this scope
     expect_path(ctx, "matmul_reduce_scatter", Path::kSplit);
   });
   EXPECT_RANKS_OK(statuses);
@@ -229,7 +231,9 @@ struct DeathCase {
   int channel;
 };
 
-// One call of the op with fixed shapes (the second call needs no new workspace).
+// One call of the op with fixed shapes (the second call needs no new workspace), waited for: the
+// op runs on the context's stream, and a peer's death shows (as a TimeoutError) when the caller
+// waits for it, as a caller reading the output does.
 void call_op(OpContext& ctx, Op op) {
   const int ws = ctx.world_size();
   if (op == Op::kAllGatherMatmul) {
@@ -237,11 +241,13 @@ void call_op(OpContext& ctx, Op op) {
     const OwnedTensor out = f32({2 * ws, 2});
     const Tensor bs[] = {b.tensor}, outs[] = {out.tensor};
     all_gather_matmul(ctx, a, bs, outs);
+    ctx.stream().synchronize();
   } else {
     const OwnedTensor a = seeded({2 * ws, 3}, DType::kF32, {3}),
                       b = seeded({3, 2}, DType::kF32, {4});
     const OwnedTensor out = f32({2, 2});
     matmul_reduce_scatter(ctx, a, b, out);
+    ctx.stream().synchronize();
   }
 }
 

@@ -86,6 +86,7 @@ OwnedTensor product_of(Backend& be, const RsCase& c, const RankInputs& in, const
     reference_gemm(be, in.as[i], in.bs[i], acc, {}, {}, /*accumulate=*/i > 0);
   }
   be.copy(p, acc, be.compute_stream());
+  be.compute_stream().synchronize();  // acc goes with this call
   return p;
 }
 

@@ -1,7 +1,9 @@
 // Shared pieces of the fused-op tests: world-size parameters, seeded per-rank inputs in several
 // layouts, and the unfused references each rank computes locally on the CPU backend from every
 // rank's inputs (all-gather is a concatenation; GEMM is Backend::gemm over the whole matrix;
-// reduce-scatter is Backend::reduce over ranks in rank order, as the design fixes it).
+// reduce-scatter is Backend::reduce over ranks in rank order, as the design fixes it). Each
+// reference synchronizes the backend's compute stream before it returns: its temporaries, and
+// often its inputs, go with the call.
 #pragma once
 
 #include <gmock/gmock.h>
@@ -71,6 +73,7 @@ inline Dims with_dim(Dims shape, int dim, int64_t size) {
 inline OwnedTensor contiguous_copy(Backend& backend, const Tensor& t) {
   OwnedTensor out = empty_host(t.shape(), t.dtype());
   backend.copy(out, t, backend.compute_stream());
+  backend.compute_stream().synchronize();
   return out;
 }
 
@@ -83,6 +86,7 @@ inline OwnedTensor concat(Backend& backend, const std::vector<OwnedTensor>& part
   for (size_t r = 0; r < parts.size(); ++r) {
     backend.copy(out->narrow(dim, r * s, s), parts[r], backend.compute_stream());
   }
+  backend.compute_stream().synchronize();
   return out;
 }
 
@@ -113,6 +117,7 @@ inline void reference_gemm(Backend& backend, const Tensor& a, const Tensor& b, c
   }
   args.b_scale = b_scale;
   backend.gemm(args, backend.compute_stream());
+  backend.compute_stream().synchronize();
 }
 
 // Chunk `index` of t along dim when split into `chunks` equal parts.
@@ -130,6 +135,7 @@ inline void reference_reduce_scatter(Backend& backend, const Tensor& out,
   for (const auto& p : products)
     parts.push_back(chunk_of(p, dim, products.size(), rank));
   backend.reduce(out, parts, op, backend.compute_stream());
+  backend.compute_stream().synchronize();
 }
 
 inline void expect_path(OpContext& ctx, std::string_view op, Path path,

@@ -18,6 +18,7 @@ TEST(OpsSmoke, AllGatherMatmulRunsFusedOnFourRanks) {
     const Tensor bs[] = {b.tensor};
     const Tensor outs[] = {out.tensor};
     all_gather_matmul(ctx, a, bs, outs);
+    ctx.stream().synchronize();  // the op runs on the context's stream; the host reads `out`
     EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kSplit), 1);
     // Row r of the gathered A is [3r, 3r+1, 3r+2]; B picks columns 0 and 1.
     for (int r = 0; r < 8; ++r) {

@@ -1,6 +1,7 @@
 // Tensor helpers for tests: deterministic seeded contents (so that any rank can rebuild any other
 // rank's inputs), element access in logical order for any strides, non-contiguous layouts, and a
-// bit-for-bit comparison that names the first element that differs.
+// bit-for-bit comparison that names the first element that differs. Every host access first waits
+// for the work enqueued on the CPU backend's streams (cpu::testing::synchronize_all).
 #pragma once
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/random.h"
+#include "device/cpu_streams.h"
 
 namespace asynctp::testing {
 
@@ -70,6 +72,7 @@ inline int64_t offset_of(const Tensor& t, int64_t linear) {
 }
 
 inline float get(const Tensor& t, int64_t linear) {
+  cpu::testing::synchronize_all();
   const char* p = static_cast<const char*>(t.data()) + offset_of(t, linear) * t.element_size();
   return dispatch_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -81,6 +84,7 @@ inline float get(const Tensor& t, int64_t linear) {
 
 // Stores value rounded to t's dtype (as the library's casts round).
 inline void set(const Tensor& t, int64_t linear, float value) {
+  cpu::testing::synchronize_all();
   char* p = static_cast<char*>(t.data()) + offset_of(t, linear) * t.element_size();
   dispatch_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -91,6 +95,7 @@ inline void set(const Tensor& t, int64_t linear, float value) {
 
 // The raw bits of one element, widened.
 inline uint32_t bits_at(const Tensor& t, int64_t linear) {
+  cpu::testing::synchronize_all();
   const char* p = static_cast<const char*>(t.data()) + offset_of(t, linear) * t.element_size();
   uint32_t bits = 0;
   std::memcpy(&bits, p, t.element_size());  // little-endian: the low bytes
@@ -108,6 +113,7 @@ inline void fill_value(const Tensor& t, float value) {
 }
 
 inline std::vector<float> to_vector(const Tensor& t) {
+  cpu::testing::synchronize_all();
   std::vector<float> out(t.numel());
   for (int64_t i = 0; i < t.numel(); ++i)
     out[i] = get(t, i);
@@ -136,6 +142,7 @@ inline OwnedTensor empty_padded(Dims shape, DType dtype, int64_t pad) {
 
 // Same shape, dtype and bits at every element (NaNs of the same pattern compare equal).
 inline ::testing::AssertionResult same_bits(const Tensor& actual, const Tensor& expected) {
+  cpu::testing::synchronize_all();  // empty tensors too: work queued before may read other inputs
   if (actual.shape() != expected.shape() || actual.dtype() != expected.dtype()) {
     return ::testing::AssertionFailure()
            << "got " << actual.describe() << ", expected " << expected.describe();

@@ -102,9 +102,9 @@ TEST_P(CommunicatorTest, AllGatherReduceScatterAllReduce) {
               OwnedTensor expected = empty_host(shape, dtype);
               reference_reduce(expected, ws, op, [&](int r) {
                 OwnedTensor part = empty_host(shape, dtype);
-                ctx.backend().copy(
-                    part, input_of(tag, r, gathered, dtype)->narrow(0, rank * shape[0], shape[0]),
-                    stream);
+                const OwnedTensor in = input_of(tag, r, gathered, dtype);
+                ctx.backend().copy(part, in->narrow(0, rank * shape[0], shape[0]), stream);
+                stream.synchronize();  // `in` goes with this scope
                 return part;
               });
               EXPECT_TRUE(same_bits(rs_out, expected)) << "reduce_scatter";
@@ -147,9 +147,9 @@ TEST_P(CommunicatorTest, InputsLargerThanTheWorkspaceGoInPieces) {
         OwnedTensor expected = empty_host(shape, DType::kF32);
         reference_reduce(expected, ws, ReduceOp::kSum, [&](int r) {
           OwnedTensor part = empty_host(shape, DType::kF32);
-          ctx.backend().copy(part,
-                             input_of(101, r, gathered, DType::kF32)->narrow(0, rank * 37, 37),
-                             ctx.stream());
+          const OwnedTensor in = input_of(101, r, gathered, DType::kF32);
+          ctx.backend().copy(part, in->narrow(0, rank * 37, 37), ctx.stream());
+          ctx.stream().synchronize();  // `in` goes with this scope
           return part;
         });
         EXPECT_TRUE(same_bits(rs_out, expected));

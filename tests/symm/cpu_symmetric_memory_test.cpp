@@ -46,6 +46,7 @@ TEST_P(SymmWorldTest, EveryRankSeesEveryPeersWrites) {
       for (int64_t i = 0; i < kInts; ++i)
         mine[i] = static_cast<int32_t>(round * 1'000'000 + rank * kInts + i);
       sm->barrier(0, stream);
+      stream.synchronize();
       for (int peer = 0; peer < ws; ++peer) {
         const Tensor view = sm->buffer(peer, {kInts}, DType::kF32);
         EXPECT_EQ(view.data(), sm->buffer_ptr(peer));
@@ -56,11 +57,13 @@ TEST_P(SymmWorldTest, EveryRankSeesEveryPeersWrites) {
         }
       }
       sm->barrier(0, stream);  // nobody reads any more: the next round may overwrite
+      stream.synchronize();
     }
     // Writes into a peer's buffer are seen by that peer too.
     const int next = (rank + 1) % ws;
     static_cast<int32_t*>(sm->buffer_ptr(next))[rank] = 7 + rank;
     sm->barrier(1, stream);
+    stream.synchronize();
     const int prev = (rank - 1 + ws) % ws;
     EXPECT_EQ(static_cast<int32_t*>(sm->buffer_ptr(rank))[prev], 7 + prev);
   });
@@ -83,10 +86,12 @@ TEST_P(SymmWorldTest, ResetAndBarrierClearsTheOwnFlagsForEveryPeer) {
             .store(round + 1, std::memory_order_release);
       }
       sm->barrier(0, stream);
+      stream.synchronize();
       uint32_t* mine = sm->signal_pad_ptr(rank) + kFlagChannel * ws;
       for (int src = 0; src < ws; ++src)
         EXPECT_EQ(std::atomic_ref<uint32_t>(mine[src]).load(), round + 1u) << "from " << src;
       sm->reset_and_barrier(mine, ws, 0, stream);
+      stream.synchronize();
       for (int peer = 0; peer < ws; ++peer) {
         uint32_t* theirs = sm->signal_pad_ptr(peer) + kFlagChannel * ws;
         for (int src = 0; src < ws; ++src) {
@@ -95,6 +100,7 @@ TEST_P(SymmWorldTest, ResetAndBarrierClearsTheOwnFlagsForEveryPeer) {
         }
       }
       sm->barrier(0, stream);  // everyone has checked before the next round raises them again
+      stream.synchronize();
     }
     EXPECT_THAT(error_of([&] { sm->reset_and_barrier(nullptr, 2, 0, stream); }),
                 HasSubstr("reset_and_barrier: 2 flags"));
@@ -120,13 +126,17 @@ TEST_P(SymmWorldTest, SignalHandshakesOnSeveralChannelsWithoutReset) {
       if (rank == 0) {
         theirs[channel] = round * ws;
         sm->put_signal(next, channel, stream);
+        stream.synchronize();
         sm->wait_signal(prev, channel, stream);
+        stream.synchronize();
         ASSERT_EQ(mine[channel], round * ws + ws - 1) << "round " << round;
       } else {
         sm->wait_signal(prev, channel, stream);
+        stream.synchronize();
         ASSERT_EQ(mine[channel], round * ws + rank - 1) << "round " << round;
         theirs[channel] = mine[channel] + 1;
         sm->put_signal(next, channel, stream);
+        stream.synchronize();
       }
     }
     // All-to-all on every channel at once: each rank signals every peer on every channel before
@@ -134,12 +144,18 @@ TEST_P(SymmWorldTest, SignalHandshakesOnSeveralChannelsWithoutReset) {
     for (int round = 0; round < 20; ++round) {
       for (int channel = 0; channel < kNumChannels; ++channel) {
         for (int peer = 0; peer < ws; ++peer) {
-          if (peer != rank) sm->put_signal(peer, channel, stream);
+          if (peer != rank) {
+            sm->put_signal(peer, channel, stream);
+            stream.synchronize();
+          }
         }
       }
       for (int channel = kNumChannels - 1; channel >= 0; --channel) {
         for (int peer = ws - 1; peer >= 0; --peer) {
-          if (peer != rank) sm->wait_signal(peer, channel, stream);
+          if (peer != rank) {
+            sm->wait_signal(peer, channel, stream);
+            stream.synchronize();
+          }
         }
       }
     }
@@ -155,6 +171,7 @@ TEST_P(SymmWorldTest, SignalHandshakesOnSeveralChannelsWithoutReset) {
     ctx.group().barrier("pads checked");
     for (int i = 0; i < 100; ++i)
       sm->barrier(i % kNumChannels, stream);
+    stream.synchronize();
   });
   EXPECT_RANKS_OK(statuses);
 }
@@ -167,10 +184,12 @@ TEST_P(SymmWorldTest, BarrierOrdersWritesRepeatedly) {
     for (int round = 1; round <= 100; ++round) {
       *static_cast<int32_t*>(sm->buffer_ptr(rank)) = round * (rank + 1);
       sm->barrier(3, ctx.stream());
+      ctx.stream().synchronize();
       for (int peer = 0; peer < ws; ++peer) {
         ASSERT_EQ(*static_cast<int32_t*>(sm->buffer_ptr(peer)), round * (peer + 1)) << round;
       }
       sm->barrier(4, ctx.stream());
+      ctx.stream().synchronize();
     }
   });
   EXPECT_RANKS_OK(statuses);
@@ -191,6 +210,7 @@ TEST(SymmTimeoutTest, WaitOnSilentPeerNamesRankPeerAndChannel) {
           const auto start = Clock::now();
           try {
             sm->wait_signal(1, 5, ctx.stream());
+            ctx.stream().synchronize();
             ADD_FAILURE() << "wait_signal returned without a signal";
           } catch (const TimeoutError& e) {
             EXPECT_THAT(e.what(), HasSubstr("rank 2: wait_signal from peer 1 on channel 5"));
@@ -200,19 +220,26 @@ TEST(SymmTimeoutTest, WaitOnSilentPeerNamesRankPeerAndChannel) {
           // The flag is untouched by the failed wait: a later signal still goes through.
           ctx.group().store().set(done_key, "1");
           sm->wait_signal(1, 5, ctx.stream());
+          ctx.stream().synchronize();
         } else if (ctx.rank() == 1) {
           ctx.group().store().get(done_key, Millis(20'000));
           sm->put_signal(2, 5, ctx.stream());
+          ctx.stream().synchronize();
         }
         // A put_signal whose previous signal was never consumed times out as well.
         if (ctx.rank() == 0) {
           sm->put_signal(1, 6, ctx.stream());
-          EXPECT_THAT(error_of([&] { sm->put_signal(1, 6, ctx.stream()); }),
+          ctx.stream().synchronize();
+          EXPECT_THAT(error_of([&] {
+                        sm->put_signal(1, 6, ctx.stream());
+                        ctx.stream().synchronize();
+                      }),
                       HasSubstr("rank 0: put_signal to peer 1 on channel 6 timed out"));
           ctx.group().store().set("test/put-done", "1");
         } else if (ctx.rank() == 1) {
           ctx.group().store().get("test/put-done", Millis(20'000));
           sm->wait_signal(0, 6, ctx.stream());
+          ctx.stream().synchronize();
         }
       },
       options);
@@ -228,12 +255,18 @@ TEST(SymmTimeoutTest, TimeoutIsATimeoutErrorForBarriersToo) {
         auto allocator = make_cpu_symm_allocator(ctx.group());
         auto sm = allocator->allocate(64);
         if (ctx.rank() == 0) {
-          EXPECT_THROW(sm->barrier(2, ctx.stream()), TimeoutError);
+          EXPECT_THROW(
+              {
+                sm->barrier(2, ctx.stream());
+                ctx.stream().synchronize();
+              },
+              TimeoutError);
           ctx.group().store().set("test/barrier-done", "1");
         } else {
           ctx.group().store().get("test/barrier-done", Millis(20'000));
           // Rank 0's half of the barrier is still pending on channel 2: consume it.
           sm->wait_signal(0, 2, ctx.stream());
+          ctx.stream().synchronize();
         }
       },
       options);
@@ -289,12 +322,15 @@ TEST(SymmAllocationTest, SeveralAllocationsAreIndependent) {
     static_cast<char*>(a->buffer_ptr(rank))[4096 * 3 + 7] = static_cast<char>('a' + rank);
     static_cast<char*>(b->buffer_ptr(rank))[15] = static_cast<char>('A' + rank);
     a->barrier(0, ctx.stream());
+    ctx.stream().synchronize();
     b->barrier(0, ctx.stream());  // separate pads: these flags are independent of a's
+    ctx.stream().synchronize();
     for (int peer = 0; peer < 3; ++peer) {
       EXPECT_EQ(static_cast<char*>(a->buffer_ptr(peer))[4096 * 3 + 7], 'a' + peer);
       EXPECT_EQ(static_cast<char*>(b->buffer_ptr(peer))[15], 'A' + peer);
     }
     empty->barrier(7, ctx.stream());
+    ctx.stream().synchronize();
   });
   EXPECT_RANKS_OK(statuses);
 }
@@ -338,10 +374,12 @@ TEST(SymmWorkspaceTest, GrowsOnDemandUpToItsLimit) {
     auto* mine = static_cast<char*>(grown.buffer_ptr(ctx.rank()));
     mine[kMiB] = static_cast<char>(ctx.rank() + 1);
     grown.barrier(0, ctx.stream());
+    ctx.stream().synchronize();
     for (int peer = 0; peer < 3; ++peer) {
       EXPECT_EQ(static_cast<char*>(grown.buffer_ptr(peer))[kMiB], peer + 1);
     }
     grown.barrier(0, ctx.stream());
+    ctx.stream().synchronize();
     ws.get(ws.max_bytes(), ctx.stream());
     EXPECT_EQ(ws.capacity(), ws.max_bytes());
 

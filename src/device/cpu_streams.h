@@ -1,0 +1,112 @@
+// The CPU backend's streams and events, which run asynchronously as CUDA's do, so that a missing
+// event edge between an op's streams shows on the CPU as it would on a GPU.
+//
+// NOTE [cpu streams]
+// Each stream is a worker thread that runs the closures enqueued on it, one after the other, in
+// enqueue order; the host returns from an enqueue at once. Items are numbered 1, 2, ... per
+// stream as they are enqueued.
+//   Event::record(s):  the event stands for s's items up to its current enqueue count n (a marker
+//                      item, which takes the time for elapsed_ms, is item n).
+//   Event::block(s):   enqueues on s an item that waits until the recorded stream has completed
+//                      its item n; later items of s run after it.
+//   Event::synchronize, Stream::synchronize: the host waits until that point is completed.
+// With ASYNCTP_CPU_STREAM_JITTER set to a seed, each work item (not the event items) first
+// sleeps, one time in two, a random 0 to kMaxJitterUs microseconds, drawn from the stream's own generator seeded
+// by (seed, rank, stream index), so the relative pace of streams and ranks changes from seed to
+// seed and a consumer that does not wait for its producer reads too early.
+// Failures: an item that throws marks its stream failed; the items enqueued on it up to then are
+// skipped (they count as completed, so nothing waits on them forever), and so is the rest of
+// every stream that waits on an event covering the failed item. The error is thrown on the host,
+// once, by the next enqueue or synchronize of that stream (or Backend::synchronize,
+// Backend::check_errors), with its class (TimeoutError stays one) and a message that names the
+// stream and the op; items enqueued after that run normally.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "device/backend.h"
+
+namespace asynctp::cpu {
+
+// The largest random delay before a work item when jitter is on.
+inline constexpr int kMaxJitterUs = 200;
+
+class Worker;
+
+class CpuStream final : public Stream {
+ public:
+  // A new stream with a worker of its own.
+  CpuStream(std::string name, uint64_t jitter_seed);
+  // A view of `other`'s worker (a wrapped caller stream names the compute stream).
+  explicit CpuStream(const CpuStream& other);
+  ~CpuStream() override;
+
+  void synchronize() override;
+  void* native_handle() const override { return nullptr; }
+
+  // Runs `work` on the worker after everything enqueued before; `op` names it in errors. jitter:
+  // whether the seeded delay precedes it (work items; not event bookkeeping). Throws the stream's
+  // failure not yet reported instead of enqueueing. Returns the item's number.
+  uint64_t enqueue(const char* op, std::function<void()> work, bool jitter = true);
+  // Throws the stream's failure not yet reported, if any, without waiting.
+  void check_error();
+  const std::string& name() const;
+  Worker& worker() const { return *worker_; }
+
+ private:
+  friend class StreamSet;
+  std::shared_ptr<Worker> worker_;
+};
+
+// The streams of one backend: made here, numbered in creation order (0 the compute stream),
+// each with its jitter generator; waited for together.
+class StreamSet {
+ public:
+  // jitter_seed: 0 for no delays (see ASYNCTP_CPU_STREAM_JITTER).
+  StreamSet(int rank, uint64_t jitter_seed);
+  ~StreamSet();
+  std::unique_ptr<CpuStream> create();
+  // Waits for every live stream; throws the first failure not yet reported (after waiting for
+  // all of them).
+  void synchronize();
+  // Throws the first failure not yet reported of any live stream, without waiting.
+  void check_errors();
+
+ private:
+  std::vector<std::shared_ptr<Worker>> live();
+
+  int rank_;
+  uint64_t jitter_seed_;
+  std::mutex mu_;
+  int created_ = 0;
+  std::vector<std::weak_ptr<Worker>> workers_;
+};
+
+// `stream` as a CPU stream; throws naming `what` if it belongs to another backend.
+CpuStream& as_cpu(Stream& stream, const char* what);
+
+std::unique_ptr<Event> make_cpu_event();
+
+// The test-only fault switch of the event waits: every Event::block call of this process is
+// counted from 0 since the last reset, and the one numbered `drop` (if any) enqueues nothing;
+// instead the last item of the recorded work it stood for, if not yet completed, first sleeps
+// 20 ms: the schedule in which a missing wait shows. The tests that prove
+// each event wait of an op necessary drop them one at a time.
+namespace testing {
+void reset_event_waits(int64_t drop = -1);
+// Event::block calls since the last reset.
+int64_t event_waits();
+// Whether the wait to drop was reached (and dropped) since the last reset.
+bool dropped_event_wait();
+// Waits for everything enqueued so far on every CPU stream of this process (failures stay for
+// their streams to report). For tests' host reads and writes of tensors whose stream they do not
+// know; a test of an op's edges synchronizes the op's stream only.
+void synchronize_all();
+}  // namespace testing
+
+}  // namespace asynctp::cpu
