@@ -742,6 +742,7 @@ TEST(CudaReduce, MatchesTheCpuBackendBitForBit) {
           }
           OwnedTensor want = empty_host({n}, dt);
           cpu->reduce(want, host_views, op, cpu->compute_stream());
+          cpu->compute_stream().synchronize();  // the CPU backend's streams run asynchronously
           OwnedTensor out = gpu.empty({n}, dt);
           gpu.be().reduce(out, dev_views, op, gpu.stream());
           const OwnedTensor got = gpu.download(out);
