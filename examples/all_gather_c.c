@@ -47,6 +47,7 @@ int main(void) {
   in_d = rows(in, 1);
   out_d = rows(out, ws);
   CHECK(asynctp_all_gather(ctx, &in_d, &out_d, 0, ASYNCTP_CONTEXT_STREAM));
+  CHECK(asynctp_synchronize(ctx)); /* the ops return once enqueued */
   for (r = 0; r < ws; ++r) {
     if (out[2 * r] != (float)r || out[2 * r + 1] != (float)(10 * r)) {
       fprintf(stderr, "rank %d: row %d is (%g, %g)\n", rank, r, out[2 * r], out[2 * r + 1]);

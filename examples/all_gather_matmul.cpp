@@ -23,6 +23,7 @@ int main() {
   all_gather_matmul(*ctx, a_t, b_t, out_t);
 
   all_gather(*ctx, a_t, Tensor(gathered.data(), DType::kF32, {ws * s, k}));
+  ctx->synchronize();  // the ops return once enqueued
   for (int64_t i = 0; i < ws * s; ++i)
     for (int64_t j = 0; j < n; ++j) {
       float want = 0.0f;

@@ -142,6 +142,10 @@ class Context {
   // it starts and joins them back into it before it returns, so a CUDA graph captured on that
   // stream holds the whole op.
   void set_stream(void* handle);
+  // Blocks the host until every op enqueued so far on the context's stream has finished (each op
+  // joins its side streams into it). Ops return once enqueued, on the CPU backend as on CUDA:
+  // read their outputs after this (or after the caller's own synchronization of that stream).
+  void synchronize();
   // The symmetric and local memory this context holds now.
   MemoryStats memory_stats() const;
   // Which path each op took, and why.

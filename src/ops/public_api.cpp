@@ -51,6 +51,10 @@ void Context::set_stream(void* handle) {
   engine_->set_stream(handle);
 }
 
+void Context::synchronize() {
+  engine_->stream().synchronize();
+}
+
 MemoryStats Context::memory_stats() const {
   return engine_->memory_stats();
 }

@@ -56,6 +56,22 @@ TEST(PublicApi, ContextSaysWhereItRuns) {
   });
 }
 
+// The ops return once enqueued (the CPU backend's streams run on workers, with jitter):
+// synchronize() is what makes the outputs readable, as in examples/.
+TEST(PublicApi, SynchronizeWaitsForTheOps) {
+  on_two_ranks([](Context& ctx) {
+    constexpr int64_t kRows = 512;
+    std::vector<float> in(kRows, static_cast<float>(ctx.rank() + 1)), out(2 * kRows, -1.0f);
+    for (int i = 0; i < 8; ++i) {
+      all_gather(ctx, Tensor(in.data(), DType::kF32, {kRows, 1}),
+                 Tensor(out.data(), DType::kF32, {2 * kRows, 1}));
+    }
+    ctx.synchronize();
+    for (int64_t i = 0; i < 2 * kRows; ++i)
+      ASSERT_EQ(out[i], static_cast<float>(i / kRows + 1)) << "row " << i;
+  });
+}
+
 TEST(PublicApi, CreateNamesAMissingGroup) {
   EXPECT_THAT([] { Context::create(nullptr); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("needs a group")));
