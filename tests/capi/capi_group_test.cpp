@@ -13,18 +13,11 @@
 namespace asynctp::capi_testing {
 namespace {
 
-using asynctp::testing::HarnessOptions;
-using asynctp::testing::run_processes;
-
 // A 2 x 2 mesh at ws 4: TP groups {0, 1} and {2, 3} (rows), DP groups {0, 2} and {1, 3}
 // (columns), both alive at once; an all_gather_matmul in each checked against its members'
 // shards.
 TEST(CapiGroups, SubgroupsOfAMesh) {
-  const int port = free_port();
-  auto statuses = run_processes(4, [&](const RendezvousInfo& info) {
-    set_env(info, 4, port);
-    asynctp_group world = nullptr;
-    C_ASSERT_OK(asynctp_group_from_env(20'000, &world));
+  auto statuses = run_env_ranks(4, 20'000, [&](const RendezvousInfo& info, asynctp_group world) {
     const int r = info.rank;
     const int32_t row[] = {r / 2 * 2, r / 2 * 2 + 1};
     const int32_t col[] = {r % 2, r % 2 + 2};
@@ -73,11 +66,7 @@ TEST(CapiGroups, SubgroupsOfAMesh) {
 // Every bad call returns its status and a message naming what was wrong, and leaves the context
 // usable.
 TEST(CapiErrors, StatusesAndMessages) {
-  const int port = free_port();
-  auto statuses = run_processes(2, [&](const RendezvousInfo& info) {
-    set_env(info, 2, port);
-    asynctp_group group = nullptr;
-    C_ASSERT_OK(asynctp_group_from_env(20'000, &group));
+  auto statuses = run_env_ranks(2, 20'000, [&](const RendezvousInfo& info, asynctp_group group) {
     // Bad handles: NULL, and one destroyed.
     int32_t rank = 0;
     EXPECT_STATUS(asynctp_group_rank(nullptr, &rank), ASYNCTP_ERROR_INVALID_ARGUMENT,
@@ -193,11 +182,7 @@ TEST(CapiErrors, StatusesAndMessages) {
 // A peer that never joins the collective: the waiting rank gets ASYNCTP_ERROR_TIMEOUT naming
 // the wait.
 TEST(CapiErrors, TimeoutStatus) {
-  const int port = free_port();
-  auto statuses = run_processes(2, [&](const RendezvousInfo& info) {
-    set_env(info, 2, port);
-    asynctp_group group = nullptr;
-    C_ASSERT_OK(asynctp_group_from_env(1'500, &group));
+  auto statuses = run_env_ranks(2, 1'500, [&](const RendezvousInfo& info, asynctp_group group) {
     asynctp_context ctx = cpu_context(group);
     ASSERT_NE(ctx, nullptr);
     const HostTensor in = host_of(seeded_values({2, 2}, 1), {2, 2}, ASYNCTP_F32);

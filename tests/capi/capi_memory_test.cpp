@@ -9,15 +9,9 @@
 namespace asynctp::capi_testing {
 namespace {
 
-using asynctp::testing::run_processes;
-
 // What the context holds: the limit asked for, symmetric memory once an overlapped op ran.
 TEST(CapiMemory, Stats) {
-  const int port = free_port();
-  auto statuses = run_processes(2, [&](const RendezvousInfo& info) {
-    set_env(info, 2, port);
-    asynctp_group group = nullptr;
-    C_ASSERT_OK(asynctp_group_from_env(20'000, &group));
+  auto statuses = run_env_ranks(2, 20'000, [&](const RendezvousInfo&, asynctp_group group) {
     asynctp_context ctx = cpu_context(group, 8 << 20);
     ASSERT_NE(ctx, nullptr);
     asynctp_memory_stats stats{};
@@ -46,11 +40,7 @@ TEST(CapiMemory, Stats) {
 // reserve sizes the workspaces for the shapes it is given (descriptors with no data), before any
 // op ran; the op then grows nothing.
 TEST(CapiMemory, Reserve) {
-  const int port = free_port();
-  auto statuses = run_processes(2, [&](const RendezvousInfo& info) {
-    set_env(info, 2, port);
-    asynctp_group group = nullptr;
-    C_ASSERT_OK(asynctp_group_from_env(20'000, &group));
+  auto statuses = run_env_ranks(2, 20'000, [&](const RendezvousInfo&, asynctp_group group) {
     asynctp_context ctx = cpu_context(group, 8 << 20);
     ASSERT_NE(ctx, nullptr);
     const HostTensor a = host_of(seeded_values({64, 32}, 1), {64, 32}, ASYNCTP_F32);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include <asynctp/group.h>
 #include "asynctp/asynctp_c.h"
 #include "runtime/socket.h"
+#include "support/multiprocess.h"
 
 namespace asynctp::capi_testing {
 
@@ -202,6 +204,21 @@ inline void set_env(const RendezvousInfo& info, int ws, int port) {
   ::setenv("LOCAL_WORLD_SIZE", std::to_string(ws).c_str(), 1);
   ::setenv("MASTER_ADDR", "127.0.0.1", 1);
   ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+}
+
+// Runs body(info, group) in ws processes, each with a group made from the torchrun variables
+// (rank 0 serving the store on a free port) with `timeout_ms`; body destroys the group. Returns
+// each rank's status.
+inline std::vector<testing::RankStatus> run_env_ranks(
+    int ws, int64_t timeout_ms,
+    const std::function<void(const RendezvousInfo&, asynctp_group)>& body) {
+  const int port = free_port();
+  return testing::run_processes(ws, [&](const RendezvousInfo& info) {
+    set_env(info, ws, port);
+    asynctp_group group = nullptr;
+    C_ASSERT_OK(asynctp_group_from_env(timeout_ms, &group));
+    body(info, group);
+  });
 }
 
 // A CPU context over group (NULL, with a failure recorded, if it cannot be made).
