@@ -154,9 +154,6 @@ def _unsupported_extras(biases, result_scales, op: str) -> None:
 # ---- calling the library ---------------------------------------------------------------------
 
 
-_current_stream = torch._C._cuda_getCurrentRawStream
-
-
 def _stream_on(cuda: bool, index: int):
     """torch's current stream of CUDA device `index` (a cudaStream_t; NULL is the legacy default
     stream, as the C ABI takes it), None (ignored) on the CPU backend."""
@@ -285,7 +282,7 @@ def _all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
     addrs = plan.addrs
     status = _capi.by_address("asynctp_all_gather_matmul")(
         e.handle, addrs[0], addrs[1], len(Bs), addrs[2], plan.a_out_addr, plan.dim,
-        _capi.PATH_DEFAULT, (_current_stream(plan.index) or None) if cuda else None)
+        _capi.PATH_DEFAULT, _stream_on(cuda, plan.index))
     if status or not cuda:
         _complete(e, status, cuda)
     return a_out, outs
@@ -327,7 +324,7 @@ def _matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name):
     addrs = plan.addrs
     status = _capi.by_address("asynctp_matmul_reduce_scatter")(
         e.handle, addrs[0], addrs[1], len(As), addrs[2], plan.op, plan.dim, _capi.PATH_DEFAULT,
-        (_current_stream(plan.index) or None) if cuda else None)
+        _stream_on(cuda, plan.index))
     if status or not cuda:
         _complete(e, status, cuda)
     return out

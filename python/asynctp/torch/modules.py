@@ -95,10 +95,22 @@ class _SequenceParallelLinear(nn.Module):
             )
         return dim
 
-    def _init_full_bound(self) -> float:
-        # nn.Linear's init: kaiming_uniform(a=sqrt(5)) on [out, in] is U(-1/sqrt(in), 1/sqrt(in)),
-        # and its bias U(-1/sqrt(in), 1/sqrt(in)), with in the full layer's in_features.
-        return 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
+    # Whether every rank holds the whole bias (row-parallel) rather than its own shard of it.
+    _replicated_bias = False
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's init of the full layer: kaiming_uniform(a=sqrt(5)) on [out, in] is
+        U(-1/sqrt(in), 1/sqrt(in)), and so is the bias, with in the full layer's in_features."""
+        if self.weight.is_meta:  # deferred: from_linear or the user's to_empty fills it
+            return
+        bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
+        with torch.no_grad():
+            self.weight.uniform_(-bound, bound)
+            if self.bias is not None:
+                self.bias.uniform_(-bound, bound)
+                # A replicated bias must be the same on every rank: rank 0's is broadcast.
+                if self._replicated_bias and self.world_size > 1:
+                    dist.broadcast(self.bias, group=self.process_group, group_src=0)
 
     def extra_repr(self) -> str:
         return (
@@ -156,15 +168,6 @@ class ColumnParallelLinear(_SequenceParallelLinear):
         )
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        if self.weight.is_meta:  # deferred: from_linear or the user's to_empty fills it
-            return
-        bound = self._init_full_bound()
-        with torch.no_grad():
-            self.weight.uniform_(-bound, bound)
-            if self.bias is not None:
-                self.bias.uniform_(-bound, bound)
-
     @classmethod
     def from_linear(
         cls, linear: nn.Linear, group, seq_dim: int = 1, keep_gathered_input: bool = False
@@ -197,6 +200,8 @@ class RowParallelLinear(_SequenceParallelLinear):
     input's gradient and a local matmul with the gathered gradient for the weight's.
     """
 
+    _replicated_bias = True
+
     def __init__(
         self,
         in_features: int,
@@ -215,19 +220,6 @@ class RowParallelLinear(_SequenceParallelLinear):
         self.bias = nn.Parameter(torch.empty(out_features, **self._device_dtype)) if bias else None
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        if self.weight.is_meta:  # deferred: from_linear or the user's to_empty fills it
-            return
-        bound = self._init_full_bound()
-        with torch.no_grad():
-            self.weight.uniform_(-bound, bound)
-            if self.bias is not None:
-                # Replicated: every rank must hold the same bias, so rank 0's is broadcast.
-                self.bias.uniform_(-bound, bound)
-                if self.world_size > 1:
-                    dist.broadcast(
-                        self.bias, group=self.process_group, group_src=0
-                    )
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group, seq_dim: int = 1) -> "RowParallelLinear":
