@@ -153,6 +153,34 @@ TEST(Cli, BenchTableHasAColumnPerHeader) {
   }
 }
 
+// The float8 table at two ranks (CPU backend, a tiny shape): both ops validated against the
+// unfused reference and timed with both scalings, the JSON holding every column; a bad scaling
+// is an error naming the option.
+TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
+  for (const std::string scaling : {"rowwise", "tensorwise"}) {
+    for (const std::string op : {"ag-mm", "mm-rs"}) {
+      SCOPED_TRACE(scaling + " " + op);
+      const Finished bench = asynctp({"launch", "--nproc", "2", "--no-prefix", "--", kBin, "bench",
+                                      op, "--shape", "128x64x96", "--scaled", scaling, "--iters",
+                                      "2", "--warmup", "0", "--backend", "cpu", "--json"});
+      ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
+      const auto doc = nlohmann::json::parse(bench.out);
+      EXPECT_EQ(doc.at("scaling"), scaling);
+      ASSERT_EQ(doc.at("results").size(), 1u);
+      const auto& r = doc.at("results")[0];
+      EXPECT_EQ(r.at("op"), op);
+      EXPECT_LE(r.at("rel_error_fused_vs_baseline").get<double>(), 1e-2);
+      for (const char* key : {"gemm_ms", "baseline_ms", "fused_ms"})
+        EXPECT_GT(r.at(key).get<double>(), 0.0) << key;
+      EXPECT_NE(r.at("path"), "none");
+    }
+  }
+  const Finished bad = asynctp(
+      {"bench", "ag-mm", "--shape", "128x64x96", "--scaled", "blockwise", "--backend", "cpu"});
+  EXPECT_TRUE(bad.exited && bad.exit_code != 0) << bad.describe();
+  EXPECT_THAT(bad.err, AllOf(HasSubstr("--scaled"), HasSubstr("blockwise")));
+}
+
 TEST(Cli, BadArgumentsFailNamingTheOption) {
   const Finished none = asynctp({});
   EXPECT_TRUE(none.exited && none.exit_code != 0) << none.describe();
