@@ -54,9 +54,10 @@ ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const B
   const DType f8 = DType::kF8E4M3, out_dt = DType::kBF16;
   // A: ag-mm, this rank's shard [M/ws, K]; mm-rs, [M, K]. B [K, N], K-major.
   const Tensor a = make(ag ? Dims{rows, k} : Dims{m, k}, f8);
-  const Tensor b = make({n, k}, f8).t();
+  const Tensor b_storage = make({n, k}, f8);
+  const Tensor b = b_storage.t();
   fill_random(ctx, a, 3000017ull * (ag ? 1 : 2) + s.rank(), 4.0f);
-  fill_random(ctx, b, 4000037ull + (ag ? 0 : s.rank()), 4.0f);
+  fill_random(ctx, b_storage, 4000037ull + (ag ? 0 : s.rank()), 4.0f);
   const Tensor a_scale = make(rowwise ? Dims{a.size(0), 1} : Dims{1}, DType::kF32);
   const Tensor b_scale = make(rowwise ? Dims{1, n} : Dims{1}, DType::kF32);
   fill_random(ctx, a_scale, 5000011ull + s.rank(), 1.0f / 32);
