@@ -51,7 +51,7 @@ class Block(nn.Module):
         return x + self.feed_forward(self.norm(x))
 
 
-def _plans(seq_dim):
+def _plans(seq_dim, keep):
     s = Shard(seq_dim)
     torch_plan = {
         "norm": SequenceParallel(sequence_dim=seq_dim),
@@ -62,8 +62,8 @@ def _plans(seq_dim):
     }
     asynctp_plan = {
         "norm": SequenceParallel(sequence_dim=seq_dim),
-        "feed_forward.w1": atp_tp.ColwiseParallel(input_layouts=s),
-        "feed_forward.w3": atp_tp.ColwiseParallel(input_layouts=s),
+        "feed_forward.w1": atp_tp.ColwiseParallel(input_layouts=s, keep_gathered_input=keep),
+        "feed_forward.w3": atp_tp.ColwiseParallel(input_layouts=s, keep_gathered_input=keep),
         "feed_forward.w2": atp_tp.RowwiseParallel(output_layouts=s),
     }
     return torch_plan, asynctp_plan
@@ -83,7 +83,7 @@ def _full(t):
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def case_styles_match_torch(dtype_name, seq_dim, bias, steps=3):
+def case_styles_match_torch(dtype_name, seq_dim, bias, keep=True, steps=3):
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     ws, rank = dist.get_world_size(), dist.get_rank()
     mesh = init_device_mesh("cpu", (ws,))
@@ -92,7 +92,7 @@ def case_styles_match_torch(dtype_name, seq_dim, bias, steps=3):
     ref = Block(H, F, bias, dtype)
     model = Block(H, F, bias, dtype)
     model.load_state_dict(ref.state_dict())
-    torch_plan, asynctp_plan = _plans(seq_dim)
+    torch_plan, asynctp_plan = _plans(seq_dim, keep)
     parallelize_module(ref, mesh, torch_plan)
     parallelize_module(model, mesh, asynctp_plan)
     for name, m in model.named_modules():
@@ -108,7 +108,8 @@ def case_styles_match_torch(dtype_name, seq_dim, bias, steps=3):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     before = _calls(mesh)
     for step in range(steps):
-        what = f"ws={ws} rank={rank} {dtype_name} seq_dim={seq_dim} bias={bias} step={step}"
+        what = (f"ws={ws} rank={rank} {dtype_name} seq_dim={seq_dim} bias={bias} keep={keep} "
+                f"step={step}")
         x = torch.randn([B, S, H] if seq_dim == 1 else [S, B, H], dtype=dtype)
         x_shard = x.chunk(ws, dim=seq_dim)[rank]
         outs, grads = [], []
@@ -171,10 +172,10 @@ def case_named_errors():
         col(torch.randn(3, 4))
 
 
-@pytest.mark.parametrize("dtype_name,seq_dim,bias", [("f32", 1, True), ("f32", 0, False),
-                                                     ("bf16", 1, True)])
-def test_styles_match_torch(pool2, dtype_name, seq_dim, bias):
-    pool2.run(case_styles_match_torch, dtype_name, seq_dim, bias)
+@pytest.mark.parametrize("dtype_name,seq_dim,bias,keep", [
+    ("f32", 1, True, True), ("f32", 0, False, False), ("bf16", 1, True, True)])
+def test_styles_match_torch(pool2, dtype_name, seq_dim, bias, keep):
+    pool2.run(case_styles_match_torch, dtype_name, seq_dim, bias, keep)
 
 
 def test_dtensor_input_and_output(pool2):

@@ -403,8 +403,11 @@ def asynctp_layer(cfg, lc, params, group, float8: bool) -> Layer:
     ws = dist.get_world_size(group)
 
     def col(w):
+        # keep_gathered_input: the weight's gradient reuses the forward's gathered input, as
+        # autograd keeps PyTorch's (the same memory), instead of gathering it again.
         m = ColumnParallelLinear(w.shape[1], w.shape[0] * ws, group, bias=False, seq_dim=0,
-                                 device="meta", dtype=w.dtype).to_empty(device=w.device)
+                                 keep_gathered_input=True, device="meta",
+                                 dtype=w.dtype).to_empty(device=w.device)
         with torch.no_grad():
             m.weight.copy_(w)
         return m

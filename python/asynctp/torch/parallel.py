@@ -34,6 +34,7 @@ DTensors (redistributed to input_layouts first, a no-op when they already are).
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
@@ -111,19 +112,25 @@ class ColwiseParallel(ParallelStyle):
 
     input_layouts: Shard(seq_dim) (default Shard(1)); output_layouts: default Shard(-1) (this
     rank's output features, as the fused op makes them; any other layout is redistributed to);
-    use_local_output: return the local tensor (default) rather than a DTensor.
+    use_local_output: return the local tensor (default) rather than a DTensor;
+    keep_gathered_input: keep the gathered input from forward to backward for the weight's
+    gradient (default, what PyTorch's ColwiseParallel keeps: its replicated input), or keep the
+    shard and gather it again in backward (ws times less memory, one more all-gather).
     """
 
-    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=True):
+    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=True,
+                 keep_gathered_input=True):
         super().__init__()
         self.input_layouts = input_layouts or Shard(1)
         self.output_layouts = output_layouts or Shard(-1)
         _shard_dim(self.input_layouts, "ColwiseParallel input_layouts")
         self.use_local_output = use_local_output
+        self.keep_gathered_input = keep_gathered_input
 
     def __repr__(self) -> str:
         return (f"asynctp.ColwiseParallel(input_layouts={self.input_layouts}, "
-                f"output_layouts={self.output_layouts}, use_local_output={self.use_local_output})")
+                f"output_layouts={self.output_layouts}, use_local_output={self.use_local_output}"
+                f", keep_gathered_input={self.keep_gathered_input})")
 
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
         _check_linear(module, device_mesh, "ColwiseParallel")
@@ -142,8 +149,9 @@ def _colwise_forward(module, x):
     x = _local(x, mesh, style.input_layouts)
     dim = _seq_dim(style.input_layouts.dim, x.dim(), "ColwiseParallel")
     w = module.weight.to_local()  # [out/ws, in]
+    keep = style.keep_gathered_input and torch.is_grad_enabled()
     _, (y,) = _functional.fused_all_gather_matmul(x, [w.t()], dim, module._atp_group_name,
-                                                  return_A=False)
+                                                  return_A=keep)
     if module.bias is not None:
         y = y + module.bias.to_local()  # this rank's out/ws entries: exact, local gradient
     produced = Shard(y.dim() - 1)
