@@ -80,8 +80,11 @@ def _output(y, mesh, produced, wanted, use_local_output: bool):
 
 
 def _check_linear(module, mesh, style: str) -> None:
-    if not isinstance(module, nn.Linear):
-        raise NotImplementedError(f"asynctp: {style} shards nn.Linear only, got {type(module)}")
+    # Exactly nn.Linear: the style replaces the forward, which a subclass (a float8 linear, say)
+    # has made its own.
+    if type(module) is not nn.Linear:
+        raise NotImplementedError(
+            f"asynctp: {style} shards nn.Linear only (not its subclasses), got {type(module)}")
     if mesh.ndim != 1:
         raise ValueError(f"asynctp: {style} needs a 1-D (TP) mesh, got {mesh.ndim} dims")
 
