@@ -252,30 +252,36 @@ class _ArmContext:
         self.counter = None
 
     def enter(self):
+        import torch._inductor.config as inductor_config
+
+        # Both passes report what they see: a graph served from Inductor's caches would not pass
+        # through them, so the caches are off for these arms.
+        settings = {"force_disable_caches": True}
         if self.arm == "compile_async_tp":
-            import torch._inductor.config as inductor_config
             from torch.distributed import _symmetric_memory
 
             enable = getattr(_symmetric_memory, "enable_symm_mem_for_group", None)
             if enable is not None:
                 enable(self.group.group_name)
             self.counter = SymmMemNodeCounter()
-            self.patch = inductor_config.patch(
-                {"_micro_pipeline_tp": True, "post_grad_custom_post_pass": self.counter.graph_pass})
+            settings.update(_micro_pipeline_tp=True,
+                            post_grad_custom_post_pass=self.counter.graph_pass)
+        if self.arm in ("compile_async_tp", "compile_asynctp"):
+            self.patch = inductor_config.patch(settings)
             self.patch.__enter__()
-        elif self.arm == "compile_asynctp":
+        if self.arm == "compile_asynctp":
             import asynctp.torch as atp
 
             atp.enable(strict=False)
 
     def exit(self):
-        if self.patch is not None:
-            self.patch.__exit__(None, None, None)
-            self.patch = None
         if self.arm == "compile_asynctp":
             import asynctp.torch as atp
 
             atp.disable()
+        if self.patch is not None:
+            self.patch.__exit__(None, None, None)
+            self.patch = None
 
     def summary(self) -> dict:
         if self.arm == "compile_async_tp":
