@@ -25,7 +25,8 @@ TOKENS = (32,)  # one size: each size is one more compile per compiled arm and d
 def _env():
     env = dict(os.environ)
     package_root = str(Path(layer.__file__).resolve().parents[2])  # the asynctp imported here
-    env["PYTHONPATH"] = os.pathsep.join([package_root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    paths = [package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("ASYNCTP_LOG_LEVEL", "error")
     env["ASYNCTP_DISPATCH_CACHE"] = "off"

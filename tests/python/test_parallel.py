@@ -55,7 +55,8 @@ def _plans(seq_dim, keep):
     s = Shard(seq_dim)
     torch_plan = {
         "norm": SequenceParallel(sequence_dim=seq_dim),
-        "feed_forward": PrepareModuleInput(input_layouts=(s,), desired_input_layouts=(Replicate(),)),
+        "feed_forward": PrepareModuleInput(input_layouts=(s,),
+                                           desired_input_layouts=(Replicate(),)),
         "feed_forward.w1": ColwiseParallel(),
         "feed_forward.w3": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=s),

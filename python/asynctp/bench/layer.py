@@ -476,7 +476,8 @@ def scaled_mm_supported(device) -> str | None:
                          torch.ones(1, 16, device=device), out_dtype=torch.bfloat16)
         return None
     except Exception as exc:  # noqa: BLE001 (whatever this torch raises for its absence)
-        return f"row-wise torch._scaled_mm does not run on {device.type}: {type(exc).__name__}: {exc}"
+        return (f"row-wise torch._scaled_mm does not run on {device.type}: "
+                f"{type(exc).__name__}: {exc}")
 
 
 def run(args, group, device) -> dict:

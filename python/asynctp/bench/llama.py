@@ -117,7 +117,8 @@ class RMSNorm(nn.Module):
 
 def rope_tables(seq_len: int, head_dim: int, theta: float, device):
     """cos, sin [S, 1, d/2] (f32) for the positions 0..S-1 of the whole sequence."""
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    even = torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
+    inv = 1.0 / theta ** (even / head_dim)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
     return angles.cos()[:, None, :], angles.sin()[:, None, :]
 

@@ -79,22 +79,28 @@ def _output(y, mesh, produced, wanted, use_local_output: bool):
     return out.to_local() if use_local_output else out
 
 
-def _check_linear(module, mesh, style: str) -> None:
+def _install(module, mesh, style, placements: dict, forward):
+    """Distributes the nn.Linear's parameters as `placements` say and makes its forward
+    `forward(module, x)`, one fused op."""
+    name = type(style).__name__
     # Exactly nn.Linear: the style replaces the forward, which a subclass (a float8 linear, say)
     # has made its own.
     if type(module) is not nn.Linear:
         raise NotImplementedError(
-            f"asynctp: {style} shards nn.Linear only (not its subclasses), got {type(module)}")
+            f"asynctp: {name} shards nn.Linear only (not its subclasses), got {type(module)}")
     if mesh.ndim != 1:
-        raise ValueError(f"asynctp: {style} needs a 1-D (TP) mesh, got {mesh.ndim} dims")
-
-
-def _distribute(module, mesh, placements: dict, src_data_rank) -> None:
-    for name, param in list(module.named_parameters(recurse=False)):
+        raise ValueError(f"asynctp: {name} needs a 1-D (TP) mesh, got {mesh.ndim} dims")
+    for pname, param in list(module.named_parameters(recurse=False)):
         dist_param = nn.Parameter(
-            distribute_tensor(param, mesh, [placements[name]], src_data_rank=src_data_rank),
+            distribute_tensor(param, mesh, [placements[pname]], src_data_rank=style.src_data_rank),
             requires_grad=param.requires_grad)
-        module.register_parameter(name, dist_param)
+        module.register_parameter(pname, dist_param)
+    module.__class__ = _AsynctpLinear
+    module._atp_style = style
+    module._atp_mesh = mesh
+    module._atp_group_name = mesh.get_group().group_name
+    module._atp_forward = forward
+    return module
 
 
 class _AsynctpLinear(nn.Linear):
@@ -136,15 +142,8 @@ class ColwiseParallel(ParallelStyle):
                 f", keep_gathered_input={self.keep_gathered_input})")
 
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
-        _check_linear(module, device_mesh, "ColwiseParallel")
-        _distribute(module, device_mesh, {"weight": Shard(0), "bias": Shard(0)},
-                    self.src_data_rank)
-        module.__class__ = _AsynctpLinear
-        module._atp_style = self
-        module._atp_mesh = device_mesh
-        module._atp_group_name = device_mesh.get_group().group_name
-        module._atp_forward = _colwise_forward
-        return module
+        return _install(module, device_mesh, self, {"weight": Shard(0), "bias": Shard(0)},
+                        _colwise_forward)
 
 
 def _colwise_forward(module, x):
@@ -170,7 +169,8 @@ class RowwiseParallel(ParallelStyle):
     fused all-gather matmul.
 
     input_layouts: Shard(-1) (this rank's input features, as ColwiseParallel makes them; the
-    default and the only layout); output_layouts: Shard(seq_dim) (default Shard(1)); use_local_output as above.
+    default and the only layout); output_layouts: Shard(seq_dim) (default Shard(1));
+    use_local_output as above.
     """
 
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=True):
@@ -186,15 +186,8 @@ class RowwiseParallel(ParallelStyle):
                 f"output_layouts={self.output_layouts}, use_local_output={self.use_local_output})")
 
     def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
-        _check_linear(module, device_mesh, "RowwiseParallel")
-        _distribute(module, device_mesh, {"weight": Shard(1), "bias": Replicate()},
-                    self.src_data_rank)
-        module.__class__ = _AsynctpLinear
-        module._atp_style = self
-        module._atp_mesh = device_mesh
-        module._atp_group_name = device_mesh.get_group().group_name
-        module._atp_forward = _rowwise_forward
-        return module
+        return _install(module, device_mesh, self, {"weight": Shard(1), "bias": Replicate()},
+                        _rowwise_forward)
 
 
 def _rowwise_forward(module, x):
