@@ -150,3 +150,27 @@ def test_help_names_the_arms():
     assert proc.returncode == 0, proc.stderr
     for arm in layer.ARMS:
         assert arm in proc.stdout
+
+
+def test_symm_mem_counter_counts_fused_and_unfused_nodes():
+    """The counter of the PyTorch async-TP arm (that arm itself needs CUDA) on a hand-made
+    post-grad graph: one symm_mem fused all-gather matmul, one collective left as it was."""
+    import torch
+    import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem)
+    import torch.fx
+
+    g = torch.fx.Graph()
+    a, b, c = g.placeholder("a"), g.placeholder("b"), g.placeholder("c")
+    fused = g.call_function(torch.ops.symm_mem.fused_all_gather_matmul.default,
+                            (a, [b], 0, "0"))
+    rs = g.call_function(torch.ops._c10d_functional.reduce_scatter_tensor.default,
+                         (c, "sum", 2, "0"))
+    g.output((fused, rs))
+    counter = layer.SymmMemNodeCounter()
+    assert counter.fused() == 0
+    counter.graph_pass(g)
+    assert counter.graphs == [{"symm_mem_fused": ["fused_all_gather_matmul"],
+                               "unfused_collectives": 1}]
+    assert counter.fused() == 1
+    other = layer.SymmMemNodeCounter()
+    assert other.graph_pass.uuid() != counter.graph_pass.uuid()  # never a cache hit across runs

@@ -482,6 +482,8 @@ def scaled_mm_supported(device) -> str | None:
 
 def run(args, group, device) -> dict:
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
+    for arm in args.arm_list:  # an arm asked for that cannot exist fails before any timing
+        check_available(arm, device)
     results = []
     for config_name in args.configs:
         cfg = llama.CONFIGS[config_name]
