@@ -165,9 +165,11 @@ class Layer(nn.Module):
 # ---- the collectives of the PyTorch arms -----------------------------------------------------
 
 
-def _bytes_for(x: torch.Tensor, group) -> torch.Tensor:
-    """gloo moves no float8: its all-gathers move the bytes (uint8 has the same size)."""
-    if x.dtype == F8 and dist.get_backend(group) == "gloo":
+def _bytes_for(x: torch.Tensor, group, always: bool = False) -> torch.Tensor:
+    """gloo moves no float8: its all-gathers move the bytes (uint8 has the same size). The eager
+    arm always does (`always`): the same bytes, whatever the backend's float8 support; the
+    compiled arms gather float8 itself where they can, as PyTorch's float8 pass matches it."""
+    if x.dtype == F8 and (always or dist.get_backend(group) == "gloo"):
         return x.view(torch.uint8)
     return x
 
@@ -179,7 +181,7 @@ class _DistAllGather(torch.autograd.Function):
     def forward(ctx, x, group):
         ctx.group = group
         ws = dist.get_world_size(group)
-        src = _bytes_for(x.contiguous(), group)
+        src = _bytes_for(x.contiguous(), group, always=True)
         out = src.new_empty((ws * x.shape[0], *x.shape[1:]))
         dist.all_gather_into_tensor(out, src, group=group)
         return out.view(x.dtype)
