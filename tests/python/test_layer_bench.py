@@ -100,6 +100,7 @@ def test_asynctp_usage_counts_every_fused_call(bench):
         for op, per_step in ops.items():
             assert sum(usage[op].values()) == per_step * steps, (op, usage)
             assert set(usage[op]) <= {"split", "native", "fallback"}, usage
+            assert arm["last_path"][op]["path"] in usage[op], arm["last_path"]
 
 
 def test_compile_pass_fuses_every_collective(bench):

@@ -322,6 +322,17 @@ def _usage(group, device) -> dict:
         return {}
 
 
+def _last_paths(usage: dict, group, device) -> dict:
+    """Per op that ran: the path its last call took and why (a fallback's reason)."""
+    import asynctp.torch as atp
+
+    out = {}
+    for op in usage:
+        path, reason = atp.last_path(op, group.group_name, device)
+        out[op] = {"path": path, "reason": reason}
+    return out
+
+
 def _usage_delta(before: dict, after: dict) -> dict:
     out = {}
     for op, paths in after.items():
@@ -384,6 +395,7 @@ def run_arm(arm, case, ref, args, group) -> dict:
             if before is not None:
                 entry["usage"] = _usage_delta(before, _usage(group, device))
                 entry["usage_steps"] = args.warmup + args.loops * args.iters
+                entry["last_path"] = _last_paths(entry["usage"], group, device)
             del model, step
     finally:
         ctx.exit()
@@ -399,6 +411,7 @@ def run_arm(arm, case, ref, args, group) -> dict:
                       us_per_token=timed[best]["ms"] * 1e3 / case["seq_len"])
         if "usage" in timed[best]:
             result["usage"] = timed[best]["usage"]
+            result["last_path"] = timed[best]["last_path"]
     return result
 
 
