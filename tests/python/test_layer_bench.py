@@ -52,6 +52,7 @@ def test_every_arm_validated_and_timed(bench):
     arms, data, _ = bench
     meta = data["meta"]
     assert meta["world_size"] == 2 and meta["backend"] == "gloo" and meta["device"] == "cpu"
+    assert data["failures"] == []
     rows = data["results"]
     assert [(r["dtype"], r["tokens_per_rank"]) for r in rows] == [
         (d, t) for d in ("bf16", "fp8") for t in TOKENS]
@@ -175,3 +176,33 @@ def test_symm_mem_counter_counts_fused_and_unfused_nodes():
     assert counter.fused() == 1
     other = layer.SymmMemNodeCounter()
     assert other.graph_pass.uuid() != counter.graph_pass.uuid()  # never a cache hit across runs
+
+
+def case_disagreeing_arm_is_not_timed(tolerance):
+    import torch
+    import torch.distributed as dist
+
+    args = layer.parse_args(["--config", "tiny", "--tokens", "16", "--dtype", "bf16", "--arms",
+                             "eager,asynctp", "--warmup", "0", "--iters", "1", "--loops", "1",
+                             "--no-floor"])
+    saved = layer.TOLERANCE["bf16"]
+    layer.TOLERANCE["bf16"] = tolerance  # in this rank's process, for this run
+    try:
+        out = layer.run(args, dist.group.WORLD, torch.device("cpu"))
+    finally:
+        layer.TOLERANCE["bf16"] = saved
+    arms = out["results"][0]["arms"]
+    return out["failures"], {a: (r["status"], "ms" in r, list(r["variants"]["eager"]))
+                             for a, r in arms.items()}
+
+
+def test_disagreeing_arm_is_not_timed(pool2):
+    """With a tolerance no result meets (below the eager reference's own 0.0), every arm fails
+    validation: none is timed, each is named in the failures."""
+    for failures, arms in pool2.run(case_disagreeing_arm_is_not_timed, -1.0):
+        assert len(failures) == 2, failures
+        assert "tiny bf16 T=16 eager (eager): relative error 0 > -1.0" in failures[0]
+        assert "tiny bf16 T=16 asynctp (eager)" in failures[1]
+        for status, timed, fields in arms.values():
+            assert status == "failed" and not timed and "ms" not in fields
+            assert set(fields) == {"validation", "error"}

@@ -15,7 +15,8 @@ Arms (--arms):
   compile_asynctp   torch.compile with asynctp's pass (asynctp.torch.enable)
 The compiled arms also run with CUDA graphs (mode="reduce-overhead") on CUDA; the faster variant
 counts. Every arm is validated (output and every gradient) against eager PyTorch before it is
-timed. Per step: CUDA events (time.perf_counter on the CPU) around --iters back-to-back steps,
+timed; one that disagrees is not timed, and the run, having written its JSON, exits with status 1
+(so it does when PyTorch's async TP fuses nothing, or no variant of an arm runs). Per step: CUDA events (time.perf_counter on the CPU) around --iters back-to-back steps,
 the median of --loops such loops, the slowest rank. The JSON's fields: docs/PERFORMANCE.md.
 """
 
@@ -45,10 +46,6 @@ TOLERANCE = {"bf16": 3e-2, "f32": 1e-4, "fp8": 8e-2}
 
 class ArmUnavailable(RuntimeError):
     """An arm this PyTorch or asynctp cannot run (named on the command line: the run fails)."""
-
-
-class ValidationError(RuntimeError):
-    pass
 
 
 def parse_args(argv=None):
@@ -362,7 +359,7 @@ def run_arm(arm, case, ref, args, group) -> dict:
     modes = [None]
     if arm in COMPILED and device.type == "cuda" and not args.no_cuda_graphs:
         modes.append("reduce-overhead")
-    result = {"status": "failed", "variants": {}}
+    result = {"status": "failed", "variants": {}, "failures": []}
     ctx = _ArmContext(arm, group)
     ctx.enter()
     try:
@@ -384,10 +381,14 @@ def run_arm(arm, case, ref, args, group) -> dict:
             entry["validation"] = compare(got, ref, dtype_name, group)
             del got
             if not entry["validation"]["max_rel_error"] <= TOLERANCE[dtype_name]:
-                raise ValidationError(
-                    f"layer: arm {arm} ({variant}) {case['name']}: relative error "
+                # Wrong results are never timed; the run goes on and fails at its end.
+                entry["error"] = (
+                    f"{case['name']} {arm} ({variant}): relative error "
                     f"{entry['validation']['max_rel_error']:.3g} > {TOLERANCE[dtype_name]} "
                     f"against eager PyTorch: {entry['validation']['rel_error']}")
+                result["failures"].append(entry["error"])
+                del model
+                continue
             step = make_step(model, x, dy, backward, cuda_graphs=mode == "reduce-overhead")
             step()
             before = _usage(group, device) if "asynctp" in arm else None
@@ -402,10 +403,14 @@ def run_arm(arm, case, ref, args, group) -> dict:
     result.update(ctx.summary())
     timed = {v: e for v, e in result["variants"].items() if "ms" in e}
     if arm == "compile_async_tp" and timed and result["symm_mem_fused_nodes"] == 0:
-        raise RuntimeError(
-            f"layer: arm compile_async_tp {case['name']}: PyTorch's async TP left no symm_mem "
-            f"fused node in its graphs ({result['graphs']}): it is not the arm it claims to be")
-    if timed:
+        result["failures"].append(
+            f"{case['name']} compile_async_tp: PyTorch's async TP left no symm_mem fused node in "
+            f"its graphs ({result['graphs']}): it is not the arm it claims to be")
+        return result
+    if not timed and not result["failures"]:
+        result["failures"].append(f"{case['name']} {arm}: no variant ran: " + "; ".join(
+            f"{v}: {e.get('error')}" for v, e in result["variants"].items()))
+    if timed and not result["failures"]:
         best = min(timed, key=lambda v: timed[v]["ms"])
         result.update(status="ok", variant=best, ms=timed[best]["ms"],
                       us_per_token=timed[best]["ms"] * 1e3 / case["seq_len"])
@@ -497,7 +502,7 @@ def run(args, group, device) -> dict:
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
     for arm in args.arm_list:  # an arm asked for that cannot exist fails before any timing
         check_available(arm, device)
-    results = []
+    results, failures = [], []
     for config_name in args.configs:
         cfg = llama.CONFIGS[config_name]
         lc = llama.local_shapes(cfg, ws)
@@ -525,9 +530,10 @@ def run(args, group, device) -> dict:
                 ref = run_once(reference, x, dy, backward)
                 del reference
                 for arm in args.arm_list:
-                    row["arms"][arm] = run_arm(arm, case, ref, args, group)
+                    row["arms"][arm] = res = run_arm(arm, case, ref, args, group)
+                    failures += res.get("failures", [])
                     if rank == 0:
-                        _print_arm(name, arm, row["arms"][arm])
+                        _print_arm(name, arm, res)
                 del ref
                 if not args.no_floor:
                     row["floor"] = time_floor(lc, S, dtype_name, backward, args, device, group)
@@ -538,11 +544,13 @@ def run(args, group, device) -> dict:
                               f"{row['floor']['attention_ms']:.3f})", flush=True)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    return {"meta": _meta(args, group, device), "results": results}
+    return {"meta": _meta(args, group, device), "failures": failures, "results": results}
 
 
 def _print_arm(name, arm, res):
-    if res["status"] == "ok":
+    if res.get("failures"):
+        print(f"{name:>22}  {arm:>16}: FAILED {res['failures']}", flush=True)
+    elif res["status"] == "ok":
         extra = f" [{res['variant']}]" if res["variant"] not in ("eager", "default") else ""
         print(f"{name:>22}  {arm:>16}: {res['ms']:.3f} ms/step{extra}", flush=True)
     else:
@@ -582,9 +590,11 @@ def main(argv=None) -> int:
             with open(args.plot, "w") as f:
                 f.write(plot.svg(out["results"]))
             print(f"layer: wrote {args.json} and {args.plot}", flush=True)
+            for failure in out["failures"]:
+                print(f"layer: FAILED: {failure}", file=sys.stderr, flush=True)
     finally:
         dist.destroy_process_group()
-    return 0
+    return 1 if out["failures"] else 0
 
 
 if __name__ == "__main__":
