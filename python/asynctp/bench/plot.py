@@ -36,12 +36,10 @@ def _ticks(lo, hi, n=5):
         if (hi - lo) / (step * m) <= n:
             step *= m
             break
-    start = math.floor(lo / step) * step
-    ticks = []
-    t = start
-    while t <= hi + 1e-12:
-        ticks.append(t)
-        t += step
+    # From the step at or below lo to the first at or above hi: every value lies inside.
+    ticks = [math.floor(lo / step) * step]
+    while ticks[-1] < hi - 1e-12 * step:
+        ticks.append(ticks[-1] + step)
     return ticks
 
 
