@@ -503,10 +503,13 @@ def scaled_mm_supported(device) -> str | None:
                 f"{type(exc).__name__}: {exc}")
 
 
-def run(args, group, device) -> dict:
+def run(args, group, device, on_row=None) -> dict:
+    """Every config x dtype x T; on_row(out so far) after each (rank 0 writes it: a run cut
+    short keeps the sizes it finished)."""
     ws, rank = dist.get_world_size(group), dist.get_rank(group)
     for arm in args.arm_list:  # an arm asked for that cannot exist fails before any timing
         check_available(arm, device)
+    meta = _meta(args, group, device)
     results, failures = [], []
     for config_name in args.configs:
         cfg = llama.CONFIGS[config_name]
@@ -549,7 +552,9 @@ def run(args, group, device) -> dict:
                               f"{row['floor']['attention_ms']:.3f})", flush=True)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    return {"meta": _meta(args, group, device), "failures": failures, "results": results}
+                if on_row is not None:
+                    on_row({"meta": meta, "failures": failures, "results": results})
+    return {"meta": meta, "failures": failures, "results": results}
 
 
 def _print_arm(name, arm, res):
@@ -587,13 +592,16 @@ def main(argv=None) -> int:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+
+    def write(out):
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        with open(args.plot, "w") as f:
+            f.write(plot.svg(out["results"]))
+
     try:
-        out = run(args, dist.group.WORLD, device)
+        out = run(args, dist.group.WORLD, device, on_row=write if dist.get_rank() == 0 else None)
         if dist.get_rank() == 0:
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
-            with open(args.plot, "w") as f:
-                f.write(plot.svg(out["results"]))
             print(f"layer: wrote {args.json} and {args.plot}", flush=True)
             for failure in out["failures"]:
                 print(f"layer: FAILED: {failure}", file=sys.stderr, flush=True)
