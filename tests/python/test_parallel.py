@@ -84,7 +84,7 @@ def _full(t):
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def case_styles_match_torch(dtype_name, seq_dim, bias, keep=True, steps=3):
+def case_styles_match_torch(dtype_name, seq_dim, bias, keep=True, compiled=False, steps=3):
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     ws, rank = dist.get_world_size(), dist.get_rank()
     mesh = init_device_mesh("cpu", (ws,))
@@ -108,13 +108,15 @@ def case_styles_match_torch(dtype_name, seq_dim, bias, keep=True, steps=3):
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     before = _calls(mesh)
+    # torch.compile traces the styles' forward (DTensor.to_local, the fused ops) in one graph.
+    run = torch.compile(model, fullgraph=True) if compiled else model
     for step in range(steps):
         what = (f"ws={ws} rank={rank} {dtype_name} seq_dim={seq_dim} bias={bias} keep={keep} "
-                f"step={step}")
+                f"compiled={compiled} step={step}")
         x = torch.randn([B, S, H] if seq_dim == 1 else [S, B, H], dtype=dtype)
         x_shard = x.chunk(ws, dim=seq_dim)[rank]
         outs, grads = [], []
-        for m, o in ((ref, ref_opt), (model, opt)):
+        for m, o in ((ref, ref_opt), (run, opt)):
             xs = x_shard.clone().requires_grad_()
             y = m(xs)
             y = _full(y) if isinstance(y, DTensor) else y
@@ -173,10 +175,11 @@ def case_named_errors():
         col(torch.randn(3, 4))
 
 
-@pytest.mark.parametrize("dtype_name,seq_dim,bias,keep", [
-    ("f32", 1, True, True), ("f32", 0, False, False), ("bf16", 1, True, True)])
-def test_styles_match_torch(pool2, dtype_name, seq_dim, bias, keep):
-    pool2.run(case_styles_match_torch, dtype_name, seq_dim, bias, keep)
+@pytest.mark.parametrize("dtype_name,seq_dim,bias,keep,compiled", [
+    ("f32", 1, True, True, False), ("f32", 0, False, False, False), ("bf16", 1, True, True, False),
+    ("f32", 1, True, True, True)])
+def test_styles_match_torch(pool2, dtype_name, seq_dim, bias, keep, compiled):
+    pool2.run(case_styles_match_torch, dtype_name, seq_dim, bias, keep, compiled)
 
 
 def test_dtensor_input_and_output(pool2):

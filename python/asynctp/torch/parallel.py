@@ -29,7 +29,8 @@ and feed_forward, ColwiseParallel(), RowwiseParallel(output_layouts=Shard(1))). 
 Parameters are distributed exactly as PyTorch's styles distribute them (column-parallel weight
 and bias Shard(0); row-parallel weight Shard(1), bias Replicate), so state dicts, optimizers and
 checkpoints see the same DTensors. Inputs may be local tensors (read as input_layouts) or
-DTensors (redistributed to input_layouts first, a no-op when they already are).
+DTensors (redistributed to input_layouts first, a no-op when they already are). torch.compile
+traces the styled modules whole (fullgraph): the fused ops enter the graph as torch.ops.asynctp.
 """
 
 from __future__ import annotations
