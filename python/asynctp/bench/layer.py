@@ -68,6 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="skip the compiled arms' mode=\"reduce-overhead\" variant")
     p.add_argument("--no-floor", action="store_true", help="skip timing the GEMMs and SDPA alone")
+    p.add_argument("--pass-options", default="{}", metavar="JSON",
+                   help="compile_asynctp: asynctp.torch.enable's options (those of `asynctp "
+                        "passes`), a JSON object, e.g. '{\"enable_last_dim\": true}'")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="layer_bench.json", help="where rank 0 writes the results")
@@ -99,6 +102,12 @@ def parse_args(argv=None):
     for name in ("warmup", "iters", "loops"):
         if getattr(args, name) < (0 if name == "warmup" else 1):
             p.error(f"--{name} {getattr(args, name)} is too small")
+    try:
+        args.pass_options = json.loads(args.pass_options)
+    except json.JSONDecodeError as exc:
+        p.error(f"--pass-options {args.pass_options!r} is not JSON: {exc}")
+    if not isinstance(args.pass_options, dict):
+        p.error(f"--pass-options {args.pass_options!r} is not a JSON object")
     if args.plot is None:
         args.plot = os.path.splitext(args.json)[0] + ".svg"
     return args
@@ -243,8 +252,8 @@ class _ArmContext:
     """What an arm installs around its compiles and runs: PyTorch's async TP and the counter,
     or asynctp's pass. exit() undoes it; summary() is what goes into the JSON."""
 
-    def __init__(self, arm, group):
-        self.arm, self.group = arm, group
+    def __init__(self, arm, group, pass_options: dict):
+        self.arm, self.group, self.pass_options = arm, group, pass_options
         self.patch = None
         self.counter = None
 
@@ -269,7 +278,7 @@ class _ArmContext:
         if self.arm == "compile_asynctp":
             import asynctp.torch as atp
 
-            atp.enable(strict=False)
+            atp.enable(strict=False, **self.pass_options)
 
     def exit(self):
         if self.arm == "compile_asynctp":
@@ -360,7 +369,7 @@ def run_arm(arm, case, ref, args, group) -> dict:
     if arm in COMPILED and device.type == "cuda" and not args.no_cuda_graphs:
         modes.append("reduce-overhead")
     result = {"status": "failed", "variants": {}, "failures": []}
-    ctx = _ArmContext(arm, group)
+    ctx = _ArmContext(arm, group, args.pass_options)
     ctx.enter()
     try:
         for mode in modes:
@@ -580,6 +589,7 @@ def _meta(args, group, device) -> dict:
         "asynctp": asynctp.version(),
         "warmup": args.warmup, "iters": args.iters, "loops": args.loops,
         "cuda_graphs": device.type == "cuda" and not args.no_cuda_graphs,
+        "pass_options": args.pass_options,
         "tolerance": TOLERANCE,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
