@@ -206,3 +206,27 @@ def test_disagreeing_arm_is_not_timed(pool2):
         for status, timed, fields in arms.values():
             assert status == "failed" and not timed and "ms" not in fields
             assert set(fields) == {"validation", "error"}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--config", "13b"], "--config '13b' is not one of"),
+    (["--arms", "eager,fast"], "--arms 'fast' is not one of"),
+    (["--tokens", "512,x"], "integers expected"),
+    (["--tokens", "0"], "positive integers expected"),
+    (["--dtype", "f16"], "--dtype 'f16' is not one of"),
+    (["--iters", "0"], "--iters 0 is too small"),
+    (["--pass-options", "[1]"], "is not a JSON object"),
+])
+def test_bad_arguments_are_named(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        layer.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_arguments():
+    args = layer.parse_args(["--config", "8b", "--tokens", "4096,8192", "--json", "out/l.json",
+                             "--pass-options", '{"enable_last_dim": true}'])
+    assert args.configs == ["8b"] and args.token_list == [4096, 8192]
+    assert args.arm_list == list(layer.ARMS) and args.dtypes == ["bf16", "fp8"]
+    assert args.plot == "out/l.svg" and args.pass_options == {"enable_last_dim": True}
