@@ -8,6 +8,9 @@ asynctp.torch.fused_all_gather_matmul etc. (asynctp.torch.functional) take the s
 and skip torch's dispatcher on eager calls that record no autograd graph: the lowest host time
 per call.
 
+asynctp.torch.parallel holds sequence-parallel ColwiseParallel / RowwiseParallel styles for
+torch.distributed.tensor.parallel.parallelize_module over the same fused ops (DTensor models).
+
 The four fused ops have exactly torch.ops.symm_mem's schemas (swap one for the other);
 fused_matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name) reduce-scatters the sum
 of several products. Groups are torch process groups named by group_name (subgroups too); CPU
