@@ -56,6 +56,53 @@ int64_t int_arg(const Node& n, size_t i, std::string_view key, int64_t fallback)
   return v != nullptr && v->is_int() ? v->i : fallback;
 }
 
+// The slice form of the same (PyTorch writes it in backward graphs): if the users of `src` are
+// exactly `ws` nodes slice(src, dim, r*chunk, (r+1)*chunk) for r = 0..ws-1 (step 1; the last end
+// may be past the size), each read only by one cat that takes them in order, returns that cat
+// and fills `nodes` (the slices, then the cat).
+std::string slice_cat(const Graph& g, const Users& users, const Node& src, int64_t dim,
+                      int64_t chunk, int64_t ws, std::vector<std::string>* nodes) {
+  const auto& slices = users_of(users, src.name);
+  if (static_cast<int64_t>(slices.size()) != ws || chunk <= 0) return "";
+  std::vector<std::string> by_index(static_cast<size_t>(ws));
+  std::string cat;
+  for (const auto& name : slices) {
+    const Node* s = g.find(name);
+    if (s->target != "aten.slice.Tensor" || node_arg(*s, 0) != src.name ||
+        int_arg(*s, 1, "dim", 0) != dim || int_arg(*s, 4, "step", 1) != 1)
+      return "";
+    const int64_t start = int_arg(*s, 2, "start", -1);
+    if (start < 0 || start % chunk != 0 || start / chunk >= ws) return "";
+    const int64_t idx = start / chunk;
+    const int64_t end = int_arg(*s, 3, "end", -1);
+    if (end != start + chunk && !(idx == ws - 1 && end > start + chunk)) return "";
+    if (!by_index[idx].empty()) return "";
+    by_index[idx] = name;
+    const auto& cu = users_of(users, name);
+    if (cu.size() != 1 || g.find(cu[0])->target != "aten.cat.default") return "";
+    if (!cat.empty() && cat != cu[0]) return "";
+    cat = cu[0];
+  }
+  const Node* c = g.find(cat);
+  if (c->args.empty() || !c->args[0].is_list() ||
+      static_cast<int64_t>(c->args[0].list.size()) != ws)
+    return "";
+  for (int64_t i = 0; i < ws; ++i) {
+    const Value& part = c->args[0].list[i];
+    if (!part.is_node() || part.s != by_index[i]) return "";
+  }
+  for (const auto& n : by_index)
+    nodes->push_back(n);
+  nodes->push_back(cat);
+  return cat;
+}
+
+// The dim of a chunk-cat's cat node, made non-negative for a tensor of rank `rank`.
+int64_t cat_dim(const Graph& g, const std::string& cat, size_t rank) {
+  int64_t d = int_arg(*g.find(cat), 1, "dim", 0);
+  return d < 0 ? d + static_cast<int64_t>(rank) : d;
+}
+
 }  // namespace
 
 std::optional<GatherMatch> match_all_gather(const Graph& g, const Users& users, const Node& ag,
@@ -74,21 +121,23 @@ std::optional<GatherMatch> match_all_gather(const Graph& g, const Users& users, 
   if (m.wait.empty()) return std::nullopt;
   m.result = m.wait;
   const TensorMeta* shard = tensor_meta(g, m.shard);
+  if (shard == nullptr || shard->shape.empty()) return m;
   const auto& wu = users_of(users, m.wait);
-  if (shard != nullptr && shard->shape.size() >= 1 && wu.size() == 1) {
+  std::vector<std::string> nodes;
+  std::string cat;
+  if (wu.size() == 1) {
     const Node* s = g.find(wu[0]);
     if (s->target == "aten.split.Tensor" && int_arg(*s, 1, "split_size", -1) == shard->shape[0] &&
         int_arg(*s, 2, "dim", 0) == 0) {
-      std::vector<std::string> nodes;
-      const std::string cat = chunk_cat(g, users, *s, m.group_size, &nodes);
-      if (!cat.empty()) {
-        int64_t d = int_arg(*g.find(cat), 1, "dim", 0);
-        if (d < 0) d += shard->shape.size();
-        m.gather_dim = static_cast<int>(d);
-        m.result = cat;
-        m.chunk_nodes = std::move(nodes);
-      }
+      cat = chunk_cat(g, users, *s, m.group_size, &nodes);
     }
+  } else {
+    cat = slice_cat(g, users, *g.find(m.wait), 0, shard->shape[0], m.group_size, &nodes);
+  }
+  if (!cat.empty()) {
+    m.gather_dim = static_cast<int>(cat_dim(g, cat, shard->shape.size()));
+    m.result = cat;
+    m.chunk_nodes = std::move(nodes);
   }
   return m;
 }
@@ -116,7 +165,24 @@ std::optional<ScatterMatch> match_reduce_scatter(const Graph& g, const Users& us
     const Node* first = g.find(c->args[0].list[0].s);
     const std::string split = first->target == "_operator.getitem" ? node_arg(*first, 0) : "";
     const Node* s = split.empty() ? nullptr : g.find(split);
-    if (s != nullptr && s->target == "aten.split.Tensor") {
+    if (first->target == "aten.slice.Tensor") {
+      // Slice form: parts[r] = slice(P, d, r*c, (r+1)*c).
+      const std::string src = node_arg(*first, 0);
+      const TensorMeta* p = src.empty() ? nullptr : tensor_meta(g, src);
+      int64_t d = int_arg(*first, 1, "dim", 0);
+      if (p != nullptr && d < 0) d += p->shape.size();
+      if (p != nullptr && d >= 0 && d < static_cast<int64_t>(p->shape.size()) &&
+          p->shape[d] % m.group_size == 0) {
+        std::vector<std::string> nodes;
+        const std::string cat =
+            slice_cat(g, users, *g.find(src), d, p->shape[d] / m.group_size, m.group_size, &nodes);
+        if (cat == c->name) {
+          m.scatter_dim = static_cast<int>(d);
+          m.input = src;
+          m.chunk_nodes = std::move(nodes);
+        }
+      }
+    } else if (s != nullptr && s->target == "aten.split.Tensor") {
       std::vector<std::string> nodes;
       const std::string cat = chunk_cat(g, users, *s, m.group_size, &nodes);
       const TensorMeta* p = tensor_meta(g, node_arg(*s, 0));
