@@ -221,6 +221,12 @@ def test_options_and_uuid():
         assert atp.enable().uuid() is None
         atp.disable()
 
+    # A list of passes (torch >= 2.10 takes one) chains as a whole.
+    with inductor_config.patch(post_grad_custom_post_pass=[Previous("a"), Previous("b")]):
+        ab = atp.enable().uuid()
+        atp.disable()
+    assert ab is not None and ab not in (a, b)
+
     # The chain runs the previous pass on graphs without collectives too.
     previous = Previous("c")
     with inductor_config.patch(post_grad_custom_post_pass=previous):
@@ -355,32 +361,50 @@ def _cases(ws, name):
     return cases
 
 
-def every_pattern():
+def _check_rewrite(fusion_pass, case, fn, inputs, reference=None):
+    """Traces fn, runs it (or reference) and the graph the pass rewrote on real inputs, compares
+    the outputs; returns the report and the rewritten graph's targets."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    atp.reset_fusion_report()
+    gm = make_fx(fn, tracing_mode="fake")(*inputs)
+    want = (reference or gm)(*inputs)
+    fusion_pass(gm.graph)
+    gm.recompile()
+    got = gm(*inputs)
+    for i, (a, b) in enumerate(zip(got, want)):
+        tol = {"rtol": 1.6e-2, "atol": 1e-2} if b.dtype == torch.bfloat16 else {}
+        torch.testing.assert_close(a, b, **tol, msg=f"{case}: output {i}")
+    return atp.fusion_report(), [str(n.target) for n in gm.graph.nodes]
+
+
+def every_pattern():
     group = dist.group.WORLD
     ws, name = group.size(), group.group_name
     torch.manual_seed(group.rank() + 1)
     fusion_pass = atp.enable(enable_last_dim=True, enable_transpose=True)
     try:
         for case, (fn, inputs, fused, *reference) in _cases(ws, name).items():
-            atp.reset_fusion_report()
-            gm = make_fx(fn, tracing_mode="fake")(*inputs)
-            want = (reference[0] if reference else gm)(*inputs)
-            fusion_pass(gm.graph)
-            gm.recompile()
-            report = atp.fusion_report()
+            report, targets = _check_rewrite(fusion_pass, case, fn, inputs, *reference)
             assert report and all(e["fused"] for e in report), f"{case}: {report}"
-            targets = [str(n.target) for n in gm.graph.nodes]
             assert not any("c10d" in t for t in targets), f"{case}: {targets}"
             got_ops = sorted({t.split(".")[1] for t in targets if t.startswith("asynctp.")})
             assert got_ops == sorted(fused), f"{case}: {got_ops}"
-            got = gm(*inputs)
-            for i, (a, b) in enumerate(zip(got, want)):
-                tol = {"rtol": 1.6e-2, "atol": 1e-2} if b.dtype == torch.bfloat16 else {}
-                torch.testing.assert_close(a, b, **tol, msg=f"{case}: output {i}")
     finally:
         atp.disable()
+
+    # Bucketing alone: two small gathers that feed no matmul become one gather of a flat buffer.
+    fusion_pass = atp.enable(no_fuse=True, bucket_mb=[1])
+    try:
+        report, targets = _check_rewrite(
+            fusion_pass, "bucketing",
+            lambda a, b: (_ag(a, 0, name, ws).exp(), _ag(b, 0, name, ws).exp()),
+            (torch.randn(2, 4), torch.randn(3, 4)))
+    finally:
+        atp.disable()
+    assert [e["outcome"] for e in report] == ["bucketed", "bucketed"], report
+    assert not any(e["fused"] for e in report), report
+    assert targets.count("_c10d_functional.all_gather_into_tensor.default") == 1, targets
     return True
 
 

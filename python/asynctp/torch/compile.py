@@ -223,14 +223,13 @@ def apply_graph(graph: torch.fx.Graph, old_doc: dict, new_doc: dict) -> None:
 def _take_over_symm_mem(graph: torch.fx.Graph) -> list[dict]:
     """Retargets torch.ops.symm_mem's fused nodes (Inductor's own micro-pipeline-TP pass) to
     torch.ops.asynctp's, whose schemas are the same; one report entry each."""
-    symm_mem = getattr(torch.ops, "symm_mem", None)
     entries = []
     for node in graph.nodes:
         target = node.target
         if not isinstance(target, torch._ops.OpOverload) or target.namespace != "symm_mem":
             continue
         name = target._schema.name.split("::")[-1]
-        if name not in _SYMM_MEM_KINDS or symm_mem is None:
+        if name not in _SYMM_MEM_KINDS:
             continue
         ours = getattr(torch.ops.asynctp, name).default
         same = [a.name for a in ours._schema.arguments] == [a.name for a in target._schema.arguments]
@@ -247,13 +246,17 @@ def _take_over_symm_mem(graph: torch.fx.Graph) -> list[dict]:
 
 
 def _world_size(graph: torch.fx.Graph) -> int:
-    """The group size of the graph's collectives (the passes fuse those of that size); the job's
-    world size when they differ (a 2-D mesh)."""
-    sizes = {n.args[2 if "reduce_scatter" in str(n.target) else 1]
-             for n in graph.nodes if str(n.target) in _COLLECTIVES and str(n.target) != (
-                 "_c10d_functional.all_reduce.default")}
+    """The group size of the graph's all-gathers and reduce-scatters (the passes fuse those whose
+    group is that size); the job's world size when they differ (a 2-D mesh)."""
+    sizes = set()
+    for n in graph.nodes:
+        kind = _COLLECTIVES.get(str(n.target))
+        if kind == "all_gather":  # (input, group_size, group_name)
+            sizes.add(int(n.args[1]))
+        elif kind == "reduce_scatter":  # (input, reduce_op, group_size, group_name)
+            sizes.add(int(n.args[2]))
     if len(sizes) == 1:
-        return int(next(iter(sizes)))
+        return sizes.pop()
     import torch.distributed as dist
 
     return dist.get_world_size() if dist.is_initialized() else 1
@@ -266,21 +269,28 @@ class FusionPass(CustomGraphPass):
     def __init__(self, options: dict, strict: bool, previous=None):
         self.options = options  # normalized: every option of `asynctp passes`
         self.strict = strict
-        self.previous = previous
+        # What was installed: None, one pass, or (torch >= 2.10) a list or tuple of them.
+        if previous is None:
+            self.previous = ()
+        elif isinstance(previous, (list, tuple)):
+            self.previous = tuple(previous)
+        else:
+            self.previous = (previous,)
         self.graphs = 0
 
     def uuid(self) -> str | None:
-        prev = None
-        if self.previous is not None:
-            prev = self.previous.uuid() if isinstance(self.previous, CustomGraphPass) else None
-            if prev is None:  # the previous pass cannot be cached, so neither can the chain
+        before = []
+        for p in self.previous:
+            u = p.uuid() if isinstance(p, CustomGraphPass) else None
+            if u is None:  # a previous pass cannot be cached, so neither can the chain
                 return None
-        text = json.dumps([_capi.version(), self.options, self.strict, repr(prev)], sort_keys=True)
+            before.append(repr(u))
+        text = json.dumps([_capi.version(), self.options, self.strict, before], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        if self.previous is not None:
-            self.previous(graph)
+        for p in self.previous:
+            p(graph)
         index = self.graphs
         self.graphs += 1
         entries = _take_over_symm_mem(graph)
