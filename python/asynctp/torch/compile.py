@@ -57,8 +57,12 @@ def run_passes(doc: dict | None, options: dict) -> dict:
     {"options": ..., "report": [...], "graph": {...}} (docs/GRAPH.md)."""
     lib = _capi.lib()
     out = ctypes.c_void_p()
+    try:
+        options_text = json.dumps(options).encode()
+    except TypeError as exc:
+        raise InvalidArgumentError(f"asynctp: options {options!r} are not JSON values: {exc}")
     text = None if doc is None else json.dumps(doc).encode()
-    _capi.check(lib.asynctp_run_passes(text, json.dumps(options).encode(), ctypes.byref(out)))
+    _capi.check(lib.asynctp_run_passes(text, options_text, ctypes.byref(out)))
     try:
         return json.loads(ctypes.string_at(out.value).decode())
     finally:
