@@ -228,6 +228,22 @@ def test_options_and_uuid():
         atp.disable()
     assert ab is not None and ab not in (a, b)
 
+    # A pass that needs is_inference cannot be chained: a named error, nothing installed.
+    from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass
+
+    class Aware(CustomInferenceAwareGraphPass):
+        def __call__(self, graph, is_inference):
+            pass
+
+        def uuid(self):
+            return "aware"
+
+    aware = Aware()
+    with inductor_config.patch(post_grad_custom_post_pass=aware):
+        with pytest.raises(asynctp_error(), match="needs is_inference"):
+            atp.enable()
+        assert inductor_config.post_grad_custom_post_pass is aware
+
     # The chain runs the previous pass on graphs without collectives too.
     previous = Previous("c")
     with inductor_config.patch(post_grad_custom_post_pass=previous):

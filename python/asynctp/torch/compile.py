@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._inductor import config as inductor_config
+from torch._inductor import custom_graph_pass
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from .. import _capi
@@ -266,6 +267,13 @@ def _world_size(graph: torch.fx.Graph) -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def _as_tuple(installed) -> tuple:
+    """What post_grad_custom_post_pass holds: None, one pass, or a list or tuple of them."""
+    if installed is None:
+        return ()
+    return tuple(installed) if isinstance(installed, (list, tuple)) else (installed,)
+
+
 class FusionPass(CustomGraphPass):
     """Inductor's post_grad_custom_post_pass: runs `previous` (the pass installed before, if
     any), then asynctp's passes."""
@@ -273,13 +281,7 @@ class FusionPass(CustomGraphPass):
     def __init__(self, options: dict, strict: bool, previous=None):
         self.options = options  # normalized: every option of `asynctp passes`
         self.strict = strict
-        # What was installed: None, one pass, or (torch >= 2.10) a list or tuple of them.
-        if previous is None:
-            self.previous = ()
-        elif isinstance(previous, (list, tuple)):
-            self.previous = tuple(previous)
-        else:
-            self.previous = (previous,)
+        self.previous = _as_tuple(previous)
         self.graphs = 0
 
     def uuid(self) -> str | None:
@@ -341,8 +343,13 @@ def enable(strict: bool = False, **options) -> FusionPass:
     if "strict" in options:
         raise InvalidArgumentError("asynctp: enable: pass strict as enable's own argument")
     normalized = run_passes(None, options)["options"]
-    _REPORT.clear()
     previous = inductor_config.post_grad_custom_post_pass
+    aware = getattr(custom_graph_pass, "CustomInferenceAwareGraphPass", None)
+    if aware is not None and any(isinstance(p, aware) for p in _as_tuple(previous)):
+        raise InvalidArgumentError(
+            f"asynctp: enable: the installed post_grad_custom_post_pass {previous!r} needs "
+            "is_inference, which asynctp's pass cannot pass on to it")
+    _REPORT.clear()
     fusion_pass = FusionPass(normalized, bool(strict), previous)
     inductor_config.post_grad_custom_post_pass = fusion_pass
     _INSTALLED.append((fusion_pass, previous))
