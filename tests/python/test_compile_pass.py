@@ -26,9 +26,13 @@ def _mlp(x_shard, w1, w2, group_name):
     """[b, s/ws, h] -> all-gather(seq) -> @ w1 [h, f/ws] -> relu -> @ w2 [f/ws, h] -> RS(seq)."""
     import torch.distributed._functional_collectives as funcol
 
-    x = funcol.all_gather_tensor_autograd(x_shard, 1, group_name)
+    # torch 2.15 names them *_single_autograd (the *_tensor_autograd names are deprecated).
+    gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+    scatter = (getattr(funcol, "reduce_scatter_single_autograd", None)
+               or funcol.reduce_scatter_tensor_autograd)
+    x = gather(x_shard, 1, group_name)
     h = torch.relu(x @ w1)
-    return funcol.reduce_scatter_tensor_autograd(h @ w2, "sum", 1, group_name)
+    return scatter(h @ w2, "sum", 1, group_name)
 
 
 def compiled_mlp_step():
