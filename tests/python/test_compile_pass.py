@@ -274,13 +274,16 @@ def symm_mem_take_over():
 
     name = group.group_name
 
-    def fn(a, w, h, w2):
-        _, outs = torch.ops.symm_mem.fused_all_gather_matmul(a, [w], 0, name)
-        return outs[0], torch.ops.symm_mem.fused_matmul_reduce_scatter(h, w2, "sum", 0, name)
-
     ws = group.size()
+
+    def fn(a, w, h, w2, x, w3):
+        _, outs = torch.ops.symm_mem.fused_all_gather_matmul(a, [w], 0, name)
+        rs = torch.ops.symm_mem.fused_matmul_reduce_scatter(h, w2, "sum", 0, name)
+        return outs[0], rs, _ag(x, 0, name, ws) @ w3  # a gather torch's pass left to asynctp
+
     with FakeTensorMode():
-        args = (torch.empty(4, 8), torch.empty(8, 6), torch.empty(4 * ws, 5), torch.empty(5, 6))
+        args = (torch.empty(4, 8), torch.empty(8, 6), torch.empty(4 * ws, 5), torch.empty(5, 6),
+                torch.empty(3, 4), torch.empty(4, 2))
         graph = make_fx(fn)(*args).graph
     p = atp.enable()
     try:
@@ -289,10 +292,13 @@ def symm_mem_take_over():
         atp.disable()
     targets = sorted(str(n.target) for n in graph.nodes if "fused" in str(n.target))
     assert targets == ["asynctp.fused_all_gather_matmul.default",
+                       "asynctp.fused_all_gather_matmul.default",
                        "asynctp.fused_matmul_reduce_scatter.default"], targets
     report = atp.fusion_report()
-    assert sorted(e["kind"] for e in report) == ["all_gather", "reduce_scatter"], report
-    assert all(e["fused"] and "taken over" in e["detail"] for e in report), report
+    kinds = sorted(e["kind"] for e in report)
+    assert kinds == ["all_gather", "all_gather", "reduce_scatter"], report
+    assert all(e["fused"] for e in report), report
+    assert sum("taken over" in e["detail"] for e in report) == 2, report
     return True
 
 

@@ -315,13 +315,24 @@ class FusionPass(CustomGraphPass):
                 "; ".join(f"{e['kind']} {e['node']}: {e['detail']}" for e in blocked))
 
     def _fuse(self, graph: torch.fx.Graph) -> list[dict]:
+        def not_fused(why: str) -> list[dict]:
+            return [{"kind": kind, "node": n.name, "fused": False, "outcome": "blocked",
+                     "detail": why}
+                    for n in graph.nodes if (kind := _COLLECTIVES.get(str(n.target)))]
+
         try:
             doc = graph_to_dict(graph, _world_size(graph), "asynctp.torch compile pass")
         except ValueError as exc:  # symbolic shapes, or an op the format cannot carry
-            return [{"kind": kind, "node": n.name, "fused": False, "outcome": "blocked",
-                     "detail": f"the graph cannot be exported: {exc}"}
-                    for n in graph.nodes if (kind := _COLLECTIVES.get(str(n.target)))]
-        result = run_passes(doc, self.options)
+            return not_fused(f"the graph cannot be exported: {exc}")
+        for entry in doc["nodes"]:
+            # Nested results ((A, [outs]) of a fused op already in the graph) have no val in
+            # the format; the passes leave such nodes alone and need no shape of them.
+            if isinstance(entry["val"], list) and any(isinstance(v, list) for v in entry["val"]):
+                entry["val"] = None
+        try:
+            result = run_passes(doc, self.options)
+        except Error as exc:  # the user's compile goes on, unfused; the report says why
+            return not_fused(f"the passes failed on this graph: {exc}")
         entries = [{"kind": r["kind"], "node": r["collective"], "fused": r["outcome"] == "fused",
                     "outcome": r["outcome"], "detail": r["detail"]} for r in result["report"]]
         if self.strict and any(e["outcome"] == "blocked" for e in entries):
