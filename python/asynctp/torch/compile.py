@@ -350,7 +350,8 @@ def enable(strict: bool = False, **options) -> FusionPass:
     torch.compile. `options` are those of `asynctp passes` (enable_last_dim, enable_transpose,
     bucket_mb, no_fuse); an unknown one is an asynctp.InvalidArgumentError. A pass installed
     before runs first. strict=True: a collective that matched a pattern but stayed unfused
-    raises FusionError (and fails the compile)."""
+    raises FusionError (and fails the compile). Returns the installed pass (a callable on an FX
+    graph, as Inductor calls it)."""
     if "strict" in options:
         raise InvalidArgumentError("asynctp: enable: pass strict as enable's own argument")
     normalized = run_passes(None, options)["options"]
