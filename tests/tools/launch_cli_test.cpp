@@ -359,6 +359,44 @@ TEST(LaunchCli, KilledLauncherTakesItsRanksAndTheirChildrenWithIt) {
                                           << out;
 }
 
+// Each rank's PR_SET_PDEATHSIG alone: with the guardian (NOTE [ranks die with their launcher])
+// killed first, the ranks themselves still die with the launcher.
+TEST(LaunchCli, RanksDieWithTheLauncherEvenWithoutItsGuardian) {
+  Child launcher(
+      {kBin, "launch", "--nproc", "2", "--", "sh", "-c", "echo ready rank=$$; exec sleep 30"},
+      test_env());
+  ASSERT_TRUE(launcher.wait_for_stdout("ready", 2, Millis(20'000))) << launcher.out();
+  std::vector<pid_t> ranks;
+  const std::string out = launcher.out();
+  const std::regex pid_re("rank=(\\d+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), pid_re); it != std::sregex_iterator();
+       ++it) {
+    ranks.push_back(std::stoi((*it)[1]));
+  }
+  ASSERT_EQ(ranks.size(), 2u) << out;
+  // The launcher's children are its ranks and the guardian.
+  std::ifstream children(fmt::format("/proc/{0}/task/{0}/children", launcher.pid()));
+  std::vector<pid_t> others;
+  for (pid_t pid; children >> pid;) {
+    if (std::find(ranks.begin(), ranks.end(), pid) == ranks.end()) others.push_back(pid);
+  }
+  ASSERT_EQ(others.size(), 1u) << "the guardian, beside the ranks";
+  ::kill(others[0], SIGKILL);
+  const Deadline guardian_gone(Millis(5000));
+  while (!process_gone(others[0]) && !guardian_gone.expired())
+    std::this_thread::sleep_for(Millis(10));
+  ASSERT_TRUE(process_gone(others[0]));
+  launcher.send(SIGKILL);
+  launcher.wait(Millis(20'000));
+  const Deadline limit(Millis(5000));
+  auto alive = [&] {
+    return std::count_if(ranks.begin(), ranks.end(), [](pid_t pid) { return !process_gone(pid); });
+  };
+  while (alive() > 0 && !limit.expired())
+    std::this_thread::sleep_for(Millis(20));
+  EXPECT_EQ(alive(), 0) << "ranks outlived their launcher";
+}
+
 TEST(LaunchCli, NprocTheDescriptorLimitCannotHoldIsRefusedAtOnce) {
   const Finished run =
       asynctp({"launch", "--nproc", "100", "--", "sh", "-c", "echo started"}, Millis(20'000));
