@@ -267,6 +267,39 @@ TEST(LaunchCli, CommandThatDoesNotExistFailsClearly) {
   EXPECT_LT(run.seconds, 10.0);
 }
 
+// The pids the ranks printed as "<name>=<pid>", for every name that `names` (a regex) matches.
+std::vector<pid_t> printed_pids(const std::string& out, const std::string& names) {
+  std::vector<pid_t> pids;
+  const std::regex re("(?:" + names + ")=(\\d+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    pids.push_back(std::stoi((*it)[1]));
+  }
+  return pids;
+}
+
+// Dead or a zombie (which never runs again; it waits for whoever adopted it to reap it).
+bool process_gone(pid_t pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const auto paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+}
+
+// Waits up to `limit` for every process of `pids` to be gone; returns those still there.
+std::vector<pid_t> wait_gone(const std::vector<pid_t>& pids, Millis limit) {
+  const Deadline deadline(limit);
+  while (true) {
+    std::vector<pid_t> alive;
+    for (const pid_t pid : pids) {
+      if (!process_gone(pid)) alive.push_back(pid);
+    }
+    if (alive.empty() || deadline.expired()) return alive;
+    std::this_thread::sleep_for(Millis(20));
+  }
+}
+
 // Signals sent to the launcher go to every rank, and everything stops.
 class LaunchSignals : public ::testing::TestWithParam<int> {};
 
@@ -276,13 +309,7 @@ TEST_P(LaunchSignals, AreForwardedAndEverythingStops) {
       {kBin, "launch", "--nproc", "3", "--", "sh", "-c", "echo ready pid=$$; exec sleep 30"},
       test_env());
   ASSERT_TRUE(launcher.wait_for_stdout("ready", 3, Millis(20'000))) << launcher.out();
-  std::vector<pid_t> rank_pids;
-  const std::string out = launcher.out();
-  const std::regex pid_re("pid=(\\d+)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), pid_re); it != std::sregex_iterator();
-       ++it) {
-    rank_pids.push_back(std::stoi((*it)[1]));
-  }
+  const std::vector<pid_t> rank_pids = printed_pids(launcher.out(), "pid");
   ASSERT_EQ(rank_pids.size(), 3u);
 
   const auto sent = Clock::now();
@@ -318,15 +345,6 @@ TEST(LaunchCli, SecondSignalSkipsTheGrace) {
   EXPECT_LT(after_first, 4.0) << "the second signal did not skip the 5 s grace";
 }
 
-// Dead or a zombie (which never runs again; it waits for whoever adopted it to reap it).
-bool process_gone(pid_t pid) {
-  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  const auto paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
-}
-
 // The acceptance test: the launcher SIGKILLed (as the OOM killer does); its ranks and the
 // processes they started (compile workers, data loaders) are gone within 5 s.
 TEST(LaunchCli, KilledLauncherTakesItsRanksAndTheirChildrenWithIt) {
@@ -334,29 +352,14 @@ TEST(LaunchCli, KilledLauncherTakesItsRanksAndTheirChildrenWithIt) {
                   "sleep 30 & sh -c 'sleep 30' & echo ready rank=$$ child=$!; wait"},
                  test_env());
   ASSERT_TRUE(launcher.wait_for_stdout("ready", 3, Millis(20'000))) << launcher.out();
-  std::vector<pid_t> pids;
-  const std::string out = launcher.out();
-  const std::regex pid_re("(rank|child)=(\\d+)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), pid_re); it != std::sregex_iterator();
-       ++it) {
-    pids.push_back(std::stoi((*it)[2]));
-  }
-  ASSERT_EQ(pids.size(), 6u) << out;
+  const std::vector<pid_t> pids = printed_pids(launcher.out(), "rank|child");
+  ASSERT_EQ(pids.size(), 6u) << launcher.out();
   launcher.send(SIGKILL);
   const Finished run = launcher.wait(Millis(20'000));
   EXPECT_EQ(run.signal, SIGKILL) << run.describe();
-  const Deadline limit(Millis(5000));
-  const auto left = [&] {
-    std::vector<pid_t> alive;
-    for (const pid_t pid : pids) {
-      if (!process_gone(pid)) alive.push_back(pid);
-    }
-    return alive;
-  };
-  while (!left().empty() && !limit.expired())
-    std::this_thread::sleep_for(Millis(20));
-  EXPECT_EQ(left(), std::vector<pid_t>{}) << "ranks (rank=) or their children (child=) live on:\n"
-                                          << out;
+  EXPECT_EQ(wait_gone(pids, Millis(5000)), std::vector<pid_t>{})
+      << "ranks (rank=) or their children (child=) live on:\n"
+      << launcher.out();
 }
 
 // Each rank's PR_SET_PDEATHSIG alone: with the guardian (NOTE [ranks die with their launcher])
@@ -366,14 +369,8 @@ TEST(LaunchCli, RanksDieWithTheLauncherEvenWithoutItsGuardian) {
       {kBin, "launch", "--nproc", "2", "--", "sh", "-c", "echo ready rank=$$; exec sleep 30"},
       test_env());
   ASSERT_TRUE(launcher.wait_for_stdout("ready", 2, Millis(20'000))) << launcher.out();
-  std::vector<pid_t> ranks;
-  const std::string out = launcher.out();
-  const std::regex pid_re("rank=(\\d+)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), pid_re); it != std::sregex_iterator();
-       ++it) {
-    ranks.push_back(std::stoi((*it)[1]));
-  }
-  ASSERT_EQ(ranks.size(), 2u) << out;
+  const std::vector<pid_t> ranks = printed_pids(launcher.out(), "rank");
+  ASSERT_EQ(ranks.size(), 2u) << launcher.out();
   // The launcher's children are its ranks and the guardian.
   std::ifstream children(fmt::format("/proc/{0}/task/{0}/children", launcher.pid()));
   std::vector<pid_t> others;
@@ -382,19 +379,10 @@ TEST(LaunchCli, RanksDieWithTheLauncherEvenWithoutItsGuardian) {
   }
   ASSERT_EQ(others.size(), 1u) << "the guardian, beside the ranks";
   ::kill(others[0], SIGKILL);
-  const Deadline guardian_gone(Millis(5000));
-  while (!process_gone(others[0]) && !guardian_gone.expired())
-    std::this_thread::sleep_for(Millis(10));
-  ASSERT_TRUE(process_gone(others[0]));
+  ASSERT_EQ(wait_gone(others, Millis(5000)), std::vector<pid_t>{}) << "the guardian";
   launcher.send(SIGKILL);
   launcher.wait(Millis(20'000));
-  const Deadline limit(Millis(5000));
-  auto alive = [&] {
-    return std::count_if(ranks.begin(), ranks.end(), [](pid_t pid) { return !process_gone(pid); });
-  };
-  while (alive() > 0 && !limit.expired())
-    std::this_thread::sleep_for(Millis(20));
-  EXPECT_EQ(alive(), 0) << "ranks outlived their launcher";
+  EXPECT_EQ(wait_gone(ranks, Millis(5000)), std::vector<pid_t>{}) << "ranks outlived the launcher";
 }
 
 TEST(LaunchCli, NprocTheDescriptorLimitCannotHoldIsRefusedAtOnce) {
