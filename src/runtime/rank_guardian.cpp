@@ -27,13 +27,19 @@ struct Message {
   // Out of the launcher's process group, so that a signal to that group (Ctrl-C, `kill -9 -PGID`)
   // leaves the guardian to clean up after it; the launcher's SIGINT/SIGTERM/SIGHUP stay blocked.
   ::setpgid(0, 0);
-  // Hold nothing of the launcher's but the socket: no terminal, no pipe a reader waits on.
+  // Hold nothing of the launcher's but the socket: no terminal, no pipe a reader waits on. The
+  // socket leaves 0-2 first (a launcher started with stdio closed may have got it there).
+  if (fd <= 2) {
+    const int moved = ::fcntl(fd, F_DUPFD, 3);
+    if (moved >= 0) fd = moved;
+  }
   if (fd > 3) ::close_range(3, static_cast<unsigned>(fd) - 1, 0);
   ::close_range(static_cast<unsigned>(fd) + 1, ~0U, 0);
   const int null_fd = ::open("/dev/null", O_RDWR);
   if (null_fd >= 0) {
-    for (int std_fd = 0; std_fd <= 2; ++std_fd)
-      ::dup2(null_fd, std_fd);
+    for (int std_fd = 0; std_fd <= 2; ++std_fd) {
+      if (std_fd != fd) ::dup2(null_fd, std_fd);
+    }
     if (null_fd > 2) ::close(null_fd);
   }
   Message m;
