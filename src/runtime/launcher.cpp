@@ -163,8 +163,8 @@ int launch(const LaunchOptions& options) {
            Clock::now() - start >
                std::chrono::milliseconds(static_cast<int64_t>(*options.timeout_s * 1000));
   };
-  // Ranks that never started because of a failed spawn are stopped here, at once: SIGKILL to
-  // their groups (they have not got far enough to need a grace), reaped, their pipes closed.
+  // When a rank cannot be started, the ranks already started are stopped at once: SIGKILL to their
+  // groups (they have not got far enough to need a grace), reaped, their pipes closed.
   std::vector<Rank> ranks;
   ranks.reserve(options.nproc);
   auto stop_started = [&] {
@@ -194,7 +194,7 @@ int launch(const LaunchOptions& options) {
       const size_t started = ranks.size();
       stop_started();
       ASYNCTP_FAIL(
-          "asynctp launch: cannot start rank {} of {}: {} failed: {}; stopped the {} rank(s) "
+          "cannot start rank {} of {}: {} failed: {}; stopped the {} rank(s) "
           "already started",
           r, options.nproc, step, std::strerror(err), started);
     }
