@@ -90,10 +90,11 @@ ProcessState process_state(pid_t pid) {
   return ps;
 }
 
+// The inode of this process's pid namespace; 0 where /proc does not show it (then no creator can
+// be proven dead, and nothing is swept).
 uint64_t own_pid_namespace() {
   struct stat st;
-  ASYNCTP_SYSCHECK(::stat("/proc/self/ns/pid", &st), "stat('/proc/self/ns/pid')");
-  return st.st_ino;
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
 }
 
 // Provably dead: no process has the pid, or it is a zombie (it never runs again), or the process
@@ -367,7 +368,7 @@ int sweep_dead_segments() {
     uint64_t start_ticks = 0, ns = 0;
     if (!parse_number(std::string_view(m[1].first, m[1].second), &pid) || pid <= 0 ||
         !parse_number(std::string_view(m[2].first, m[2].second), &start_ticks) ||
-        !parse_number(std::string_view(m[3].first, m[3].second), &ns) || ns != pid_ns) {
+        !parse_number(std::string_view(m[3].first, m[3].second), &ns) || ns != pid_ns || ns == 0) {
       continue;
     }
     struct stat st;
