@@ -2,7 +2,7 @@
 // views sharing storage (as in PyTorch); view/reshape return a view when the strides allow it and
 // a contiguous copy otherwise (the executor may lay a tensor out differently from the eager run
 // whose strides were recorded, so a legal `view` there may need a copy here: the values are the
-// same either way); cat and repeat copy.
+// same either way); cat, repeat and slice_scatter copy.
 #include <algorithm>
 #include <array>
 
@@ -84,6 +84,35 @@ RtValue slice(Call& call) {
       Tensor(len == 0 ? x.t.data() : v.data(), v.dtype(), v.shape(), strides, v.device())));
 }
 
+// slice_scatter(self, src, dim, start, end, step): a copy of self whose slice [start:end:step]
+// along dim holds src.
+RtValue slice_scatter(Call& call) {
+  const HostTensor& x = call.tensor(0, "self");
+  const HostTensor& src = call.tensor(1, "src");
+  const int d = wrap(call, call.integer_or(2, "dim", 0), x.t.dim(), "dim");
+  const int64_t size = x.t.size(d);
+  const int64_t step = call.integer_or(5, "step", 1);
+  ASYNCTP_CHECK(step >= 1, "{}: slice step must be positive, got {}", call.where(), step);
+  auto clamp = [&](int64_t v) {
+    if (v < 0) v += size;
+    return std::clamp<int64_t>(v, 0, size);
+  };
+  const int64_t start = clamp(call.has(3, "start") ? call.integer(3, "start") : 0);
+  const int64_t end = std::max(start, clamp(call.has(4, "end") ? call.integer(4, "end") : size));
+  const int64_t len = (end - start + step - 1) / step;
+  HostTensor out = call.alloc(x.t.shape(), x.t.dtype());
+  copy_elements(out.t, x.t);
+  Tensor region = out.t.narrow(d, start, len);
+  Dims strides = region.strides();
+  strides[d] *= step;
+  region = Tensor(region.data(), region.dtype(), region.shape(), strides, region.device());
+  ASYNCTP_CHECK(src.t.shape() == region.shape() && src.t.dtype() == x.t.dtype(),
+                "{}: src {} does not fit the slice {}[{}:{}:{}] of dim {}", call.where(),
+                src.t.describe(), x.t.describe(), start, end, step, d);
+  if (len > 0) copy_elements(region, src.t);
+  return RtValue::of(out);
+}
+
 RtValue split(Call& call, const HostTensor& x, std::vector<int64_t> sizes, int64_t dim) {
   const int d = wrap(call, dim, x.t.dim(), "dim");
   int64_t total = 0;
@@ -123,7 +152,7 @@ RtValue cat(Call& call) {
   HostTensor out = call.alloc(shape, xs[0].t.dtype());
   int64_t start = 0;
   for (const auto& x : xs) {
-    store_f32(out.t.narrow(d, start, x.t.size(d)), load_f32(x.t));
+    copy_elements(out.t.narrow(d, start, x.t.size(d)), x.t);
     start += x.t.size(d);
   }
   return RtValue::of(out);
@@ -231,6 +260,7 @@ void register_shape_kernels(Table& t) {
   });
   t.emplace_back("aten.alias.default", [](Call& c) { return RtValue::of(c.tensor(0, "self")); });
   t.emplace_back("aten.slice.Tensor", slice);
+  t.emplace_back("aten.slice_scatter.default", slice_scatter);
   t.emplace_back("aten.select.int", [](Call& c) {
     const HostTensor& x = c.tensor(0, "self");
     const int d = wrap(c, c.integer(1, "dim"), x.t.dim(), "dim");

@@ -184,10 +184,10 @@ TEST(Executor, ErrorsNameTheNodeAndTarget) {
                 std::string::npos);
       GraphBuilder c(2);
       const auto y = c.input("y", {2, 3});
-      c.output({c.call("idx", "aten.neg.default", {node(y)}, {2, 3}, "int64")});
+      c.output({c.call("idx", "aten.neg.default", {node(y)}, {2, 3}, "int32")});
       const graph::Graph h = c.build();
       EXPECT_NE(error_of(ctx, h, graph::random_inputs(h, ctx.rank(), 0))
-                    .find("node idx (aten.neg.default): dtype int64"),
+                    .find("node idx (aten.neg.default): dtype int32"),
                 std::string::npos);
     }
     {  // collectives on another group, or of another size
