@@ -228,18 +228,24 @@ TEST(Patterns, TransposedRightHandOperand) {
   expect_same_outputs(b.build(), on.g, 0.0);
 }
 
-// Gather on the contraction (last) dim and scatter on the output (last) dim: only with
-// enable_last_dim.
+// Gather on the contraction (last) dim: only with enable_last_dim. Scatter on the output (last)
+// dim: by default, unless enable_last_dim_scatter is off.
 TEST(Patterns, LastDimGatherAndScatter) {
   GraphBuilder b(kWs);
   const auto x = b.input("x", {8, 2}), w = b.input("w", {8, 8}), w2 = b.input("w2", {8, 8});
   std::string ag, rs;
   const auto h = b.mm(b.all_gather(x, 1, &ag), w);  // [8, 8] gathered on K
   b.output({b.reduce_scatter(b.mm(h, w2), 1, &rs)});
-  const Result off = run(b.build());
-  EXPECT_EQ(outcome(off, ag), passes::Outcome::kBlocked) << detail(off, ag);
-  EXPECT_EQ(outcome(off, rs), passes::Outcome::kBlocked) << detail(off, rs);
-  EXPECT_NE(detail(off, ag).find("--enable-last-dim"), std::string::npos);
+  const Result defaults = run(b.build());
+  EXPECT_EQ(outcome(defaults, ag), passes::Outcome::kBlocked) << detail(defaults, ag);
+  EXPECT_NE(detail(defaults, ag).find("--enable-last-dim"), std::string::npos);
+  EXPECT_EQ(outcome(defaults, rs), passes::Outcome::kFused) << detail(defaults, rs);
+  expect_same_outputs(b.build(), defaults.g, 1e-5);
+  passes::PassOptions off;
+  off.tp.enable_last_dim_scatter = false;
+  const Result no_scatter = run(b.build(), off);
+  EXPECT_EQ(outcome(no_scatter, rs), passes::Outcome::kBlocked) << detail(no_scatter, rs);
+  EXPECT_NE(detail(no_scatter, rs).find("--no-last-dim-scatter"), std::string::npos);
   passes::PassOptions options;
   options.tp.enable_last_dim = true;
   const Result on = run(b.build(), options);
