@@ -137,8 +137,13 @@ void register_pointwise_kernels(Table& t) {
     t.emplace_back(fmt::format("aten.div.{}", o),
                    [=](Call& c) { return binary(c, div, false, true); });
   }
-  t.emplace_back("aten.rsub.Scalar",
-                 [=](Call& c) { return binary(c, [](float a, float b) { return b - a; }); });
+  for (const char* o : {"Tensor", "Scalar"}) {
+    // rsub(self, other, alpha) = other - alpha * self.
+    t.emplace_back(fmt::format("aten.rsub.{}", o), [](Call& c) {
+      const float alpha = static_cast<float>(c.number_or(2, "alpha", 1.0));
+      return binary(c, [alpha](float a, float b) { return b - alpha * a; });
+    });
+  }
   t.emplace_back("aten.pow.Tensor_Scalar", [=](Call& c) { return binary(c, pow); });
   t.emplace_back("aten.pow.Tensor_Tensor", [=](Call& c) { return binary(c, pow); });
   t.emplace_back("aten.pow.Scalar", [=](Call& c) { return binary(c, pow); });
@@ -160,10 +165,6 @@ void register_pointwise_kernels(Table& t) {
       });
     });
   }
-  t.emplace_back("aten.rsub.Tensor", [=](Call& c) {
-    return binary(
-        c, [](float a, float b) { return b - a; }, true);
-  });
 
   // The activations' backward ops: (grad_output, self or output) -> grad_input, in grad's dtype.
   t.emplace_back("aten.threshold_backward.default", [](Call& c) {

@@ -64,24 +64,30 @@ RtValue permute(Call& call, const HostTensor& x, const std::vector<int64_t>& ord
   return RtValue::of(x.view_as(x.t.permute(std::span<const int>(o))));
 }
 
-RtValue slice(Call& call) {
-  const HostTensor& x = call.tensor(0, "self");
-  const int d = wrap(call, call.integer_or(1, "dim", 0), x.t.dim(), "dim");
-  const int64_t size = x.t.size(d);
-  const int64_t step = call.integer_or(4, "step", 1);
+// t[start:end:step] along dim, as a view of t; the arguments dim, start, end, step sit at
+// positions first, first + 1, ... (a missing or None start/end takes the whole dim, a negative
+// one counts from the end, as in Python).
+Tensor slice_view(const Call& call, const Tensor& t, size_t first) {
+  const int d = wrap(call, call.integer_or(first, "dim", 0), t.dim(), "dim");
+  const int64_t size = t.size(d);
+  const int64_t step = call.integer_or(first + 3, "step", 1);
   ASYNCTP_CHECK(step >= 1, "{}: slice step must be positive, got {}", call.where(), step);
   auto clamp = [&](int64_t v) {
     if (v < 0) v += size;
     return std::clamp<int64_t>(v, 0, size);
   };
-  const int64_t start = clamp(call.integer_or(2, "start", 0));
-  const int64_t end = std::max(start, clamp(call.integer_or(3, "end", size)));
+  const int64_t start = clamp(call.integer_or(first + 1, "start", 0));
+  const int64_t end = std::max(start, clamp(call.integer_or(first + 2, "end", size)));
   const int64_t len = (end - start + step - 1) / step;
-  Tensor v = x.t.narrow(d, start, len);
+  Tensor v = t.narrow(d, start, len);
   Dims strides = v.strides();
   strides[d] *= step;
-  return RtValue::of(x.view_as(
-      Tensor(len == 0 ? x.t.data() : v.data(), v.dtype(), v.shape(), strides, v.device())));
+  return Tensor(len == 0 ? t.data() : v.data(), v.dtype(), v.shape(), strides, v.device());
+}
+
+RtValue slice(Call& call) {
+  const HostTensor& x = call.tensor(0, "self");
+  return RtValue::of(x.view_as(slice_view(call, x.t, 1)));
 }
 
 // slice_scatter(self, src, dim, start, end, step): a copy of self whose slice [start:end:step]
@@ -89,27 +95,13 @@ RtValue slice(Call& call) {
 RtValue slice_scatter(Call& call) {
   const HostTensor& x = call.tensor(0, "self");
   const HostTensor& src = call.tensor(1, "src");
-  const int d = wrap(call, call.integer_or(2, "dim", 0), x.t.dim(), "dim");
-  const int64_t size = x.t.size(d);
-  const int64_t step = call.integer_or(5, "step", 1);
-  ASYNCTP_CHECK(step >= 1, "{}: slice step must be positive, got {}", call.where(), step);
-  auto clamp = [&](int64_t v) {
-    if (v < 0) v += size;
-    return std::clamp<int64_t>(v, 0, size);
-  };
-  const int64_t start = clamp(call.has(3, "start") ? call.integer(3, "start") : 0);
-  const int64_t end = std::max(start, clamp(call.has(4, "end") ? call.integer(4, "end") : size));
-  const int64_t len = (end - start + step - 1) / step;
   HostTensor out = call.alloc(x.t.shape(), x.t.dtype());
   copy_elements(out.t, x.t);
-  Tensor region = out.t.narrow(d, start, len);
-  Dims strides = region.strides();
-  strides[d] *= step;
-  region = Tensor(region.data(), region.dtype(), region.shape(), strides, region.device());
+  const Tensor region = slice_view(call, out.t, 2);
   ASYNCTP_CHECK(src.t.shape() == region.shape() && src.t.dtype() == x.t.dtype(),
-                "{}: src {} does not fit the slice {}[{}:{}:{}] of dim {}", call.where(),
-                src.t.describe(), x.t.describe(), start, end, step, d);
-  if (len > 0) copy_elements(region, src.t);
+                "{}: src {} does not fit the slice {} of {}", call.where(), src.t.describe(),
+                region.describe(), x.t.describe());
+  if (region.numel() > 0) copy_elements(region, src.t);
   return RtValue::of(out);
 }
 

@@ -7,22 +7,13 @@
 #include <gtest/gtest.h>
 
 #include "graph/executor.h"
+#include "graph/executor_testing.h"
 #include "graph/graph_builder.h"
 #include "graph/inputs.h"
 #include "support/multiprocess.h"
 
 namespace asynctp::testing {
 namespace {
-
-graph::HostTensor from_values(Dims shape, const std::vector<float>& v, DType dtype = DType::kF32) {
-  graph::HostTensor t = graph::host_empty(shape, dtype);
-  graph::store_f32(t.t, v);
-  return t;
-}
-
-std::vector<float> values(const graph::RtValue& v) {
-  return graph::load_f32(v.tensor.t);
-}
 
 std::string error_of(OpContext& ctx, const graph::Graph& g, const graph::Inputs& in,
                      graph::ExecOptions o = {}) {

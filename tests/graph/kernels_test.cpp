@@ -11,22 +11,13 @@
 
 #include "graph/compare.h"
 #include "graph/executor.h"
+#include "graph/executor_testing.h"
 #include "graph/graph_builder.h"
 #include "graph/inputs.h"
 #include "support/multiprocess.h"
 
 namespace asynctp::testing {
 namespace {
-
-graph::HostTensor tensor_of(Dims shape, const std::vector<float>& v, DType dtype = DType::kF32) {
-  graph::HostTensor t = graph::host_empty(shape, dtype);
-  graph::store_f32(t.t, v);
-  return t;
-}
-
-std::vector<float> values(const graph::RtValue& v) {
-  return graph::load_f32(v.tensor.t);
-}
 
 // Runs body on one rank: a child process, as every executor test, so values computed inside
 // stay inside and every check happens there.
@@ -75,16 +66,17 @@ TEST(Kernels, ComparisonsAreIeeeAndBroadcast) {
            : o == "gt" ? a > c
                        : a >= c;
   };
-  run_one(b.build(), {{x, tensor_of({2, 3}, xv)}, {y, tensor_of({3}, yv)}}, [&](const auto& out) {
-    for (size_t k = 0; k < 6; ++k) {
-      EXPECT_EQ(out[2 * k].tensor.t.dtype(), DType::kBool);
-      const auto tv = values(out[2 * k]), sv = values(out[2 * k + 1]);
-      for (size_t i = 0; i < 6; ++i) {
-        EXPECT_EQ(tv[i], ref(ops[k], xv[i], yv[i % 3]) ? 1.0f : 0.0f) << ops[k] << " " << i;
-        EXPECT_EQ(sv[i], ref(ops[k], xv[i], 0.5f) ? 1.0f : 0.0f) << ops[k] << " " << i;
-      }
-    }
-  });
+  run_one(b.build(), {{x, from_values({2, 3}, xv)}, {y, from_values({3}, yv)}},
+          [&](const auto& out) {
+            for (size_t k = 0; k < 6; ++k) {
+              EXPECT_EQ(out[2 * k].tensor.t.dtype(), DType::kBool);
+              const auto tv = values(out[2 * k]), sv = values(out[2 * k + 1]);
+              for (size_t i = 0; i < 6; ++i) {
+                EXPECT_EQ(tv[i], ref(ops[k], xv[i], yv[i % 3]) ? 1.0f : 0.0f) << ops[k] << " " << i;
+                EXPECT_EQ(sv[i], ref(ops[k], xv[i], 0.5f) ? 1.0f : 0.0f) << ops[k] << " " << i;
+              }
+            }
+          });
 }
 
 // A comparison casts its operands to their common dtype: a bf16 tensor against the number 0.1
@@ -93,7 +85,7 @@ TEST(Kernels, ComparisonRoundsTheScalarToTheCommonDtype) {
   GraphBuilder b(1);
   const auto x = b.input("x", {2}, "bfloat16");
   b.output({b.call("eq", "aten.eq.Scalar", {node(x), Value::real(0.1)}, {2}, "bool")});
-  run_one(b.build(), {{x, tensor_of({2}, {0.1f, 0.2f}, DType::kBF16)}}, [](const auto& out) {
+  run_one(b.build(), {{x, from_values({2}, {0.1f, 0.2f}, DType::kBF16)}}, [](const auto& out) {
     EXPECT_EQ(values(out[0]), (std::vector<float>{1, 0}));
   });
 }
@@ -113,7 +105,7 @@ TEST(Kernels, ReluBackwardThroughWhereAndThresholdBackward) {
   b.output({mask, w, tb});
   const std::vector<float> xv{-1, 0, 2, 0.5f}, gv{3, 4, 5, 6};
   run_one(b.build(),
-          {{x, tensor_of({2, 2}, xv, DType::kBF16)}, {g, tensor_of({2, 2}, gv, DType::kBF16)}},
+          {{x, from_values({2, 2}, xv, DType::kBF16)}, {g, from_values({2, 2}, gv, DType::kBF16)}},
           [&](const auto& out) {
             EXPECT_EQ(values(out[0]), (std::vector<float>{1, 1, 0, 0}));
             EXPECT_EQ(values(out[1]), (std::vector<float>{0, 0, 5, 6}));
@@ -144,7 +136,7 @@ TEST(Kernels, WhereOverloadsLogicalOpsAndTests) {
   b.output({w1, w2, w3, nan, inf, fin, land, lor, lxor, lnot, bnot, band});
   const float inf_v = std::numeric_limits<float>::infinity();
   run_one(b.build(),
-          {{c, tensor_of({2, 1}, {1, 0}, DType::kBool)}, {x, tensor_of({3}, {kNaN, inf_v, 0})}},
+          {{c, from_values({2, 1}, {1, 0}, DType::kBool)}, {x, from_values({3}, {kNaN, inf_v, 0})}},
           [&](const auto& out) {
             const auto v1 = values(out[0]), v2 = values(out[1]);
             EXPECT_EQ(v1[0], -1);
@@ -183,14 +175,18 @@ TEST(Kernels, TypePromotionFollowsResultType) {
       b.call("a", "aten.mul.Tensor", {node(f0), node(i)}, {2}, "float32"),  // 0-d float wins
       b.call("a", "aten.exp.default", {node(i)}, {2}, "float32"),
       b.call("a", "aten.neg.default", {node(i)}, {2}, "int64"),
+      b.call("a", "aten.sum.default", {node(m)}, {}, "int64"),  // a sum of bools counts them
+      // rsub(self, other, alpha) = other - alpha * self
+      b.call("a", "aten.rsub.Scalar", {node(bf), Value::integer(1), Value::real(2.0)}, {2},
+             "bfloat16"),
   };
   b.output(outs);
   run_one(b.build(),
-          {{bf, tensor_of({2}, {1.5f, -2}, DType::kBF16)},
-           {f0, tensor_of({}, {2})},
-           {i, tensor_of({2}, {3, -4}, DType::kI64)},
-           {m, tensor_of({2}, {1, 0}, DType::kBool)},
-           {h, tensor_of({2}, {0.5f, 1}, DType::kF16)}},
+          {{bf, from_values({2}, {1.5f, -2}, DType::kBF16)},
+           {f0, from_values({}, {2})},
+           {i, from_values({2}, {3, -4}, DType::kI64)},
+           {m, from_values({2}, {1, 0}, DType::kBool)},
+           {h, from_values({2}, {0.5f, 1}, DType::kF16)}},
           [&](const auto& out) {
             EXPECT_EQ(values(out[0]), (std::vector<float>{3, -4}));
             EXPECT_EQ(values(out[1]), (std::vector<float>{1.5f, -2}));
@@ -202,6 +198,8 @@ TEST(Kernels, TypePromotionFollowsResultType) {
             EXPECT_EQ(values(out[7]), (std::vector<float>{6, -8}));
             EXPECT_FLOAT_EQ(values(out[8])[0], std::exp(3.0f));
             EXPECT_EQ(values(out[9]), (std::vector<float>{-3, 4}));
+            EXPECT_EQ(values(out[10]), (std::vector<float>{1}));
+            EXPECT_EQ(values(out[11]), (std::vector<float>{-2, 5}));
           });
   GraphBuilder c(1);  // a recorded dtype that promotion disagrees with is an error
   const auto x = c.input("x", {2}, "int64");
@@ -241,7 +239,7 @@ TEST(Kernels, UnaryMathAndRemainders) {
       b.call("rem", "aten.remainder.Scalar", {node(x), Value::real(-1.0)}, {5}, "float32"));
   b.output(outs);
   const std::vector<float> xv{0.5f, 2.5f, 3.75f, 1.5f, 0.0f};
-  run_one(b.build(), {{x, tensor_of({5}, xv)}}, [&](const auto& out) {
+  run_one(b.build(), {{x, from_values({5}, xv)}}, [&](const auto& out) {
     for (size_t k = 0; k < std::size(ops); ++k) {
       for (size_t i = 0; i < xv.size(); ++i)
         EXPECT_FLOAT_EQ(values(out[k])[i], ops[k].second(xv[i])) << ops[k].first << " " << xv[i];
@@ -258,7 +256,7 @@ TEST(Kernels, UnaryMathAndRemainders) {
   c.output({c.call("big", "aten.mul.Scalar", {node(i), Value::integer(1 << 20)}, {1}, "int64")});
   const graph::Graph big = c.build();
   on_one_rank([&](OpContext& ctx) {
-    const std::string e = error_of(ctx, big, {{i, tensor_of({1}, {1000}, DType::kI64)}});
+    const std::string e = error_of(ctx, big, {{i, from_values({1}, {1000}, DType::kI64)}});
     EXPECT_NE(e.find("2^24"), std::string::npos) << e;
   });
 }
@@ -300,8 +298,8 @@ TEST(Kernels, ActivationBackwardMatchesFiniteDifferences) {
         std::vector<float> xs = xv;
         for (float& v : xs)
           v += shift;
-        return values(
-            graph::execute(ctx, graph, {{x, tensor_of({5}, xs)}, {g, tensor_of({5}, gv)}})[which]);
+        return values(graph::execute(
+            ctx, graph, {{x, from_values({5}, xs)}, {g, from_values({5}, gv)}})[which]);
       };
       const float h = 1e-3f;
       const auto grad = run(0, 1), plus = run(h, 0), minus = run(-h, 0);
@@ -341,7 +339,7 @@ TEST(Kernels, SliceScatterSequencesAndExactIntegers) {
   std::memcpy(seeds.t.data(), big, sizeof(big));
   run_one(
       b.build(),
-      {{x, tensor_of({2, 6}, xv)}, {src, tensor_of({2, 2}, {-1, -2, -3, -4})}, {seed, seeds}},
+      {{x, from_values({2, 6}, xv)}, {src, from_values({2, 2}, {-1, -2, -3, -4})}, {seed, seeds}},
       [&](const auto& out) {
         EXPECT_EQ(values(out[0]), (std::vector<float>{0, -1, 2, -2, 4, 5, 6, -3, 8, -4, 10, 11}));
         EXPECT_EQ(values(out[1]), (std::vector<float>{2, 5, 8}));
@@ -377,9 +375,9 @@ TEST(Kernels, IntegerAndBoolInputsAndExactComparison) {
     }
   }
   EXPECT_TRUE(saw_true && saw_false);
-  const graph::RtValue a = graph::RtValue::of(tensor_of({3}, {1, 0, 1}, DType::kBool));
-  const graph::RtValue same = graph::RtValue::of(tensor_of({3}, {1, 0, 1}, DType::kBool));
-  const graph::RtValue other = graph::RtValue::of(tensor_of({3}, {1, 1, 1}, DType::kBool));
+  const graph::RtValue a = graph::RtValue::of(from_values({3}, {1, 0, 1}, DType::kBool));
+  const graph::RtValue same = graph::RtValue::of(from_values({3}, {1, 0, 1}, DType::kBool));
+  const graph::RtValue other = graph::RtValue::of(from_values({3}, {1, 1, 1}, DType::kBool));
   EXPECT_TRUE(graph::compare_outputs({a}, {same})[0].ok);
   const auto diff = graph::compare_outputs({a}, {other})[0];
   EXPECT_FALSE(diff.ok);
@@ -455,7 +453,7 @@ TEST(Kernels, EveryAttentionVariantMatchesTheReference) {
       for (int64_t i = 0; i < kL * kE; ++i)
         rep[h * kL * kE + i] = src[(h / (kH / kHkv)) * kL * kE + i];
     }
-    repeated[name] = tensor_of({kB, kH, kL, kE}, rep);
+    repeated[name] = from_values({kB, kH, kL, kE}, rep);
   }
   on_one_rank([&](OpContext& ctx) {
     std::vector<std::vector<float>> want;
@@ -575,7 +573,7 @@ TEST(Kernels, EfficientAttentionBiasGradient) {
         std::vector<float> bv = b0;
         bv[i] += s == 0 ? 1e-2f : -1e-2f;
         graph::Inputs shifted = in;
-        shifted[bias] = tensor_of(bs, bv);
+        shifted[bias] = from_values(bs, bv);
         const auto ov = values(graph::execute(ctx, g, shifted)[0]);
         loss[s] = 0;
         for (size_t j = 0; j < ov.size(); ++j)

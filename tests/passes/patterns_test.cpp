@@ -81,6 +81,26 @@ TEST(Patterns, SequenceDimGatherSharedByThreeProjections) {
   expect_same_outputs(b.build(), res.g, 0.0);
 }
 
+// One sequence per rank: x [1, S/ws, H] is gathered on dim 0 into [ws, S/ws, H] and viewed as
+// [1, S, H], then as [S, H] for the GEMM (PyTorch's graph when the batch is 1). The chain of
+// reshapes reads the gathered tensor; the intermediate view, saved for the backward, reads A.
+TEST(Patterns, GatherReadThroughAChainOfReshapes) {
+  GraphBuilder b(kWs);
+  const auto x = b.input("x", {1, 2, 8}), w = b.input("w", {4, 8});
+  std::string ag;
+  const auto g = b.all_gather(x, 0, &ag);  // [4, 2, 8]
+  const auto seq = b.reshape(g, {1, 8, 8});
+  const auto flat = b.reshape(seq, {8, 8});
+  const auto y = b.reshape(b.mm(flat, b.permute2d(w)), {1, 8, 4});
+  b.output({y, flat});
+  const Result res = run(b.build());
+  EXPECT_EQ(outcome(res, ag), passes::Outcome::kFused) << detail(res, ag);
+  EXPECT_NE(detail(res, ag).find("returns A"), std::string::npos) << detail(res, ag);
+  EXPECT_EQ(count_target(res.g, kAgMm), 1);
+  EXPECT_EQ(count_target(res.g, kAllGather) + count_target(res.g, "aten.mm.default"), 0);
+  expect_same_outputs(b.build(), res.g, 0.0);
+}
+
 // Training backward: the gathered gradient feeds the input-gradient matmul (fused) and, through
 // a transpose, the weight-gradient matmul (reads the returned A); the input gradients of Q/K/V
 // are summed and reduce-scattered on the sequence dim: one fused op over the three products.
