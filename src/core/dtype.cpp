@@ -19,6 +19,12 @@ std::string_view dtype_name(DType dtype) {
       return "f8e4m3";
     case DType::kF8E5M2:
       return "f8e5m2";
+    case DType::kI64:
+      return "i64";
+    case DType::kU64:
+      return "u64";
+    case DType::kBool:
+      return "bool";
   }
   return "unknown";
 }
@@ -35,6 +41,12 @@ std::string_view torch_dtype_name(DType dtype) {
       return "float8_e4m3fn";
     case DType::kF8E5M2:
       return "float8_e5m2";
+    case DType::kI64:
+      return "int64";
+    case DType::kU64:
+      return "uint64";
+    case DType::kBool:
+      return "bool";
   }
   return "unknown";
 }

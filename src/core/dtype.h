@@ -115,7 +115,8 @@ struct StorageOf<DType::kF8E5M2> {
   using type = Float8E5M2;
 };
 
-// Calls fn(T{}) with T the storage type of dtype (a value of T, used only for its type).
+// Calls fn(T{}) with T the storage type of dtype (a value of T, used only for its type). Float
+// dtypes only: int64, uint64 and bool tensors are the graph executor's, which handles them itself.
 template <typename Fn>
 decltype(auto) dispatch_dtype(DType dtype, Fn&& fn) {
   switch (dtype) {
@@ -129,6 +130,13 @@ decltype(auto) dispatch_dtype(DType dtype, Fn&& fn) {
       return fn(Float8E4M3{});
     case DType::kF8E5M2:
       return fn(Float8E5M2{});
+    case DType::kI64:
+    case DType::kU64:
+    case DType::kBool:
+      ASYNCTP_FAIL(
+          "{} tensors are not supported here (only float dtypes: f32, bf16, f16, f8e4m3, "
+          "f8e5m2)",
+          dtype_name(dtype));
   }
   ASYNCTP_FAIL("unknown dtype {}", static_cast<int>(dtype));
 }

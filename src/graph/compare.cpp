@@ -1,6 +1,7 @@
 #include "graph/compare.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -17,6 +18,10 @@ double default_tolerance(DType dtype) {
     case DType::kF8E4M3:
     case DType::kF8E5M2:
       return 1.5e-1;
+    case DType::kI64:
+    case DType::kU64:
+    case DType::kBool:
+      return 0;  // exact
   }
   return 0;
 }
@@ -39,6 +44,18 @@ std::vector<OutputDiff> compare_outputs(const std::vector<RtValue>& got,
       if (a.shape() != b.shape() || a.dtype() != b.dtype()) {
         d.ok = false;
         d.note = fmt::format("{} vs {}", a.describe(), b.describe());
+      } else if (!is_floating_point(b.dtype())) {
+        // int64, uint64 and bool compare exactly: the error is the fraction of elements that
+        // differ.
+        const HostTensor ca = host_contiguous(got[i].tensor), cb = host_contiguous(ref[i].tensor);
+        const size_t size = element_size(b.dtype());
+        const auto* pa = static_cast<const uint8_t*>(ca.t.data());
+        const auto* pb = static_cast<const uint8_t*>(cb.t.data());
+        int64_t differ = 0;
+        for (int64_t k = 0; k < b.numel(); ++k)
+          differ += std::memcmp(pa + k * size, pb + k * size, size) != 0;
+        d.rel_error = b.numel() == 0 ? 0.0 : static_cast<double>(differ) / b.numel();
+        d.ok = d.rel_error <= d.tolerance;
       } else {
         const std::vector<float> va = load_f32(a), vb = load_f32(b);
         double num = 0, den = 0;

@@ -70,12 +70,12 @@ void check_meta(const Node& node, const RtValue& got) {
   }
 }
 
-// Throws for a node whose recorded result dtype the executor cannot hold (int64, bool, ...).
+// Throws for a node whose recorded result dtype the executor cannot hold (int32, uint8, ...).
 void check_supported_dtype(const Node& node) {
   if (node.val.is_tensor() && !dtype_from_torch(node.val.tensor.dtype)) {
     ASYNCTP_FAIL(
         "node {} ({}): dtype {} is not supported by the executor (float32, bfloat16, "
-        "float16, float8_e4m3fn, float8_e5m2)",
+        "float16, float8_e4m3fn, float8_e5m2, int64, uint64, bool)",
         node.name, node.target, node.val.tensor.dtype);
   }
 }

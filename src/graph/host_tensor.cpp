@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstring>
 #include <numeric>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -28,6 +31,51 @@ void for_each_offset(const Dims& shape, const Dims& strides, Fn&& fn) {
       index[d] = 0;
     }
     if (d < 0) return;
+  }
+}
+
+// f32 holds every integer up to 2^24 exactly.
+constexpr int64_t kExactIntLimit = int64_t{1} << 24;
+
+// Calls fn(T{}) with T the element type of dtype: the float storage types of core/dtype.h,
+// int64_t, uint64_t, or uint8_t for bool (one byte, 0 or 1, as PyTorch stores it).
+template <typename Fn>
+void dispatch_host(DType dtype, Fn&& fn) {
+  if (dtype == DType::kI64) return fn(int64_t{});
+  if (dtype == DType::kU64) return fn(uint64_t{});
+  if (dtype == DType::kBool) return fn(uint8_t{});
+  dispatch_dtype(dtype, fn);
+}
+
+template <typename T>
+float element_to_f32(T v) {
+  if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, uint64_t>) {
+    ASYNCTP_CHECK((std::is_unsigned_v<T> || static_cast<int64_t>(v) >= -kExactIntLimit) &&
+                      v <= static_cast<T>(kExactIntLimit),
+                  "integer value {} is beyond +-2^24, which the host kernels' f32 arithmetic "
+                  "holds exactly",
+                  v);
+    return static_cast<float>(v);
+  } else if constexpr (std::is_same_v<T, uint8_t>) {
+    return v != 0 ? 1.0f : 0.0f;
+  } else {
+    return to_float(v);
+  }
+}
+
+template <typename T>
+T element_from_f32(float v) {
+  if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, uint64_t>) {
+    ASYNCTP_CHECK(std::isfinite(v) && std::fabs(v) <= static_cast<float>(kExactIntLimit) &&
+                      (std::is_signed_v<T> || v > -1.0f),
+                  "{} does not convert to an exact {} in the host kernels (finite, within "
+                  "+-2^24)",
+                  v, std::is_signed_v<T> ? "int64" : "uint64");
+    return static_cast<T>(v);  // toward zero, as PyTorch's float -> integer casts
+  } else if constexpr (std::is_same_v<T, uint8_t>) {
+    return v != 0.0f ? 1 : 0;  // NaN != 0: true
+  } else {
+    return from_float<T>(v);
   }
 }
 
@@ -61,7 +109,7 @@ HostTensor host_empty(const Dims& shape, DType dtype, const std::optional<Dims>&
 HostTensor host_contiguous(const HostTensor& t) {
   if (t.t.is_contiguous()) return t;
   HostTensor out = host_empty(t.t.shape(), t.t.dtype());
-  store_f32(out.t, load_f32(t.t));
+  copy_elements(out.t, t.t);
   return out;
 }
 
@@ -73,10 +121,11 @@ std::vector<float> load_f32(const Tensor& t, const Dims& shape) {
   const Tensor v = expand_view(t, shape);
   std::vector<float> out;
   out.reserve(static_cast<size_t>(shape.product()));
-  dispatch_dtype(v.dtype(), [&](auto tag) {
+  dispatch_host(v.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* p = static_cast<const T*>(v.data());
-    for_each_offset(v.shape(), v.strides(), [&](int64_t off) { out.push_back(to_float(p[off])); });
+    for_each_offset(v.shape(), v.strides(),
+                    [&](int64_t off) { out.push_back(element_to_f32(p[off])); });
   });
   return out;
 }
@@ -85,11 +134,30 @@ void store_f32(const Tensor& t, const std::vector<float>& values) {
   ASYNCTP_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "store of {} values into {}",
                 values.size(), t.describe());
   size_t i = 0;
-  dispatch_dtype(t.dtype(), [&](auto tag) {
+  dispatch_host(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T* p = static_cast<T*>(t.data());
     for_each_offset(t.shape(), t.strides(),
-                    [&](int64_t off) { p[off] = from_float<T>(values[i++]); });
+                    [&](int64_t off) { p[off] = element_from_f32<T>(values[i++]); });
+  });
+}
+
+void copy_elements(const Tensor& dst, const Tensor& src) {
+  ASYNCTP_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype(),
+                "copy of {} into {}: shapes and dtypes must match", src.describe(), dst.describe());
+  std::vector<uint8_t> bytes;
+  const size_t size = element_size(src.dtype());
+  bytes.reserve(static_cast<size_t>(src.numel()) * size);
+  const auto* from = static_cast<const uint8_t*>(src.data());
+  for_each_offset(src.shape(), src.strides(), [&](int64_t off) {
+    bytes.insert(bytes.end(), from + off * static_cast<int64_t>(size),
+                 from + (off + 1) * static_cast<int64_t>(size));
+  });
+  auto* to = static_cast<uint8_t*>(dst.data());
+  size_t i = 0;
+  for_each_offset(dst.shape(), dst.strides(), [&](int64_t off) {
+    std::memcpy(to + off * static_cast<int64_t>(size), &bytes[i], size);
+    i += size;
   });
 }
 

@@ -1,5 +1,6 @@
 #include "graph/inputs.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -45,7 +46,11 @@ Inputs random_inputs(const Graph& graph, int rank, uint64_t seed) {
         seed * 0x2545F4914F6CDD1Dull ^ fnv1a(node.name) ^ (static_cast<uint64_t>(rank) << 48);
     std::vector<float> values(static_cast<size_t>(t.t.numel()));
     for (float& v : values) {
-      v = static_cast<float>(2.0 * uniform01(state) - 1.0);
+      const double u = uniform01(state);
+      // Integers (RNG seeds and offsets, positions) in [0, 1024); bool: true or false.
+      v = dtype == DType::kBool       ? (u < 0.5 ? 1.0f : 0.0f)
+          : !is_floating_point(dtype) ? std::floor(static_cast<float>(1024.0 * u))
+                                      : static_cast<float>(2.0 * u - 1.0);
     }
     store_f32(t.t, values);  // rounds to bf16/f16/float8 as the dtype requires
     inputs.emplace(node.name, t);
@@ -89,7 +94,7 @@ Inputs read_inputs(const Graph& graph, int rank, const std::string& dir) {
     HostTensor t = read_raw(path, meta->shape, dtype);
     // Lay it out as recorded (a transposed weight stays transposed).
     HostTensor laid = host_empty(meta->shape, dtype, meta->stride);
-    store_f32(laid.t, load_f32(t.t));
+    copy_elements(laid.t, t.t);
     inputs.emplace(node.name, laid);
   }
   return inputs;

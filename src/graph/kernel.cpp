@@ -27,6 +27,9 @@ std::optional<DType> dtype_from_torch(std::string_view name) {
   if (name == "float16") return DType::kF16;
   if (name == "float8_e4m3fn") return DType::kF8E4M3;
   if (name == "float8_e5m2") return DType::kF8E5M2;
+  if (name == "int64") return DType::kI64;
+  if (name == "uint64") return DType::kU64;
+  if (name == "bool") return DType::kBool;
   return std::nullopt;
 }
 
@@ -146,7 +149,7 @@ std::optional<DType> Call::dtype_or(size_t index, std::string_view key) const {
   auto d = dtype_from_torch(v.literal.s);
   ASYNCTP_CHECK(d.has_value(),
                 "{}: dtype {} is not supported (float32, bfloat16, float16, "
-                "float8_e4m3fn, float8_e5m2)",
+                "float8_e4m3fn, float8_e5m2, int64, uint64, bool)",
                 where(), v.literal.s);
   return d;
 }
@@ -172,6 +175,7 @@ const std::unordered_map<std::string, Kernel>& registry() {
   static const std::unordered_map<std::string, Kernel> table = [] {
     std::vector<std::pair<std::string, Kernel>> entries;
     register_pointwise_kernels(entries);
+    register_compare_kernels(entries);
     register_shape_kernels(entries);
     register_reduction_kernels(entries);
     register_attention_kernels(entries);

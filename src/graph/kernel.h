@@ -107,12 +107,14 @@ std::vector<std::string> kernel_targets();
 
 // Registration entry points (one per kernels_*.cpp file), called once by find_kernel.
 void register_pointwise_kernels(std::vector<std::pair<std::string, Kernel>>& table);
+void register_compare_kernels(std::vector<std::pair<std::string, Kernel>>& table);
 void register_shape_kernels(std::vector<std::pair<std::string, Kernel>>& table);
 void register_reduction_kernels(std::vector<std::pair<std::string, Kernel>>& table);
 void register_attention_kernels(std::vector<std::pair<std::string, Kernel>>& table);
 void register_device_kernels(std::vector<std::pair<std::string, Kernel>>& table);
 
-// PyTorch dtype name -> DType, or nullopt for a dtype the executor does not support (int64, ...).
+// PyTorch dtype name -> DType, or nullopt for a dtype the executor does not support (int32,
+// uint8, complex, ...).
 std::optional<DType> dtype_from_torch(std::string_view name);
 
 }  // namespace asynctp::graph

@@ -80,7 +80,10 @@ RtValue reduce(Call& call, Reduce kind, std::vector<int64_t> dims, bool keepdim,
     if (nan[i]) v = std::numeric_limits<double>::quiet_NaN();
     out[i] = static_cast<float>(v);
   }
-  HostTensor result = call.alloc(out_shape, dtype.value_or(x.t.dtype()));
+  // A sum of integers or bools is int64 in PyTorch; max and min keep the dtype.
+  const DType fallback =
+      kind == Reduce::kSum && !is_floating_point(x.t.dtype()) ? DType::kI64 : x.t.dtype();
+  HostTensor result = call.alloc(out_shape, dtype.value_or(fallback));
   store_f32(result.t, out);
   return RtValue::of(result);
 }

@@ -2,7 +2,7 @@
 // views sharing storage (as in PyTorch); view/reshape return a view when the strides allow it and
 // a contiguous copy otherwise (the executor may lay a tensor out differently from the eager run
 // whose strides were recorded, so a legal `view` there may need a copy here: the values are the
-// same either way); cat and repeat copy.
+// same either way); cat, repeat and slice_scatter copy.
 #include <algorithm>
 #include <array>
 
@@ -64,24 +64,45 @@ RtValue permute(Call& call, const HostTensor& x, const std::vector<int64_t>& ord
   return RtValue::of(x.view_as(x.t.permute(std::span<const int>(o))));
 }
 
-RtValue slice(Call& call) {
-  const HostTensor& x = call.tensor(0, "self");
-  const int d = wrap(call, call.integer_or(1, "dim", 0), x.t.dim(), "dim");
-  const int64_t size = x.t.size(d);
-  const int64_t step = call.integer_or(4, "step", 1);
+// t[start:end:step] along dim, as a view of t; the arguments dim, start, end, step sit at
+// positions first, first + 1, ... (a missing or None start/end takes the whole dim, a negative
+// one counts from the end, as in Python).
+Tensor slice_view(const Call& call, const Tensor& t, size_t first) {
+  const int d = wrap(call, call.integer_or(first, "dim", 0), t.dim(), "dim");
+  const int64_t size = t.size(d);
+  const int64_t step = call.integer_or(first + 3, "step", 1);
   ASYNCTP_CHECK(step >= 1, "{}: slice step must be positive, got {}", call.where(), step);
   auto clamp = [&](int64_t v) {
     if (v < 0) v += size;
     return std::clamp<int64_t>(v, 0, size);
   };
-  const int64_t start = clamp(call.integer_or(2, "start", 0));
-  const int64_t end = std::max(start, clamp(call.integer_or(3, "end", size)));
+  const int64_t start = clamp(call.integer_or(first + 1, "start", 0));
+  const int64_t end = std::max(start, clamp(call.integer_or(first + 2, "end", size)));
   const int64_t len = (end - start + step - 1) / step;
-  Tensor v = x.t.narrow(d, start, len);
+  Tensor v = t.narrow(d, start, len);
   Dims strides = v.strides();
   strides[d] *= step;
-  return RtValue::of(x.view_as(
-      Tensor(len == 0 ? x.t.data() : v.data(), v.dtype(), v.shape(), strides, v.device())));
+  return Tensor(len == 0 ? t.data() : v.data(), v.dtype(), v.shape(), strides, v.device());
+}
+
+RtValue slice(Call& call) {
+  const HostTensor& x = call.tensor(0, "self");
+  return RtValue::of(x.view_as(slice_view(call, x.t, 1)));
+}
+
+// slice_scatter(self, src, dim, start, end, step): a copy of self whose slice [start:end:step]
+// along dim holds src.
+RtValue slice_scatter(Call& call) {
+  const HostTensor& x = call.tensor(0, "self");
+  const HostTensor& src = call.tensor(1, "src");
+  HostTensor out = call.alloc(x.t.shape(), x.t.dtype());
+  copy_elements(out.t, x.t);
+  const Tensor region = slice_view(call, out.t, 2);
+  ASYNCTP_CHECK(src.t.shape() == region.shape() && src.t.dtype() == x.t.dtype(),
+                "{}: src {} does not fit the slice {} of {}", call.where(), src.t.describe(),
+                region.describe(), x.t.describe());
+  if (region.numel() > 0) copy_elements(region, src.t);
+  return RtValue::of(out);
 }
 
 RtValue split(Call& call, const HostTensor& x, std::vector<int64_t> sizes, int64_t dim) {
@@ -123,7 +144,7 @@ RtValue cat(Call& call) {
   HostTensor out = call.alloc(shape, xs[0].t.dtype());
   int64_t start = 0;
   for (const auto& x : xs) {
-    store_f32(out.t.narrow(d, start, x.t.size(d)), load_f32(x.t));
+    copy_elements(out.t.narrow(d, start, x.t.size(d)), x.t);
     start += x.t.size(d);
   }
   return RtValue::of(out);
@@ -231,6 +252,7 @@ void register_shape_kernels(Table& t) {
   });
   t.emplace_back("aten.alias.default", [](Call& c) { return RtValue::of(c.tensor(0, "self")); });
   t.emplace_back("aten.slice.Tensor", slice);
+  t.emplace_back("aten.slice_scatter.default", slice_scatter);
   t.emplace_back("aten.select.int", [](Call& c) {
     const HostTensor& x = c.tensor(0, "self");
     const int d = wrap(c, c.integer(1, "dim"), x.t.dim(), "dim");

@@ -21,6 +21,12 @@ __device__ __forceinline__ float load_f32(const void* base, DType dtype, int64_t
       return bits::f8e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
     case DType::kF8E5M2:
       return bits::f8e5m2_to_float(static_cast<const uint8_t*>(base)[i]);
+    case DType::kI64:
+      return static_cast<float>(static_cast<const int64_t*>(base)[i]);
+    case DType::kU64:
+      return static_cast<float>(static_cast<const uint64_t*>(base)[i]);
+    case DType::kBool:
+      return static_cast<const uint8_t*>(base)[i] != 0 ? 1.0f : 0.0f;
   }
   return 0.0f;
 }
@@ -41,6 +47,15 @@ __device__ __forceinline__ void store_f32(void* base, DType dtype, int64_t i, fl
       return;
     case DType::kF8E5M2:
       static_cast<uint8_t*>(base)[i] = bits::float_to_f8e5m2(v, false);
+      return;
+    case DType::kI64:  // as PyTorch's float -> int64 cast: toward zero
+      static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);
+      return;
+    case DType::kU64:
+      static_cast<uint64_t*>(base)[i] = static_cast<uint64_t>(v);
+      return;
+    case DType::kBool:
+      static_cast<uint8_t*>(base)[i] = v != 0.0f ? 1 : 0;
       return;
   }
 }

@@ -186,6 +186,9 @@ cudaError_t copy(const KTensor& dst, const KTensor& src, cudaStream_t stream) {
       case 2:
         raw_copy_kernel<uint16_t><<<grid, kThreads, 0, stream>>>(dst, src, n);
         break;
+      case 8:  // int64, uint64
+        raw_copy_kernel<uint64_t><<<grid, kThreads, 0, stream>>>(dst, src, n);
+        break;
       default:
         raw_copy_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(dst, src, n);
         break;

@@ -204,6 +204,10 @@ cudaError_t reduce(const KTensor& out, const void* const* inputs, int count,
       case DType::kF8E5M2:
         launch_vec<DType::kF8E5M2>(out.data, in, count, vectors, avg, wait, stream);
         break;
+      case DType::kI64:
+      case DType::kU64:
+      case DType::kBool:  // no op reduces them (asynctp/dtype.h)
+        return cudaErrorInvalidValue;
     }
   } else {
     reduce_generic_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(

@@ -8,6 +8,8 @@ void check_device(OpContext& ctx, const Tensor& t, const char* op, const char* n
   ASYNCTP_CHECK(t.defined(), "{}: {} is undefined", op, name);
   ASYNCTP_CHECK(t.device() == ctx.backend().device(), "{}: {} is on {} but the context runs on {}",
                 op, name, t.device().to_string(), ctx.backend().device().to_string());
+  ASYNCTP_CHECK(is_floating_point(t.dtype()), "{}: {} is {}; the collectives take float dtypes", op,
+                name, t.dtype());
 }
 
 // A contiguous version of t: t itself, or a copy in the given scratch.

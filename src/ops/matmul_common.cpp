@@ -131,6 +131,8 @@ void check_on_device(OpContext& ctx, const Tensor& t, const char* op, const std:
 }
 
 void check_gemm_dtype(const Tensor& t, const char* op, const std::string& name, bool scaled) {
+  ASYNCTP_CHECK(is_floating_point(t.dtype()), "{}: {} is {}; GEMM operands are float dtypes", op,
+                name, t.dtype());
   if (scaled) {
     ASYNCTP_CHECK(is_float8(t.dtype()), "{}: {} must be float8 (f8e4m3 or f8e5m2), got {}", op,
                   name, t.dtype());

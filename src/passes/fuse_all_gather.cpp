@@ -2,7 +2,9 @@
 //
 //   G = AG(A_shard, d) [.., ws*s@d, .., K]
 //   uses: mm(G2, B_i) with G2 = G (2-D) or reshape(G, [M, K]) (then out_i is viewed back as
-//         [M, N_i] for the mm's users, and a reshape of the mm to G's shape with N_i reads out_i)
+//         [M, N_i] for the mm's users, and a reshape of the mm to G's shape with N_i reads out_i).
+//         A chain of reshapes of G counts as one: with one sequence per rank ([1, s, h] shards),
+//         PyTorch gathers dim 1 as dim 0 and views [ws, s, h] as [1, ws*s, h], then as [ws*s, h].
 //   fused(A_shard, [B_i], d) -> (A, [out_i = G @ B_i  : G's shape with N_i])
 // Transposed form (enable_transpose): mm(X [M, K], permute(G [N, K])) = (G @ X^T)^T, so the fused
 // op gets B = X^T and the result is transposed back.
@@ -59,14 +61,37 @@ std::optional<GatherMatch> gathered_scale(const Graph& g, const Users& users, st
   return std::nullopt;
 }
 
+// reshape(reshape(G, s1), s2) reads G as reshape(G, s2) (the same values whatever the layouts);
+// the inner reshape goes when nothing else reads it. Returns whether the graph changed.
+bool fold_reshape_chains(Graph& g, const std::string& gathered) {
+  bool changed = false;
+  for (bool again = true; again;) {
+    again = false;
+    const Users users = g.users();
+    for (const auto& u : users_of(users, gathered)) {
+      if (!is_reshape(*g.find(u))) continue;
+      for (const auto& uu : users_of(users, u)) {
+        Node* outer = g.find_mutable(uu);
+        if (!is_reshape(*outer) || node_arg(*outer, 0) != u) continue;
+        outer->args[0] = Value::node(gathered);
+        again = changed = true;
+      }
+    }
+  }
+  if (changed) remove_dead_code(g);
+  return changed;
+}
+
 void fuse_one(Graph& g, const MicroPipelineOptions& options, FusionReport& report,
               const std::string& ag_name) {
-  const Users users = g.users();
-  const Node ag = *g.find(ag_name);
   std::string why;
   auto set = [&](Outcome o, std::string detail) {
     report.set(ag_name, "all_gather", o, std::move(detail));
   };
+  if (auto first = match_all_gather(g, g.users(), *g.find(ag_name), &why))
+    fold_reshape_chains(g, first->result);
+  const Users users = g.users();
+  const Node ag = *g.find(ag_name);
   const auto match = match_all_gather(g, users, ag, &why);
   if (!match) return set(Outcome::kUnmatched, why);
   if (tensor_meta(g, match->shard) == nullptr || tensor_meta(g, match->result) == nullptr) {

@@ -123,9 +123,9 @@ void fuse_one(Graph& g, const MicroPipelineOptions& options, FusionReport& repor
       return blocked(fmt::format("the reduce-scatter's input {} has other users", match->input));
   }
   const int rank = p->shape.size();
-  if (match->scatter_dim == rank - 1 && !options.enable_last_dim) {
+  if (match->scatter_dim == rank - 1 && !options.enable_last_dim_scatter) {
     return blocked(
-        "it scatters the last (output) dim of the matmul; enable with --enable-last-dim");
+        "it scatters the last (output) dim of the matmul, which --no-last-dim-scatter turned off");
   }
   if (match->group_size != g.world_size) {
     return blocked(

@@ -20,6 +20,7 @@ struct PassesOptions {
   bool no_fuse = false;
   std::vector<double> bucket_mb;
   bool enable_last_dim = false;
+  bool no_last_dim_scatter = false;
   bool enable_transpose = false;
 };
 
@@ -29,6 +30,7 @@ int run_passes_command(const PassesOptions& o) {
   options.fuse = !o.no_fuse;
   options.strict = o.strict;
   options.tp.enable_last_dim = o.enable_last_dim;
+  options.tp.enable_last_dim_scatter = !o.no_last_dim_scatter;
   options.tp.enable_transpose = o.enable_transpose;
   options.bucket.cap_mb = o.bucket_mb;
   const passes::FusionReport report = passes::run_passes(g, options);
@@ -65,7 +67,10 @@ Command add_passes_command(CLI::App& app) {
                   "bucket; several values give the caps of buckets 0, 1, ... (the last repeats)")
       ->expected(1, -1);
   cmd->add_flag("--enable-last-dim", o->enable_last_dim,
-                "also fuse gathers on the contraction dim and scatters on the output dim");
+                "also fuse gathers on the contraction (last) dim (each rank's product becomes a "
+                "partial sum)");
+  cmd->add_flag("--no-last-dim-scatter", o->no_last_dim_scatter,
+                "leave reduce-scatters on the output (last) dim unfused (fused by default)");
   cmd->add_flag("--enable-transpose", o->enable_transpose,
                 "also fuse mm(A, all_gather(B).t()) through the transposed product");
   cmd->footer("Example: asynctp passes block.pre.json -o block.fused.json --report");

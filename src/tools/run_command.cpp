@@ -37,6 +37,7 @@ struct RunOptions {
   double tolerance = -1;
   std::vector<double> bucket_mb;
   bool enable_last_dim = false;
+  bool no_last_dim_scatter = false;
   bool enable_transpose = false;
   bool no_fuse = false;
   bool json = false;
@@ -67,6 +68,7 @@ int launch_ranks(const RunOptions& o, int nproc) {
   for (double mb : o.bucket_mb)
     add("--bucket-mb", fmt::format("{}", mb));
   if (o.enable_last_dim) l.command.push_back("--enable-last-dim");
+  if (o.no_last_dim_scatter) l.command.push_back("--no-last-dim-scatter");
   if (o.enable_transpose) l.command.push_back("--enable-transpose");
   if (o.no_fuse) l.command.push_back("--no-fuse");
   if (o.json) l.command.push_back("--json");
@@ -96,6 +98,7 @@ int run_as_rank(const RunOptions& o) {
     graph::Graph transformed = g;
     passes::PassOptions options;
     options.tp.enable_last_dim = o.enable_last_dim;
+    options.tp.enable_last_dim_scatter = !o.no_last_dim_scatter;
     options.tp.enable_transpose = o.enable_transpose;
     options.fuse = !o.no_fuse;
     options.bucket.cap_mb = o.bucket_mb;
@@ -198,8 +201,9 @@ Command add_run_command(CLI::App& app) {
                   "`asynctp passes`)")
       ->expected(1, -1);
   cmd->add_flag("--enable-last-dim", o->enable_last_dim,
-                "passes of --check: fuse contraction-dim "
-                "gathers and output-dim scatters");
+                "passes of --check: fuse contraction-dim gathers");
+  cmd->add_flag("--no-last-dim-scatter", o->no_last_dim_scatter,
+                "passes of --check: leave output-dim scatters unfused");
   cmd->add_flag("--enable-transpose", o->enable_transpose,
                 "passes of --check: fuse the transposed "
                 "right-hand operand");

@@ -7,22 +7,13 @@
 #include <gtest/gtest.h>
 
 #include "graph/executor.h"
+#include "graph/executor_testing.h"
 #include "graph/graph_builder.h"
 #include "graph/inputs.h"
 #include "support/multiprocess.h"
 
 namespace asynctp::testing {
 namespace {
-
-graph::HostTensor from_values(Dims shape, const std::vector<float>& v, DType dtype = DType::kF32) {
-  graph::HostTensor t = graph::host_empty(shape, dtype);
-  graph::store_f32(t.t, v);
-  return t;
-}
-
-std::vector<float> values(const graph::RtValue& v) {
-  return graph::load_f32(v.tensor.t);
-}
 
 std::string error_of(OpContext& ctx, const graph::Graph& g, const graph::Inputs& in,
                      graph::ExecOptions o = {}) {
@@ -184,10 +175,10 @@ TEST(Executor, ErrorsNameTheNodeAndTarget) {
                 std::string::npos);
       GraphBuilder c(2);
       const auto y = c.input("y", {2, 3});
-      c.output({c.call("idx", "aten.neg.default", {node(y)}, {2, 3}, "int64")});
+      c.output({c.call("idx", "aten.neg.default", {node(y)}, {2, 3}, "int32")});
       const graph::Graph h = c.build();
       EXPECT_NE(error_of(ctx, h, graph::random_inputs(h, ctx.rank(), 0))
-                    .find("node idx (aten.neg.default): dtype int64"),
+                    .find("node idx (aten.neg.default): dtype int32"),
                 std::string::npos);
     }
     {  // collectives on another group, or of another size

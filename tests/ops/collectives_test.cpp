@@ -127,6 +127,9 @@ TEST(CollectivesArgumentsTest, NameTheBadArgument) {
                 HasSubstr("reduce_scatter: output must be f32[1, 3] for input f32[2, 3]"));
     EXPECT_THAT(error_of([&] { all_reduce(ctx, Tensor(), ReduceOp::kSum); }),
                 HasSubstr("all_reduce: tensor is undefined"));
+    OwnedTensor mask = empty_host({2, 3}, DType::kBool);
+    EXPECT_THAT(error_of([&] { all_reduce(ctx, mask, ReduceOp::kSum); }),
+                HasSubstr("all_reduce: tensor is bool; the collectives take float dtypes"));
   });
   EXPECT_RANKS_OK(statuses);
 }

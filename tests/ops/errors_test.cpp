@@ -43,6 +43,8 @@ TEST(AllGatherMatmulErrorsTest, NameTheArgumentAndValue) {
                 HasSubstr(op + "gather_dim -3 is out of range for A_shard of rank 2"));
     EXPECT_THAT(call(empty_host({2, 3}, DType::kF8E4M3), {b}, {out}),
                 HasSubstr(op + "A_shard is f8e4m3; float8 operands need the scaled form"));
+    EXPECT_THAT(call(empty_host({2, 3}, DType::kI64), {b}, {out}),
+                HasSubstr(op + "A_shard is i64; GEMM operands are float dtypes"));
     EXPECT_THAT(call(a, {}, {}), HasSubstr(op + "Bs must hold at least one matrix"));
     EXPECT_THAT(call(a, {b, b}, {out}), HasSubstr(op + "got 2 Bs but 1 outs"));
     EXPECT_THAT(call(a, {b, f32({1, 3, 4})}, {out, out}),

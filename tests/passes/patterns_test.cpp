@@ -81,6 +81,26 @@ TEST(Patterns, SequenceDimGatherSharedByThreeProjections) {
   expect_same_outputs(b.build(), res.g, 0.0);
 }
 
+// One sequence per rank: x [1, S/ws, H] is gathered on dim 0 into [ws, S/ws, H] and viewed as
+// [1, S, H], then as [S, H] for the GEMM (PyTorch's graph when the batch is 1). The chain of
+// reshapes reads the gathered tensor; the intermediate view, saved for the backward, reads A.
+TEST(Patterns, GatherReadThroughAChainOfReshapes) {
+  GraphBuilder b(kWs);
+  const auto x = b.input("x", {1, 2, 8}), w = b.input("w", {4, 8});
+  std::string ag;
+  const auto g = b.all_gather(x, 0, &ag);  // [4, 2, 8]
+  const auto seq = b.reshape(g, {1, 8, 8});
+  const auto flat = b.reshape(seq, {8, 8});
+  const auto y = b.reshape(b.mm(flat, b.permute2d(w)), {1, 8, 4});
+  b.output({y, flat});
+  const Result res = run(b.build());
+  EXPECT_EQ(outcome(res, ag), passes::Outcome::kFused) << detail(res, ag);
+  EXPECT_NE(detail(res, ag).find("returns A"), std::string::npos) << detail(res, ag);
+  EXPECT_EQ(count_target(res.g, kAgMm), 1);
+  EXPECT_EQ(count_target(res.g, kAllGather) + count_target(res.g, "aten.mm.default"), 0);
+  expect_same_outputs(b.build(), res.g, 0.0);
+}
+
 // Training backward: the gathered gradient feeds the input-gradient matmul (fused) and, through
 // a transpose, the weight-gradient matmul (reads the returned A); the input gradients of Q/K/V
 // are summed and reduce-scattered on the sequence dim: one fused op over the three products.
@@ -228,18 +248,24 @@ TEST(Patterns, TransposedRightHandOperand) {
   expect_same_outputs(b.build(), on.g, 0.0);
 }
 
-// Gather on the contraction (last) dim and scatter on the output (last) dim: only with
-// enable_last_dim.
+// Gather on the contraction (last) dim: only with enable_last_dim. Scatter on the output (last)
+// dim: by default, unless enable_last_dim_scatter is off.
 TEST(Patterns, LastDimGatherAndScatter) {
   GraphBuilder b(kWs);
   const auto x = b.input("x", {8, 2}), w = b.input("w", {8, 8}), w2 = b.input("w2", {8, 8});
   std::string ag, rs;
   const auto h = b.mm(b.all_gather(x, 1, &ag), w);  // [8, 8] gathered on K
   b.output({b.reduce_scatter(b.mm(h, w2), 1, &rs)});
-  const Result off = run(b.build());
-  EXPECT_EQ(outcome(off, ag), passes::Outcome::kBlocked) << detail(off, ag);
-  EXPECT_EQ(outcome(off, rs), passes::Outcome::kBlocked) << detail(off, rs);
-  EXPECT_NE(detail(off, ag).find("--enable-last-dim"), std::string::npos);
+  const Result defaults = run(b.build());
+  EXPECT_EQ(outcome(defaults, ag), passes::Outcome::kBlocked) << detail(defaults, ag);
+  EXPECT_NE(detail(defaults, ag).find("--enable-last-dim"), std::string::npos);
+  EXPECT_EQ(outcome(defaults, rs), passes::Outcome::kFused) << detail(defaults, rs);
+  expect_same_outputs(b.build(), defaults.g, 1e-5);
+  passes::PassOptions off;
+  off.tp.enable_last_dim_scatter = false;
+  const Result no_scatter = run(b.build(), off);
+  EXPECT_EQ(outcome(no_scatter, rs), passes::Outcome::kBlocked) << detail(no_scatter, rs);
+  EXPECT_NE(detail(no_scatter, rs).find("--no-last-dim-scatter"), std::string::npos);
   passes::PassOptions options;
   options.tp.enable_last_dim = true;
   const Result on = run(b.build(), options);

@@ -82,6 +82,7 @@ passes::PassOptions random_options(uint64_t seed) {
   passes::PassOptions o;
   o.fuse = rng() % 5 != 0;
   o.tp.enable_last_dim = rng() % 2;
+  o.tp.enable_last_dim_scatter = rng() % 2;
   o.tp.enable_transpose = rng() % 2;
   if (rng() % 2)
     o.bucket.cap_mb = {static_cast<double>(1 + rng() % 3) * 256.0 / (1024 * 1024), 1.0};

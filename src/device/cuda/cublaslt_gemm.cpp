@@ -27,8 +27,12 @@ cudaDataType_t data_type(DType d) {
       return CUDA_R_8F_E4M3;
     case DType::kF8E5M2:
       return CUDA_R_8F_E5M2;
+    case DType::kI64:
+    case DType::kU64:
+    case DType::kBool:
+      break;
   }
-  return CUDA_R_32F;
+  ASYNCTP_FAIL("{} tensors are not supported here (only float dtypes)", d);
 }
 
 // One matrix operand in cuBLASLt's column-major terms.

@@ -23,8 +23,12 @@ ncclDataType_t nccl_type(DType d) {
       return ncclFloat8e4m3;
     case DType::kF8E5M2:
       return ncclFloat8e5m2;
+    case DType::kI64:
+    case DType::kU64:
+    case DType::kBool:
+      break;
   }
-  return ncclFloat32;
+  ASYNCTP_FAIL("{} tensors are not supported here (only float dtypes)", d);
 }
 
 cudaStream_t raw(Stream& s) {
