@@ -48,6 +48,8 @@ passes::PassOptions options_of(const char* text) {
   for (const auto& [name, value] : doc.items()) {
     if (name == "enable_last_dim") {
       options.tp.enable_last_dim = bool_option(value, name);
+    } else if (name == "no_last_dim_scatter") {
+      options.tp.enable_last_dim_scatter = !bool_option(value, name);
     } else if (name == "enable_transpose") {
       options.tp.enable_transpose = bool_option(value, name);
     } else if (name == "no_fuse") {
@@ -59,7 +61,7 @@ passes::PassOptions options_of(const char* text) {
     } else {
       invalid(
           "unknown option {} (the options of `asynctp passes`: enable_last_dim, "
-          "enable_transpose, bucket_mb, no_fuse, strict)",
+          "no_last_dim_scatter, enable_transpose, bucket_mb, no_fuse, strict)",
           name);
     }
   }
@@ -68,6 +70,7 @@ passes::PassOptions options_of(const char* text) {
 
 Json options_json(const passes::PassOptions& o) {
   return Json{{"enable_last_dim", o.tp.enable_last_dim},
+              {"no_last_dim_scatter", !o.tp.enable_last_dim_scatter},
               {"enable_transpose", o.tp.enable_transpose},
               {"bucket_mb", o.bucket.cap_mb},
               {"no_fuse", !o.fuse},

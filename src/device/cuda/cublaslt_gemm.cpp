@@ -229,6 +229,15 @@ struct LtGemm::Impl {
       ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
           p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
     }
+    if (scale_a != ScaleMode::kNone) {
+      // The call's own scales (reset on every call): tuning runs the candidates with them.
+      const void* a_scale_lt = args.b_scale.data();  // cuBLASLt's A is our B
+      const void* b_scale_lt = args.a_scale.data();
+      ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale_lt, sizeof(a_scale_lt)));
+      ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale_lt, sizeof(b_scale_lt)));
+    }
     p->a = make_layout(b_dt, la.rows, la.cols, la.ld, batch, la.batch_stride);
     p->b = make_layout(a_dt, lb.rows, lb.cols, lb.ld, batch, lb.batch_stride);
     p->d = make_layout(d_dt, n_cols, m_rows, ldd, batch, d_batch_stride);
@@ -364,34 +373,41 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, const void* ws_key, 
       ASYNCTP_CUDA_CHECK(kernels::copy(to_kernel(staged), to_kernel(b), stream));
       b = staged;
     }
-    if (rowwise || colwise) {
-      // Row-/column-wise scales: the unscaled product in f32, then one epilogue applies both
-      // scales in the CPU backend's order ((acc * a_scale[row]) * b_scale[col]).
-      ASYNCTP_CHECK(!rowwise || args.a_scale.stride(-2) == 1 || m == 1,
-                    "row-wise a_scale must be contiguous along the rows, got {}",
-                    args.a_scale.describe());
-      ASYNCTP_CHECK(!colwise || args.b_scale.stride(1) == 1 || n == 1,
-                    "column-wise b_scale must be contiguous, got {}", args.b_scale.describe());
-      float* acc = static_cast<float*>(impl_->scratch_for(
-          Impl::kProduct, static_cast<size_t>(m * n) * 4, ws_key, stream, capturing));
-      const Tensor sa =
-          batched(args.a_scale.numel() == 1 ? args.a_scale.view({1, 1, 1}) : args.a_scale);
-      for (int64_t bi = 0; bi < batch; ++bi) {
-        GemmArgs unscaled;
-        unscaled.a = a.narrow(0, bi, 1);
-        unscaled.b = b.size(0) == 1 ? b : b.narrow(0, bi, 1);
-        unscaled.d = Tensor(acc, DType::kF32, {1, m, n}, d.device());
-        unscaled.a_scale = Tensor(impl_->one, DType::kF32, {}, d.device());
-        unscaled.b_scale = unscaled.a_scale;
-        run(unscaled, stream, ws_key, capturing);
-        const float* row = static_cast<const float*>(sa.data()) + (rowwise ? bi * sa.stride(0) : 0);
-        void* d_i = static_cast<char*>(d.data()) + bi * d.stride(0) * d.element_size();
-        ASYNCTP_CUDA_CHECK(kernels::scale_epilogue(
-            d_i, d.dtype(), d.stride(1), acc, m, n, row, !rowwise,
-            static_cast<const float*>(args.b_scale.data()), !colwise, stream));
-      }
-      return;
+  }
+  // Row- and column-wise scales together, one product: cuBLASLt applies both in its epilogue
+  // (outer-vector scale mode), where it has an algorithm for them. Otherwise (one side
+  // tensor-wise, batches, or no algorithm) the unscaled product in f32, then one epilogue kernel
+  // applies both scales in the CPU backend's order ((acc * a_scale[row]) * b_scale[col]).
+  const bool outer_vec = rowwise && colwise && batch == 1 && args.a_scale.stride(-2) == 1 &&
+                         args.b_scale.stride(-1) == 1;
+  auto scale_after = [&] {
+    ASYNCTP_CHECK(!rowwise || args.a_scale.stride(-2) == 1 || m == 1,
+                  "row-wise a_scale must be contiguous along the rows, got {}",
+                  args.a_scale.describe());
+    ASYNCTP_CHECK(!colwise || args.b_scale.stride(1) == 1 || n == 1,
+                  "column-wise b_scale must be contiguous, got {}", args.b_scale.describe());
+    float* acc = static_cast<float*>(impl_->scratch_for(
+        Impl::kProduct, static_cast<size_t>(m * n) * 4, ws_key, stream, capturing));
+    const Tensor sa =
+        batched(args.a_scale.numel() == 1 ? args.a_scale.view({1, 1, 1}) : args.a_scale);
+    for (int64_t bi = 0; bi < batch; ++bi) {
+      GemmArgs unscaled;
+      unscaled.a = a.narrow(0, bi, 1);
+      unscaled.b = b.size(0) == 1 ? b : b.narrow(0, bi, 1);
+      unscaled.d = Tensor(acc, DType::kF32, {1, m, n}, d.device());
+      unscaled.a_scale = Tensor(impl_->one, DType::kF32, {}, d.device());
+      unscaled.b_scale = unscaled.a_scale;
+      run(unscaled, stream, ws_key, capturing);
+      const float* row = static_cast<const float*>(sa.data()) + (rowwise ? bi * sa.stride(0) : 0);
+      void* d_i = static_cast<char*>(d.data()) + bi * d.stride(0) * d.element_size();
+      ASYNCTP_CUDA_CHECK(kernels::scale_epilogue(
+          d_i, d.dtype(), d.stride(1), acc, m, n, row, !rowwise,
+          static_cast<const float*>(args.b_scale.data()), !colwise, stream));
     }
+  };
+  if (f8 && (rowwise || colwise) && !outer_vec) {
+    scale_after();
+    return;
   }
 
   const Operand la = as_lt_a(b);
@@ -401,7 +417,8 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, const void* ws_key, 
   }
   const int64_t ldd = std::max<int64_t>(d.stride(1), n);
   const int64_t d_batch_stride = batch > 1 ? d.stride(0) : 0;
-  const ScaleMode sa = f8 ? ScaleMode::kScalar : ScaleMode::kNone;
+  const ScaleMode sa =
+      !f8 ? ScaleMode::kNone : (outer_vec ? ScaleMode::kVector : ScaleMode::kScalar);
   Key key{};
   const int64_t fields[] = {static_cast<int64_t>(a.dtype()),
                             static_cast<int64_t>(b.dtype()),
@@ -432,6 +449,10 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, const void* ws_key, 
   Plan& p =
       impl_->plan(key, a.dtype(), b.dtype(), d.dtype(), la, lb, m, n, ldd, batch, d_batch_stride,
                   sa, sa, args, stream, ws_key, capturing, b.data(), a.data(), d.data(), &found);
+  if (!found && outer_vec) {
+    scale_after();
+    return;
+  }
   ASYNCTP_CHECK(found, "cuBLASLt has no algorithm for {} @ {} -> {} (m={}, n={}, k={}, batch={})",
                 args.a.describe(), args.b.describe(), args.d.describe(), m, n, k, batch);
   if (f8) {
