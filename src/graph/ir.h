@@ -89,6 +89,10 @@ struct Meta {
   friend bool operator==(const Meta&, const Meta&) = default;
 };
 
+// `text` as messages show names and keys from a document: at most its first 40 characters, then
+// its length ("abc... (100000 characters)").
+std::string clipped(std::string_view text);
+
 enum class OpKind : uint8_t { kPlaceholder, kCallFunction, kOutput };
 std::string_view op_kind_name(OpKind op);
 
