@@ -8,6 +8,13 @@
 
 namespace asynctp::graph {
 
+Value::Value() = default;
+Value::Value(const Value&) = default;
+Value::Value(Value&&) noexcept = default;
+Value& Value::operator=(const Value&) = default;
+Value& Value::operator=(Value&&) noexcept = default;
+Value::~Value() = default;
+
 Value Value::boolean(bool v) {
   Value out;
   out.kind = Kind::kBool;

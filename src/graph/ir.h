@@ -46,6 +46,15 @@ struct Value {
   std::vector<Value> list;
   std::vector<std::pair<std::string, Value>> dict;  // in document order
 
+  // Defined in ir.cpp, where Value is complete: the implicit ones would destroy `dict`'s pairs of
+  // a still incomplete Value inside this class, which clang with libstdc++ refuses.
+  Value();
+  Value(const Value&);
+  Value(Value&&) noexcept;
+  Value& operator=(const Value&);
+  Value& operator=(Value&&) noexcept;
+  ~Value();
+
   static Value none() { return {}; }
   static Value boolean(bool v);
   static Value integer(int64_t v);
