@@ -28,7 +28,7 @@ set(_asynctp_layers asynctp_core asynctp_runtime asynctp_device asynctp_symm asy
 if(TARGET asynctp_kernels)
   list(APPEND _asynctp_layers asynctp_kernels)
 endif()
-foreach(_layer graph passes)
+foreach(_layer graph_ir graph passes)
   if(TARGET asynctp_${_layer})
     list(APPEND _asynctp_layers asynctp_${_layer})
   endif()

@@ -1,8 +1,16 @@
-# asynctp_add_layer(NAME <layer> DEPS <targets...>): one static library per layer folder,
-# sources globbed from src/<layer>, include root src/.
+# asynctp_add_layer(NAME <layer> DEPS <targets...> [SOURCES <files...>] [EXCLUDE <files...>]):
+# one static library per layer folder, include root src/. Its sources: SOURCES, else those globbed
+# from src/<layer> less EXCLUDE (the files a smaller library of the same folder builds).
 function(asynctp_add_layer)
-  cmake_parse_arguments(L "" "NAME" "DEPS;EXTRA_SOURCES" ${ARGN})
-  file(GLOB _srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+  cmake_parse_arguments(L "" "NAME" "DEPS;EXTRA_SOURCES;SOURCES;EXCLUDE" ${ARGN})
+  if(L_SOURCES)
+    set(_srcs ${L_SOURCES})
+  else()
+    file(GLOB _srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp)
+    foreach(_excluded IN LISTS L_EXCLUDE)
+      list(REMOVE_ITEM _srcs ${CMAKE_CURRENT_SOURCE_DIR}/${_excluded})
+    endforeach()
+  endif()
   add_library(asynctp_${L_NAME} STATIC ${_srcs} ${L_EXTRA_SOURCES})
   target_include_directories(asynctp_${L_NAME} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>
                              $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>)

@@ -5,8 +5,10 @@
 # wheel's build backend (the wheel is built without build isolation, so that it reuses build/).
 # Whatever is already installed at a suitable version is left as it is.
 set -euo pipefail
+# clang-14 and its runtime libraries (libFuzzer, the sanitizers; only recommended by clang-14)
+# build the fuzz targets of tests/fuzz.
 packages=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev libbenchmark-dev
-          libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev)
+          libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -60,7 +60,9 @@ Parsed parse(const EnvVar& var, std::string_view text) {
     const std::string shown =
         text.size() <= 80 ? std::string(text)
                           : fmt::format("{}... ({} characters)", text.substr(0, 64), text.size());
-    p.error = fmt::format("{}='{}' is {}; allowed: {}", var.name, shown, what, var.allowed());
+    // A variable as the shell sets it, an option as it is typed.
+    p.error = fmt::format("{}{}'{}' is {}; allowed: {}", var.name,
+                          var.name.starts_with("-") ? " " : "=", shown, what, var.allowed());
   };
   const char* const begin = text.data();
   const char* const end = text.data() + text.size();
@@ -145,6 +147,20 @@ void check_kind(const EnvVar& var, EnvVar::Kind want, std::string_view accessor)
 }
 
 }  // namespace
+
+int64_t parse_integer(const EnvVar& spec, std::string_view text) {
+  check_kind(spec, EnvVar::Kind::kInteger, "integer");
+  Parsed p = parse(spec, text);
+  if (!p.error.empty()) ASYNCTP_FAIL("{}", p.error);
+  return p.integer;
+}
+
+double parse_number(const EnvVar& spec, std::string_view text) {
+  check_kind(spec, EnvVar::Kind::kNumber, "number");
+  Parsed p = parse(spec, text);
+  if (!p.error.empty()) ASYNCTP_FAIL("{}", p.error);
+  return p.number;
+}
 
 std::optional<std::string> EnvVar::raw() const {
   const char* v = std::getenv(std::string(name).c_str());
@@ -232,6 +248,16 @@ const EnvVar* find(std::string_view name) {
     if (var->name == name) return var;
   }
   return nullptr;
+}
+
+void check_all() {
+  std::string problems;
+  for (const EnvVar* var : kAll) {
+    if (var->scope != EnvVar::Scope::kLibrary) continue;
+    if (const std::optional<std::string> problem = var->problem())
+      problems += (problems.empty() ? "" : "\n") + *problem;
+  }
+  ASYNCTP_CHECK(problems.empty(), "{}", problems);
 }
 
 }  // namespace envvars

@@ -62,6 +62,13 @@ struct EnvVar {
   std::optional<std::string> problem() const;
 };
 
+// A command-line number read as a variable's value is read: the same syntax, range check and
+// message, naming spec.name, which for an option is its flag ("--timeout 'nan' is not a finite
+// number; allowed: ..."). The tools declare an EnvVar per numeric option (tools/options.h).
+// Throws Error; spec must be of the kind read.
+int64_t parse_integer(const EnvVar& spec, std::string_view text);
+double parse_number(const EnvVar& spec, std::string_view text);
+
 namespace envvars {
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -117,7 +124,7 @@ inline constexpr EnvVar kLogLevel{
     .name = "ASYNCTP_LOG_LEVEL",
     .kind = EnvVar::Kind::kChoice,
     .default_value = "warn",
-    .doc = "Log level on stderr; an invalid value logs at warn and says so.",
+    .doc = "Log level on stderr; any other value is an error.",
     .choices = kLogLevelChoices,
 };
 
@@ -256,6 +263,12 @@ inline constexpr const EnvVar* kAll[] = {
 
 // The registered variable of that name; nullptr when there is none.
 const EnvVar* find(std::string_view name);
+
+// Throws Error naming every variable of Scope::kLibrary set to an invalid value (one a line), so
+// that a bad value stops a program at start-up rather than at its first use, or, for the log
+// level, leaves no logger at a level nobody asked for. The `asynctp` command calls it before
+// each subcommand but `env` (which lists the problems), Group::create before a rendezvous.
+void check_all();
 
 }  // namespace envvars
 }  // namespace asynctp

@@ -1,6 +1,8 @@
 // Logging through spdlog. Every line carries the rank once a rank is known, so the lines of
 // several processes can be told apart. Level from ASYNCTP_LOG_LEVEL (trace, debug, info, warn,
-// error, critical, off, in any case; default warn; an invalid value logs at warn and says so).
+// error, critical, off, in any case; default warn). Any other value is an error where a program
+// starts (envvars::check_all); the logger itself, which must never throw, then logs at warn and
+// says why.
 #pragma once
 
 #include <spdlog/spdlog.h>

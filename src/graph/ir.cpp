@@ -8,6 +8,13 @@
 
 namespace asynctp::graph {
 
+Value::Value() = default;
+Value::Value(const Value&) = default;
+Value::Value(Value&&) noexcept = default;
+Value& Value::operator=(const Value&) = default;
+Value& Value::operator=(Value&&) noexcept = default;
+Value::~Value() = default;
+
 Value Value::boolean(bool v) {
   Value out;
   out.kind = Kind::kBool;
@@ -124,6 +131,12 @@ bool operator==(const Value& a, const Value& b) {
   }
 }
 
+std::string clipped(std::string_view text) {
+  constexpr size_t kShown = 40;
+  if (text.size() <= kShown) return std::string(text);
+  return fmt::format("{}... ({} characters)", text.substr(0, kShown), text.size());
+}
+
 std::string_view op_kind_name(OpKind op) {
   switch (op) {
     case OpKind::kPlaceholder:
@@ -223,8 +236,15 @@ size_t Graph::insert(size_t index, Node node) {
   ASYNCTP_CHECK(index <= nodes_.size(), "insert position {} past the end ({} nodes)", index,
                 nodes_.size());
   ASYNCTP_CHECK(find(node.name) == nullptr, "node name '{}' is already used", node.name);
-  nodes_.insert(nodes_.begin() + static_cast<std::ptrdiff_t>(index), std::move(node));
+  // Appending (what a reader does, node after node) keeps the index: the positions before it do
+  // not move. Inserting elsewhere shifts them, and find() rebuilds the index on its next call.
+  const bool keep_index = index_valid_ && index == nodes_.size();
   index_valid_ = false;
+  nodes_.insert(nodes_.begin() + static_cast<std::ptrdiff_t>(index), std::move(node));
+  if (keep_index) {
+    index_.emplace(nodes_.back().name, index);
+    index_valid_ = true;
+  }
   return index;
 }
 
@@ -263,31 +283,31 @@ void Graph::validate() const {
   std::unordered_set<std::string> defined;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const Node& n = nodes_[i];
-    ASYNCTP_CHECK(!n.name.empty(), "node {} (target '{}') has an empty name", i, n.target);
+    ASYNCTP_CHECK(!n.name.empty(), "node {} (target '{}') has an empty name", i, clipped(n.target));
     ASYNCTP_CHECK(!defined.count(n.name), "node name '{}' is used twice (second at position {})",
-                  n.name, i);
-    ASYNCTP_CHECK(!n.target.empty(), "node {}: empty target", n.name);
+                  clipped(n.name), i);
+    ASYNCTP_CHECK(!n.target.empty(), "node {}: empty target", clipped(n.name));
     if (n.op == OpKind::kPlaceholder) {
       ASYNCTP_CHECK(n.args.empty() && n.kwargs.empty(), "placeholder {} must take no arguments",
-                    n.name);
+                    clipped(n.name));
     }
     if (n.op == OpKind::kOutput) {
       ASYNCTP_CHECK(i + 1 == nodes_.size(),
                     "output node {} is at position {} but must be last "
                     "({} nodes)",
-                    n.name, i, nodes_.size());
+                    clipped(n.name), i, nodes_.size());
       ASYNCTP_CHECK(n.args.size() == 1,
                     "output node {} must have one argument (the list of "
                     "outputs), got {}",
-                    n.name, n.args.size());
+                    clipped(n.name), n.args.size());
     }
     for (const auto& in : n.inputs()) {
       if (defined.count(in)) continue;
-      ASYNCTP_CHECK(in != n.name, "node {} reads itself", n.name);
+      ASYNCTP_CHECK(in != n.name, "node {} reads itself", clipped(n.name));
       bool later = false;
       for (size_t j = i + 1; j < nodes_.size() && !later; ++j)
         later = nodes_[j].name == in;
-      ASYNCTP_FAIL("node {} reads '{}', which {}", n.name, in,
+      ASYNCTP_FAIL("node {} reads '{}', which {}", clipped(n.name), clipped(in),
                    later ? "is defined only after it (the nodes are not in topological order)"
                          : "is not a node of the graph (dangling reference)");
     }

@@ -46,6 +46,15 @@ struct Value {
   std::vector<Value> list;
   std::vector<std::pair<std::string, Value>> dict;  // in document order
 
+  // Defined in ir.cpp, where Value is complete: the implicit ones would destroy `dict`'s pairs of
+  // a still incomplete Value inside this class, which clang with libstdc++ refuses.
+  Value();
+  Value(const Value&);
+  Value(Value&&) noexcept;
+  Value& operator=(const Value&);
+  Value& operator=(Value&&) noexcept;
+  ~Value();
+
   static Value none() { return {}; }
   static Value boolean(bool v);
   static Value integer(int64_t v);
@@ -88,6 +97,10 @@ struct Meta {
   bool is_tensor() const { return kind == Kind::kTensor; }
   friend bool operator==(const Meta&, const Meta&) = default;
 };
+
+// `text` as messages show names and keys from a document: at most its first 40 characters, then
+// its length ("abc... (100000 characters)").
+std::string clipped(std::string_view text);
 
 enum class OpKind : uint8_t { kPlaceholder, kCallFunction, kOutput };
 std::string_view op_kind_name(OpKind op);

@@ -103,7 +103,17 @@ std::optional<Path> Dispatcher::disk_lookup(const std::string& key) {
   if (cache_path_.empty()) return std::nullopt;
   const nlohmann::json j = read_cache(cache_path_, cache_warned_);
   if (!j.contains("entries") || !j["entries"].contains(key)) return std::nullopt;
-  const std::string path = j["entries"][key].value("path", "");
+  // An entry is {"path": "split", "<path>_us": ...}: anything else was not written by this
+  // program, so it is reported rather than guessed at or silently measured over.
+  const nlohmann::json& entry = j["entries"][key];
+  ASYNCTP_CHECK(entry.is_object() && (!entry.contains("path") || entry["path"].is_string()),
+                "dispatch cache {}: entry '{}' must be an object whose \"path\" is a string, "
+                "got {}{}; remove the entry (or the file) to measure it again",
+                cache_path_, key, entry.type_name(),
+                entry.is_object()
+                    ? fmt::format(" with a \"path\" of type {}", entry["path"].type_name())
+                    : "");
+  const std::string path = entry.value("path", "");
   for (Path p : {Path::kNative, Path::kSplit, Path::kFallback})
     if (path == path_name(p)) return p;
   return std::nullopt;

@@ -92,6 +92,7 @@ std::shared_ptr<Group> Group::from_env(GroupOptions options) {
 }
 
 std::shared_ptr<Group> Group::create(const RendezvousInfo& info, GroupOptions options) {
+  envvars::check_all();
   const GroupInfo ginfo{info.rank, info.world_size, info.local_rank, info.local_world_size};
   check_info(ginfo);
   std::shared_ptr<Group> group(new Group(ginfo, std::move(options)));
@@ -112,6 +113,7 @@ std::shared_ptr<Group> Group::create(const RendezvousInfo& info, GroupOptions op
 
 std::shared_ptr<Group> Group::create(std::shared_ptr<Store> store, const GroupInfo& info,
                                      GroupOptions options) {
+  envvars::check_all();
   check_info(info);
   ASYNCTP_CHECK(store != nullptr, "rank {}: Group::create needs a store, got null", info.rank);
   std::shared_ptr<Group> group(new Group(info, std::move(options)));
@@ -146,13 +148,23 @@ Group::Group(const GroupInfo& info, GroupOptions options)
 
 void Group::exchange_identity(const std::string& rank0_run_id) {
   // Run id and node map: one round trip through the store.
+  // A timeout here means a rank never came (it crashed, or was never started): name it, not
+  // only the key its absence left unset.
+  const auto from_rank = [&](int r, const std::string& key) {
+    try {
+      return store_->get(key);
+    } catch (const TimeoutError& e) {
+      ASYNCTP_TIMEOUT("rank {}: rank {} of {} never joined the group ({} never came): {}",
+                      info_.rank, r, info_.world_size, key, e.what());
+    }
+  };
   if (info_.rank == 0) store_->set("asynctp/run_id", rank0_run_id);
-  run_id_ = store_->get("asynctp/run_id");
+  run_id_ = from_rank(0, "asynctp/run_id");
   const std::string host = options_.host_id.value_or(local_host_id());
   store_->set(fmt::format("asynctp/host/{}", info_.rank), host);
   std::vector<std::string> hosts;
   for (int r = 0; r < info_.world_size; ++r)
-    hosts.push_back(store_->get(fmt::format("asynctp/host/{}", r)));
+    hosts.push_back(from_rank(r, fmt::format("asynctp/host/{}", r)));
   set_node_map(hosts);
 }
 

@@ -27,11 +27,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
 #include "tools/bench.h"
 #include "tools/commands.h"
+#include "tools/options.h"
 #include "tools/session.h"
 #ifdef ASYNCTP_WITH_CUDA
 #include "device/cuda/cuda_graph.h"
@@ -541,30 +544,27 @@ Command add_bench_command(CLI::App& app) {
                   "a set of shapes: 'anchors' (the shapes of PyTorch's anchor measurements)");
   cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
-  cmd->add_option("--iters", o->iters, "timed runs (median reported)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", o->warmup, "untimed runs first")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--warmup-ms", o->warmup_ms,
-                  "on a GPU, keep warming up (whole rounds) until this many milliseconds have "
-                  "passed per shape")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--pace", o->pace,
-                  "on a GPU, idle this many times each timed run's duration after it: 1 keeps an "
-                  "H200 under its power cap, at the clocks of short bursts (as PyTorch's anchor "
-                  "script measures); 0 runs back to back (sustained load, power-capped clocks)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  add_integer_option(cmd, "--iters", options::kIters, &o->iters, "timed runs (median reported)")
+      ->default_str(fmt::format("{}", o->iters));
+  add_integer_option(cmd, "--warmup", options::kWarmup, &o->warmup, "untimed runs first")
+      ->default_str(fmt::format("{}", o->warmup));
+  add_number_option(cmd, "--warmup-ms", options::kWarmupMs, &o->warmup_ms,
+                    "on a GPU, keep warming up (whole rounds) until this many milliseconds have "
+                    "passed per shape")
+      ->default_str(fmt::format("{}", o->warmup_ms));
+  add_number_option(cmd, "--pace", options::kPace, &o->pace,
+                    "on a GPU, idle this many times each timed run's duration after it: 1 keeps an "
+                    "H200 under its power cap, at the clocks of short bursts (as PyTorch's anchor "
+                    "script measures); 0 runs back to back (sustained load, power-capped clocks)")
+      ->default_str(fmt::format("{}", o->pace));
   cmd->add_flag("--pace-sleep", o->pace_sleep,
                 "sleep through the pace instead of spinning (a core that idled enqueues the next "
                 "run more slowly, as the JSON's host_us shows)");
-  cmd->add_option("--native-pieces", o->native_pieces,
-                  "also time all_gather_matmul's native path with its shards pushed in pieces of "
-                  "at least this many bytes (ASYNCTP_PUSH_PIECE_BYTES for one column: "
-                  "native_pieces_path_ms in the JSON)");
+  add_integer_option(
+      cmd, "--native-pieces", options::kNativePieces, &o->native_pieces,
+      "also time all_gather_matmul's native path with its shards pushed in pieces of "
+      "at least this many bytes (ASYNCTP_PUSH_PIECE_BYTES for one column: "
+      "native_pieces_path_ms in the JSON)");
   cmd->add_option("--scaled", o->scaled,
                   "rowwise or tensorwise: time the float8 fused ops (f8e4m3 operands, f32 scales, "
                   "bf16 out) against the scaled GEMM alone and the unfused baseline instead");

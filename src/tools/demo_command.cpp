@@ -8,9 +8,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
 #include "tools/commands.h"
+#include "tools/options.h"
 #include "tools/session.h"
 
 namespace asynctp::tools {
@@ -161,25 +164,23 @@ Command add_demo_command(CLI::App& app) {
                                  "Run a sequence-parallel MLP forward unfused and fused, compare "
                                  "the results and time each op (run it under `asynctp launch`).");
   auto o = std::make_shared<DemoOptions>();
-  cmd->add_option("--tokens", o->tokens, "tokens T (divisible by the world size)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--hidden", o->hidden, "hidden size H")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--ffn", o->ffn, "FFN size F over all ranks (divisible by the world size)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  add_integer_option(cmd, "--tokens", options::kTokens, &o->tokens,
+                     "tokens T (divisible by the world size)")
+      ->default_str(fmt::format("{}", o->tokens));
+  add_integer_option(cmd, "--hidden", options::kHidden, &o->hidden, "hidden size H")
+      ->default_str(fmt::format("{}", o->hidden));
+  add_integer_option(cmd, "--ffn", options::kFfn, &o->ffn,
+                     "FFN size F over all ranks (divisible by the world size)")
+      ->default_str(fmt::format("{}", o->ffn));
   cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
-  cmd->add_option("--iters", o->iters, "timed runs per measurement (median reported)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", o->warmup, "untimed runs before timing")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--tolerance", o->tolerance,
-                  "largest relative error accepted (default: 1e-5 for f32, 1e-2 otherwise)");
+  add_integer_option(cmd, "--iters", options::kIters, &o->iters,
+                     "timed runs per measurement (median reported)")
+      ->default_str(fmt::format("{}", o->iters));
+  add_integer_option(cmd, "--warmup", options::kWarmup, &o->warmup, "untimed runs before timing")
+      ->default_str(fmt::format("{}", o->warmup));
+  add_number_option(cmd, "--tolerance", options::kTolerance, &o->tolerance,
+                    "largest relative error accepted (default: 1e-5 for f32, 1e-2 otherwise)");
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
   return {cmd, [o] { return run_demo(*o); }};
 }

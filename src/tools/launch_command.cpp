@@ -1,5 +1,8 @@
+#include <fmt/format.h>
+
 #include "runtime/launcher.h"
 #include "tools/commands.h"
+#include "tools/options.h"
 
 namespace asynctp::tools {
 
@@ -12,18 +15,18 @@ Command add_launch_command(CLI::App& app) {
   auto options = std::make_shared<LaunchOptions>();
   auto no_prefix = std::make_shared<bool>(false);
   auto timeout = std::make_shared<double>(0);
-  cmd->add_option("--nproc,-n", options->nproc, "number of ranks to start")
-      ->required()
-      ->check(CLI::Range(1, 4096));
-  cmd->add_option("--timeout", *timeout, "seconds after which every rank is stopped (exit 124)")
-      ->check(CLI::PositiveNumber);
+  add_integer_option(cmd, "--nproc,-n", options::kNproc, &options->nproc,
+                     "number of ranks to start")
+      ->required();
+  add_number_option(cmd, "--timeout", options::kTimeout, timeout.get(),
+                    "seconds after which every rank is stopped (exit 124)");
   cmd->add_option("--master-addr", options->master_addr, "address of rank 0's store")
       ->capture_default_str();
-  cmd->add_option("--master-port", options->master_port,
-                  "port of rank 0's store (default: a free one)");
-  cmd->add_option("--grace", options->grace_s,
-                  "seconds between SIGTERM and SIGKILL when stopping ranks")
-      ->capture_default_str();
+  add_integer_option(cmd, "--master-port", options::kMasterPort, &options->master_port,
+                     "port of rank 0's store (default, or 0: a free one)");
+  add_number_option(cmd, "--grace", options::kGrace, &options->grace_s,
+                    "seconds between SIGTERM and SIGKILL when stopping ranks")
+      ->default_str(fmt::format("{}", options->grace_s));
   cmd->add_flag("--no-prefix", *no_prefix, "do not prefix output lines with [rank R]");
   cmd->add_option("command", options->command, "the command to run, after --")->required();
   cmd->positionals_at_end();

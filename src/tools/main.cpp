@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "tools/commands.h"
 
@@ -23,7 +24,10 @@ int main(int argc, char** argv) {
   }
   try {
     for (const auto& command : commands) {
-      if (command.app->parsed()) return command.run();
+      if (!command.app->parsed()) continue;
+      // A bad ASYNCTP_* value stops every command at once (`env` lists them instead).
+      if (command.app->get_name() != "env") asynctp::envvars::check_all();
+      return command.run();
     }
   } catch (const asynctp::Error& e) {
     std::fprintf(stderr, "asynctp: error: %s\n", e.what());

@@ -3,9 +3,12 @@
 // every collective.
 #include <cstdio>
 
+#include <fmt/format.h>
+
 #include "graph/json_io.h"
 #include "passes/pipeline.h"
 #include "tools/commands.h"
+#include "tools/options.h"
 
 namespace asynctp::tools {
 
@@ -62,10 +65,10 @@ Command add_passes_command(CLI::App& app) {
   cmd->add_flag("--strict", o->strict,
                 "fail when a collective matched a fusion pattern but was not fused");
   cmd->add_flag("--no-fuse", o->no_fuse, "skip the fusion pass (bucketing only)");
-  cmd->add_option("--bucket-mb", o->bucket_mb,
-                  "bucket the remaining all-gathers and reduce-scatters up to this many MiB per "
-                  "bucket; several values give the caps of buckets 0, 1, ... (the last repeats)")
-      ->expected(1, -1);
+  add_numbers_option(cmd, "--bucket-mb", options::kBucketMb, &o->bucket_mb,
+                     "bucket the remaining all-gathers and reduce-scatters up to this many MiB per "
+                     "bucket (inf: one bucket); several values give the caps of buckets 0, 1, ... "
+                     "(the last repeats)");
   cmd->add_flag("--enable-last-dim", o->enable_last_dim,
                 "also fuse gathers on the contraction (last) dim (each rank's product becomes a "
                 "partial sum)");

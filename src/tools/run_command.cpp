@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
 #include "graph/compare.h"
 #include "graph/executor.h"
 #include "graph/inputs.h"
@@ -19,6 +21,7 @@
 #include "passes/pipeline.h"
 #include "runtime/launcher.h"
 #include "tools/commands.h"
+#include "tools/options.h"
 #include "tools/session.h"
 
 namespace asynctp::tools {
@@ -173,15 +176,15 @@ Command add_run_command(CLI::App& app) {
   cmd->add_option("graph", o->graph, "the graph (fx-graph-json)")
       ->required()
       ->check(CLI::ExistingFile);
-  cmd->add_option("--nproc,-n", o->nproc,
-                  "ranks to start (default: the graph's world_size); inside a "
-                  "job (RANK set) it runs as that rank")
-      ->check(CLI::Range(1, 4096));
+  add_integer_option(cmd, "--nproc,-n", options::kNproc, &o->nproc,
+                     "ranks to start (default: the graph's world_size); inside a "
+                     "job (RANK set) it runs as that rank");
   cmd->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
   cmd->add_flag("--check", o->check,
                 "run as given and after the passes on the same inputs; fail "
                 "unless the outputs agree within the dtype's tolerance");
-  cmd->add_option("--seed", o->seed, "seed of the random inputs")->capture_default_str();
+  add_integer_option(cmd, "--seed", options::kSeed, &o->seed, "seed of the random inputs")
+      ->default_str(fmt::format("{}", o->seed));
   cmd->add_option("--inputs", o->inputs,
                   "read inputs from DIR/<placeholder>[.rank<R>].bin (raw "
                   "little-endian, row-major, the placeholder's dtype and shape)")
@@ -193,13 +196,12 @@ Command add_run_command(CLI::App& app) {
                   "the collectives' group name that is the world "
                   "group")
       ->capture_default_str();
-  cmd->add_option("--tolerance", o->tolerance,
-                  "largest relative error accepted by --check (default: "
-                  "by dtype: f32 1e-4, f16 5e-3, bf16 3e-2, float8 0.15)");
-  cmd->add_option("--bucket-mb", o->bucket_mb,
-                  "bucket caps for the passes of --check (see "
-                  "`asynctp passes`)")
-      ->expected(1, -1);
+  add_number_option(cmd, "--tolerance", options::kTolerance, &o->tolerance,
+                    "largest relative error accepted by --check (default: "
+                    "by dtype: f32 1e-4, f16 5e-3, bf16 3e-2, float8 0.15)");
+  add_numbers_option(cmd, "--bucket-mb", options::kBucketMb, &o->bucket_mb,
+                     "bucket caps for the passes of --check (see "
+                     "`asynctp passes`)");
   cmd->add_flag("--enable-last-dim", o->enable_last_dim,
                 "passes of --check: fuse contraction-dim gathers");
   cmd->add_flag("--no-last-dim-scatter", o->no_last_dim_scatter,
@@ -209,7 +211,8 @@ Command add_run_command(CLI::App& app) {
                 "right-hand operand");
   cmd->add_flag("--no-fuse", o->no_fuse, "passes of --check: bucketing only");
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
-  cmd->add_option("--timeout", o->timeout_s, "seconds after which the ranks are stopped");
+  add_number_option(cmd, "--timeout", options::kTimeout, &o->timeout_s,
+                    "seconds after which the ranks are stopped");
   cmd->add_flag("--as-rank", o->as_rank,
                 "internal: run as one rank of a job started by `asynctp run`")
       ->group("");

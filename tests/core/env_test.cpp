@@ -310,6 +310,53 @@ TEST(EnvVarTest, AllowedInWords) {
   EXPECT_EQ(envvars::kStorePort.allowed(), "an integer from 0 to 65535");
 }
 
+// Command-line numbers go through the same parser: the message names the option as typed.
+TEST(EnvVarTest, OptionValuesAreParsedAsVariablesAre) {
+  constexpr EnvVar kOption{.name = "--limit",
+                           .kind = EnvVar::Kind::kNumber,
+                           .default_value = "",
+                           .doc = "test",
+                           .unit = "seconds",
+                           .min = 0,
+                           .max = 1e7,
+                           .min_exclusive = true};
+  EXPECT_EQ(parse_number(kOption, "2.5e3"), 2500.0);
+  for (const char* text : {"nan", "inf", "-inf", "1e16", "1e400", "0", "-1", "3s", ""}) {
+    EXPECT_THAT([&] { parse_number(kOption, text); },
+                ThrowsMessage<Error>(HasSubstr(
+                    fmt::format("--limit '{}' is ", text) +
+                    std::string(std::string_view(text) == "3s" || std::string_view(text).empty()
+                                    ? "not a number"
+                                    : ""))))
+        << text;
+  }
+  EXPECT_THAT([&] { parse_number(kOption, "1e400"); },
+              ThrowsMessage<Error>(HasSubstr(
+                  "--limit '1e400' is out of range; allowed: a number > 0 and <= 10000000, in "
+                  "seconds")));
+  EXPECT_EQ(parse_integer(kInt, "-2"), -2);
+  EXPECT_THAT([&] { parse_integer(kInt, "1001"); },
+              ThrowsMessage<Error>(HasSubstr("ASYNCTP_TEST_INT='1001' is out of range")));
+  EXPECT_THAT([&] { parse_integer(kNum, "1"); },
+              ThrowsMessage<Error>(HasSubstr("ASYNCTP_TEST_NUM cannot be read with")));
+}
+
+// check_all reports every invalid library variable at once, one a line; test-scope ones and
+// valid ones are not reported.
+TEST(EnvVarTest, CheckAllNamesEveryInvalidVariable) {
+  {
+    const ScopedSetEnv level("ASYNCTP_LOG_LEVEL", "DEBUG");
+    const ScopedSetEnv skip("ASYNCTP_SKIP_ASAN", "maybe");  // tests only
+    EXPECT_NO_THROW(envvars::check_all());
+  }
+  const ScopedSetEnv level("ASYNCTP_LOG_LEVEL", "verbose");
+  const ScopedSetEnv workspace("ASYNCTP_MAX_WORKSPACE_MB", "inf");
+  EXPECT_THAT([] { envvars::check_all(); },
+              ThrowsMessage<Error>(
+                  AllOf(HasSubstr("ASYNCTP_MAX_WORKSPACE_MB='inf' is not a finite number"),
+                        HasSubstr("\nASYNCTP_LOG_LEVEL='verbose' is not one of the choices"))));
+}
+
 // The logger reads its level once, at first use: each case runs in a fresh process.
 TEST(EnvVarDeathTest, LogLevelIsCaseInsensitiveAndABadOneKeepsWarn) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");

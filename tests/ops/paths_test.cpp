@@ -412,6 +412,39 @@ TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
   fs::remove(file);
 }
 
+// A cache entry this program did not write (not an object, or a "path" that is not a string) is
+// an error that names the file and the entry, not nlohmann's type_error escaping the op.
+TEST(DispatcherTest, MalformedCacheEntryIsANamedError) {
+  namespace fs = std::filesystem;
+  const fs::path file =
+      fs::temp_directory_path() / fmt::format("asynctp_dispatch_bad_{}.json", ::getpid());
+  for (const nlohmann::json& entry :
+       {nlohmann::json("native"), nlohmann::json(3), nlohmann::json{{"path", 2}}}) {
+    {
+      std::ofstream out(file);
+      out << nlohmann::json{{"version", Dispatcher::kCacheVersion},
+                            {"entries", {{"test|bad", entry}}}}
+                 .dump();
+    }
+    HarnessOptions options;
+    options.context.dispatch_cache = file.string();
+    auto statuses = run_ranks(
+        1,
+        [&](OpContext& ctx) {
+          EXPECT_THAT(
+              [&] { ctx.dispatcher().pick("test|bad", kOverlapped, [](Path) {}); },
+              ThrowsMessage<Error>(HasSubstr(fmt::format(
+                  "dispatch cache {}: entry 'test|bad' must be an object whose \"path\" is a "
+                  "string, got {}",
+                  file.string(), entry.type_name()))))
+              << entry.dump();
+        },
+        options);
+    EXPECT_RANKS_OK(statuses);
+  }
+  fs::remove(file);
+}
+
 // One candidate is no choice: taken without running anything or talking to the other ranks (a
 // rank whose only candidate is the fallback must not wait in an exchange the others skip).
 TEST(DispatcherTest, SingleCandidateIsTakenUnmeasured) {

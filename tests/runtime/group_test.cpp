@@ -414,6 +414,25 @@ TEST(GroupAcrossRanks, BarrierTimesOutNamingRankAndTag) {
   EXPECT_RANKS_OK(statuses);
 }
 
+// A rank that never comes to the rendezvous is named, not only the store key it left unset.
+TEST(GroupAcrossRanks, RendezvousTimeoutNamesTheRankThatNeverCame) {
+  auto options = fast_options();
+  options.group_timeout = Millis(1000);
+  auto statuses = testing::run_processes(
+      3,
+      [&](const RendezvousInfo& info) {
+        if (info.rank == 2) return;  // never joins
+        EXPECT_THAT([&] { Group::create(info, testing::rank_group_options(options, info.rank)); },
+                    ThrowsMessage<TimeoutError>(
+                        AllOf(HasSubstr(fmt::format("rank {}: rank 2 of 3 never joined the group "
+                                                    "(asynctp/host/2 never came)",
+                                                    info.rank)),
+                              HasSubstr("timed out after 1 s"))));
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+}
+
 TEST(GroupAcrossRanks, NextKeyIsTheSameOnEveryRank) {
   const auto options = fast_options();
   auto statuses = testing::run_processes(

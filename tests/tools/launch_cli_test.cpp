@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "run_command.h"
@@ -202,6 +203,110 @@ TEST(Cli, BadArgumentsFailNamingTheOption) {
   const Finished bad_timeout = asynctp({"launch", "--nproc", "1", "--timeout", "-1", "--", "true"});
   EXPECT_TRUE(bad_timeout.exited && bad_timeout.exit_code != 0) << bad_timeout.describe();
   EXPECT_THAT(bad_timeout.err, HasSubstr("timeout"));
+}
+
+// Numeric options are read by the ASYNCTP_* registry's parser: inf, NaN, overflow and values out
+// of range are errors that name the option and its bounds in words, before anything starts.
+TEST(Cli, NumericOptionsAreCheckedNamedAndBoundedInWords) {
+  const std::string graph =
+      std::string(ASYNCTP_SOURCE_DIR) + "/tests/passes/graphs/sp_mlp.fwd.pre.json";
+  const std::string out = ::testing::TempDir() + "/asynctp_cli_options.json";
+  const std::string timeout_range = "allowed: a number > 0 and <= 10000000, in seconds";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"launch", "-n", "1", "--timeout", "1e16", "--", "true"},
+       "--timeout '1e16' is out of range; " + timeout_range},
+      {{"launch", "-n", "1", "--timeout", "nan", "--", "true"},
+       "--timeout 'nan' is not a finite number; " + timeout_range},
+      {{"launch", "-n", "1", "--timeout", "inf", "--", "true"}, "--timeout 'inf' is not a finite"},
+      {{"launch", "-n", "1", "--timeout", "1e400", "--", "true"},
+       "--timeout '1e400' is out of range; " + timeout_range},
+      {{"launch", "-n", "1", "--master-port", "-5", "--", "true"},
+       "--master-port '-5' is out of range; allowed: an integer from 0 to 65535"},
+      {{"launch", "-n", "1", "--master-port", "70000", "--", "true"}, "--master-port '70000'"},
+      {{"launch", "-n", "99999999999999999999", "--", "true"},
+       "--nproc '99999999999999999999' is out of range; allowed: an integer from 1 to 4096"},
+      {{"launch", "-n", "1", "--grace", "-1", "--", "true"}, "--grace '-1' is out of range"},
+      {{"run", graph, "--tolerance", "nan"}, "--tolerance 'nan' is not a finite number"},
+      {{"run", graph, "--tolerance", "-0.5"},
+       "--tolerance '-0.5' is out of range; allowed: a number >= 0"},
+      {{"run", graph, "--seed", "-1"}, "--seed '-1' is out of range"},
+      {{"passes", graph, "-o", out, "--bucket-mb", "64", "0"},
+       "--bucket-mb '0' is out of range; allowed: a number > 0, or inf, in MiB"},
+      {{"demo", "--tokens", "0"}, "--tokens '0' is out of range"},
+      {{"bench", "ag-mm", "--iters", "1.5"}, "--iters '1.5' is not an integer"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Finished f = asynctp(args, Millis(30'000));
+    const std::string command = fmt::format("asynctp {}", fmt::join(args, " "));
+    EXPECT_TRUE(f.exited && f.exit_code != 0) << command << ": " << f.describe();
+    EXPECT_THAT(f.err, HasSubstr(message)) << command;
+    // Readable bounds: no number of hundreds of digits (CLI11's own range check prints 309).
+    EXPECT_FALSE(std::regex_search(f.err, std::regex("[0-9]{30}"))) << command << ": " << f.err;
+    EXPECT_LT(f.seconds, 10.0) << command << ": refused at once, before anything starts";
+  }
+  // Values in range still work, in any of the registry's spellings.
+  const Finished ok = asynctp({"launch", "-n", "1", "--timeout", "1E3", "--master-port", "0",
+                               "--grace", "0.5", "--", "true"});
+  EXPECT_TRUE(ok.exited && ok.exit_code == 0) << ok.describe();
+  const Finished buckets =
+      asynctp({"passes", graph, "-o", out, "--bucket-mb", "64", "inf", "--report"});
+  EXPECT_TRUE(buckets.exited && buckets.exit_code == 0) << buckets.describe();
+}
+
+// A graph nested 100,000 deep (200 KB; it overflowed the stack of `passes` and of every rank of
+// `run`) is a named error of each command and of each rank, never a signal.
+TEST(Cli, DeeplyNestedGraphIsANamedErrorNotASignal) {
+  const std::string file = ::testing::TempDir() + "/asynctp_cli_deep.json";
+  {
+    std::ofstream out(file);
+    out << R"({"format": "fx-graph-json", "version": 1, "world_size": 2, "nodes": [)"
+        << R"({"name": "x", "op": "placeholder", "target": "x", "val": {"shape": )"
+        << std::string(100000, '[') << std::string(100000, ']') << "}}]}";
+  }
+  const std::string message = "nested 100004 deep; at most 256 levels are read";
+  const Finished passes = asynctp({"passes", file, "-o", file + ".out"});
+  EXPECT_TRUE(passes.exited && passes.exit_code == 1) << passes.describe();
+  EXPECT_THAT(passes.err, HasSubstr(message));
+  const Finished run = asynctp({"run", file, "--nproc", "2"});
+  EXPECT_TRUE(run.exited && run.exit_code == 1) << run.describe();
+  EXPECT_THAT(run.err, AllOf(HasSubstr("[rank 0] asynctp: error: " + file), HasSubstr(message)));
+  std::filesystem::remove(file);
+}
+
+// An invalid ASYNCTP_* value stops every command at start-up, naming the variable (an unknown
+// log level among them, which must not leave the job logging at some other level); `asynctp env`
+// lists it instead. Log levels are read in any case.
+TEST(Cli, InvalidEnvironmentStopsEveryCommandAtStartUp) {
+  const std::string graph =
+      std::string(ASYNCTP_SOURCE_DIR) + "/tests/passes/graphs/sp_mlp.fwd.pre.json";
+  const std::string out = ::testing::TempDir() + "/asynctp_cli_env.json";
+  const auto with = [&](const std::string& name, const std::string& value,
+                        const std::vector<std::string>& args) {
+    std::map<std::string, std::string> env = test_env();
+    env[name] = value;
+    std::vector<std::string> argv{kBin};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_command(argv, env, Millis(60'000));
+  };
+  const std::vector<std::string> launch{"launch", "-n", "2", "--", "sh", "-c", "echo started"};
+  const std::vector<std::string> passes{"passes", graph, "-o", out};
+  for (const auto& args : {launch, passes}) {
+    const Finished bogus = with("ASYNCTP_LOG_LEVEL", "verbose", args);
+    EXPECT_TRUE(bogus.exited && bogus.exit_code == 1) << bogus.describe();
+    EXPECT_THAT(bogus.err, HasSubstr("ASYNCTP_LOG_LEVEL='verbose' is not one of the choices; "
+                                     "allowed: trace, debug, info, warn, error, critical or off"));
+    EXPECT_THAT(bogus.out, Not(HasSubstr("started")));
+    const Finished inf = with("ASYNCTP_MAX_WORKSPACE_MB", "inf", args);
+    EXPECT_TRUE(inf.exited && inf.exit_code == 1) << inf.describe();
+    EXPECT_THAT(inf.err, HasSubstr("ASYNCTP_MAX_WORKSPACE_MB='inf' is not a finite number"));
+    const Finished huge = with("ASYNCTP_MAX_WORKSPACE_MB", "17592186044416", args);  // 2^44
+    EXPECT_TRUE(huge.exited && huge.exit_code == 1) << huge.describe();
+    EXPECT_THAT(huge.err, HasSubstr("is out of range; allowed: a number from 0 to 17592186044415"));
+    const Finished upper = with("ASYNCTP_LOG_LEVEL", "DEBUG", args);
+    EXPECT_TRUE(upper.exited && upper.exit_code == 0) << upper.describe();
+  }
+  const Finished listed = with("ASYNCTP_LOG_LEVEL", "verbose", {"env"});
+  EXPECT_THAT(listed.out, HasSubstr("ASYNCTP_LOG_LEVEL='verbose' is not one of the choices"));
 }
 
 // ---------------------------------------------------------------------------------------------
