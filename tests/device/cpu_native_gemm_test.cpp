@@ -34,6 +34,16 @@ class CpuNativeGemmTest : public ::testing::Test {
   Buffer flags_;
 };
 
+// The native GEMM of a by b into d, in chunks of 128 rows.
+ChunkedGemmArgs chunked(const Tensor& a, const Tensor& b, const Tensor& d) {
+  ChunkedGemmArgs args;
+  args.a = a;
+  args.b = b;
+  args.d = d;
+  args.chunk_rows = 128;
+  return args;
+}
+
 // M = 384 in chunks of 128 from chunk 1, N = 600 (three n-tiles, the last partial) counted in
 // pieces of 256 columns, every ready flag up.
 TEST_F(CpuNativeGemmTest, MatchesTheReferenceAndCountsEveryPiece) {
@@ -46,11 +56,7 @@ TEST_F(CpuNativeGemmTest, MatchesTheReferenceAndCountsEveryPiece) {
   uint32_t* f = flags(16);
   for (int c = 0; c < 3; ++c)
     be_->write_flag(f + c, 1, stream());
-  ChunkedGemmArgs args;
-  args.a = a;
-  args.b = b;
-  args.d = d;
-  args.chunk_rows = 128;
+  ChunkedGemmArgs args = chunked(a, b, d);
   args.first_chunk = 1;
   args.ready = f;
   args.done = f + 4;
@@ -81,11 +87,7 @@ TEST_F(CpuNativeGemmTest, ReducesTheSumChunkAsTheContractSays) {
   OwnedTensor d = empty_host({256, 40}, DType::kBF16), out = empty_host({128, 40}, DType::kBF16);
   uint32_t* f = flags(4);
   be_->write_flag(f, 7, stream());  // part 0's landed flag, for op 7
-  ChunkedGemmArgs args;
-  args.a = a;
-  args.b = b;
-  args.d = d;
-  args.chunk_rows = 128;
+  ChunkedGemmArgs args = chunked(a, b, d);
   args.first_chunk = 0;
   args.sum_chunk = 1;
   args.sum_self = 1;
@@ -108,11 +110,7 @@ TEST_F(CpuNativeGemmTest, AReadyWaitTimesOutNamingTheChunk) {
   OwnedTensor a = empty_host({256, 8}, DType::kBF16), b = empty_host({8, 8}, DType::kBF16);
   OwnedTensor d = empty_host({256, 8}, DType::kBF16);
   uint32_t* f = flags(2);
-  ChunkedGemmArgs args;
-  args.a = a;
-  args.b = b;
-  args.d = d;
-  args.chunk_rows = 128;
+  ChunkedGemmArgs args = chunked(a, b, d);
   args.ready = f;
   args.rank = 3;
   args.timeout = Millis(30);

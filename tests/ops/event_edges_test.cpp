@@ -1,8 +1,10 @@
-// Every event wait of the fused ops is needed: with the CPU streams' jitter on (NOTE [cpu
-// streams]), dropping any one of them on one rank (cpu::testing::reset_event_waits) makes some
-// rank compute a wrong result or fail, but for the split paths' two closing waits, which cover
-// each other (see the test). A test of the emulation as much as of the ops: a dropped wait that
-// goes unnoticed is either redundant or guards a race the emulation does not show.
+// Every event wait of the fused ops, and every flag wait of their native paths, is needed: with
+// the CPU streams' jitter on (NOTE [cpu streams]), dropping any one of them on one rank
+// (cpu::testing::reset_event_waits, cpu::testing::reset_flag_waits) makes some rank compute a
+// wrong result or fail, but for the split paths' two closing event waits, which cover each other,
+// and the native all_gather_matmul's ready waits on the own chunk, which stream order covers (see
+// the tests). A test of the emulation as much as of the ops: a dropped wait that goes unnoticed
+// is either redundant or guards a race the emulation does not show.
 //
 // Each run writes the op's input on the op's stream (behind a garbage fill), runs the op, and
 // overwrites the input on that stream again at once (the caller may reuse it once the op is
@@ -11,8 +13,11 @@
 //
 // Rank 0 drops the wait (the others run the op as it is: a drop on every rank stalls all of them
 // alike, and the race it opens closes again), and the fault switch holds back the work it was
-// for. The jitter alone (0-200 us an item) showed few of the waits: a consumer reaches the data
-// late anyway, behind its own stream's other work.
+// for: an event wait's recorded work; a stream flag wait's counted tiles of the native GEMM. A
+// native GEMM's dropped wait reads what it guarded as the GEMM starts, and the other ranks start
+// each op kPeerDelay late, so that what it reads is still an earlier op's. The jitter alone (0-200
+// us an item) showed few of the waits: a consumer reaches the data late anyway, behind its own
+// stream's other work.
 #include <unistd.h>
 
 #include <cstdio>

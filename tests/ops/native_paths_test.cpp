@@ -55,15 +55,11 @@ void check_ag(OpContext& ctx, const NativeAgCase& c, uint64_t id,
     expected.push_back(
         empty_host(all_gather_matmul_out_shape(shards[0], bs[i], c.gather_dim, ws), c.out_dtype));
     reference_gemm(be, a_full, bs[i], expected.back());
-    outs_owned.push_back(empty_host(expected.back()->shape(), c.out_dtype));
-    fill_value(outs_owned.back(), kSentinel);
+    outs_owned.push_back(filled(expected.back()->shape(), c.out_dtype, kSentinel));
     outs.push_back(outs_owned.back());
   }
-  OwnedTensor a_out;
-  if (c.return_a) {
-    a_out = empty_host(a_full->shape(), c.dtype);
-    fill_value(a_out, kSentinel);
-  }
+  const OwnedTensor a_out =
+      c.return_a ? filled(a_full->shape(), c.dtype, kSentinel) : OwnedTensor();
   AllGatherMatmulOptions options;
   options.gather_dim = c.gather_dim;
   options.path = path;
