@@ -1,6 +1,8 @@
 #include "device/backend.h"
 
 #include "device/cpu_backend.h"
+#include "device/native_params.h"
+#include "kernels/native/schedule.h"
 #ifdef ASYNCTP_WITH_CUDA
 #include "device/cuda/cuda_backend.h"
 #endif
@@ -82,32 +84,22 @@ void validate_gemm(const GemmArgs& args) {
   }
 }
 
-std::string Backend::native_gemm_unsupported(const ChunkedGemmArgs&) {
-  return fmt::format("the {} backend has no native async-input GEMM", name());
-}
-
-void Backend::native_gemm(const ChunkedGemmArgs& args, Stream&) {
-  ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
-}
-
 std::vector<Backend::DoneCounter> Backend::native_gemm_done_order(const ChunkedGemmArgs& args) {
-  ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
+  kernels::NativeGemmParams k;
+  const std::string why = to_native_params(args, &k);
+  ASYNCTP_CHECK(why.empty(), "native_gemm_done_order: {}", why);
+  std::vector<DoneCounter> counters;
+  for (const int index : kernels::done_order(k))
+    counters.push_back({index, kernels::done_count(k, index)});
+  return counters;
 }
 
 Backend::OwnEdgeRows Backend::native_gemm_own_edge_rows(const ChunkedGemmArgs& args) {
-  ASYNCTP_FAIL("{}", native_gemm_unsupported(args));
-}
-
-void Backend::write_flag(uint32_t*, uint32_t, Stream&) {
-  ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
-}
-
-void Backend::wait_flag(const uint32_t*, uint32_t, Stream&) {
-  ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
-}
-
-void Backend::zero_flags(uint32_t*, size_t, Stream&) {
-  ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
+  kernels::NativeGemmParams k;
+  const std::string why = to_native_params(args, &k);
+  ASYNCTP_CHECK(why.empty(), "native_gemm_own_edge_rows: {}", why);
+  const kernels::NativeGemmOwnEdges edges = kernels::own_edge_rows(k);
+  return {edges.head, edges.tail};
 }
 
 void Backend::check_flag_wait(const FlagWait& wait) {
@@ -115,15 +107,6 @@ void Backend::check_flag_wait(const FlagWait& wait) {
                 "flag wait: {} flags at {}", wait.count, static_cast<const void*>(wait.flags));
   ASYNCTP_CHECK(wait.first >= 0 && wait.first <= wait.count,
                 "flag wait: first flag {} is out of range [0, {}]", wait.first, wait.count);
-}
-
-void Backend::reduce_when_flagged(const Tensor&, std::span<const Tensor>, ReduceOp, const FlagWait&,
-                                  Stream&) {
-  ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
-}
-
-void Backend::wait_flags(const FlagWait&, Stream&) {
-  ASYNCTP_FAIL("the {} backend has no stream-ordered flag operations", name());
 }
 
 std::unique_ptr<Backend> make_backend(std::string_view name, int local_rank, int device_index) {

@@ -145,17 +145,20 @@ class Backend {
   virtual void check_errors() {}
 
   // The native async-input GEMM (see ChunkedGemmArgs). native_gemm_unsupported says why this
-  // backend cannot run `args` ("" when it can); the others throw where it cannot.
-  virtual std::string native_gemm_unsupported(const ChunkedGemmArgs& args);
-  virtual void native_gemm(const ChunkedGemmArgs& args, Stream& stream);
+  // backend cannot run `args` ("" when it can); native_gemm throws where it cannot. CUDA: the
+  // kernel (Hopper); CPU: its emulation, which follows the same contract
+  // (device/cpu_native_gemm.h).
+  virtual std::string native_gemm_unsupported(const ChunkedGemmArgs& args) = 0;
+  virtual void native_gemm(const ChunkedGemmArgs& args, Stream& stream) = 0;
   // Every counter of done[] with the count it reaches once its rows are all stored, in the
   // kernel's walk order (of each, its last tile): the order to wait for them in (they may complete
   // a little out of it: only the waits' pace depends on it). One conversion of `args` for all.
+  // The contract's (kernels/native/schedule.h), the same on every backend.
   struct DoneCounter {
     int index;
     uint32_t count;
   };
-  virtual std::vector<DoneCounter> native_gemm_done_order(const ChunkedGemmArgs& args);
+  std::vector<DoneCounter> native_gemm_done_order(const ChunkedGemmArgs& args);
   // With own_a given: the rows of own_chunk that tiles still read from `a` (tiles that straddle
   // the chunk's edges, off the kernel's tile grid): its first `head` and last `tail` rows (both 0:
   // none). Those rows must be in `a` too and ready[own_chunk] (its pieces) raised.
@@ -163,16 +166,25 @@ class Backend {
     int64_t head = 0, tail = 0;
     bool any() const { return head + tail > 0; }
   };
-  virtual OwnEdgeRows native_gemm_own_edge_rows(const ChunkedGemmArgs& args);
+  OwnEdgeRows native_gemm_own_edge_rows(const ChunkedGemmArgs& args);
   // Stream-ordered operations on u32 flags in device memory (this device's, or a peer's mapped
   // into this process), carried out by the stream's front
   // end (no SM needed, so they progress beside a kernel that holds every SM): set *flag (after
   // all earlier work of the stream, whose writes it makes visible: that includes work another
   // stream did before an event this stream waited on, as the ops' flag streams do), and hold
-  // later work of the stream until *flag >= value. zero_flags sets count flags to 0.
-  virtual void write_flag(uint32_t* flag, uint32_t value, Stream& stream);
-  virtual void wait_flag(const uint32_t* flag, uint32_t value, Stream& stream);
-  virtual void zero_flags(uint32_t* flags, size_t count, Stream& stream);
+  // later work of the stream until *flag >= value (acquire). zero_flags sets count flags to 0.
+  // wait_flag's site names the wait in its timeout: bounded by site.timeout on the CPU backend
+  // (a TimeoutError naming rank, peer and channel); a CUDA stream memory wait has no bound.
+  struct FlagSite {
+    int rank = 0;      // the waiting rank
+    int peer = -1;     // whose data the flag stands for (for a done counter: the chunk's owner)
+    int channel = -1;  // which of that peer's flags (for a done counter: the piece)
+    std::chrono::milliseconds timeout{60'000};
+  };
+  virtual void write_flag(uint32_t* flag, uint32_t value, Stream& stream) = 0;
+  virtual void wait_flag(const uint32_t* flag, uint32_t value, const FlagSite& site,
+                         Stream& stream) = 0;
+  virtual void zero_flags(uint32_t* flags, size_t count, Stream& stream) = 0;
   // reduce(), once flags[i] is up for op `value` for every i in [first, count) but `skip`
   // (flag_raised: 0/1 flags with value 1, or op numbers counting up through 2^32)
   // (acquire: the inputs that peers copied in before raising their flag with write_flag are
@@ -194,11 +206,11 @@ class Backend {
     enum class Of { kPartial, kShard } of = Of::kPartial;
   };
   virtual void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
-                                   const FlagWait& wait, Stream& stream);
+                                   const FlagWait& wait, Stream& stream) = 0;
   // Holds later work of the stream until the flags are raised, as reduce_when_flagged waits
   // (bounded the same way). On CUDA one block of a kernel: it needs an SM, so enqueue it where no
   // kernel of another stream holds them all.
-  virtual void wait_flags(const FlagWait& wait, Stream& stream);
+  virtual void wait_flags(const FlagWait& wait, Stream& stream) = 0;
 
  protected:
   // reduce_when_flagged's flags: none, or `count` of them at a non-null address.

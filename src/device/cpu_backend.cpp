@@ -9,38 +9,23 @@
 #include "core/env.h"
 #include "device/cpu_futex.h"
 #include "device/cpu_loops.h"
+#include "device/cpu_native_gemm.h"
 #include "device/cpu_streams.h"
+#include "device/native_params.h"
+#include "kernels/native/schedule.h"
+#include "kernels/native/validate.h"
 
 namespace asynctp {
 
 namespace {
 
 using cpu::as_cpu;
+using cpu::load_row;
+using cpu::store_row;
 
 void check_host(const Tensor& t, const char* what) {
   ASYNCTP_CHECK(t.device().is_cpu(), "the cpu backend cannot touch {} on {}", what,
                 t.device().to_string());
-}
-
-// Loads n elements of a strided row as f32.
-void load_row(DType dtype, const void* base, int64_t offset, int64_t stride, int64_t n,
-              float* out) {
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    const T* p = static_cast<const T*>(base) + offset;
-    for (int64_t j = 0; j < n; ++j)
-      out[j] = to_float(p[j * stride]);
-  });
-}
-
-void store_row(DType dtype, void* base, int64_t offset, int64_t stride, int64_t n,
-               const float* in) {
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    T* p = static_cast<T*>(base) + offset;
-    for (int64_t j = 0; j < n; ++j)
-      p[j * stride] = from_float<T>(in[j]);
-  });
 }
 
 // Views a 2-D or 3-D GEMM operand as 3-D (batch 1 for 2-D; batch stride 0 when shared).
@@ -107,6 +92,77 @@ class CpuBackend final : public Backend {
       std::atomic_ref<uint32_t>(*flag).store(value, std::memory_order_release);
       cpu::futex_wake(flag);
     });
+  }
+
+  // A stream wait for *flag >= value (CUDA's GEQ: wrap-aware, (int32_t)(*flag - value) >= 0),
+  // bounded by site.timeout from when the worker reaches it. Dropped by the fault switch
+  // (cpu::testing::reset_flag_waits): enqueues nothing and holds back the latest native GEMM's
+  // tiles counted in the flag.
+  void wait_flag(const uint32_t* flag, uint32_t value, const FlagSite& site,
+                 Stream& stream) override {
+    ASYNCTP_CHECK(flag != nullptr, "wait_flag: no flag");
+    cpu::CpuStream& s = as_cpu(stream, "wait_flag");
+    if (cpu::testing::take_flag_waits(1) == 0) {
+      cpu::testing::name_dropped_flag_wait(
+          fmt::format("wait_flag for peer {} channel {}", site.peer, site.channel));
+      if (counted_.faults && flag >= counted_.done && flag < counted_.done + counted_.count)
+        counted_.faults->held.store(flag);
+      return;
+    }
+    s.enqueue("wait_flag", [flag, value, site] {
+      const Deadline deadline(site.timeout);
+      auto up = [value](uint32_t v) { return static_cast<int32_t>(v - value) >= 0; };
+      if (cpu::wait_word(flag, up, deadline)) return;
+      ASYNCTP_TIMEOUT(
+          "rank {}: waited {} for flag {} of peer {} on channel {} to reach {} (it holds {}: is "
+          "the GEMM or the peer that raises it alive and in the same op?)",
+          site.rank, deadline.describe(), static_cast<const void*>(flag), site.peer, site.channel,
+          value, std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(flag)).load());
+    });
+  }
+
+  void zero_flags(uint32_t* flags, size_t count, Stream& stream) override {
+    ASYNCTP_CHECK(count == 0 || flags != nullptr, "zero_flags: {} flags at null", count);
+    as_cpu(stream, "zero_flags").enqueue("zero_flags", [flags, count] {
+      for (size_t i = 0; i < count; ++i)
+        std::atomic_ref<uint32_t>(flags[i]).store(0, std::memory_order_release);
+    });
+  }
+
+  std::string native_gemm_unsupported(const ChunkedGemmArgs& args) override {
+    kernels::NativeGemmParams k;
+    if (std::string why = native_params(args, &k); !why.empty()) return why;
+    const char* why = kernels::native_gemm_unsupported(k);
+    return why == nullptr ? "" : std::string(why);
+  }
+
+  // The kernel's emulation (device/cpu_native_gemm.h), on the stream's worker.
+  void native_gemm(const ChunkedGemmArgs& args, Stream& stream) override {
+    kernels::NativeGemmParams k;
+    std::string why = native_params(args, &k);
+    if (why.empty()) {
+      const char* unsupported = kernels::native_gemm_unsupported(k);
+      if (unsupported != nullptr) why = unsupported;
+    }
+    ASYNCTP_CHECK(why.empty(), "native GEMM of a {} by b {} into d {}: {}", args.a.describe(),
+                  args.b.describe(), args.d.describe(), why);
+    cpu::CpuStream& s = as_cpu(stream, "native_gemm");
+    const std::vector<cpu::NativeWait> waits = cpu::native_gemm_waits(k);
+    const int64_t drop = cpu::testing::take_flag_waits(static_cast<int64_t>(waits.size()));
+    if (drop >= 0) {
+      const cpu::NativeWait& w = waits[static_cast<size_t>(drop)];
+      cpu::testing::name_dropped_flag_wait(fmt::format(
+          "native GEMM's {} wait for {} {} channel {}",
+          w.kind == cpu::NativeWait::Kind::kReady ? "ready" : "sum",
+          w.kind == cpu::NativeWait::Kind::kReady ? "chunk" : "peer", w.peer, w.channel));
+    }
+    auto faults = std::make_shared<cpu::NativeGemmFaults>();
+    faults->drop = drop;
+    s.enqueue("native_gemm", [k, faults] { cpu::run_native_gemm(k, faults.get()); });
+    if (k.done != nullptr) {
+      counted_ = {k.done, static_cast<size_t>(kernels::num_done_counters(kernels::resolved(k))),
+                  std::move(faults)};
+    }
   }
 
   void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
@@ -207,13 +263,7 @@ class CpuBackend final : public Backend {
         } else {
           std::fill(acc.begin(), acc.end(), 0.0f);
         }
-        // acc[j] accumulates a[i, kk] * b[kk, j] in increasing kk: the order every path uses.
-        for (int64_t kk = 0; kk < k; ++kk) {
-          const float av = a_row[kk];
-          const float* brow = b_panel.data() + kk * n;
-          for (int64_t j = 0; j < n; ++j)
-            acc[j] += av * brow[j];
-        }
+        cpu::accumulate_row(a_row.data(), k, b_panel.data(), n, n, acc.data());
         if (scaled) {
           float sa_i = sa_all;
           if (sa.defined())
@@ -280,23 +330,20 @@ class CpuBackend final : public Backend {
     const Deadline deadline(wait.timeout);
     for (int i = wait.first; i < wait.count; ++i) {
       if (i == wait.skip) continue;
-      std::atomic_ref<uint32_t> flag(*const_cast<uint32_t*>(wait.flags + i));
-      while (!flag_raised(flag.load(std::memory_order_acquire), wait.value)) {
-        if (deadline.expired()) {
-          if (wait.of == FlagWait::Of::kShard) {
-            ASYNCTP_TIMEOUT(
-                "rank {}: waited {} for the shard of peer {} on channel {} (is that peer alive "
-                "and in the same op?)",
-                wait.rank, deadline.describe(), i, wait.channel);
-          }
-          ASYNCTP_TIMEOUT(
-              "rank {}: the reduction waited {} for the partial of rank {} on channel {} (is "
-              "that peer alive and in the same op?)",
-              wait.rank, deadline.describe(), i, wait.channel);
-        }
-        cpu::futex_wait(const_cast<uint32_t*>(wait.flags + i), flag.load(),
-                        std::min(deadline.remaining_ms() + 1, 50));
+      if (cpu::wait_word(
+              wait.flags + i, [&](uint32_t v) { return flag_raised(v, wait.value); }, deadline)) {
+        continue;
       }
+      if (wait.of == FlagWait::Of::kShard) {
+        ASYNCTP_TIMEOUT(
+            "rank {}: waited {} for the shard of peer {} on channel {} (is that peer alive "
+            "and in the same op?)",
+            wait.rank, deadline.describe(), i, wait.channel);
+      }
+      ASYNCTP_TIMEOUT(
+          "rank {}: the reduction waited {} for the partial of rank {} on channel {} (is "
+          "that peer alive and in the same op?)",
+          wait.rank, deadline.describe(), i, wait.channel);
     }
   }
 
@@ -331,8 +378,22 @@ class CpuBackend final : public Backend {
     return v;
   }
 
+  // The contract's view of args, and every tensor on the host.
+  static std::string native_params(const ChunkedGemmArgs& args, kernels::NativeGemmParams* k) {
+    for (const Tensor* t : {&args.a, &args.b, &args.d, &args.own_a, &args.sum_parts, &args.sum_out})
+      if (t->defined() && !t->device().is_cpu()) return "an operand is not in host memory";
+    return to_native_params(args, k);
+  }
+
   cpu::StreamSet streams_;
   std::unique_ptr<cpu::CpuStream> compute_;
+  // The done counters of the latest native GEMM that counts any, and its faults: a dropped
+  // wait_flag on one of them holds back its tiles.
+  struct Counted {
+    const uint32_t* done = nullptr;
+    size_t count = 0;
+    std::shared_ptr<cpu::NativeGemmFaults> faults;
+  } counted_;
 };
 
 }  // namespace

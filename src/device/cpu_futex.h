@@ -7,9 +7,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <ctime>
+
+#include "core/deadline.h"
 
 namespace asynctp::cpu {
 
@@ -22,6 +26,21 @@ inline void futex_wait(uint32_t* addr, uint32_t expected, int timeout_ms) {
 
 inline void futex_wake(uint32_t* addr) {
   ::syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Waits until up(value) holds for *word (acquire loads), sleeping on the futex between changes (at
+// most 50 ms at a time: a writer in a process that wakes no one is still seen). False once
+// `deadline` has passed with up() still false.
+template <typename Up>
+bool wait_word(const uint32_t* word, Up up, const Deadline& deadline) {
+  auto* w = const_cast<uint32_t*>(word);
+  std::atomic_ref<uint32_t> flag(*w);
+  for (uint32_t v = flag.load(std::memory_order_acquire); !up(v);
+       v = flag.load(std::memory_order_acquire)) {
+    if (deadline.expired()) return false;
+    futex_wait(w, v, std::min(deadline.remaining_ms() + 1, 50));
+  }
+  return true;
 }
 
 }  // namespace asynctp::cpu

@@ -1,6 +1,8 @@
-// N-d iteration for the CPU kernels: walks every position of a shape, handing out the element
-// offset of each of several strided tensors. The innermost dim is left to the caller's loop so
-// that the common contiguous case runs as a tight inner loop.
+// The CPU kernels' loops: N-d iteration (every position of a shape, handing out the element
+// offset of each of several strided tensors; the innermost dim is left to the caller's loop so
+// that the common contiguous case runs as a tight inner loop), strided rows loaded as f32 and
+// stored rounded once, and the one GEMM row kernel that every CPU GEMM (the reference and the
+// native GEMM's emulation) accumulates with, so that they give the same f32 bits.
 #pragma once
 
 #include <array>
@@ -35,6 +37,41 @@ void for_each_row(const Dims& shape, const std::array<const Dims*, N>& strides, 
       index[d] = 0;
     }
     if (d < 0) return;
+  }
+}
+
+// Loads n elements of a strided row (from element `offset` of base, `stride` apart) as f32.
+inline void load_row(DType dtype, const void* base, int64_t offset, int64_t stride, int64_t n,
+                     float* out) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(base) + offset;
+    for (int64_t j = 0; j < n; ++j)
+      out[j] = to_float(p[j * stride]);
+  });
+}
+
+// Stores n f32 values into a strided row, each rounded once to the dtype.
+inline void store_row(DType dtype, void* base, int64_t offset, int64_t stride, int64_t n,
+                      const float* in) {
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = static_cast<T*>(base) + offset;
+    for (int64_t j = 0; j < n; ++j)
+      p[j * stride] = from_float<T>(in[j]);
+  });
+}
+
+// acc[j] += a_row[kk] * b[kk * ldb + j] for j < n, in increasing kk: the order every CPU GEMM
+// uses. Its callers are compiled without fused multiply-add contraction (device/CMakeLists.txt),
+// so that each product is rounded before it is added, the same on every path and rank.
+inline void accumulate_row(const float* a_row, int64_t k, const float* b, int64_t ldb, int64_t n,
+                           float* acc) {
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const float av = a_row[kk];
+    const float* brow = b + kk * ldb;
+    for (int64_t j = 0; j < n; ++j)
+      acc[j] += av * brow[j];
   }
 }
 

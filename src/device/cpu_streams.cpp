@@ -34,8 +34,6 @@ std::exception_ptr placed(const std::exception& e, const std::string& stream, co
 }
 
 std::atomic<int64_t> g_event_waits{0};
-// How long the fault switch holds back the work a dropped wait was for.
-constexpr std::chrono::milliseconds kStall{20};
 // Items enqueued and not yet completed on every stream of this process, and the streams
 // (testing::synchronize_all).
 std::atomic<int64_t> g_outstanding{0};
@@ -43,6 +41,11 @@ std::mutex g_all_mu;
 std::vector<std::weak_ptr<Worker>> g_all;
 std::atomic<int64_t> g_drop{-1};
 std::atomic<bool> g_dropped{false};
+std::atomic<int64_t> g_flag_waits{0};
+std::atomic<int64_t> g_flag_drop{-1};
+std::atomic<bool> g_flag_dropped{false};
+std::mutex g_flag_name_mu;
+std::string g_flag_name;  // guarded by g_flag_name_mu
 
 }  // namespace
 
@@ -171,7 +174,7 @@ class Worker {
                item.seq <= progress->skip_through;
         stall = item.seq == progress->stall_at;
       }
-      if (stall) std::this_thread::sleep_for(kStall);
+      if (stall) std::this_thread::sleep_for(kFaultStall);
       if (!skip) {
         if (item.jitter && jitter_) {
           // Half the items run at once (a sleep costs ~50 us more than it asks for: that halves
@@ -363,6 +366,39 @@ int64_t event_waits() {
 
 bool dropped_event_wait() {
   return g_dropped.load();
+}
+
+void reset_flag_waits(int64_t drop) {
+  name_dropped_flag_wait("");
+  g_flag_drop = drop;
+  g_flag_dropped = false;
+  g_flag_waits = 0;
+}
+
+int64_t flag_waits() {
+  return g_flag_waits.load();
+}
+
+bool dropped_flag_wait() {
+  return g_flag_dropped.load();
+}
+
+int64_t take_flag_waits(int64_t count) {
+  const int64_t first = g_flag_waits.fetch_add(count);
+  const int64_t drop = g_flag_drop.load();
+  if (drop < first || drop >= first + count) return -1;
+  g_flag_dropped = true;
+  return drop - first;
+}
+
+void name_dropped_flag_wait(std::string name) {
+  const std::lock_guard lock(g_flag_name_mu);
+  g_flag_name = std::move(name);
+}
+
+std::string dropped_flag_wait_name() {
+  const std::lock_guard lock(g_flag_name_mu);
+  return g_flag_name;
 }
 
 void synchronize_all() {

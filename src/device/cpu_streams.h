@@ -11,17 +11,18 @@
 //                      its item n; later items of s run after it.
 //   Event::synchronize, Stream::synchronize: the host waits until that point is completed.
 // With ASYNCTP_CPU_STREAM_JITTER set to a seed, each work item (not the event items) first
-// sleeps, one time in two, a random 0 to kMaxJitterUs microseconds, drawn from the stream's own generator seeded
-// by (seed, rank, stream index), so the relative pace of streams and ranks changes from seed to
-// seed and a consumer that does not wait for its producer reads too early.
-// Failures: an item that throws marks its stream failed; the items enqueued on it up to then are
-// skipped (they count as completed, so nothing waits on them forever), and so is the rest of
-// every stream that waits on an event covering the failed item. The error is thrown on the host,
-// once, by the next enqueue or synchronize of that stream (or Backend::synchronize,
-// Backend::check_errors), with its class (TimeoutError stays one) and a message that names the
-// stream and the op; items enqueued after that run normally.
+// sleeps, one time in two, a random 0 to kMaxJitterUs microseconds, drawn from the stream's own
+// generator seeded by (seed, rank, stream index), so the relative pace of streams and ranks changes
+// from seed to seed and a consumer that does not wait for its producer reads too early. Failures:
+// an item that throws marks its stream failed; the items enqueued on it up to then are skipped
+// (they count as completed, so nothing waits on them forever), and so is the rest of every stream
+// that waits on an event covering the failed item. The error is thrown on the host, once, by the
+// next enqueue or synchronize of that stream (or Backend::synchronize, Backend::check_errors), with
+// its class (TimeoutError stays one) and a message that names the stream and the op; items enqueued
+// after that run normally.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -35,6 +36,8 @@ namespace asynctp::cpu {
 
 // The largest random delay before a work item when jitter is on.
 inline constexpr int kMaxJitterUs = 200;
+// How long the fault switches hold back the work a dropped wait was for.
+inline constexpr std::chrono::milliseconds kFaultStall{20};
 
 class Worker;
 
@@ -103,6 +106,26 @@ void reset_event_waits(int64_t drop = -1);
 int64_t event_waits();
 // Whether the wait to drop was reached (and dropped) since the last reset.
 bool dropped_event_wait();
+
+// The test-only fault switch of the flag waits (the native paths' waits for ready, landed and
+// done flags): every flag wait of this process is numbered from 0 since the last reset, in host
+// order: a Backend::wait_flag call takes one number, a native GEMM call one for each distinct
+// flag it waits for (cpu_native_gemm.h, in walk order). The one numbered `drop` does not wait:
+// a dropped wait_flag enqueues nothing and holds back the tiles that the latest native GEMM
+// counts in that flag (before the first of them it sleeps kFaultStall); a native GEMM reads what
+// its dropped wait guarded as it starts, as a CTA of its first wave would. The tests that prove
+// each flag wait of an op necessary drop them one at a time.
+void reset_flag_waits(int64_t drop = -1);
+// Flag waits numbered since the last reset.
+int64_t flag_waits();
+// Whether the wait to drop was reached (and dropped) since the last reset.
+bool dropped_flag_wait();
+// Numbers `count` flag waits; the index among them of the one to drop, or -1 (then marked
+// dropped).
+int64_t take_flag_waits(int64_t count);
+// What the dropped wait waited for ("" until one is dropped), as its dropper names it.
+void name_dropped_flag_wait(std::string name);
+std::string dropped_flag_wait_name();
 // Waits for everything enqueued so far on every CPU stream of this process (failures stay for
 // their streams to report). For tests' host reads and writes of tensors whose stream they do not
 // know; a test of an op's edges synchronizes the op's stream only.

@@ -148,7 +148,8 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
     Stream& push = ctx.push_stream(static_cast<int>(t));
     const Tensor from = product.narrow(0, d * rows, rows);
     const Tensor to = slots.at(d, rank).view({rows, plan.n});
-    be.wait_flag(done + index, count, push);
+    be.wait_flag(done + index, count,
+                 {.rank = rank, .peer = d, .channel = q, .timeout = ctx.group().timeout()}, push);
     be.copy(piece_of(to, q), piece_of(from, q), push);
     // The flag and the reset beside the push stream, which goes on to its next piece at once;
     // after a stream's last piece, on the push stream itself (nothing follows there that they

@@ -103,15 +103,11 @@ void check_case(OpContext& ctx, const AgCase& c, uint64_t id) {
     std::vector<OwnedTensor> outs_owned;
     std::vector<Tensor> outs;
     for (size_t i = 0; i < bs.size(); ++i) {
-      outs_owned.push_back(empty_host(expected[i]->shape(), c.out_dtype));
-      fill_value(outs_owned.back(), kSentinel);
+      outs_owned.push_back(filled(expected[i]->shape(), c.out_dtype, kSentinel));
       outs.push_back(outs_owned.back());
     }
-    OwnedTensor a_out;
-    if (c.return_a) {
-      a_out = empty_host(a_full->shape(), c.dtype);
-      fill_value(a_out, kSentinel);
-    }
+    const OwnedTensor a_out =
+        c.return_a ? filled(a_full->shape(), c.dtype, kSentinel) : OwnedTensor();
     AllGatherMatmulOptions options;
     options.gather_dim = c.gather_dim;
     options.path = path;

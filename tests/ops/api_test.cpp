@@ -183,6 +183,24 @@ class CapturingCpuBackend final : public Backend {
     cpu_->unary(op, out, in, s);
   }
   void synchronize() override { cpu_->synchronize(); }
+  std::string native_gemm_unsupported(const ChunkedGemmArgs& args) override {
+    return cpu_->native_gemm_unsupported(args);
+  }
+  void native_gemm(const ChunkedGemmArgs& args, Stream& s) override { cpu_->native_gemm(args, s); }
+  void write_flag(uint32_t* flag, uint32_t value, Stream& s) override {
+    cpu_->write_flag(flag, value, s);
+  }
+  void wait_flag(const uint32_t* flag, uint32_t value, const FlagSite& site, Stream& s) override {
+    cpu_->wait_flag(flag, value, site, s);
+  }
+  void zero_flags(uint32_t* flags, size_t count, Stream& s) override {
+    cpu_->zero_flags(flags, count, s);
+  }
+  void reduce_when_flagged(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
+                           const FlagWait& wait, Stream& s) override {
+    cpu_->reduce_when_flagged(out, inputs, op, wait, s);
+  }
+  void wait_flags(const FlagWait& wait, Stream& s) override { cpu_->wait_flags(wait, s); }
 
  private:
   std::unique_ptr<Backend> cpu_ = make_backend("cpu", 0);

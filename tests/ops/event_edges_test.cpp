@@ -1,8 +1,10 @@
-// Every event wait of the fused ops is needed: with the CPU streams' jitter on (NOTE [cpu
-// streams]), dropping any one of them on one rank (cpu::testing::reset_event_waits) makes some
-// rank compute a wrong result or fail, but for the split paths' two closing waits, which cover
-// each other (see the test). A test of the emulation as much as of the ops: a dropped wait that
-// goes unnoticed is either redundant or guards a race the emulation does not show.
+// Every event wait of the fused ops, and every flag wait of their native paths, is needed: with
+// the CPU streams' jitter on (NOTE [cpu streams]), dropping any one of them on one rank
+// (cpu::testing::reset_event_waits, cpu::testing::reset_flag_waits) makes some rank compute a
+// wrong result or fail, but for the split paths' two closing event waits, which cover each other,
+// and the native all_gather_matmul's ready waits on the own chunk, which stream order covers (see
+// the tests). A test of the emulation as much as of the ops: a dropped wait that goes unnoticed
+// is either redundant or guards a race the emulation does not show.
 //
 // Each run writes the op's input on the op's stream (behind a garbage fill), runs the op, and
 // overwrites the input on that stream again at once (the caller may reuse it once the op is
@@ -11,12 +13,16 @@
 //
 // Rank 0 drops the wait (the others run the op as it is: a drop on every rank stalls all of them
 // alike, and the race it opens closes again), and the fault switch holds back the work it was
-// for. The jitter alone (0-200 us an item) showed few of the waits: a consumer reaches the data
-// late anyway, behind its own stream's other work.
+// for: an event wait's recorded work; a stream flag wait's counted tiles of the native GEMM. A
+// native GEMM's dropped wait reads what it guarded as the GEMM starts, and the other ranks start
+// each op kPeerDelay late, so that what it reads is still an earlier op's. The jitter alone (0-200
+// us an item) showed few of the waits: a consumer reaches the data late anyway, behind its own
+// stream's other work.
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "device/cpu_streams.h"
 #include "ops/op_testing.h"
@@ -31,10 +37,26 @@ constexpr float kGarbage = 1e30f;
 
 enum class Op { kAllGatherMatmul, kMatmulReduceScatter };
 
+// The native paths take 16-bit operands; their K of 8 keeps every partial product of the small
+// integers exact in bf16, so that the contract's sum (kernels/native/params.h) and the unfused
+// reference round alike. The native matmul_reduce_scatter needs chunks of 128 rows.
 struct EdgeCase {
   Op op;
   PathChoice path;
   int ws;
+
+  bool native() const { return path == PathChoice::kNative; }
+  DType dtype() const { return native() ? DType::kBF16 : DType::kF32; }
+  // all_gather_matmul's output: f32 (the native GEMM stores it too); matmul_reduce_scatter's:
+  // A's dtype.
+  DType out_dtype() const { return op == Op::kAllGatherMatmul ? DType::kF32 : dtype(); }
+  int64_t k() const { return native() ? 8 : 32; }
+  // Rows of a shard (all_gather_matmul: on the 128-row tile grid at ws 2, off it beyond) or of
+  // an output chunk.
+  int64_t rows() const {
+    if (op == Op::kMatmulReduceScatter) return native() ? 128 : 16;
+    return native() && ws == 2 ? 128 : 64;
+  }
 };
 
 std::string case_name(const ::testing::TestParamInfo<EdgeCase>& info) {
@@ -42,6 +64,10 @@ std::string case_name(const ::testing::TestParamInfo<EdgeCase>& info) {
   return fmt::format("{}_{}_ws{}", c.op == Op::kAllGatherMatmul ? "AllGatherMatmul" : "MatmulRS",
                      path_choice_name(c.path), c.ws);
 }
+
+// Which waits a run drops: the event waits (cpu::testing::reset_event_waits) or the flag waits
+// (cpu::testing::reset_flag_waits).
+enum class Waits { kEvent, kFlag };
 
 // The inputs and expected output of iteration `it` on `rank`.
 struct Iteration {
@@ -52,8 +78,8 @@ struct Iteration {
 Iteration make_iteration(Backend& be, const EdgeCase& c, int rank, int it, const OwnedTensor& b) {
   const int ws = c.ws;
   auto a_of = [&](int r) {
-    const Dims shape = c.op == Op::kAllGatherMatmul ? Dims{64, 32} : Dims{16 * ws, 32};
-    return seeded(shape, DType::kF32, {71, uint64_t(it), uint64_t(r)}, Values::kSmallInts);
+    const int64_t rows = c.op == Op::kAllGatherMatmul ? c.rows() : c.rows() * ws;
+    return seeded({rows, c.k()}, c.dtype(), {71, uint64_t(it), uint64_t(r)}, Values::kSmallInts);
   };
   Iteration out;
   out.a = a_of(rank);
@@ -62,42 +88,54 @@ Iteration make_iteration(Backend& be, const EdgeCase& c, int rank, int it, const
     for (int r = 0; r < ws; ++r)
       shards.push_back(a_of(r));
     const OwnedTensor gathered = concat(be, shards, 0);
-    out.expected = empty_host({64 * ws, 24}, DType::kF32);
+    out.expected = empty_host({c.rows() * ws, 24}, c.out_dtype());
     reference_gemm(be, gathered, b, out.expected);
   } else {
     std::vector<OwnedTensor> products;
     for (int r = 0; r < ws; ++r) {
-      products.push_back(empty_host({16 * ws, 24}, DType::kF32));
+      products.push_back(empty_host({c.rows() * ws, 24}, DType::kF32));
       reference_gemm(be, a_of(r), b, products.back());
     }
-    out.expected = empty_host({16, 24}, DType::kF32);
+    out.expected = empty_host({c.rows(), 24}, c.out_dtype());
     reference_reduce_scatter(be, out.expected, products, 0, rank, ReduceOp::kSum);
   }
   return out;
 }
 
-// Runs the op kIterations times, each call with its drop-th event wait dropped (-1: none);
-// whether every result was right and nothing failed. *dropped: whether a call had that wait.
-bool run_once(OpContext& ctx, const EdgeCase& c, int64_t drop, bool* dropped) {
+// How long the ranks that drop nothing wait before each op where flag waits are dropped: the data
+// a dropped flag wait guarded (read as the native GEMM starts) is then a peer's of an earlier op.
+constexpr Millis kPeerDelay{30};
+
+// Runs the op kIterations times, each call with its drop-th wait of `waits` dropped (-1: none);
+// whether every result was right and nothing failed. *dropped: what a call dropped ("": none).
+bool run_once(OpContext& ctx, const EdgeCase& c, Waits waits, int64_t drop, std::string* dropped) {
   Backend& be = ctx.backend();
   Stream& stream = ctx.stream();
-  const OwnedTensor b = seeded({32, 24}, DType::kF32, {72}, Values::kSmallInts);
+  const OwnedTensor b = seeded({c.k(), 24}, c.dtype(), {72}, Values::kSmallInts);
   std::vector<Iteration> its;
   for (int it = 0; it < kIterations; ++it)
     its.push_back(make_iteration(be, c, ctx.rank(), it, b));
   const Tensor& a0 = its[0].a;
-  OwnedTensor a = empty_host(a0.shape(), DType::kF32);
+  OwnedTensor a = empty_host(a0.shape(), c.dtype());
   std::vector<OwnedTensor> outs;
   for (int it = 0; it < kIterations; ++it)
-    outs.push_back(empty_host(its[it].expected->shape(), DType::kF32));
+    outs.push_back(empty_host(its[it].expected->shape(), c.out_dtype()));
   bool ok = true;
-  *dropped = false;
+  dropped->clear();
+  auto reset = [&](int64_t k) {
+    if (waits == Waits::kEvent) {
+      cpu::testing::reset_event_waits(k);
+    } else {
+      cpu::testing::reset_flag_waits(k);
+    }
+  };
   try {
     for (int it = 0; it < kIterations; ++it) {
       be.fill(a, kGarbage, stream);
       be.fill(outs[it], kGarbage, stream);
       be.copy(a, its[it].a, stream);
-      cpu::testing::reset_event_waits(drop);
+      if (waits == Waits::kFlag && ctx.rank() != 0) std::this_thread::sleep_for(kPeerDelay);
+      reset(drop);
       if (c.op == Op::kAllGatherMatmul) {
         AllGatherMatmulOptions options;
         options.path = c.path;
@@ -109,8 +147,10 @@ bool run_once(OpContext& ctx, const EdgeCase& c, int64_t drop, bool* dropped) {
         options.path = c.path;
         matmul_reduce_scatter(ctx, a, b, outs[it], options);
       }
-      *dropped |= cpu::testing::dropped_event_wait();
-      cpu::testing::reset_event_waits();
+      if (waits == Waits::kEvent && cpu::testing::dropped_event_wait()) *dropped = "an event wait";
+      if (waits == Waits::kFlag && cpu::testing::dropped_flag_wait())
+        *dropped = cpu::testing::dropped_flag_wait_name();
+      reset(-1);
       be.fill(a, kGarbage, stream);  // the caller writes its input again
     }
     stream.synchronize();
@@ -128,32 +168,36 @@ bool run_once(OpContext& ctx, const EdgeCase& c, int64_t drop, bool* dropped) {
   return ok;
 }
 
-class EventEdgesTest : public ::testing::TestWithParam<EdgeCase> {
- protected:
-  void SetUp() override {
-    // The ranks inherit it; ctest sets each listed seed (ASYNCTP_JITTER_SEEDS).
-    setenv("ASYNCTP_CPU_STREAM_JITTER", "1", /*overwrite=*/0);
-  }
+// What dropping each wait of `waits`, one at a time, did.
+struct Drops {
+  int64_t waits = 0;               // how many the op has (per call)
+  std::vector<int64_t> unnoticed;  // those whose drop changed no result on any rank
+  // Flag waits only: those whose drop changed no result and that wait on rank 0's own chunk of
+  // A, which stream order covers (see FlagEdgesTest).
+  std::vector<int64_t> own_chunk;
 };
 
-// Rank 0 drops wait k of each of its calls; the other ranks run the op as it is.
-TEST_P(EventEdgesTest, DroppingAnyEventWaitFails) {
-  const EdgeCase c = GetParam();
+// The fault switch's name of a native GEMM's ready wait on rank 0's own chunk.
+constexpr char kOwnChunkWait[] = "native GEMM's ready wait for chunk 0 ";
+
+// Rank 0 drops wait k of each of its calls; the other ranks run the op as it is. Fails the test
+// (fatally: check HasFatalFailure) where a run fails with no wait dropped.
+Drops drop_each(const EdgeCase& c, Waits waits) {
   HarnessOptions options;
   options.group_timeout = Millis(2000);  // a rank that fails leaves its peers waiting this long
   options.run_timeout = Millis(60'000);
   // Rank 0's exit code: the wait changed no result, or the op has no wait k.
   constexpr int kUnnoticed = 3;
   constexpr int kPastTheLastWait = 4;
-  std::vector<int64_t> unnoticed;
-  int64_t waits = 0;
+  constexpr int kOwnChunk = 5;  // unnoticed, a wait on the own chunk
+  Drops drops;
   // k = -1: nothing dropped, every result right; then each wait k of the op until past its last.
   for (int64_t k = -1;; ++k) {
     auto statuses = run_ranks(
         c.ws,
         [&](OpContext& ctx) {
-          bool dropped = false;
-          const bool ok = run_once(ctx, c, ctx.rank() == 0 ? k : -1, &dropped);
+          std::string dropped;
+          const bool ok = run_once(ctx, c, waits, ctx.rank() == 0 ? k : -1, &dropped);
           auto& store = ctx.group().store();
           store.set(fmt::format("k/{}", ctx.rank()), ok ? "1" : "0");
           if (ctx.rank() != 0) return;
@@ -165,21 +209,46 @@ TEST_P(EventEdgesTest, DroppingAnyEventWaitFails) {
             return;
           }
           std::fflush(stdout);
-          if (!dropped) ::_exit(kPastTheLastWait);
-          if (!any_wrong) ::_exit(kUnnoticed);
+          if (dropped.empty()) ::_exit(kPastTheLastWait);
+          if (!any_wrong) {
+            std::printf("unnoticed %lld: %s\n", static_cast<long long>(k), dropped.c_str());
+            std::fflush(stdout);
+            ::_exit(dropped.starts_with(kOwnChunkWait) ? kOwnChunk : kUnnoticed);
+          }
         },
         options);
-    ASSERT_EQ(statuses.size(), static_cast<size_t>(c.ws));
+    EXPECT_EQ(statuses.size(), static_cast<size_t>(c.ws));
+    if (statuses.empty()) return drops;
     if (statuses[0].exited && statuses[0].exit_code == kPastTheLastWait) {
-      waits = k;
-      break;
+      drops.waits = k;
+      return drops;
     }
     if (statuses[0].exited && statuses[0].exit_code == kUnnoticed) {
-      unnoticed.push_back(k);
+      drops.unnoticed.push_back(k);
       statuses[0].exit_code = 0;
     }
-    ASSERT_RANKS_OK(statuses) << "event wait " << k;
+    if (statuses[0].exited && statuses[0].exit_code == kOwnChunk) {
+      drops.own_chunk.push_back(k);
+      statuses[0].exit_code = 0;
+    }
+    EXPECT_RANKS_OK(statuses) << "wait " << k;
+    if (::testing::Test::HasFailure()) return drops;
   }
+}
+
+class EventEdgesTest : public ::testing::TestWithParam<EdgeCase> {
+ protected:
+  void SetUp() override {
+    // The ranks inherit it; ctest sets each listed seed (ASYNCTP_JITTER_SEEDS).
+    setenv("ASYNCTP_CPU_STREAM_JITTER", "1", /*overwrite=*/0);
+  }
+};
+
+TEST_P(EventEdgesTest, DroppingAnyEventWaitFails) {
+  const EdgeCase c = GetParam();
+  const Drops drops = drop_each(c, Waits::kEvent);
+  if (HasFailure()) return;
+  const int64_t waits = drops.waits;
   // The split paths end with two waits of the op's stream: for the pushes (the caller may write
   // A or the staging again) and for the flag streams (OpContext::join_flag_streams). Each covers
   // the other's data: every push has its flag behind it on a flag stream, so the join orders the
@@ -189,12 +258,13 @@ TEST_P(EventEdgesTest, DroppingAnyEventWaitFails) {
   const std::vector<int64_t> redundant_pair =
       waits >= 2 ? std::vector<int64_t>{waits - 2, waits - 1} : std::vector<int64_t>{};
   std::printf("%s: %lld event waits, unnoticed when dropped: %s\n", case_name({c, 0}).c_str(),
-              static_cast<long long>(waits), fmt::format("{}", fmt::join(unnoticed, ", ")).c_str());
+              static_cast<long long>(waits),
+              fmt::format("{}", fmt::join(drops.unnoticed, ", ")).c_str());
   if (c.path == PathChoice::kFallback) {
     EXPECT_EQ(waits, 0) << "the fallback runs on the op's stream alone";
   } else {
     EXPECT_GE(waits, 4);
-    EXPECT_EQ(unnoticed, redundant_pair)
+    EXPECT_EQ(drops.unnoticed, redundant_pair)
         << "dropping these event waits changed no result on any rank";
   }
 }
@@ -209,6 +279,36 @@ INSTANTIATE_TEST_SUITE_P(
                       EdgeCase{Op::kMatmulReduceScatter, PathChoice::kSplit, 4},
                       EdgeCase{Op::kMatmulReduceScatter, PathChoice::kFallback, 2},
                       EdgeCase{Op::kMatmulReduceScatter, PathChoice::kFallback, 4}),
+    case_name);
+
+class FlagEdgesTest : public EventEdgesTest {};
+
+// Every flag wait of the native paths is needed: dropping any one of them on rank 0 (the ready
+// and landed waits of its native GEMM, the push streams' waits for its done counters) makes some
+// rank compute a wrong result, but for the ready waits on rank 0's own chunk, which the op raises
+// on the GEMM's own stream before the GEMM (its edge rows, copied there first): stream order
+// covers them.
+TEST_P(FlagEdgesTest, DroppingAnyFlagWaitFails) {
+  const EdgeCase c = GetParam();
+  const Drops drops = drop_each(c, Waits::kFlag);
+  if (HasFailure()) return;
+  std::printf("%s: %lld flag waits, unnoticed when dropped: %s (on the own chunk: %s)\n",
+              case_name({c, 0}).c_str(), static_cast<long long>(drops.waits),
+              fmt::format("{}", fmt::join(drops.unnoticed, ", ")).c_str(),
+              fmt::format("{}", fmt::join(drops.own_chunk, ", ")).c_str());
+  EXPECT_GE(drops.waits, c.ws - 1);
+  EXPECT_TRUE(drops.unnoticed.empty()) << "dropping these flag waits changed no result";
+  if (c.op == Op::kMatmulReduceScatter) {
+    EXPECT_TRUE(drops.own_chunk.empty());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, FlagEdgesTest,
+    ::testing::Values(EdgeCase{Op::kAllGatherMatmul, PathChoice::kNative, 2},
+                      EdgeCase{Op::kAllGatherMatmul, PathChoice::kNative, 4},
+                      EdgeCase{Op::kMatmulReduceScatter, PathChoice::kNative, 2},
+                      EdgeCase{Op::kMatmulReduceScatter, PathChoice::kNative, 4}),
     case_name);
 
 }  // namespace

@@ -69,6 +69,14 @@ inline Dims with_dim(Dims shape, int dim, int64_t size) {
   return shape;
 }
 
+// A contiguous tensor with every element `value` (outputs start with a sentinel, so that
+// unwritten elements show).
+inline OwnedTensor filled(Dims shape, DType dtype, float value) {
+  OwnedTensor t = empty_host(shape, dtype);
+  fill_value(t, value);
+  return t;
+}
+
 // A contiguous copy of t.
 inline OwnedTensor contiguous_copy(Backend& backend, const Tensor& t) {
   OwnedTensor out = empty_host(t.shape(), t.dtype());

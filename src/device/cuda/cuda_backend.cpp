@@ -14,6 +14,7 @@
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/driver_api.h"
 #include "device/cuda/ktensor.h"
+#include "device/native_params.h"
 #include "kernels/native/schedule.h"
 
 namespace asynctp {
@@ -57,7 +58,6 @@ CopyPlan coalesce(const Tensor& dst, const Tensor& src) {
   return p;
 }
 
-// The kernel's view of a ChunkedGemmArgs; "" or why it cannot be expressed.
 // A wait's bound as the kernels take it (%globaltimer nanoseconds).
 uint64_t timeout_ns(std::chrono::milliseconds timeout) {
   return static_cast<uint64_t>(
@@ -83,80 +83,12 @@ int shared_gpu_ctas() {
   return ctas;
 }
 
+// The launcher's view of a ChunkedGemmArgs: the contract's (to_native_params) on this
+// device's share of the SMs; "" or why it cannot be expressed.
 std::string to_async_gemm(const ChunkedGemmArgs& args, kernels::NativeGemmParams* k) {
-  const Tensor& a = args.a;
-  const Tensor& b = args.b;
-  const Tensor& d = args.d;
-  if (a.dim() != 2 || b.dim() != 2 || d.dim() != 2) return "a, b and d must be 2-D";
-  if (a.size(1) != b.size(0) || d.size(0) != a.size(0) || d.size(1) != b.size(1)) {
-    return fmt::format("shapes do not chain: a {}, b {}, d {}", a.describe(), b.describe(),
-                       d.describe());
-  }
-  if (a.dtype() != b.dtype()) return fmt::format("a is {} but b is {}", a.dtype(), b.dtype());
-  if (a.stride(1) != 1 && a.size(1) != 1)
-    return fmt::format("a {} has no unit column stride", a.describe());
-  if (d.stride(1) != 1 && d.size(1) != 1)
-    return fmt::format("d {} has no unit column stride", d.describe());
-  *k = {};
-  static_cast<kernels::NativeGemmSchedule&>(*k) = args;
-  k->a = a.data();
-  k->lda = a.stride(0);
-  k->b = b.data();
-  if (b.stride(1) == 1 || b.size(1) == 1) {
-    k->b_k_major = false;
-    k->ldb = b.stride(0);
-  } else if (b.stride(0) == 1 || b.size(0) == 1) {
-    k->b_k_major = true;
-    k->ldb = b.stride(1);
-  } else {
-    return fmt::format("b {} is neither row- nor column-major", b.describe());
-  }
-  k->c = d.data();
-  k->ldc = d.stride(0);
-  k->in_dtype = a.dtype();
-  k->c_dtype = d.dtype();
-  k->m = a.size(0);
-  k->n = b.size(1);
-  k->k = a.size(1);
-  k->timeout_ns = timeout_ns(args.timeout);
+  std::string why = to_native_params(args, k);
   k->max_ctas = shared_gpu_ctas();
-  if (args.own_a.defined()) {
-    const Tensor& o = args.own_a;
-    if (o.dim() != 2 || o.size(1) != a.size(1) || o.dtype() != a.dtype() ||
-        (o.stride(1) != 1 && o.size(1) != 1)) {
-      return fmt::format("own_a {} is not a [rows, {}] {} matrix with unit column stride",
-                         o.describe(), a.size(1), a.dtype());
-    }
-    k->own_a = o.data();
-    k->own_lda = o.stride(0);
-  } else {
-    k->own_chunk = -1;
-  }
-  if (args.sum_chunk >= 0) {
-    const Tensor& parts = args.sum_parts;
-    const Tensor& out = args.sum_out;
-    const int64_t rows = kernels::chunk_rows_of(*k);
-    if (out.dim() != 2 || out.size(0) != rows || out.size(1) != d.size(1) ||
-        out.dtype() != d.dtype() || (out.stride(1) != 1 && out.size(1) != 1)) {
-      return fmt::format("sum_out {} is not a [{}, {}] {} matrix with unit column stride",
-                         out.describe(), rows, d.size(1), d.dtype());
-    }
-    if (parts.defined() &&
-        (parts.dim() != 3 || parts.size(1) != rows || parts.size(2) != d.size(1) ||
-         parts.dtype() != d.dtype() || (parts.stride(2) != 1 && parts.size(2) != 1))) {
-      return fmt::format("sum_parts {} is not [parts, {}, {}] {} with unit column stride",
-                         parts.describe(), rows, d.size(1), d.dtype());
-    }
-    k->sum_out = out.data();
-    k->sum_ldo = out.stride(0);
-    k->sum_count = parts.defined() ? static_cast<int>(parts.size(0)) : 1;
-    if (parts.defined()) {
-      k->sum_parts = parts.data();
-      k->sum_part_stride = parts.stride(0);
-      k->sum_ld = parts.stride(1);
-    }
-  }
-  return "";
+  return why;
 }
 
 class CudaStream final : public Stream {
@@ -409,30 +341,14 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     ASYNCTP_CUDA_CHECK(kernels::async_gemm(k, raw(stream)));
   }
 
-  std::vector<DoneCounter> native_gemm_done_order(const ChunkedGemmArgs& args) override {
-    kernels::NativeGemmParams k;
-    const std::string why = to_async_gemm(args, &k);
-    ASYNCTP_CHECK(why.empty(), "native_gemm_done_order: {}", why);
-    std::vector<DoneCounter> counters;
-    for (const int index : kernels::done_order(k))
-      counters.push_back({index, kernels::done_count(k, index)});
-    return counters;
-  }
-
-  OwnEdgeRows native_gemm_own_edge_rows(const ChunkedGemmArgs& args) override {
-    kernels::NativeGemmParams k;
-    const std::string why = to_async_gemm(args, &k);
-    ASYNCTP_CHECK(why.empty(), "native_gemm_own_edge_rows: {}", why);
-    const kernels::NativeGemmOwnEdges edges = kernels::own_edge_rows(k);
-    return {edges.head, edges.tail};
-  }
-
   void write_flag(uint32_t* flag, uint32_t value, Stream& stream) override {
     ASYNCTP_CU_CHECK(cuda::driver().stream_write_value32(
         raw(stream), reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT));
   }
 
-  void wait_flag(const uint32_t* flag, uint32_t value, Stream& stream) override {
+  // Unbounded (site unused): a stream memory wait has no timeout. The ops wait this way only for
+  // what their own GEMM produces (done counters), which a timed-out GEMM still completes.
+  void wait_flag(const uint32_t* flag, uint32_t value, const FlagSite&, Stream& stream) override {
     ASYNCTP_CU_CHECK(cuda::driver().stream_wait_value32(
         raw(stream), reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WAIT_VALUE_GEQ));
   }

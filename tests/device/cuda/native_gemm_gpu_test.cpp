@@ -518,7 +518,7 @@ TEST(NativeGemm, PublishesFinishedChunks) {
     ASSERT_EQ(counts.size(), static_cast<size_t>(chunks));
     for (int i = 0; i < chunks; ++i) {
       const int c = (first + i) % chunks;
-      gpu.be().wait_flag(done + c, counts[c], *copy_stream);
+      gpu.be().wait_flag(done + c, counts[c], {.peer = c, .channel = 0}, *copy_stream);
       gpu.be().copy(copied->narrow(0, c * chunk_rows, chunk_rows),
                     d->narrow(0, c * chunk_rows, chunk_rows), *copy_stream);
     }

@@ -1,0 +1,289 @@
+#include "device/cpu_native_gemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "core/deadline.h"
+#include "core/error.h"
+#include "device/backend.h"
+#include "device/cpu_futex.h"
+#include "device/cpu_loops.h"
+#include "device/cpu_streams.h"
+#include "kernels/native/schedule.h"
+
+namespace asynctp::cpu {
+
+namespace {
+
+using kernels::kBM;
+using kernels::kBN;
+
+// The launch as one CTA runs it: the resolved params, the plan on a grid of one, the walk.
+struct Schedule {
+  kernels::NativeGemmParams p;
+  kernels::NativeGemmPlan plan;
+  kernels::Walk walk;
+
+  explicit Schedule(const kernels::NativeGemmParams& params)
+      : p(kernels::resolved(params)), plan(kernels::plan_of(p, 1, 1)) {
+    walk = kernels::walk_of(p, static_cast<int>(kernels::tile_height(p)), plan.group_m);
+  }
+  kernels::Unit unit(int u) const {
+    return kernels::unit_at(u, plan, walk.num_tiles, walk.k_blocks);
+  }
+  int num_units() const { return kernels::num_units(plan, walk.num_tiles); }
+  // Whether unit w at row m0 waits for the ready flags / ends in the reduce-scatter epilogue.
+  bool waits_ready(int64_t m0) const { return p.ready != nullptr && !kernels::reads_own(p, m0); }
+  bool sums(const kernels::Unit& w, int64_t m0) const { return kernels::sums_tile(p, plan, w, m0); }
+};
+
+// Calls fn(piece, first row, end row) for every ready piece that rows [m0, m0 + kBM) of A
+// overlap, in row order (as the kernel's producer waits for them).
+template <typename Fn>
+void for_each_ready_piece(const kernels::NativeGemmParams& p, int64_t m0, Fn&& fn) {
+  const int64_t end = std::min(p.m, m0 + kBM);
+  for (int64_t row = m0; row < end;) {
+    const kernels::ReadyPiece r = kernels::ready_piece_at(p, row);
+    fn(r, row, std::min(r.end, end));
+    row = r.end;
+  }
+}
+
+// Calls fn(flag, peer, channel) for every peer's sum flag of the tile at (m0, n0), in rank order.
+template <typename Fn>
+void for_each_sum_flag(const Schedule& s, int64_t m0, int n0, Fn&& fn) {
+  const kernels::NativeGemmParams& p = s.p;
+  const int64_t q = kernels::sum_piece(p, s.plan, kernels::sum_row_of(p, m0), n0);
+  for (int peer = 0; peer < p.sum_count; ++peer) {
+    if (peer == p.sum_self) continue;
+    fn(p.sum_flags + q * p.sum_flag_stride + peer, peer, p.sum_channel + static_cast<int>(q));
+  }
+}
+
+// A wait's bound (timeout_ns, from when it starts).
+Deadline wait_deadline(const kernels::NativeGemmParams& p) {
+  return Deadline(Millis(std::max<int64_t>(1, static_cast<int64_t>(p.timeout_ns / 1'000'000))));
+}
+
+// Waits until *flag is up for op `value`; false on timeout.
+bool wait_raised(const kernels::NativeGemmParams& p, const uint32_t* flag, uint32_t value) {
+  return wait_word(
+      flag, [value](uint32_t v) { return flag_raised(v, value); }, wait_deadline(p));
+}
+
+// The rows a dropped wait guarded, read as the GEMM starts (see native_gemm_waits).
+struct EarlyReads {
+  std::optional<NativeWait> wait;
+  std::map<int64_t, std::vector<float>> a_rows;  // kReady: row of A -> its k values
+  std::vector<float> part;                       // kSum: [kBM rows][tile width] of the part
+};
+
+class Run {
+ public:
+  Run(const kernels::NativeGemmParams& params, NativeGemmFaults* faults)
+      : s_(params), p_(s_.p), a_row_(p_.k), acc_(kBN), part_row_(kBN), faults_(faults) {
+    // B as f32, [k, n] (row kk: B's row kk, or column kk of a k-major B).
+    b_.resize(static_cast<size_t>(p_.k * p_.n));
+    for (int64_t kk = 0; kk < p_.k; ++kk) {
+      load_row(p_.in_dtype, p_.b, p_.b_k_major ? kk : kk * p_.ldb, p_.b_k_major ? p_.ldb : 1, p_.n,
+               b_.data() + kk * p_.n);
+    }
+    if (faults_ != nullptr && faults_->drop >= 0)
+      read_early(native_gemm_waits(params).at(static_cast<size_t>(faults_->drop)));
+  }
+
+  void run() {
+    for (int u = 0; u < s_.num_units(); ++u) {
+      const kernels::Unit w = s_.unit(u);
+      const kernels::Tile tile = s_.walk.tile(w.t);
+      produce(w.t, tile.m0);
+      const bool sums = s_.sums(w, tile.m0);
+      if (sums) wait_sum_parts(w.t, tile.m0, tile.n0);
+      for (int half = 0; half < 2; ++half)
+        consume(tile.m0, tile.n0, tile.m0 + 64 * half, sums);
+    }
+    if (!timeout_.empty()) ASYNCTP_TIMEOUT("{}", timeout_);
+  }
+
+ private:
+  bool dropped(NativeWait::Kind kind, const uint32_t* flag, int t) const {
+    return early_.wait && early_.wait->kind == kind && early_.wait->flag == flag &&
+           early_.wait->tile == t;
+  }
+
+  // The producer's waits for the rows of A the tile reads.
+  void produce(int t, int64_t m0) {
+    if (!waiting_ || !s_.waits_ready(m0)) return;
+    for_each_ready_piece(p_, m0, [&](const kernels::ReadyPiece& r, int64_t, int64_t) {
+      const uint32_t* flag = p_.ready + kernels::ready_index(p_, r);
+      if (!waiting_ || dropped(NativeWait::Kind::kReady, flag, t)) return;
+      if (wait_raised(p_, flag, p_.ready_value)) return;
+      waiting_ = false;
+      timeout_ = fmt::format(
+          "rank {}: the native GEMM waited {} on cpu for chunk {} of A (piece {}) to land (the "
+          "copy of rank {}'s shard never completed: is that peer alive and in the same op?)",
+          p_.rank, wait_deadline(p_).describe(), r.chunk, r.piece, r.chunk);
+    });
+  }
+
+  // The epilogue's waits for the peers' parts of the tile.
+  void wait_sum_parts(int t, int64_t m0, int n0) {
+    for_each_sum_flag(s_, m0, n0, [&](const uint32_t* flag, int peer, int channel) {
+      if (!sum_waiting_ || dropped(NativeWait::Kind::kSum, flag, t)) return;
+      if (wait_raised(p_, flag, p_.sum_value)) return;
+      sum_waiting_ = false;
+      timeout_ = fmt::format(
+          "rank {}: the reduction on cpu waited {} for the partial of rank {} on channel {} (is "
+          "that peer alive and in the same op?)",
+          p_.rank, wait_deadline(p_).describe(), peer, channel);
+    });
+  }
+
+  // One consumer: the 64 rows from r0 of the tile at (m0, n0), then its epilogue.
+  void consume(int64_t m0, int n0, int64_t r0, bool sums) {
+    const int64_t width = std::min<int64_t>(p_.n, n0 + kBN) - n0;
+    uint32_t* counter = !sums && p_.done != nullptr && r0 < p_.m
+                            ? p_.done + kernels::done_index(p_, s_.plan, r0, n0)
+                            : nullptr;
+    if (counter != nullptr && faults_ != nullptr) {
+      const uint32_t* expected = counter;
+      if (faults_->held.compare_exchange_strong(expected, nullptr))
+        std::this_thread::sleep_for(kFaultStall);
+    }
+    const bool own = kernels::reads_own(p_, m0);
+    for (int64_t r = r0; r < std::min(r0 + 64, p_.m); ++r) {
+      std::fill(acc_.begin(), acc_.end(), 0.0f);
+      load_a_row(r, own);
+      accumulate_row(a_row_.data(), p_.k, b_.data() + n0, p_.n, width, acc_.data());
+      if (sums) {
+        add_parts(r - m0, kernels::sum_row_of(p_, r), n0, width);
+        store_row(p_.c_dtype, p_.sum_out, kernels::sum_row_of(p_, r) * p_.sum_ldo + n0, 1, width,
+                  acc_.data());
+      } else {
+        store_row(p_.c_dtype, p_.c, r * p_.ldc + n0, 1, width, acc_.data());
+      }
+    }
+    if (counter != nullptr) {
+      // Counted once stored (release): the stream waits on it then read the rows.
+      std::atomic_ref<uint32_t>(*counter).fetch_add(1, std::memory_order_release);
+      futex_wake(counter);
+    }
+  }
+
+  // a_row_ <- row r of A: from own_a for a tile wholly inside the own chunk, else from a (or
+  // what a dropped wait read of it as the GEMM started).
+  void load_a_row(int64_t r, bool own) {
+    if (own) {
+      load_row(p_.in_dtype, p_.own_a, (r - kernels::own_first_row(p_)) * p_.own_lda, 1, p_.k,
+               a_row_.data());
+    } else if (auto it = early_.a_rows.find(r); it != early_.a_rows.end()) {
+      std::copy(it->second.begin(), it->second.end(), a_row_.begin());
+    } else {
+      load_row(p_.in_dtype, p_.a, r * p_.lda, 1, p_.k, a_row_.data());
+    }
+  }
+
+  // acc_ += the peers' parts of sum-chunk row `row` (row `tile_row` of the tile), in rank order,
+  // then x 1/count for avg: the kernel's sum, in f32.
+  void add_parts(int64_t tile_row, int64_t row, int n0, int64_t width) {
+    for (int peer = 0; peer < p_.sum_count; ++peer) {
+      if (peer == p_.sum_self) continue;
+      const float* part = part_row_.data();
+      if (early_.wait && early_.wait->kind == NativeWait::Kind::kSum && early_.wait->peer == peer &&
+          early_part_tile(n0, row)) {
+        part = early_.part.data() + tile_row * kBN;
+      } else {
+        load_row(p_.c_dtype, p_.sum_parts, peer * p_.sum_part_stride + row * p_.sum_ld + n0, 1,
+                 width, part_row_.data());
+      }
+      for (int64_t j = 0; j < width; ++j)
+        acc_[j] += part[j];
+    }
+    if (p_.sum_avg) {
+      const float inv = 1.0f / static_cast<float>(p_.sum_count);
+      for (int64_t j = 0; j < width; ++j)
+        acc_[j] *= inv;
+    }
+  }
+
+  // Whether the tile holding sum row `row`, columns from n0, is the dropped wait's tile.
+  bool early_part_tile(int n0, int64_t row) const {
+    return n0 == early_n0_ && row / kBM * kBM == early_row0_;
+  }
+
+  // What the dropped wait guarded, read now (the GEMM's start).
+  void read_early(const NativeWait& w) {
+    early_.wait = w;
+    const kernels::Tile tile = s_.walk.tile(w.tile);
+    if (w.kind == NativeWait::Kind::kReady) {
+      for_each_ready_piece(p_, tile.m0,
+                           [&](const kernels::ReadyPiece& r, int64_t first, int64_t end) {
+                             if (p_.ready + kernels::ready_index(p_, r) != w.flag) return;
+                             for (int64_t row = first; row < end; ++row) {
+                               std::vector<float>& v = early_.a_rows[row];
+                               v.resize(static_cast<size_t>(p_.k));
+                               load_row(p_.in_dtype, p_.a, row * p_.lda, 1, p_.k, v.data());
+                             }
+                           });
+      return;
+    }
+    early_row0_ = kernels::sum_row_of(p_, tile.m0);
+    early_n0_ = tile.n0;
+    const int64_t width = std::min<int64_t>(p_.n, tile.n0 + kBN) - tile.n0;
+    early_.part.assign(static_cast<size_t>(kBM * kBN), 0.0f);
+    for (int64_t i = 0; i < kBM; ++i) {
+      load_row(p_.c_dtype, p_.sum_parts,
+               w.peer * p_.sum_part_stride + (early_row0_ + i) * p_.sum_ld + tile.n0, 1, width,
+               early_.part.data() + i * kBN);
+    }
+  }
+
+  Schedule s_;
+  const kernels::NativeGemmParams& p_;
+  std::vector<float> b_, a_row_, acc_, part_row_;
+  bool waiting_ = true, sum_waiting_ = true;
+  std::string timeout_;  // the first wait that timed out
+  EarlyReads early_;
+  int64_t early_row0_ = -1;
+  int early_n0_ = -1;
+  NativeGemmFaults* faults_;
+};
+
+}  // namespace
+
+std::vector<NativeWait> native_gemm_waits(const kernels::NativeGemmParams& params) {
+  const Schedule s(params);
+  std::vector<NativeWait> waits;
+  std::set<const uint32_t*> seen;
+  for (int u = 0; u < s.num_units(); ++u) {
+    const kernels::Unit w = s.unit(u);
+    const kernels::Tile tile = s.walk.tile(w.t);
+    if (s.waits_ready(tile.m0)) {
+      for_each_ready_piece(s.p, tile.m0, [&](const kernels::ReadyPiece& r, int64_t, int64_t) {
+        const uint32_t* flag = s.p.ready + kernels::ready_index(s.p, r);
+        if (seen.insert(flag).second) {
+          waits.push_back({NativeWait::Kind::kReady, flag, w.t, static_cast<int>(r.chunk),
+                           static_cast<int>(r.piece)});
+        }
+      });
+    }
+    if (s.sums(w, tile.m0)) {
+      for_each_sum_flag(s, tile.m0, tile.n0, [&](const uint32_t* flag, int peer, int channel) {
+        if (seen.insert(flag).second)
+          waits.push_back({NativeWait::Kind::kSum, flag, w.t, peer, channel});
+      });
+    }
+  }
+  return waits;
+}
+
+void run_native_gemm(const kernels::NativeGemmParams& params, NativeGemmFaults* faults) {
+  Run(params, faults).run();
+}
+
+}  // namespace asynctp::cpu

@@ -1,0 +1,85 @@
+#include "device/native_params.h"
+
+#include <chrono>
+
+#include "kernels/native/schedule.h"
+
+namespace asynctp {
+
+std::string to_native_params(const ChunkedGemmArgs& args, kernels::NativeGemmParams* k) {
+  const Tensor& a = args.a;
+  const Tensor& b = args.b;
+  const Tensor& d = args.d;
+  if (a.dim() != 2 || b.dim() != 2 || d.dim() != 2) return "a, b and d must be 2-D";
+  if (a.size(1) != b.size(0) || d.size(0) != a.size(0) || d.size(1) != b.size(1)) {
+    return fmt::format("shapes do not chain: a {}, b {}, d {}", a.describe(), b.describe(),
+                       d.describe());
+  }
+  if (a.dtype() != b.dtype()) return fmt::format("a is {} but b is {}", a.dtype(), b.dtype());
+  if (a.stride(1) != 1 && a.size(1) != 1)
+    return fmt::format("a {} has no unit column stride", a.describe());
+  if (d.stride(1) != 1 && d.size(1) != 1)
+    return fmt::format("d {} has no unit column stride", d.describe());
+  *k = {};
+  static_cast<kernels::NativeGemmSchedule&>(*k) = args;
+  k->a = a.data();
+  k->lda = a.stride(0);
+  k->b = b.data();
+  if (b.stride(1) == 1 || b.size(1) == 1) {
+    k->b_k_major = false;
+    k->ldb = b.stride(0);
+  } else if (b.stride(0) == 1 || b.size(0) == 1) {
+    k->b_k_major = true;
+    k->ldb = b.stride(1);
+  } else {
+    return fmt::format("b {} is neither row- nor column-major", b.describe());
+  }
+  k->c = d.data();
+  k->ldc = d.stride(0);
+  k->in_dtype = a.dtype();
+  k->c_dtype = d.dtype();
+  k->m = a.size(0);
+  k->n = b.size(1);
+  k->k = a.size(1);
+  k->timeout_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(args.timeout).count());
+  if (args.own_a.defined()) {
+    const Tensor& o = args.own_a;
+    if (o.dim() != 2 || o.size(1) != a.size(1) || o.dtype() != a.dtype() ||
+        (o.stride(1) != 1 && o.size(1) != 1)) {
+      return fmt::format("own_a {} is not a [rows, {}] {} matrix with unit column stride",
+                         o.describe(), a.size(1), a.dtype());
+    }
+    k->own_a = o.data();
+    k->own_lda = o.stride(0);
+  } else {
+    k->own_chunk = -1;
+  }
+  if (args.sum_chunk >= 0) {
+    const Tensor& parts = args.sum_parts;
+    const Tensor& out = args.sum_out;
+    const int64_t rows = kernels::chunk_rows_of(*k);
+    if (out.dim() != 2 || out.size(0) != rows || out.size(1) != d.size(1) ||
+        out.dtype() != d.dtype() || (out.stride(1) != 1 && out.size(1) != 1)) {
+      return fmt::format("sum_out {} is not a [{}, {}] {} matrix with unit column stride",
+                         out.describe(), rows, d.size(1), d.dtype());
+    }
+    if (parts.defined() &&
+        (parts.dim() != 3 || parts.size(1) != rows || parts.size(2) != d.size(1) ||
+         parts.dtype() != d.dtype() || (parts.stride(2) != 1 && parts.size(2) != 1))) {
+      return fmt::format("sum_parts {} is not [parts, {}, {}] {} with unit column stride",
+                         parts.describe(), rows, d.size(1), d.dtype());
+    }
+    k->sum_out = out.data();
+    k->sum_ldo = out.stride(0);
+    k->sum_count = parts.defined() ? static_cast<int>(parts.size(0)) : 1;
+    if (parts.defined()) {
+      k->sum_parts = parts.data();
+      k->sum_part_stride = parts.stride(0);
+      k->sum_ld = parts.stride(1);
+    }
+  }
+  return "";
+}
+
+}  // namespace asynctp

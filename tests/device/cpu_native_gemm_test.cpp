@@ -1,0 +1,147 @@
+// The CPU backend's native GEMM (device/cpu_native_gemm.h) and flag operations, on one process:
+// the GEMM equals the reference GEMM bit for bit whatever its pivot, counts every done counter to
+// the contract's count (kernels/native/schedule.h), reduces its sum chunk as the contract says,
+// and its waits and the stream waits time out naming what they waited for.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "device/backend.h"
+#include "device/cpu_backend.h"
+#include "support/tensor_testing.h"
+
+namespace asynctp {
+namespace {
+
+using testing::error_of;
+using testing::fill_seeded;
+using testing::get;
+using ::testing::HasSubstr;
+using testing::same_bits;
+using testing::seed_of;
+using testing::Values;
+
+class CpuNativeGemmTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> be_ = make_cpu_backend();
+  Stream& stream() { return be_->compute_stream(); }
+  uint32_t* flags(size_t count) {
+    flags_ = be_->allocate(count * sizeof(uint32_t));
+    be_->zero_flags(static_cast<uint32_t*>(flags_.data()), count, stream());
+    return static_cast<uint32_t*>(flags_.data());
+  }
+  Buffer flags_;
+};
+
+// The native GEMM of a by b into d, in chunks of 128 rows.
+ChunkedGemmArgs chunked(const Tensor& a, const Tensor& b, const Tensor& d) {
+  ChunkedGemmArgs args;
+  args.a = a;
+  args.b = b;
+  args.d = d;
+  args.chunk_rows = 128;
+  return args;
+}
+
+// M = 384 in chunks of 128 from chunk 1, N = 600 (three n-tiles, the last partial) counted in
+// pieces of 256 columns, every ready flag up.
+TEST_F(CpuNativeGemmTest, MatchesTheReferenceAndCountsEveryPiece) {
+  OwnedTensor a = empty_host({384, 24}, DType::kBF16), b = empty_host({24, 600}, DType::kBF16);
+  fill_seeded(a, seed_of({1}), Values::kRandom);
+  fill_seeded(b, seed_of({2}), Values::kRandom);
+  OwnedTensor expected = empty_host({384, 600}, DType::kF32),
+              d = empty_host({384, 600}, DType::kF32);
+  be_->gemm({.a = a, .b = b, .d = expected}, stream());
+  uint32_t* f = flags(16);
+  for (int c = 0; c < 3; ++c)
+    be_->write_flag(f + c, 1, stream());
+  ChunkedGemmArgs args = chunked(a, b, d);
+  args.first_chunk = 1;
+  args.ready = f;
+  args.done = f + 4;
+  args.done_cols = 256;
+  ASSERT_EQ(be_->native_gemm_unsupported(args), "");
+  be_->native_gemm(args, stream());
+  stream().synchronize();
+  EXPECT_TRUE(same_bits(d, expected));
+  const auto order = be_->native_gemm_done_order(args);
+  ASSERT_EQ(order.size(), 9u);        // 3 chunks x 3 column pieces
+  EXPECT_EQ(order.front().index, 3);  // chunk 1 first, from the pivot
+  for (const auto& counter : order) {
+    EXPECT_EQ(std::atomic_ref<uint32_t>(args.done[counter.index]).load(), counter.count)
+        << "counter " << counter.index;
+  }
+}
+
+// The reduce-scatter epilogue: chunk 1 of 2 (128 rows each) is this rank's; its tiles add the
+// other part in f32 to the product, x 1/2 (avg), and store into sum_out, not into d.
+TEST_F(CpuNativeGemmTest, ReducesTheSumChunkAsTheContractSays) {
+  OwnedTensor a = empty_host({256, 16}, DType::kBF16), b = empty_host({16, 40}, DType::kBF16);
+  fill_seeded(a, seed_of({3}), Values::kRandom);
+  fill_seeded(b, seed_of({4}), Values::kRandom);
+  OwnedTensor product = empty_host({256, 40}, DType::kF32);
+  be_->gemm({.a = a, .b = b, .d = product}, stream());
+  OwnedTensor parts = empty_host({2, 128, 40}, DType::kBF16);
+  fill_seeded(parts, seed_of({5}), Values::kRandom);
+  OwnedTensor d = empty_host({256, 40}, DType::kBF16), out = empty_host({128, 40}, DType::kBF16);
+  uint32_t* f = flags(4);
+  be_->write_flag(f, 7, stream());  // part 0's landed flag, for op 7
+  ChunkedGemmArgs args = chunked(a, b, d);
+  args.first_chunk = 0;
+  args.sum_chunk = 1;
+  args.sum_self = 1;
+  args.sum_avg = true;
+  args.sum_parts = parts;
+  args.sum_out = out;
+  args.sum_flags = f;
+  args.sum_value = 7;
+  args.sum_flag_stride = 2;
+  ASSERT_EQ(be_->native_gemm_unsupported(args), "");
+  be_->native_gemm(args, stream());
+  stream().synchronize();
+  OwnedTensor expected = empty_host({128, 40}, DType::kBF16);
+  for (int64_t i = 0; i < 128 * 40; ++i)
+    testing::set(expected, i, (get(product, 128 * 40 + i) + get(parts, i)) * 0.5f);
+  EXPECT_TRUE(same_bits(out, expected));
+}
+
+TEST_F(CpuNativeGemmTest, AReadyWaitTimesOutNamingTheChunk) {
+  OwnedTensor a = empty_host({256, 8}, DType::kBF16), b = empty_host({8, 8}, DType::kBF16);
+  OwnedTensor d = empty_host({256, 8}, DType::kBF16);
+  uint32_t* f = flags(2);
+  ChunkedGemmArgs args = chunked(a, b, d);
+  args.ready = f;
+  args.rank = 3;
+  args.timeout = Millis(30);
+  be_->write_flag(f, 1, stream());  // chunk 0 landed, chunk 1 never does
+  be_->native_gemm(args, stream());
+  try {
+    stream().synchronize();
+    ADD_FAILURE() << "no TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank 3: the native GEMM waited 0.03 s on cpu for chunk 1 of "
+                                    "A (piece 0)"));
+  }
+}
+
+TEST_F(CpuNativeGemmTest, StreamFlagWaitsCountUpAndTimeOutNamingRankPeerAndChannel) {
+  uint32_t* f = flags(2);
+  be_->write_flag(f, 0xFFFFFFFFu, stream());
+  // Wrap-aware (CUDA's GEQ): 0xFFFFFFFF is past 0xFFFFFFF0, and 2 past 0xFFFFFFFF.
+  be_->wait_flag(f, 0xFFFFFFF0u, {.timeout = Millis(30)}, stream());
+  be_->write_flag(f, 2, stream());
+  be_->wait_flag(f, 0xFFFFFFFFu, {.timeout = Millis(30)}, stream());
+  stream().synchronize();
+  be_->zero_flags(f, 2, stream());
+  be_->wait_flag(f, 1, {.rank = 3, .peer = 5, .channel = 2, .timeout = Millis(30)}, stream());
+  EXPECT_THAT(error_of([&] { stream().synchronize(); }),
+              HasSubstr("rank 3: waited 0.03 s for flag"));
+  EXPECT_EQ(error_of([&] { stream().synchronize(); }), "<no error thrown>");  // reported once
+  be_->wait_flag(f + 1, 1, {.rank = 3, .peer = 5, .channel = 2, .timeout = Millis(30)}, stream());
+  EXPECT_THAT(error_of([&] { stream().synchronize(); }),
+              HasSubstr("of peer 5 on channel 2 to reach 1 (it holds 0"));
+}
+
+}  // namespace
+}  // namespace asynctp

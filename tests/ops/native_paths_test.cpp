@@ -1,0 +1,201 @@
+// The native paths of all_gather_matmul and matmul_reduce_scatter on the CPU backend, whose
+// native GEMM emulates the kernel's contract (device/cpu_native_gemm.h): the walk from the pivot,
+// per-piece ready waits on the flags in symmetric memory, done counters, and the reduce-scatter
+// epilogue. On every world size, with the streams' jitter on (every seed listed for STREAMS):
+//
+//   all_gather_matmul:     A_shard [.., s@g, .., k] -AG(g)-> A [ws*s rows, k]; out_i = A @ B_i.
+//                          The emulation accumulates as the CPU reference GEMM does: the result
+//                          equals the unfused all-gather then GEMM bit for bit.
+//   matmul_reduce_scatter: P_r = A_r @ B [ws*rows, n]; out = chunk r of the sum over ranks. The
+//                          contract's sum: rank r's own product in f32, then every peer's
+//                          partial (rounded to out's dtype, as pushed) in rank order, x 1/ws for
+//                          avg, rounded once; computed here from the references and compared bit
+//                          for bit.
+#include "ops/op_testing.h"
+
+namespace asynctp {
+namespace {
+
+using namespace asynctp::testing;  // NOLINT(google-build-using-namespace)
+
+constexpr float kSentinel = -12345.0f;
+
+struct NativeAgCase {
+  Dims shard;
+  int gather_dim = 0;
+  std::vector<int64_t> ns{24};
+  DType dtype = DType::kBF16;
+  DType out_dtype = DType::kBF16;
+  Layout b_layout = Layout::kContiguous;
+  bool return_a = false;
+  size_t piece_bytes = 0;  // push pieces (0: one per shard)
+
+  std::string describe() const {
+    return fmt::format("A_shard {}{}, gather_dim {}, Ns [{}], B {}, out {}{}, pieces of {} bytes",
+                       dtype, shard, gather_dim, fmt::join(ns, ", "), layout_name(b_layout),
+                       out_dtype, return_a ? ", returning A" : "", piece_bytes);
+  }
+};
+
+void check_ag(OpContext& ctx, const NativeAgCase& c, uint64_t id,
+              PathChoice path = PathChoice::kNative) {
+  SCOPED_TRACE(c.describe());
+  Backend& be = ctx.backend();
+  const int ws = ctx.world_size();
+  std::vector<OwnedTensor> shards;
+  for (int r = 0; r < ws; ++r)
+    shards.push_back(seeded(c.shard, c.dtype, {id, 1, uint64_t(r)}));
+  const OwnedTensor a_full = concat(be, shards, c.gather_dim);
+  std::vector<OwnedTensor> bs_owned, expected, outs_owned;
+  std::vector<Tensor> bs, outs;
+  for (size_t i = 0; i < c.ns.size(); ++i) {
+    bs_owned.push_back(
+        seeded({c.shard.back(), c.ns[i]}, c.dtype, {id, 2, i}, Values::kRandom, c.b_layout));
+    bs.push_back(bs_owned.back());
+    expected.push_back(
+        empty_host(all_gather_matmul_out_shape(shards[0], bs[i], c.gather_dim, ws), c.out_dtype));
+    reference_gemm(be, a_full, bs[i], expected.back());
+    outs_owned.push_back(filled(expected.back()->shape(), c.out_dtype, kSentinel));
+    outs.push_back(outs_owned.back());
+  }
+  const OwnedTensor a_out =
+      c.return_a ? filled(a_full->shape(), c.dtype, kSentinel) : OwnedTensor();
+  AllGatherMatmulOptions options;
+  options.gather_dim = c.gather_dim;
+  options.path = path;
+  options.push_piece_bytes = c.piece_bytes;
+  all_gather_matmul(ctx, shards[ctx.rank()], bs, outs, a_out.tensor, options);
+  ctx.stream().synchronize();
+  expect_path(ctx, "all_gather_matmul", path == PathChoice::kSplit ? Path::kSplit : Path::kNative);
+  for (size_t i = 0; i < outs.size(); ++i)
+    EXPECT_TRUE(same_bits(outs[i], expected[i])) << "outs[" << i << "]";
+  if (c.return_a) {
+    EXPECT_TRUE(same_bits(a_out, a_full)) << "A_out";
+  }
+}
+
+struct NativeRsCase {
+  Dims a_shape;  // the product's rows split evenly into ws chunks of a multiple of 128 rows
+  int scatter_dim = 0;
+  int64_t n = 24;
+  DType dtype = DType::kBF16;
+  ReduceOp op = ReduceOp::kSum;
+  Layout b_layout = Layout::kContiguous;
+
+  std::string describe() const {
+    return fmt::format("A {}{}, scatter_dim {}, N {}, B {}, {}", dtype, a_shape, scatter_dim, n,
+                       layout_name(b_layout), reduce_op_name(op));
+  }
+};
+
+void check_rs(OpContext& ctx, const NativeRsCase& c, uint64_t id) {
+  SCOPED_TRACE(c.describe());
+  Backend& be = ctx.backend();
+  const int ws = ctx.world_size(), rank = ctx.rank();
+  const int64_t k = c.a_shape.back();
+  std::vector<OwnedTensor> as, bs;
+  OwnedTensor own_f32;               // P_rank in f32
+  std::vector<OwnedTensor> rounded;  // P_r in out's dtype
+  for (int r = 0; r < ws; ++r) {
+    as.push_back(seeded(c.a_shape, c.dtype, {id, 1, uint64_t(r)}));
+    bs.push_back(seeded({k, c.n}, c.dtype, {id, 2, uint64_t(r)}, Values::kRandom, c.b_layout));
+    const Dims product = with_dim(c.a_shape, -1, c.n);
+    rounded.push_back(empty_host(product, c.dtype));
+    reference_gemm(be, as[r], bs[r], rounded.back());
+    if (r == rank) {
+      own_f32 = empty_host(product, DType::kF32);
+      reference_gemm(be, as[r], bs[r], own_f32);
+    }
+  }
+  const Dims out_shape = matmul_reduce_scatter_out_shape(as[0], bs[0], c.scatter_dim, ws);
+  OwnedTensor expected = empty_host(out_shape, c.dtype);
+  const Tensor own_chunk = chunk_of(own_f32, c.scatter_dim, ws, rank);
+  const float inv = 1.0f / static_cast<float>(ws);
+  for (int64_t i = 0; i < expected->numel(); ++i) {
+    float x = get(own_chunk, i);
+    for (int s = 0; s < ws; ++s)
+      if (s != rank) x += get(chunk_of(rounded[s], c.scatter_dim, ws, rank), i);
+    if (c.op == ReduceOp::kAvg) x *= inv;
+    set(expected, i, x);
+  }
+  OwnedTensor out = empty_host(out_shape, c.dtype);
+  fill_value(out, kSentinel);
+  MatmulReduceScatterOptions options;
+  options.reduce_op = c.op;
+  options.scatter_dim = c.scatter_dim;
+  options.path = PathChoice::kNative;
+  matmul_reduce_scatter(ctx, as[rank], bs[rank], out, options);
+  ctx.stream().synchronize();
+  expect_path(ctx, "matmul_reduce_scatter", Path::kNative);
+  EXPECT_TRUE(same_bits(out, expected));
+}
+
+class NativePathsTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(NativePathsTest, AllGatherMatmulMatchesUnfusedBitForBit) {
+  std::vector<NativeAgCase> cases;
+  auto add = [&](NativeAgCase c) { cases.push_back(std::move(c)); };
+  // Shards on the 128-row tile grid (the own chunk read in place), off it (tiles straddling
+  // chunks, the own edge rows copied and flagged), 3-D on dim 0 and on dim 1 after a batch dim of
+  // size 1, several Bs, a column-major B, both 16-bit dtypes and every output dtype.
+  add({.shard = {128, 32}, .ns = {24, 8}, .out_dtype = DType::kF32});
+  add({.shard = {40, 16}, .dtype = DType::kF16, .out_dtype = DType::kF16, .return_a = true});
+  add({.shard = {2, 24, 32}, .ns = {16}, .b_layout = Layout::kTransposed});
+  add({.shard = {1, 72, 16},
+       .gather_dim = 1,
+       .ns = {8, 16},
+       .out_dtype = DType::kF32,
+       .return_a = true});
+  // 300 rows in pieces of 128 rows: the tiles of a chunk wait for the pieces they overlap.
+  add({.shard = {300, 16}, .ns = {8}, .piece_bytes = 128 * 16 * 2});
+  auto statuses = run_ranks(GetParam(), [&](OpContext& ctx) {
+    for (size_t i = 0; i < cases.size(); ++i)
+      check_ag(ctx, cases[i], 100 + i);
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
+TEST_P(NativePathsTest, MatmulReduceScatterFollowsTheContractBitForBit) {
+  const int ws = GetParam();
+  std::vector<NativeRsCase> cases;
+  auto add = [&](NativeRsCase c) { cases.push_back(std::move(c)); };
+  add({.a_shape = {128 * ws, 32}});
+  add({.a_shape = {128 * ws, 16},
+       .n = 40,
+       .dtype = DType::kF16,
+       .op = ReduceOp::kAvg,
+       .b_layout = Layout::kTransposed});
+  add({.a_shape = {ws, 256, 16}, .n = 264, .op = ReduceOp::kAvg});
+  add({.a_shape = {1, 128 * ws, 8}, .scatter_dim = 1, .n = 16, .dtype = DType::kF16});
+  auto statuses = run_ranks(ws, [&](OpContext& ctx) {
+    for (size_t i = 0; i < cases.size(); ++i)
+      check_rs(ctx, cases[i], 200 + i);
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
+// Under auto the CPU backend, which does not time paths, takes the native path where it can run
+// (ops/dispatch.h), back to back with the split path on the same buffers.
+TEST_P(NativePathsTest, AutoTakesTheNativePathBesideTheSplitOne) {
+  auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
+    const int ws = ctx.world_size();
+    for (int i = 0; i < 3; ++i) {
+      const PathChoice path = i == 1 ? PathChoice::kSplit : PathChoice::kAuto;
+      check_ag(ctx, {.shard = {64, 16}, .ns = {8}}, 300 + i, path);
+      const OwnedTensor a = seeded({128 * ws, 16}, DType::kBF16, {310, uint64_t(ctx.rank())});
+      const OwnedTensor b = seeded({16, 8}, DType::kBF16, {311});
+      OwnedTensor out = empty_host({128, 8}, DType::kBF16);
+      matmul_reduce_scatter(ctx, a, b, out, {.path = path});
+      ctx.stream().synchronize();
+      expect_path(ctx, "matmul_reduce_scatter", i == 1 ? Path::kSplit : Path::kNative);
+    }
+    EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kNative), 2);
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, NativePathsTest, ::testing::ValuesIn(kWorldSizes),
+                         world_size_name);
+
+}  // namespace
+}  // namespace asynctp
