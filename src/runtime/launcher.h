@@ -1,6 +1,7 @@
 // The single-node launcher behind `asynctp launch`: starts N ranks of a command with the
-// torchrun variables set, tags their output lines with the rank, and stops the whole job as soon
-// as one rank fails, on SIGINT/SIGTERM (forwarded to every rank), or at the timeout.
+// torchrun variables set (and ASYNCTP_RUN_ID and ASYNCTP_STORE_SECRET, fresh per job), tags their
+// output lines with the rank, and stops the whole job as soon as one rank fails, on SIGINT/SIGTERM
+// (forwarded to every rank), or at the timeout.
 #pragma once
 
 #include <optional>
