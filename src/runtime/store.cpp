@@ -244,12 +244,11 @@ namespace {
 
 // The payload of the next frame on fd, at most max_len bytes; nullopt when the deadline passes
 // first. Throws Error when the peer closes or announces a longer frame.
-std::optional<std::string> read_frame(int fd, uint32_t max_len, const Deadline& deadline,
-                                      const std::string& who) {
+std::optional<std::string> read_frame(int fd, uint32_t max_len, const Deadline& deadline) {
   uint32_t len = 0;
   if (!net::recv_all(fd, &len, 4, deadline)) return std::nullopt;
-  ASYNCTP_CHECK(len <= max_len, "{}: the peer announced a frame of {} bytes, over the limit of {}",
-                who, len, max_len);
+  ASYNCTP_CHECK(len <= max_len, "the peer announced a frame of {} bytes, over the limit of {}", len,
+                max_len);
   std::string payload(len, '\0');
   if (!net::recv_all(fd, payload.data(), len, deadline)) return std::nullopt;
   return payload;
@@ -305,18 +304,18 @@ bool TcpStore::handshake(int fd, const Deadline& deadline, const std::string& wh
                       deadline.describe());
     }
     ASYNCTP_FAIL(
-        "{}: what listens on {} sent no asynctp store greeting within {} s: port {} "
+        "what listens on {} sent no asynctp store greeting within {} s: port {} "
         "is held by another program",
-        who, where, kGreetingTimeout.count() / 1000, port_);
+        where, kGreetingTimeout.count() / 1000, port_);
   }
   uint8_t status = 0;
   std::vector<std::string> fields;
   ASYNCTP_CHECK(sp::decode_payload(*hello, &status, &fields) && status == sp::kHello &&
                     fields.size() == 2 && fields[0] == sp::kGreeting &&
                     fields[1].size() == sp::kNonceBytes,
-                "{}: what listens on {} is not an asynctp store (its greeting is '{}'): port {} "
+                "what listens on {} is not an asynctp store (its greeting is '{}'): port {} "
                 "is held by another program",
-                who, where, sp::printable(*hello), port_);
+                where, sp::printable(*hello), port_);
   const std::string client_nonce = random_bytes(sp::kNonceBytes);
   const std::string frame = sp::encode_frame(
       sp::kAuth,
@@ -324,13 +323,13 @@ bool TcpStore::handshake(int fd, const Deadline& deadline, const std::string& wh
   net::send_all(fd, frame.data(), frame.size());
   std::optional<std::string> answer;
   try {
-    answer = read_frame(fd, sp::kMaxHandshakeFrameBytes, deadline, who);
+    answer = read_frame(fd, sp::kMaxHandshakeFrameBytes, deadline);
   } catch (const Error& e) {
     ASYNCTP_FAIL(
-        "{}: the store at {} closed the connection during authentication ({}): port {} "
+        "the store at {} closed the connection during authentication ({}): port {} "
         "is held by another job's store, or this job's ranks were given different {} "
         "values",
-        who, where, e.what(), port_, envvars::kStoreSecret.name);
+        where, e.what(), port_, envvars::kStoreSecret.name);
   }
   if (!answer) {
     ASYNCTP_TIMEOUT("{}: the store at {} did not answer the authentication within {}", who, where,
@@ -339,15 +338,15 @@ bool TcpStore::handshake(int fd, const Deadline& deadline, const std::string& wh
   std::vector<std::string> reply;
   const bool well_formed = sp::decode_payload(*answer, &status, &reply) && reply.size() == 1;
   ASYNCTP_CHECK(well_formed && status == sp::kOk,
-                "{}: the store at {} refused this rank ({}): port {} is held by another job's "
+                "the store at {} refused this rank ({}): port {} is held by another job's "
                 "store, or this job's ranks were given different {} values",
-                who, where, well_formed ? sp::printable(reply[0], 1024) : "malformed reply", port_,
+                where, well_formed ? sp::printable(reply[0], 1024) : "malformed reply", port_,
                 envvars::kStoreSecret.name);
   ASYNCTP_CHECK(
       constant_time_equal(as_bytes(sp::server_proof(secret_, fields[1], client_nonce)), reply[0]),
-      "{}: the store at {} does not know this job's secret: port {} is held by another job's "
+      "the store at {} does not know this job's secret: port {} is held by another job's "
       "store",
-      who, where, port_);
+      where, port_);
   return true;
 }
 
@@ -381,7 +380,7 @@ std::vector<std::string> TcpStore::request(uint8_t command, const std::vector<st
     if (!fd_->valid()) connect(deadline, who);
     const std::string frame = sp::encode_frame(command, fields);
     net::send_all(fd_->get(), frame.data(), frame.size());
-    const auto payload = read_frame(fd_->get(), sp::kMaxFrameBytes, deadline, who);
+    const auto payload = read_frame(fd_->get(), sp::kMaxFrameBytes, deadline);
     if (!payload) {
       // The server may still answer later; drop the connection so that a late reply can never
       // be mistaken for the answer to the next request.
@@ -389,7 +388,7 @@ std::vector<std::string> TcpStore::request(uint8_t command, const std::vector<st
       ASYNCTP_TIMEOUT("{} timed out after {} (store at {}:{})", who, deadline.describe(), host_,
                       port_);
     }
-    ASYNCTP_CHECK(sp::decode_payload(*payload, &status, &reply), "{}: malformed reply", who);
+    ASYNCTP_CHECK(sp::decode_payload(*payload, &status, &reply), "malformed reply");
   } catch (const TimeoutError&) {
     throw;
   } catch (const Error& e) {
