@@ -8,6 +8,10 @@
 #   SHARED=4                                (shared: how many ranks per GPU; default 4 / NGPU)
 #   TORCH_BENCH=path/to/torch_asynctp_bench.py (the anchor script; default .carry/torch_asynctp_bench.py)
 #   GTEST_FILTER=...                        (passed to the GPU test binary)
+#   SANITIZE_BINARIES / SANITIZE_TOOLS / SANITIZE_FILTER / SANITIZE_TIMEOUT / SANITIZE_LIMIT
+#                                           (sanitize: which binaries, tools, tests; the
+#                                            ASYNCTP_TIMEOUT of the run, default 120 s; the
+#                                            limit of one run, default 600 s)
 #   BENCH_ARGS="--pace 0 ..."               (more options for asynctp bench)
 #   BUNDLE=1                                (write the logs elsewhere and leave in $OUT only one
 #                                            archive of them, gpu-check.tgz, and the summaries
@@ -109,19 +113,40 @@ if step shared; then
 fi
 
 if step sanitize; then
-  # The native GEMM on small cases (chunks landing while it runs, published chunks, every
-  # epilogue variant, the reduce-scatter epilogue) under compute-sanitizer's race and synchronization checkers; only tests
-  # that run no cuBLASLt kernel (racecheck reports hazards inside cuBLASLt's own kernels).
+  # Every GPU test binary under compute-sanitizer's four tools: memcheck with the leak check,
+  # racecheck, synccheck and initcheck; the rank processes the op tests fork are followed. The
+  # sanitizers slow kernels down, so every wait is lengthened through ASYNCTP_TIMEOUT (the
+  # tests' waits that are meant to succeed take their bound from it). API errors are not
+  # reported: NCCL's set-up probes kernels that its build lacks for this GPU, and our own calls'
+  # statuses are all checked (ASYNCTP_CUDA_CHECK). racecheck skips the tests that compare with
+  # cuBLASLt (the tool itself fails on those kernels: "Internal Sanitizer Error"). initcheck runs
+  # kernels one at a time, so it skips the tests whose kernel waits for work enqueued after it on
+  # another stream (they could only time out there); the other tools run them. Each run:
+  # sanitize_<binary>_<tool>.log, and its ERROR SUMMARY / LEAK lines here.
   CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
-  if [ -n "$CS" ] && [ -x "$BIN/test_device_gpu" ]; then
-    for tool in racecheck synccheck; do
-      echo "== compute-sanitizer --tool $tool (native GEMM)"
-      "$CS" --tool "$tool" --error-exitcode 9 "$BIN/test_device_gpu" --gtest_brief=1 \
-        --gtest_filter='NativeGemm.ConsumesChunksAsTheyLand:NativeGemm.ConsumesChunksLandingInPieces:NativeGemm.PublishesFinishedChunks:NativeGemm.RegisterStoreMatchesTmaStore:NativeGemm.TailSplitMatchesUnsplitAndRepeatsBitForBit:NativeGemm.ReducesTheOwnChunkWithThePeersParts' \
-        > "$OUT/sanitize_$tool.log" 2>&1
-      rc=$?
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/sanitize_$tool.log" | tail -4
-      [ $rc -eq 0 ] || status=1
+  if [ -n "$CS" ]; then
+    for t in ${SANITIZE_BINARIES:-test_device_gpu test_ops_gpu}; do
+      [ -x "$BIN/$t" ] || continue
+      for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
+        extra=()
+        filter=${SANITIZE_FILTER:-}
+        case $tool in
+          memcheck) extra=(--leak-check full) ;;
+          racecheck) filter=${filter:-*}-*MatchesReferenceAndCublasLt* ;;
+          initcheck)
+            serial='NativeGemm.ConsumesChunks*:NativeGemm.OpNumberedFlagsWrapAround:CudaReduce.WhenFlagged*:CudaWaitFlags.*'
+            filter=${filter:-*}-$serial ;;
+        esac
+        t0=$(date +%s)
+        ASYNCTP_TIMEOUT=${SANITIZE_TIMEOUT:-120} timeout "${SANITIZE_LIMIT:-600}" "$CS" --tool "$tool" \
+          --target-processes all --error-exitcode 9 --report-api-errors no "${extra[@]}" "$BIN/$t" --gtest_brief=1 \
+          ${filter:+--gtest_filter=$filter} > "$OUT/sanitize_${t}_$tool.log" 2>&1
+        rc=$?
+        echo "== compute-sanitizer --tool $tool $t: rc $rc, $(($(date +%s) - t0)) s"
+        grep -E "ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY|tests ran|FAILED  \]" \
+          "$OUT/sanitize_${t}_$tool.log" | sort | uniq -c | head -8
+        [ $rc -eq 0 ] || status=1
+      done
     done
   else
     echo "== compute-sanitizer: not found, skipped"

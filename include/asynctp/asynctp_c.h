@@ -38,7 +38,7 @@ extern "C" {
 #define ASYNCTP_C_EXPORT
 #endif
 
-#define ASYNCTP_C_API_VERSION 1
+#define ASYNCTP_C_API_VERSION 2
 #define ASYNCTP_MAX_DIMS 8
 #define ASYNCTP_CONTEXT_STREAM ((void*)(intptr_t)-1)
 
@@ -253,6 +253,25 @@ typedef struct asynctp_memory_stats {
 
 ASYNCTP_C_EXPORT asynctp_status asynctp_memory_stats_get(asynctp_context ctx,
                                                          asynctp_memory_stats* out);
+
+/* ---- graph passes ------------------------------------------------------------------------ */
+
+/* Runs the passes of `asynctp passes` (micro-pipeline-TP fusion, then bucketing, dead-code
+ * removal and a topological sort) over an fx-graph-json document (docs/GRAPH.md).
+ * options_json: a JSON object of `asynctp passes`' options, named as its flags without the
+ * dashes ({"enable_last_dim": true, "enable_transpose": false, "bucket_mb": [4, 16],
+ * "no_fuse": false, "strict": false}); NULL or "{}": the defaults. An unknown name or a value of
+ * the wrong kind is ASYNCTP_ERROR_INVALID_ARGUMENT naming it; so is a defective graph.
+ * graph_json NULL: only checks the options.
+ * *out receives a NUL-terminated JSON object that the library allocated (release it with
+ * asynctp_string_free): {"options": every option with the defaults filled in, "report": one
+ * {"collective", "kind", "outcome", "detail"} per collective of the input (outcome "fused",
+ * "bucketed", "unmatched" or "blocked": a pattern applied but something prevented it),
+ * "graph": the rewritten document} ("report" and "graph" absent without a graph). */
+ASYNCTP_C_EXPORT asynctp_status asynctp_run_passes(const char* graph_json, const char* options_json,
+                                                   char** out);
+/* Releases a string the library allocated (NULL: nothing). */
+ASYNCTP_C_EXPORT void asynctp_string_free(char* s);
 
 #ifdef __cplusplus
 }

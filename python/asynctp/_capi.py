@@ -1,4 +1,4 @@
-"""ctypes binding of the C ABI (include/asynctp/asynctp_c.h), version 1.
+"""ctypes binding of the C ABI (include/asynctp/asynctp_c.h), version 2.
 
 Every function's argtypes and restype are declared once, when the library is first loaded. A
 call returns an asynctp_status; `check(status)` turns anything but ASYNCTP_OK into the matching
@@ -20,7 +20,7 @@ import os
 import threading
 from pathlib import Path
 
-API_VERSION = 1
+API_VERSION = 2
 MAX_DIMS = 8
 CONTEXT_STREAM = ctypes.c_void_p(-1)  # ASYNCTP_CONTEXT_STREAM
 
@@ -237,6 +237,8 @@ _PROTOTYPES = {
         [_ctx, ctypes.c_char_p, ctypes.c_size_t, _P(ctypes.c_size_t)],
     ),
     "asynctp_memory_stats_get": (ctypes.c_int, [_ctx, _P(MemoryStats)]),
+    "asynctp_run_passes": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, _P(_vp)]),
+    "asynctp_string_free": (None, [_vp]),
 }
 
 _lib: ctypes.CDLL | None = None

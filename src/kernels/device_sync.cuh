@@ -29,16 +29,19 @@ __device__ __forceinline__ bool flag_raised(uint32_t flag, uint32_t value) {
   return flag - value <= 1u;
 }
 
-// The first timeout of a launch (or of several) wins the slot.
+// The first timeout of a launch (or of several) wins the slot (see DeviceErrorSlot): a
+// device-scope atomic on device memory, then plain stores to the host-mapped record.
 __device__ __forceinline__ void report_timeout(DeviceErrorSlot* slot, int rank, int peer,
                                                int channel, int what, uint64_t timeout_ns) {
   if (slot == nullptr) return;
-  if (atomicCAS_system(const_cast<int*>(&slot->flagged), 0, 1) == 0) {
+  if (atomicCAS(slot->claim, 0, 1) == 0) {
     slot->rank = rank;
     slot->peer = peer;
     slot->channel = channel;
     slot->what = what;
     slot->timeout_ns = timeout_ns;
+    __threadfence_system();
+    slot->flagged = 1;
     __threadfence_system();
   }
 }

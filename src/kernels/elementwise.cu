@@ -1,5 +1,10 @@
 // Strided copy with dtype conversion, fill, unary ops and the scaled-GEMM epilogue. Grid-stride
 // loops over the output's linear index; contiguous tensors skip the N-d offset arithmetic.
+//
+// The common case, contiguous and 16-byte aligned with one dtype on both sides (the glue between
+// a block's GEMMs: SiLU over [T, F] bf16), takes vector kernels: 16 bytes per load and store, the
+// dtype a template argument (no per-element switch), so that they run at memory bandwidth. They
+// round exactly as the generic kernels do (core/float_bits.h).
 #include "kernels/element_access.cuh"
 
 namespace asynctp::kernels {
@@ -48,6 +53,95 @@ __device__ __forceinline__ float apply_unary(int op, float v) {
   }
 }
 
+// The storage type of a dtype the vector kernels take, and its f32 conversions.
+template <DType D>
+struct Elem;
+template <>
+struct Elem<DType::kF32> {
+  using T = float;
+  static __device__ __forceinline__ float load(T v) { return v; }
+  static __device__ __forceinline__ T store(float v) { return v; }
+};
+template <>
+struct Elem<DType::kBF16> {
+  using T = uint16_t;
+  static __device__ __forceinline__ float load(T v) { return bits::bf16_to_float(v); }
+  static __device__ __forceinline__ T store(float v) { return bits::float_to_bf16(v); }
+};
+template <>
+struct Elem<DType::kF16> {
+  using T = uint16_t;
+  static __device__ __forceinline__ float load(T v) { return bits::f16_to_float(v); }
+  static __device__ __forceinline__ T store(float v) { return bits::float_to_f16(v); }
+};
+
+// Whether the vector kernels take dst and src: one dtype they know, both contiguous, both
+// 16-byte aligned (so that element i of one is element i of the other in the same lane).
+bool vectorizable(const KTensor& dst, const KTensor* src) {
+  const bool known =
+      dst.dtype == DType::kF32 || dst.dtype == DType::kBF16 || dst.dtype == DType::kF16;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!known || !dst.contiguous() || !aligned(dst.data)) return false;
+  return src == nullptr || (src->dtype == dst.dtype && src->contiguous() && aligned(src->data));
+}
+
+// f(v) for every element: n elements of dtype D, contiguous, 16-byte aligned. Lanes of 16 bytes
+// first, then the n % (16 / sizeof) elements of the tail one per thread.
+template <DType D, typename F>
+__device__ __forceinline__ void vector_map(void* dst, const void* src, int64_t n, F f) {
+  using E = Elem<D>;
+  using T = typename E::T;
+  constexpr int kLanes = 16 / sizeof(T);
+  const int64_t lanes = n / kLanes;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (int64_t i = first; i < lanes; i += stride) {
+    uint4 v = src != nullptr ? static_cast<const uint4*>(src)[i] : uint4{};
+    T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+    for (int k = 0; k < kLanes; ++k)
+      e[k] = E::store(f(E::load(e[k])));
+    static_cast<uint4*>(dst)[i] = v;
+  }
+  for (int64_t i = lanes * kLanes + first; i < n; i += stride) {
+    const T v = src != nullptr ? static_cast<const T*>(src)[i] : T{};
+    static_cast<T*>(dst)[i] = E::store(f(E::load(v)));
+  }
+}
+
+template <DType D, int Op>
+__global__ void unary_vector_kernel(void* dst, const void* src, int64_t n) {
+  vector_map<D>(dst, src, n, [](float v) { return apply_unary(Op, v); });
+}
+
+template <DType D>
+__global__ void fill_vector_kernel(void* dst, float value, int64_t n) {
+  vector_map<D>(dst, nullptr, n, [value](float) { return value; });
+}
+
+// Raw bytes, 16 at a time (same dtype, both contiguous and aligned): nbytes % 16 == 0.
+__global__ void raw_copy_vector_kernel(uint4* dst, const uint4* src, int64_t lanes) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < lanes;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+
+// The vector kernels' launches, by dtype (CUDA here is C++17: no template lambdas).
+template <DType D>
+void launch_unary_vector(int op, void* dst, const void* src, int64_t n, int grid,
+                         cudaStream_t stream) {
+  if (op == 0) unary_vector_kernel<D, 0><<<grid, kThreads, 0, stream>>>(dst, src, n);
+  if (op == 1) unary_vector_kernel<D, 1><<<grid, kThreads, 0, stream>>>(dst, src, n);
+  if (op == 2) unary_vector_kernel<D, 2><<<grid, kThreads, 0, stream>>>(dst, src, n);
+}
+
+// Blocks for n elements at 16 bytes per thread (at most enough to cover every lane once).
+int vector_grid(int64_t n, DType dtype) {
+  const int64_t lanes = n * static_cast<int64_t>(element_size(dtype)) / 16;
+  return detail::grid_for(lanes > 0 ? lanes : 1, kThreads);
+}
+
 __global__ void unary_kernel(int op, KTensor dst, KTensor src, int64_t n, bool dst_contig,
                              bool src_contig) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -77,6 +171,12 @@ __global__ void scale_epilogue_kernel(void* d, DType d_dtype, int64_t ldd, const
 cudaError_t copy(const KTensor& dst, const KTensor& src, cudaStream_t stream) {
   const int64_t n = dst.numel();
   if (n == 0) return cudaSuccess;
+  const int64_t nbytes = n * static_cast<int64_t>(element_size(dst.dtype));
+  if (dst.dtype == src.dtype && vectorizable(dst, &src) && nbytes % 16 == 0) {
+    raw_copy_vector_kernel<<<vector_grid(n, dst.dtype), kThreads, 0, stream>>>(
+        static_cast<uint4*>(dst.data), static_cast<const uint4*>(src.data), nbytes / 16);
+    return cudaGetLastError();
+  }
   const int grid = detail::grid_for(n, kThreads);
   if (dst.dtype == src.dtype) {
     switch (element_size(dst.dtype)) {
@@ -99,6 +199,16 @@ cudaError_t copy(const KTensor& dst, const KTensor& src, cudaStream_t stream) {
 cudaError_t fill(const KTensor& dst, float value, cudaStream_t stream) {
   const int64_t n = dst.numel();
   if (n == 0) return cudaSuccess;
+  if (vectorizable(dst, nullptr)) {
+    const int grid = vector_grid(n, dst.dtype);
+    if (dst.dtype == DType::kF32)
+      fill_vector_kernel<DType::kF32><<<grid, kThreads, 0, stream>>>(dst.data, value, n);
+    if (dst.dtype == DType::kBF16)
+      fill_vector_kernel<DType::kBF16><<<grid, kThreads, 0, stream>>>(dst.data, value, n);
+    if (dst.dtype == DType::kF16)
+      fill_vector_kernel<DType::kF16><<<grid, kThreads, 0, stream>>>(dst.data, value, n);
+    return cudaGetLastError();
+  }
   fill_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(dst, value, n,
                                                                       dst.contiguous());
   return cudaGetLastError();
@@ -107,6 +217,16 @@ cudaError_t fill(const KTensor& dst, float value, cudaStream_t stream) {
 cudaError_t unary(int op, const KTensor& dst, const KTensor& src, cudaStream_t stream) {
   const int64_t n = dst.numel();
   if (n == 0) return cudaSuccess;
+  if (vectorizable(dst, &src) && op >= 0 && op <= 2) {
+    const int grid = vector_grid(n, dst.dtype);
+    if (dst.dtype == DType::kF32)
+      launch_unary_vector<DType::kF32>(op, dst.data, src.data, n, grid, stream);
+    if (dst.dtype == DType::kBF16)
+      launch_unary_vector<DType::kBF16>(op, dst.data, src.data, n, grid, stream);
+    if (dst.dtype == DType::kF16)
+      launch_unary_vector<DType::kF16>(op, dst.data, src.data, n, grid, stream);
+    return cudaGetLastError();
+  }
   unary_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(
       op, dst, src, n, dst.contiguous(), src.contiguous());
   return cudaGetLastError();

@@ -35,8 +35,12 @@ struct KTensor {
   }
 };
 
-// Where a timed-out device wait reports what it waited for (host-mapped memory, read by the host
-// after the stream has run). `flagged` goes 0 -> 1 once; the first timeout wins.
+// Where a timed-out device wait reports what it waited for. The record lives in host-mapped
+// memory, which the host polls without a synchronization; the first timeout wins it by an atomic
+// on `claim`, a word in device memory: host memory takes no device atomics where the host has no
+// native atomics for it (PCIe hosts; compute-sanitizer rejects them everywhere). The winner writes
+// the fields, fences, then sets `flagged` (0 -> 1 once); the host reads `flagged` first, then the
+// fields, and zeroes `claim` after it has taken the record.
 struct DeviceErrorSlot {
   volatile int flagged;
   int rank;
@@ -46,6 +50,7 @@ struct DeviceErrorSlot {
   // waiting for its own split tiles, 5 reduction waiting for a peer's partial
   int what;
   unsigned long long timeout_ns;
+  int* claim;  // device memory, 0 until a timeout claims the slot
 };
 
 struct SignalSite {

@@ -16,22 +16,20 @@ std::string only_wait(const Graph& g, const Users& users, const Node& coll, std:
   return us[0];
 }
 
-// If `split_node` = split(src, size, dim) has exactly `ws` getitem users 0..ws-1, each read only
-// by one cat node, returns that cat (its parts in order) and fills `nodes`.
-std::string chunk_cat(const Graph& g, const Users& users, const Node& split_node, int64_t ws,
-                      std::vector<std::string>* nodes) {
-  const auto& items = users_of(users, split_node.name);
-  if (static_cast<int64_t>(items.size()) != ws) return "";
+// The cat that reads `parts` (every user of one node), each part read only by that cat, in the
+// order `index_of` gives them (0..ws-1; -1: not a part); "" otherwise. On success appends the
+// parts in order, then the cat, to `nodes`.
+template <typename IndexOf>
+std::string parts_cat(const Graph& g, const Users& users, const std::vector<std::string>& parts,
+                      int64_t ws, IndexOf index_of, std::vector<std::string>* nodes) {
+  if (static_cast<int64_t>(parts.size()) != ws) return "";
   std::vector<std::string> by_index(static_cast<size_t>(ws));
   std::string cat;
-  for (const auto& it : items) {
-    const Node* gi = g.find(it);
-    if (gi->target != "_operator.getitem" || gi->args.size() != 2 || !gi->args[1].is_int())
-      return "";
-    const int64_t idx = gi->args[1].i;
+  for (const auto& part : parts) {
+    const int64_t idx = index_of(*g.find(part));
     if (idx < 0 || idx >= ws || !by_index[idx].empty()) return "";
-    by_index[idx] = it;
-    const auto& cu = users_of(users, it);
+    by_index[idx] = part;
+    const auto& cu = users_of(users, part);
     if (cu.size() != 1 || g.find(cu[0])->target != "aten.cat.default") return "";
     if (!cat.empty() && cat != cu[0]) return "";
     cat = cu[0];
@@ -44,7 +42,6 @@ std::string chunk_cat(const Graph& g, const Users& users, const Node& split_node
     const Value& part = c->args[0].list[i];
     if (!part.is_node() || part.s != by_index[i]) return "";
   }
-  nodes->push_back(split_node.name);
   for (const auto& n : by_index)
     nodes->push_back(n);
   nodes->push_back(cat);
@@ -54,6 +51,52 @@ std::string chunk_cat(const Graph& g, const Users& users, const Node& split_node
 int64_t int_arg(const Node& n, size_t i, std::string_view key, int64_t fallback) {
   const Value* v = n.arg(i, key);
   return v != nullptr && v->is_int() ? v->i : fallback;
+}
+
+// If `split_node` = split(src, size, dim) has exactly `ws` getitem users 0..ws-1, each read only
+// by one cat node, returns that cat (its parts in order) and fills `nodes` (the split, the
+// getitems, the cat).
+std::string chunk_cat(const Graph& g, const Users& users, const Node& split_node, int64_t ws,
+                      std::vector<std::string>* nodes) {
+  std::vector<std::string> found{split_node.name};
+  const std::string cat = parts_cat(
+      g, users, users_of(users, split_node.name), ws,
+      [](const Node& gi) -> int64_t {
+        if (gi.target != "_operator.getitem" || gi.args.size() != 2 || !gi.args[1].is_int())
+          return -1;
+        return gi.args[1].i;
+      },
+      &found);
+  if (!cat.empty()) nodes->insert(nodes->end(), found.begin(), found.end());
+  return cat;
+}
+
+// The slice form of the same (PyTorch writes it in backward graphs): if the users of `src` are
+// exactly `ws` nodes slice(src, dim, r*chunk, (r+1)*chunk) for r = 0..ws-1 (step 1; the last end
+// may be past the size), each read only by one cat that takes them in order, returns that cat
+// and fills `nodes` (the slices, then the cat).
+std::string slice_cat(const Graph& g, const Users& users, const Node& src, int64_t dim,
+                      int64_t chunk, int64_t ws, std::vector<std::string>* nodes) {
+  if (chunk <= 0) return "";
+  return parts_cat(
+      g, users, users_of(users, src.name), ws,
+      [&](const Node& s) -> int64_t {
+        if (s.target != "aten.slice.Tensor" || node_arg(s, 0) != src.name ||
+            int_arg(s, 1, "dim", 0) != dim || int_arg(s, 4, "step", 1) != 1)
+          return -1;
+        const int64_t start = int_arg(s, 2, "start", -1);
+        if (start < 0 || start % chunk != 0) return -1;
+        const int64_t idx = start / chunk, end = int_arg(s, 3, "end", -1);
+        if (end != start + chunk && !(idx == ws - 1 && end > start + chunk)) return -1;
+        return idx;
+      },
+      nodes);
+}
+
+// The dim of a chunk-cat's cat node, made non-negative for a tensor of rank `rank`.
+int64_t cat_dim(const Graph& g, const std::string& cat, size_t rank) {
+  int64_t d = int_arg(*g.find(cat), 1, "dim", 0);
+  return d < 0 ? d + static_cast<int64_t>(rank) : d;
 }
 
 }  // namespace
@@ -74,21 +117,23 @@ std::optional<GatherMatch> match_all_gather(const Graph& g, const Users& users, 
   if (m.wait.empty()) return std::nullopt;
   m.result = m.wait;
   const TensorMeta* shard = tensor_meta(g, m.shard);
+  if (shard == nullptr || shard->shape.empty()) return m;
   const auto& wu = users_of(users, m.wait);
-  if (shard != nullptr && shard->shape.size() >= 1 && wu.size() == 1) {
+  std::vector<std::string> nodes;
+  std::string cat;
+  if (wu.size() == 1) {
     const Node* s = g.find(wu[0]);
     if (s->target == "aten.split.Tensor" && int_arg(*s, 1, "split_size", -1) == shard->shape[0] &&
         int_arg(*s, 2, "dim", 0) == 0) {
-      std::vector<std::string> nodes;
-      const std::string cat = chunk_cat(g, users, *s, m.group_size, &nodes);
-      if (!cat.empty()) {
-        int64_t d = int_arg(*g.find(cat), 1, "dim", 0);
-        if (d < 0) d += shard->shape.size();
-        m.gather_dim = static_cast<int>(d);
-        m.result = cat;
-        m.chunk_nodes = std::move(nodes);
-      }
+      cat = chunk_cat(g, users, *s, m.group_size, &nodes);
     }
+  } else {
+    cat = slice_cat(g, users, *g.find(m.wait), 0, shard->shape[0], m.group_size, &nodes);
+  }
+  if (!cat.empty()) {
+    m.gather_dim = static_cast<int>(cat_dim(g, cat, shard->shape.size()));
+    m.result = cat;
+    m.chunk_nodes = std::move(nodes);
   }
   return m;
 }
@@ -116,7 +161,24 @@ std::optional<ScatterMatch> match_reduce_scatter(const Graph& g, const Users& us
     const Node* first = g.find(c->args[0].list[0].s);
     const std::string split = first->target == "_operator.getitem" ? node_arg(*first, 0) : "";
     const Node* s = split.empty() ? nullptr : g.find(split);
-    if (s != nullptr && s->target == "aten.split.Tensor") {
+    if (first->target == "aten.slice.Tensor") {
+      // Slice form: parts[r] = slice(P, d, r*c, (r+1)*c).
+      const std::string src = node_arg(*first, 0);
+      const TensorMeta* p = src.empty() ? nullptr : tensor_meta(g, src);
+      int64_t d = int_arg(*first, 1, "dim", 0);
+      if (p != nullptr && d < 0) d += p->shape.size();
+      if (p != nullptr && d >= 0 && d < static_cast<int64_t>(p->shape.size()) &&
+          p->shape[d] % m.group_size == 0) {
+        std::vector<std::string> nodes;
+        const std::string cat =
+            slice_cat(g, users, *g.find(src), d, p->shape[d] / m.group_size, m.group_size, &nodes);
+        if (cat == c->name) {
+          m.scatter_dim = static_cast<int>(d);
+          m.input = src;
+          m.chunk_nodes = std::move(nodes);
+        }
+      }
+    } else if (s != nullptr && s->target == "aten.split.Tensor") {
       std::vector<std::string> nodes;
       const std::string cat = chunk_cat(g, users, *s, m.group_size, &nodes);
       const TensorMeta* p = tensor_meta(g, node_arg(*s, 0));

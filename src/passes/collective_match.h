@@ -5,6 +5,8 @@
 //                      parts = split(w, x.size(0)); cat([parts[0], ..., parts[ws-1]], d)
 //   scatter on dim d:  parts = split(P, P.size(d) / ws, d); c = cat([parts[0..ws-1]])  (dim 0)
 //                      rs = reduce_scatter_tensor(c, op, ws, g); w = wait_tensor(rs)
+// or, as PyTorch writes them in backward graphs, with slices in place of split + getitem:
+//   parts[r] = slice(w, 0, r*s, (r+1)*s) (gather); parts[r] = slice(P, d, r*c, (r+1)*c) (scatter).
 #pragma once
 
 #include <optional>

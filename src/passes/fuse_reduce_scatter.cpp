@@ -4,6 +4,8 @@
 //   RS(P, d)  =>  fused([A_i viewed as [.., K_i]], [B_i], op, d)
 // Viewing A_i with P's leading dims keeps the scatter dim d meaningful (a sequence-dim scatter of
 // [b, s, h] is not a dim-0 scatter of the flattened [b*s, h]).
+#include <algorithm>
+
 #include "core/error.h"
 #include "passes/collective_match.h"
 #include "passes/micro_pipeline_tp.h"
@@ -113,8 +115,12 @@ void fuse_one(Graph& g, const MicroPipelineOptions& options, FusionReport& repor
                "input " + match->input + ": " + why);
     return;
   }
-  if (users_of(users, match->input).size() != 1) {
-    return blocked(fmt::format("the reduce-scatter's input {} has other users", match->input));
+  // Its one user is the reduce-scatter's chunk-cat (the split, or the ws slices of the slice
+  // form) or the reduce-scatter itself.
+  for (const auto& u : users_of(users, match->input)) {
+    if (u != match->rs && std::find(match->chunk_nodes.begin(), match->chunk_nodes.end(), u) ==
+                              match->chunk_nodes.end())
+      return blocked(fmt::format("the reduce-scatter's input {} has other users", match->input));
   }
   const int rank = p->shape.size();
   if (match->scatter_dim == rank - 1 && !options.enable_last_dim) {

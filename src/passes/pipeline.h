@@ -9,6 +9,8 @@
 
 namespace asynctp::passes {
 
+// Every field is an option of `asynctp passes` (src/tools/passes_command.cpp) and of the C ABI's
+// asynctp_run_passes (src/capi/passes.cpp, options by name): a new field goes into both.
 struct PassOptions {
   bool fuse = true;
   MicroPipelineOptions tp;

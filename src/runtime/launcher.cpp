@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +17,7 @@
 
 #include "core/error.h"
 #include "runtime/hmac.h"
+#include "runtime/rank_guardian.h"
 #include "runtime/socket.h"
 
 namespace asynctp {
@@ -78,6 +81,22 @@ void flush_lines(std::string* partial, int out, const std::string& prefix, bool 
   if (!text.empty()) write_fd(out, text);
 }
 
+// File descriptors the launcher holds besides the ranks' pipes: stdio, the signalfd, the guardian's
+// socket, and the next rank's two pipes while it is being started.
+constexpr uint64_t kLauncherFds = 16;
+
+// Every rank costs the launcher two descriptors (its stdout and stderr pipes) for its whole life:
+// an --nproc the descriptor limit cannot hold is refused before anything is started.
+void check_descriptor_limit(int nproc) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+  const uint64_t needed = 2 * static_cast<uint64_t>(nproc) + kLauncherFds;
+  ASYNCTP_CHECK(needed <= limit.rlim_cur,
+                "--nproc {} needs {} file descriptors (two output pipes per rank, {} for the "
+                "launcher) but this process may open {} (RLIMIT_NOFILE; `ulimit -n` raises it)",
+                nproc, needed, kLauncherFds, static_cast<uint64_t>(limit.rlim_cur));
+}
+
 std::string random_run_id() {
   std::random_device rd;
   return fmt::format("{:08x}{:04x}", rd(), rd() & 0xFFFF);
@@ -104,6 +123,7 @@ int launch(const LaunchOptions& options) {
   ASYNCTP_CHECK(!options.command.empty(), "no command to launch (give it after --)");
   ASYNCTP_CHECK(!options.timeout_s || *options.timeout_s > 0, "--timeout must be positive, got {}",
                 options.timeout_s.value_or(0));
+  check_descriptor_limit(options.nproc);
   const int port = options.master_port > 0 ? options.master_port : net::pick_free_port();
   const std::string run_id = random_run_id();
   // The store admits only clients that know this (256 random bits, never derived from anything
@@ -137,15 +157,55 @@ int launch(const LaunchOptions& options) {
     argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
 
-  std::vector<Rank> ranks(options.nproc);
-  for (int r = 0; r < options.nproc; ++r) {
-    int out_pipe[2], err_pipe[2];
-    ASYNCTP_SYSCHECK(::pipe2(out_pipe, O_CLOEXEC), "pipe");
-    ASYNCTP_SYSCHECK(::pipe2(err_pipe, O_CLOEXEC), "pipe");
-    const pid_t pid = ::fork();
-    ASYNCTP_SYSCHECK(pid, "fork for rank {}", r);
+  // NOTE [ranks die with their launcher] (runtime/rank_guardian.h)
+  RankGuardian guardian(options.nproc);
+  const pid_t launcher_pid = ::getpid();
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto timed_out = [&] {
+    return options.timeout_s &&
+           Clock::now() - start >
+               std::chrono::milliseconds(static_cast<int64_t>(*options.timeout_s * 1000));
+  };
+  // When a rank cannot be started, the ranks already started are stopped at once: SIGKILL to their
+  // groups (they have not got far enough to need a grace), reaped, their pipes closed.
+  std::vector<Rank> ranks;
+  ranks.reserve(options.nproc);
+  auto stop_started = [&] {
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      ::kill(-ranks[r].pid, SIGKILL);
+      while (::waitpid(ranks[r].pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+      guardian.reaped(static_cast<int>(r));
+      ::close(ranks[r].out_fd);
+      ::close(ranks[r].err_fd);
+    }
+    remove_shm_of_run(run_id);
+  };
+  for (int r = 0; r < options.nproc && !timed_out(); ++r) {
+    int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
+    const char* step = "pipe";
+    pid_t pid = -1;
+    if (::pipe2(out_pipe, O_CLOEXEC) == 0 && ::pipe2(err_pipe, O_CLOEXEC) == 0) {
+      step = "fork";
+      pid = ::fork();
+    }
+    if (pid < 0) {
+      const int err = errno;
+      for (const int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) {
+        if (fd >= 0) ::close(fd);
+      }
+      const size_t started = ranks.size();
+      stop_started();
+      ASYNCTP_FAIL(
+          "cannot start rank {} of {}: {} failed: {}; stopped the {} rank(s) "
+          "already started",
+          r, options.nproc, step, std::strerror(err), started);
+    }
     if (pid == 0) {
       ::setpgid(0, 0);  // own process group: the launcher can stop the rank and its children
+      // Die with the launcher; if it died before the prctl, the parent is already another one.
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != launcher_pid) ::_exit(1);
       ::dup2(out_pipe[1], STDOUT_FILENO);
       ::dup2(err_pipe[1], STDERR_FILENO);
       ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
@@ -167,17 +227,18 @@ int launch(const LaunchOptions& options) {
     ::setpgid(pid, pid);
     ::close(out_pipe[1]);
     ::close(err_pipe[1]);
-    ranks[r].pid = pid;
-    ranks[r].out_fd = out_pipe[0];
-    ranks[r].err_fd = err_pipe[0];
+    Rank& rank = ranks.emplace_back();
+    rank.pid = pid;
+    rank.out_fd = out_pipe[0];
+    rank.err_fd = err_pipe[0];
+    guardian.started(r, pid);
   }
+  const int num_started = static_cast<int>(ranks.size());
 
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
   std::optional<Clock::time_point> kill_at;  // when to escalate SIGTERM to SIGKILL
   int exit_code = 0;
   bool stopping = false;
-  int live = options.nproc;
+  int live = num_started;
 
   auto signal_all = [&](int sig) {
     for (auto& rk : ranks) {
@@ -196,12 +257,17 @@ int launch(const LaunchOptions& options) {
   auto prefix = [&](int r) {
     return options.tag_output ? fmt::format("[rank {}] ", r) : std::string();
   };
+  if (num_started < options.nproc) {
+    stop_all(124, fmt::format("timeout after {:g} s while starting rank {} of {}; stopping the {} "
+                              "rank(s) started",
+                              *options.timeout_s, num_started, options.nproc, num_started));
+  }
 
   while (live > 0 || std::any_of(ranks.begin(), ranks.end(),
                                  [](const Rank& rk) { return rk.out_fd >= 0 || rk.err_fd >= 0; })) {
     std::vector<pollfd> fds{{sig_fd, POLLIN, 0}};
     std::vector<std::pair<int, bool>> owners{{-1, false}};
-    for (int r = 0; r < options.nproc; ++r) {
+    for (int r = 0; r < num_started; ++r) {
       if (ranks[r].out_fd >= 0) {
         fds.push_back({ranks[r].out_fd, POLLIN, 0});
         owners.push_back({r, false});
@@ -251,7 +317,7 @@ int launch(const LaunchOptions& options) {
       }
     }
     // Reap (only our own ranks: the launcher may be embedded in a process with other children).
-    for (int r = 0; r < options.nproc; ++r) {
+    for (int r = 0; r < num_started; ++r) {
       Rank& rk = ranks[r];
       if (rk.exited) continue;
       int status = 0;
@@ -260,6 +326,7 @@ int launch(const LaunchOptions& options) {
       rk.status = status;
       --live;
       ::kill(-rk.pid, SIGKILL);  // whatever the rank left running in its process group goes too
+      guardian.reaped(r);
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (failed && !stopping) {
         stop_all(status_exit_code(status),
@@ -268,8 +335,7 @@ int launch(const LaunchOptions& options) {
       }
     }
     const auto now = Clock::now();
-    if (!stopping && options.timeout_s &&
-        now - start > std::chrono::milliseconds(static_cast<int64_t>(*options.timeout_s * 1000))) {
+    if (!stopping && timed_out()) {
       stop_all(124, fmt::format("timeout after {:g} s; stopping every rank", *options.timeout_s));
     }
     if (kill_at && now >= *kill_at) {

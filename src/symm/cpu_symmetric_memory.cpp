@@ -1,16 +1,21 @@
 #include "symm/cpu_symmetric_memory.h"
-#include "core/deadline.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
+#include <regex>
+#include <string_view>
 #include <vector>
 
 #include <asynctp/group.h>
 
+#include "core/deadline.h"
+#include "core/log.h"
 #include "device/cpu_futex.h"
 #include "device/cpu_streams.h"
 
@@ -40,6 +45,106 @@ struct Mapping {
   void* base = nullptr;
   size_t bytes = 0;
 };
+
+// ---------------------------------------------------------------------------------------------
+// NOTE [cpu symmetric memory segments]: who created a segment, and whether it is alive.
+
+template <typename T>
+bool parse_number(std::string_view text, T* value) {
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *value);
+  return ec == std::errc() && end == text.data() + text.size() && !text.empty();
+}
+
+// What /proc says of process `pid`: whether it could be read at all, whether the process exists,
+// and if so its state (field 3 of /proc/<pid>/stat) and start time (field 22).
+struct ProcessState {
+  bool known = false;
+  bool exists = false;
+  char state = 0;
+  uint64_t start_ticks = 0;
+};
+
+ProcessState process_state(pid_t pid) {
+  ProcessState ps;
+  const int fd = ::open(fmt::format("/proc/{}/stat", pid).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    ps.known = errno == ENOENT || errno == ESRCH;
+    return ps;
+  }
+  char buf[1024];
+  const ssize_t n = ::read(fd, buf, sizeof(buf));
+  ::close(fd);
+  if (n <= 0) return ps;  // gone between open and read, or unreadable: not known either way
+  const std::string_view text(buf, static_cast<size_t>(n));
+  // The command (field 2) is in parentheses and may hold spaces and ')': split after the last.
+  size_t pos = text.rfind(')');
+  if (pos == std::string_view::npos) return ps;
+  pos += 2;
+  for (int field = 3; field <= 22 && pos < text.size(); ++field) {
+    const size_t end = std::min(text.find(' ', pos), text.size());
+    const std::string_view value = text.substr(pos, end - pos);
+    if (field == 3 && value.size() == 1) ps.state = value[0];
+    if (field == 22 && parse_number(value, &ps.start_ticks)) ps.known = ps.exists = true;
+    pos = end + 1;
+  }
+  return ps;
+}
+
+// The inode of this process's pid namespace; 0 where /proc does not show it (then no creator can
+// be proven dead, and nothing is swept).
+uint64_t own_pid_namespace() {
+  struct stat st;
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
+}
+
+// Provably dead: no process has the pid, or it is a zombie (it never runs again), or the process
+// with that pid started at another time (the pid was reused). Unreadable means alive.
+bool creator_dead(pid_t pid, uint64_t start_ticks) {
+  const ProcessState ps = process_state(pid);
+  if (!ps.known) return false;
+  if (!ps.exists) return true;
+  if (ps.state == 'Z' || ps.state == 'X') return true;
+  return ps.start_ticks != start_ticks;
+}
+
+// "p<pid>-t<start>-n<pid namespace>", the end of every segment name.
+const std::regex& owner_suffix_re() {
+  static const std::regex re(R"(p(\d+)-t(\d+)-n(\d+))");
+  return re;
+}
+
+// Checks that a peer's segment is one this backend created for that peer, then maps it.
+// `total` is the allocation's size with its signal pad.
+void* map_peer_segment(int rank, int peer, const std::string& name, size_t total) {
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+  ASYNCTP_SYSCHECK(fd, "rank {}: opening peer {}'s shared memory '{}'", rank, peer, name);
+  struct stat st;
+  std::string problem;
+  if (::fstat(fd, &st) != 0) {
+    problem = fmt::format("fstat failed: {}", std::strerror(errno));
+  } else if (!S_ISREG(st.st_mode)) {
+    problem = "it is not a regular file";
+  } else if (st.st_uid != ::geteuid()) {
+    problem =
+        fmt::format("it belongs to uid {}, not to this process's uid {}", st.st_uid, ::geteuid());
+  } else if ((st.st_mode & 077) != 0) {
+    problem = fmt::format("its mode {:04o} lets other users at it (segments are created 0600)",
+                          st.st_mode & 07777);
+  } else if (st.st_size < 0 || static_cast<size_t>(st.st_size) != total) {
+    problem =
+        fmt::format("it has {} bytes where the allocation's segments have {}", st.st_size, total);
+  }
+  if (!problem.empty()) {
+    ::close(fd);
+    ASYNCTP_FAIL("rank {}: refusing peer {}'s shared memory '{}': {}", rank, peer, name, problem);
+  }
+  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  ASYNCTP_CHECK(base != MAP_FAILED, "rank {}: mmap of peer {}'s '{}' failed: {}", rank, peer, name,
+                std::strerror(err));
+  return base;
+}
 
 class CpuSymmetricMemory final : public SymmetricMemory {
  public:
@@ -154,8 +259,9 @@ class CpuSymmAllocator final : public SymmAllocator {
     const int ws = group_.world_size();
     const std::string key = group_.next_key("symm/cpu");
     const size_t total = signal_pad_bytes(ws) + std::max<size_t>(bytes, 1);
-    const std::string name =
-        fmt::format("/asynctp-{}-{}-r{}", group_.run_id(), key.substr(key.rfind('/') + 1), rank);
+    const std::string allocation = key.substr(key.rfind('/') + 1);
+    const std::string name = cpu_segment_name(group_.run_id(), allocation, rank);
+    sweep_dead_segments();
 
     std::vector<Mapping> maps(ws);
     auto cleanup = [&] {
@@ -190,10 +296,25 @@ class CpuSymmAllocator final : public SymmAllocator {
       std::vector<std::string> peer_names(ws);
       for (int peer = 0; peer < ws; ++peer) {
         if (peer == rank) continue;
-        const std::string info = group_.store().get(fmt::format("{}/{}", key, peer));
+        const std::string peer_key = fmt::format("{}/{}", key, peer);
+        const std::string info = group_.store().get(peer_key);
+        // "<segment name> <bytes>", the name one of this allocation and this peer.
         const auto space = info.rfind(' ');
+        const std::string prefix =
+            fmt::format("/asynctp-{}-{}-r{}-", group_.run_id(), allocation, peer);
+        size_t peer_bytes = 0;
+        const bool well_formed =
+            space != std::string::npos && info.compare(0, prefix.size(), prefix) == 0 &&
+            prefix.size() <= space &&
+            std::regex_match(info.begin() + static_cast<std::ptrdiff_t>(prefix.size()),
+                             info.begin() + static_cast<std::ptrdiff_t>(space),
+                             owner_suffix_re()) &&
+            parse_number(std::string_view(info).substr(space + 1), &peer_bytes);
+        ASYNCTP_CHECK(well_formed,
+                      "symmetric allocation {}: rank {} got '{}' for peer {} (key '{}'), which "
+                      "is not '{}p<pid>-t<start>-n<pid namespace> <bytes>'",
+                      key, rank, info.substr(0, 200), peer, peer_key, prefix);
         peer_names[peer] = info.substr(0, space);
-        const size_t peer_bytes = std::stoull(info.substr(space + 1));
         ASYNCTP_CHECK(
             peer_bytes == bytes,
             "symmetric allocation {}: rank {} asked for {} bytes but rank {} for {}; every "
@@ -202,15 +323,7 @@ class CpuSymmAllocator final : public SymmAllocator {
       }
       for (int peer = 0; peer < ws; ++peer) {
         if (peer == rank) continue;
-        const std::string& peer_name = peer_names[peer];
-        const int fd = ::shm_open(peer_name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-        ASYNCTP_SYSCHECK(fd, "rank {}: opening peer {}'s shared memory '{}'", rank, peer,
-                         peer_name);
-        void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        ::close(fd);
-        ASYNCTP_CHECK(base != MAP_FAILED, "rank {}: mmap of peer {}'s '{}' failed: {}", rank, peer,
-                      peer_name, std::strerror(errno));
-        maps[peer] = {base, total};
+        maps[peer] = {map_peer_segment(rank, peer, peer_names[peer], total), total};
       }
       // Everyone has mapped everyone: the names are no longer needed.
       group_.barrier(key + "/mapped");
@@ -232,6 +345,47 @@ class CpuSymmAllocator final : public SymmAllocator {
 
 std::unique_ptr<SymmAllocator> make_cpu_symm_allocator(Group& group) {
   return std::make_unique<CpuSymmAllocator>(group);
+}
+
+std::string cpu_segment_name(const std::string& run_id, const std::string& allocation, int rank) {
+  const ProcessState self = process_state(::getpid());
+  ASYNCTP_CHECK(self.exists, "cannot read this process's start time from /proc/{}/stat",
+                ::getpid());
+  return fmt::format("/asynctp-{}-{}-r{}-p{}-t{}-n{}", run_id, allocation, rank, ::getpid(),
+                     self.start_ticks, own_pid_namespace());
+}
+
+int sweep_dead_segments() {
+  static const std::regex name_re(R"(asynctp-.+-r\d+-p(\d+)-t(\d+)-n(\d+))");
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  const uint64_t pid_ns = own_pid_namespace();
+  int removed = 0;
+  while (const dirent* e = ::readdir(dir)) {
+    std::cmatch m;
+    if (!std::regex_match(e->d_name, m, name_re)) continue;
+    pid_t pid = 0;
+    uint64_t start_ticks = 0, ns = 0;
+    if (!parse_number(std::string_view(m[1].first, m[1].second), &pid) || pid <= 0 ||
+        !parse_number(std::string_view(m[2].first, m[2].second), &start_ticks) ||
+        !parse_number(std::string_view(m[3].first, m[3].second), &ns) || ns != pid_ns || ns == 0) {
+      continue;
+    }
+    struct stat st;
+    if (::fstatat(::dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != ::geteuid() || !creator_dead(pid, start_ticks)) {
+      continue;
+    }
+    if (::unlinkat(::dirfd(dir), e->d_name, 0) == 0) ++removed;
+  }
+  ::closedir(dir);
+  if (removed > 0) {
+    ASYNCTP_LOG_INFO(
+        "removed {} shared-memory segment(s) of processes that died before unlinking "
+        "them",
+        removed);
+  }
+  return removed;
 }
 
 }  // namespace asynctp

@@ -30,6 +30,7 @@
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
+#include "tools/bench.h"
 #include "tools/commands.h"
 #include "tools/session.h"
 #ifdef ASYNCTP_WITH_CUDA
@@ -37,6 +38,38 @@
 #endif
 
 namespace asynctp::tools {
+
+// The shapes of ../shared/anchors/RESULTS.md (PyTorch's own measurements), for world size ws.
+std::vector<BenchShape> anchor_shapes(int ws) {
+  return {
+      {"ag-mm", "seed-4096x3584x8192", 4096, 8192, 3584},
+      {"ag-mm", "seed-2048x3584x8192", 2048, 8192, 3584},
+      {"ag-mm", "l3-8b-ffn-up", 8192, 4096, 2 * 14336 / ws},
+      {"ag-mm", "l3-70b-ffn-up", 8192, 8192, 2 * 28672 / ws},
+      {"ag-mm", "l3-70b-qkv", 8192, 8192, (8192 + 2 * 1024) / ws},
+      {"mm-rs", "seed-like-4096x8192x3584", 4096, 3584, 8192},
+      {"mm-rs", "l3-8b-ffn-down", 8192, 14336 / ws, 4096},
+      {"mm-rs", "l3-70b-ffn-down", 8192, 28672 / ws, 8192},
+      {"mm-rs", "l3-70b-attn-out", 8192, 8192 / ws, 8192},
+  };
+}
+
+std::vector<BenchShape> select_shapes(const std::string& suite, const std::string& op,
+                                      const std::string& shape, int ws) {
+  std::vector<BenchShape> shapes;
+  if (!suite.empty()) {
+    ASYNCTP_CHECK(suite == "anchors", "unknown --suite '{}' (known: anchors)", suite);
+    for (const auto& sh : anchor_shapes(ws)) {
+      if (op.empty() || op == sh.op) shapes.push_back(sh);
+    }
+  } else {
+    ASYNCTP_CHECK(!op.empty() && !shape.empty(),
+                  "give an op (ag-mm or mm-rs) and --shape MxKxN, or --suite");
+    const auto d = parse_shape(shape);
+    shapes.push_back({op, shape, d[0], d[1], d[2]});
+  }
+  return shapes;
+}
 
 namespace {
 
@@ -57,27 +90,10 @@ struct BenchOptions {
   // all_gather_matmul's native path once more with this push_piece_bytes (a column of its own,
   // timed in the same loop).
   std::optional<size_t> native_pieces;
+  std::string scaled;  // non-empty: the float8 table (bench_scaled.cpp) instead
 };
 
-struct Shape {
-  std::string op, label;
-  int64_t m, k, n;
-};
-
-// The shapes of ../shared/anchors/RESULTS.md (PyTorch's own measurements), for world size ws.
-std::vector<Shape> anchor_shapes(int ws) {
-  return {
-      {"ag-mm", "seed-4096x3584x8192", 4096, 8192, 3584},
-      {"ag-mm", "seed-2048x3584x8192", 2048, 8192, 3584},
-      {"ag-mm", "l3-8b-ffn-up", 8192, 4096, 2 * 14336 / ws},
-      {"ag-mm", "l3-70b-ffn-up", 8192, 8192, 2 * 28672 / ws},
-      {"ag-mm", "l3-70b-qkv", 8192, 8192, (8192 + 2 * 1024) / ws},
-      {"mm-rs", "seed-like-4096x8192x3584", 4096, 3584, 8192},
-      {"mm-rs", "l3-8b-ffn-down", 8192, 14336 / ws, 4096},
-      {"mm-rs", "l3-70b-ffn-down", 8192, 28672 / ws, 8192},
-      {"mm-rs", "l3-70b-attn-out", 8192, 8192 / ws, 8192},
-  };
-}
+using Shape = BenchShape;
 
 struct Result {
   Shape shape;
@@ -433,23 +449,25 @@ nlohmann::json to_json(const Result& r) {
 }
 
 int run_bench(const BenchOptions& o) {
+  if (!o.scaled.empty()) {
+    return run_scaled_bench({.scaling = o.scaled,
+                             .suite = o.suite,
+                             .op = o.op,
+                             .shape = o.shape,
+                             .iters = o.iters,
+                             .warmup = o.warmup,
+                             .warmup_ms = o.warmup_ms,
+                             .pace = o.pace,
+                             .pace_sleep = o.pace_sleep,
+                             .json = o.json},
+                            o.backend);
+  }
   Session s = Session::join(o.backend);
   OpContext& ctx = *s.ctx;
   const DType dtype = parse_dtype(o.dtype);
   ASYNCTP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
                 "--dtype must be f32, bf16 or f16, got {}", o.dtype);
-  std::vector<Shape> shapes;
-  if (!o.suite.empty()) {
-    ASYNCTP_CHECK(o.suite == "anchors", "unknown --suite '{}' (known: anchors)", o.suite);
-    for (const auto& sh : anchor_shapes(s.world_size())) {
-      if (o.op.empty() || o.op == sh.op) shapes.push_back(sh);
-    }
-  } else {
-    ASYNCTP_CHECK(!o.op.empty() && !o.shape.empty(),
-                  "give an op (ag-mm or mm-rs) and --shape MxKxN, or --suite");
-    const auto d = parse_shape(o.shape);
-    shapes.push_back({o.op, o.shape, d[0], d[1], d[2]});
-  }
+  const std::vector<Shape> shapes = select_shapes(o.suite, o.op, o.shape, s.world_size());
   // Peer ingress bandwidth, measured once: every rank pulls 64 MiB from each peer at once.
   const double bandwidth = measure_peer_bandwidth(ctx, size_t{64} << 20, o.iters);
   if (s.rank() == 0 && !o.json) {
@@ -547,6 +565,9 @@ Command add_bench_command(CLI::App& app) {
                   "also time all_gather_matmul's native path with its shards pushed in pieces of "
                   "at least this many bytes (ASYNCTP_PUSH_PIECE_BYTES for one column: "
                   "native_pieces_path_ms in the JSON)");
+  cmd->add_option("--scaled", o->scaled,
+                  "rowwise or tensorwise: time the float8 fused ops (f8e4m3 operands, f32 scales, "
+                  "bf16 out) against the scaled GEMM alone and the unfused baseline instead");
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
   cmd->add_flag("!--no-graph", o->graph, "skip the CUDA-graph replay");
   cmd->add_flag("--trace", o->trace,

@@ -149,8 +149,14 @@ int run_command(const RunOptions& o) {
     }
     return run_as_rank(o);
   }
-  const int nproc = o.nproc > 0 ? o.nproc : graph::read_graph_file(o.graph).world_size;
-  return launch_ranks(o, nproc);
+  // The graph fixes the job's size: ranks of any other number could only fail, each of them, so
+  // a wrong --nproc is refused before anything is started.
+  const int world_size = graph::read_graph_file(o.graph).world_size;
+  ASYNCTP_CHECK(o.nproc == 0 || o.nproc == world_size,
+                "--nproc {} but {} was recorded for world size {}: run it with --nproc {} (or "
+                "without --nproc)",
+                o.nproc, o.graph, world_size, world_size);
+  return launch_ranks(o, world_size);
 }
 
 }  // namespace

@@ -91,8 +91,11 @@ TEST(Cli, RunErrorsAreClear) {
   EXPECT_NE(r.out.find("no output node"), std::string::npos) << r.out;
   const CliRun w = sh("run " + graph_path("sp_mlp.fwd.pre.json") + " --nproc 2 --timeout 60");
   EXPECT_NE(w.code, 0);
-  EXPECT_NE(w.out.find("recorded for world size 4 but this job has 2 ranks"), std::string::npos)
+  EXPECT_NE(w.out.find("--nproc 2 but " + graph_path("sp_mlp.fwd.pre.json") +
+                       " was recorded for world size 4: run it with --nproc 4"),
+            std::string::npos)
       << w.out;
+  EXPECT_EQ(w.out.find("[rank "), std::string::npos) << "ranks were started: " << w.out;
 }
 
 }  // namespace

@@ -273,6 +273,63 @@ TEST(Patterns, LateBIsHoistedAndDependentBBlocks) {
       << detail(dep, ag2);
 }
 
+// The slice form PyTorch writes in backward graphs (torch.compile of funcol's autograd
+// collectives): the gathered gradient is cut by ws slices on dim 0 and concatenated on the
+// sequence dim; the scattered product is cut by ws slices on the sequence dim (the last slice's
+// end past the size, as PyTorch may write it) and concatenated on dim 0.
+//   dy [2, S/ws, 8] -AG(1)-> [2, S, 8] -> [2S, 8] @ W [8, 4] -> relu -> @ W2 [4, 8] -> [2, S, 8]
+//   -RS(1)-> [2, S/ws, 8]
+TEST(Patterns, SliceFormGatherAndScatter) {
+  GraphBuilder b(kWs);
+  const int64_t s = 2;  // tokens per rank
+  const auto dy = b.input("dy", {2, s, 8});
+  const auto w = b.input("w", {8, 4});
+  const auto w2 = b.input("w2", {4, 8});
+  const auto ag =
+      b.call("all_gather_into_tensor", "_c10d_functional.all_gather_into_tensor.default",
+             {node(dy), Value::integer(kWs), Value::string("0")}, {2 * kWs, s, 8}, "float32");
+  const auto wait = b.call("wait_tensor", "_c10d_functional.wait_tensor.default", {node(ag)},
+                           {2 * kWs, s, 8}, "float32");
+  std::vector<Value> parts;
+  for (int64_t r = 0; r < kWs; ++r) {
+    parts.push_back(node(
+        b.call("slice", "aten.slice.Tensor",
+               {node(wait), Value::integer(0), Value::integer(r * 2), Value::integer((r + 1) * 2)},
+               {2, s, 8}, "float32")));
+  }
+  const auto gathered =
+      b.call("cat", "aten.cat.default", {Value::of_list(parts), Value::integer(1)}, {2, kWs * s, 8},
+             "float32");
+  const auto h =
+      b.call("relu", "aten.relu.default", {node(b.mm(b.reshape(gathered, {2 * kWs * s, 8}), w))},
+             {2 * kWs * s, 4}, "float32");
+  const auto p = b.reshape(b.mm(h, w2), {2, kWs * s, 8});
+  std::vector<Value> pieces;
+  for (int64_t r = 0; r < kWs; ++r) {
+    const int64_t end = r == kWs - 1 ? INT64_MAX : (r + 1) * s;
+    pieces.push_back(
+        node(b.call("slice", "aten.slice.Tensor",
+                    {node(p), Value::integer(1), Value::integer(r * s), Value::integer(end)},
+                    {2, s, 8}, "float32", {}, Dims{kWs * s * 8, 8, 1})));
+  }
+  const auto stacked =
+      b.call("cat", "aten.cat.default", {Value::of_list(pieces)}, {2 * kWs, s, 8}, "float32");
+  const auto rs =
+      b.call("reduce_scatter_tensor", "_c10d_functional.reduce_scatter_tensor.default",
+             {node(stacked), Value::string("sum"), Value::integer(kWs), Value::string("0")},
+             {2, s, 8}, "float32");
+  b.output({b.call("wait_tensor", "_c10d_functional.wait_tensor.default", {node(rs)}, {2, s, 8},
+                   "float32")});
+  const Result res = run(b.build());
+  EXPECT_EQ(outcome(res, ag), passes::Outcome::kFused) << detail(res, ag);
+  EXPECT_NE(detail(res, ag).find("gather dim 1"), std::string::npos) << detail(res, ag);
+  EXPECT_EQ(outcome(res, rs), passes::Outcome::kFused) << detail(res, rs);
+  EXPECT_NE(detail(res, rs).find("scatter dim 1"), std::string::npos) << detail(res, rs);
+  EXPECT_EQ(count_target(res.g, kAllGather) + count_target(res.g, kReduceScatter), 0);
+  EXPECT_EQ(count_target(res.g, "aten.slice.Tensor"), 0);
+  expect_same_outputs(b.build(), res.g, 0.0);
+}
+
 // Collectives without a pattern get a line saying so; an all-reduce is reported too.
 TEST(Patterns, EveryCollectiveIsReported) {
   GraphBuilder b(kWs);

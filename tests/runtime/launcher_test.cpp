@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <regex>
@@ -85,6 +87,11 @@ LaunchOptions sh(int nproc, const std::string& script) {
   options.nproc = nproc;
   options.command = {"/bin/sh", "-c", script};
   return options;
+}
+
+std::string fresh_token() {
+  std::random_device rd;
+  return fmt::format("{:08x}", rd());
 }
 
 std::vector<std::string> lines_of(const std::string& text) {
@@ -280,11 +287,138 @@ TEST(Launch, GrandchildrenHoldingThePipeDoNotKeepTheLauncherWaiting) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Starting ranks: the descriptor limit, a spawn that fails half way, the timeout while starting.
+
+// Lowers this process's RLIMIT_NOFILE (soft) for one scope; `spare` descriptors stay free above
+// those open now, padding with copies of stdin up to `min_open` open ones first.
+class LoweredDescriptorLimit {
+ public:
+  LoweredDescriptorLimit(rlim_t spare, int min_open) {
+    ::getrlimit(RLIMIT_NOFILE, &saved_);
+    while (open_count() < min_open)
+      padding_.push_back(::dup(STDIN_FILENO));
+    rlimit lowered = saved_;
+    lowered.rlim_cur = static_cast<rlim_t>(open_count()) + spare;
+    ::setrlimit(RLIMIT_NOFILE, &lowered);
+  }
+  explicit LoweredDescriptorLimit(rlim_t limit) {
+    ::getrlimit(RLIMIT_NOFILE, &saved_);
+    rlimit lowered = saved_;
+    lowered.rlim_cur = limit;
+    ::setrlimit(RLIMIT_NOFILE, &lowered);
+  }
+  ~LoweredDescriptorLimit() {
+    ::setrlimit(RLIMIT_NOFILE, &saved_);
+    for (const int fd : padding_)
+      ::close(fd);
+  }
+
+ private:
+  static int open_count() {
+    int n = 0;
+    for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
+      ++n;
+    return n - 1;  // the iterator's own descriptor
+  }
+  rlimit saved_{};
+  std::vector<int> padding_;
+};
+
+// Processes (zombies aside: they are dead) whose command line holds `token`.
+std::vector<pid_t> live_processes_with(const std::string& token) {
+  std::vector<pid_t> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmdline(entry.path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    if (args.find(token) == std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto paren = line.rfind(')');
+    if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z') continue;
+    found.push_back(std::stoi(name));
+  }
+  return found;
+}
+
+// Waits up to `limit` for every process holding `token` to be gone; returns those still there.
+std::vector<pid_t> wait_gone(const std::string& token, Millis limit) {
+  const Deadline deadline(limit);
+  auto left = live_processes_with(token);
+  while (!left.empty() && !deadline.expired()) {
+    ::usleep(20'000);
+    left = live_processes_with(token);
+  }
+  return left;
+}
+
+TEST(Launch, NprocBeyondTheDescriptorLimitIsRefusedBeforeAnythingStarts) {
+  const std::string marker = ::testing::TempDir() + "/asynctp_launch_" + fresh_token();
+  LaunchOptions options = sh(100, ": > " + marker + ".$RANK; exec sleep 30");
+  std::string message;
+  {
+    LoweredDescriptorLimit limit(64);
+    try {
+      launch(options);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+  }
+  EXPECT_THAT(message, HasSubstr("--nproc 100 needs 216 file descriptors (two output pipes per "
+                                 "rank, 16 for the launcher) but this process may open 64"));
+  EXPECT_FALSE(std::filesystem::exists(marker + ".0")) << "a rank was started";
+}
+
+TEST(Launch, FailedSpawnStopsTheRanksAlreadyStartedAtOnce) {
+  // 8 ranks fit the limit (2 * 8 + 16 descriptors), but only 10 descriptors are free: the pipes
+  // of the fourth rank or so run out. Each rank (and the child it starts) carries a token in its
+  // command line, so that the test can see whether any is left.
+  const std::string token = "asynctp-spawn-test-" + fresh_token();
+  LaunchOptions options;
+  options.nproc = 8;
+  options.command = {"/bin/sh", "-c", "sh -c 'sleep 30' " + token + "-child & wait", token};
+  std::string message;
+  const auto start = Clock::now();
+  {
+    LoweredDescriptorLimit limit(10, 2 * 8 + 16);
+    try {
+      launch(options);
+    } catch (const Error& e) {
+      message = e.what();
+    }
+  }
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      message, m,
+      std::regex(R"(cannot start rank (\d) of 8: pipe failed: Too many open files; stopped the )"
+                 R"((\d) rank\(s\) already started)")))
+      << message;
+  EXPECT_EQ(m[1], m[2]);
+  EXPECT_GE(std::stoi(m[1]), 1) << message;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0);
+  EXPECT_EQ(live_processes_with(token), std::vector<pid_t>{}) << "a started rank is left";
+  EXPECT_EQ(wait_gone(token, Millis(2000)), std::vector<pid_t>{});
+}
+
+TEST(Launch, TimeoutCountsWhileTheRanksAreStarted) {
+  // 256 forks take longer than a millisecond: the timeout falls while the ranks are started.
+  LaunchOptions options = sh(256, "exec sleep 30");
+  options.timeout_s = 0.001;
+  const Launched run = run_launch(options);
+  EXPECT_EQ(run.code, 124);
+  EXPECT_THAT(run.err,
+              AllOf(HasSubstr("asynctp launch: timeout after 0.001 s while starting rank "),
+                    HasSubstr(" of 256; stopping the ")));
+  EXPECT_LT(run.seconds, 10.0);
+}
+
+// ---------------------------------------------------------------------------------------------
 // /dev/shm
 
 std::string fresh_run_id() {
-  std::random_device rd;
-  return fmt::format("test{:08x}", rd());
+  return "test" + fresh_token();
 }
 
 bool shm_exists(const std::string& name) {

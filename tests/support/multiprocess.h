@@ -35,6 +35,11 @@ struct HarnessOptions {
   // Node identity per rank (default: all on one node).
   std::function<std::string(int rank)> host_id;
   ContextOptions context;
+  // The run's id (ASYNCTP_RUN_ID); empty: a fresh one.
+  std::string run_id;
+  // Whether the harness checks that the run left nothing in /dev/shm (removing what it left). A
+  // test in which a rank dies on purpose before unlinking its segment checks that itself.
+  bool check_shm_left = true;
 };
 
 // Exit codes a rank's body process ends with.
@@ -42,7 +47,7 @@ inline constexpr int kRankGtestFailure = 1;
 inline constexpr int kRankException = 2;
 
 // Runs body(info) in `world_size` processes; returns each rank's status. Asserts (non-fatally)
-// that no /dev/shm entry of the run remains afterwards.
+// that no /dev/shm entry of the run remains afterwards (unless options.check_shm_left is off).
 std::vector<RankStatus> run_processes(int world_size,
                                       const std::function<void(const RendezvousInfo&)>& body,
                                       const HarnessOptions& options = {});

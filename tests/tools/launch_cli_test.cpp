@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <map>
 #include <regex>
@@ -153,6 +154,34 @@ TEST(Cli, BenchTableHasAColumnPerHeader) {
   }
 }
 
+// The float8 table at two ranks (CPU backend, a tiny shape): both ops validated against the
+// unfused reference and timed with both scalings, the JSON holding every column; a bad scaling
+// is an error naming the option.
+TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
+  for (const std::string scaling : {"rowwise", "tensorwise"}) {
+    for (const std::string op : {"ag-mm", "mm-rs"}) {
+      SCOPED_TRACE(scaling + " " + op);
+      const Finished bench = asynctp({"launch", "--nproc", "2", "--no-prefix", "--", kBin, "bench",
+                                      op, "--shape", "128x64x96", "--scaled", scaling, "--iters",
+                                      "2", "--warmup", "0", "--backend", "cpu", "--json"});
+      ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
+      const auto doc = nlohmann::json::parse(bench.out);
+      EXPECT_EQ(doc.at("scaling"), scaling);
+      ASSERT_EQ(doc.at("results").size(), 1u);
+      const auto& r = doc.at("results")[0];
+      EXPECT_EQ(r.at("op"), op);
+      EXPECT_LE(r.at("rel_error_fused_vs_baseline").get<double>(), 1e-2);
+      for (const char* key : {"gemm_ms", "baseline_ms", "fused_ms"})
+        EXPECT_GT(r.at(key).get<double>(), 0.0) << key;
+      EXPECT_NE(r.at("path"), "none");
+    }
+  }
+  const Finished bad = asynctp(
+      {"bench", "ag-mm", "--shape", "128x64x96", "--scaled", "blockwise", "--backend", "cpu"});
+  EXPECT_TRUE(bad.exited && bad.exit_code != 0) << bad.describe();
+  EXPECT_THAT(bad.err, AllOf(HasSubstr("--scaled"), HasSubstr("blockwise")));
+}
+
 TEST(Cli, BadArgumentsFailNamingTheOption) {
   const Finished none = asynctp({});
   EXPECT_TRUE(none.exited && none.exit_code != 0) << none.describe();
@@ -266,6 +295,39 @@ TEST(LaunchCli, CommandThatDoesNotExistFailsClearly) {
   EXPECT_LT(run.seconds, 10.0);
 }
 
+// The pids the ranks printed as "<name>=<pid>", for every name that `names` (a regex) matches.
+std::vector<pid_t> printed_pids(const std::string& out, const std::string& names) {
+  std::vector<pid_t> pids;
+  const std::regex re("(?:" + names + ")=(\\d+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    pids.push_back(std::stoi((*it)[1]));
+  }
+  return pids;
+}
+
+// Dead or a zombie (which never runs again; it waits for whoever adopted it to reap it).
+bool process_gone(pid_t pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const auto paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+}
+
+// Waits up to `limit` for every process of `pids` to be gone; returns those still there.
+std::vector<pid_t> wait_gone(const std::vector<pid_t>& pids, Millis limit) {
+  const Deadline deadline(limit);
+  while (true) {
+    std::vector<pid_t> alive;
+    for (const pid_t pid : pids) {
+      if (!process_gone(pid)) alive.push_back(pid);
+    }
+    if (alive.empty() || deadline.expired()) return alive;
+    std::this_thread::sleep_for(Millis(20));
+  }
+}
+
 // Signals sent to the launcher go to every rank, and everything stops.
 class LaunchSignals : public ::testing::TestWithParam<int> {};
 
@@ -275,13 +337,7 @@ TEST_P(LaunchSignals, AreForwardedAndEverythingStops) {
       {kBin, "launch", "--nproc", "3", "--", "sh", "-c", "echo ready pid=$$; exec sleep 30"},
       test_env());
   ASSERT_TRUE(launcher.wait_for_stdout("ready", 3, Millis(20'000))) << launcher.out();
-  std::vector<pid_t> rank_pids;
-  const std::string out = launcher.out();
-  const std::regex pid_re("pid=(\\d+)");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), pid_re); it != std::sregex_iterator();
-       ++it) {
-    rank_pids.push_back(std::stoi((*it)[1]));
-  }
+  const std::vector<pid_t> rank_pids = printed_pids(launcher.out(), "pid");
   ASSERT_EQ(rank_pids.size(), 3u);
 
   const auto sent = Clock::now();
@@ -315,6 +371,75 @@ TEST(LaunchCli, SecondSignalSkipsTheGrace) {
   const double after_first = std::chrono::duration<double>(Clock::now() - first).count();
   EXPECT_EQ(run.exit_code, 128 + SIGTERM) << run.describe();
   EXPECT_LT(after_first, 4.0) << "the second signal did not skip the 5 s grace";
+}
+
+// The acceptance test: the launcher SIGKILLed (as the OOM killer does); its ranks and the
+// processes they started (compile workers, data loaders) are gone within 5 s.
+TEST(LaunchCli, KilledLauncherTakesItsRanksAndTheirChildrenWithIt) {
+  Child launcher({kBin, "launch", "--nproc", "3", "--", "sh", "-c",
+                  "sleep 30 & sh -c 'sleep 30' & echo ready rank=$$ child=$!; wait"},
+                 test_env());
+  ASSERT_TRUE(launcher.wait_for_stdout("ready", 3, Millis(20'000))) << launcher.out();
+  const std::vector<pid_t> pids = printed_pids(launcher.out(), "rank|child");
+  ASSERT_EQ(pids.size(), 6u) << launcher.out();
+  launcher.send(SIGKILL);
+  const Finished run = launcher.wait(Millis(20'000));
+  EXPECT_EQ(run.signal, SIGKILL) << run.describe();
+  EXPECT_EQ(wait_gone(pids, Millis(5000)), std::vector<pid_t>{})
+      << "ranks (rank=) or their children (child=) live on:\n"
+      << launcher.out();
+}
+
+// Each rank's PR_SET_PDEATHSIG alone: with the guardian (NOTE [ranks die with their launcher])
+// killed first, the ranks themselves still die with the launcher.
+TEST(LaunchCli, RanksDieWithTheLauncherEvenWithoutItsGuardian) {
+  Child launcher(
+      {kBin, "launch", "--nproc", "2", "--", "sh", "-c", "echo ready rank=$$; exec sleep 30"},
+      test_env());
+  ASSERT_TRUE(launcher.wait_for_stdout("ready", 2, Millis(20'000))) << launcher.out();
+  const std::vector<pid_t> ranks = printed_pids(launcher.out(), "rank");
+  ASSERT_EQ(ranks.size(), 2u) << launcher.out();
+  // The launcher's children are its ranks and the guardian.
+  std::ifstream children(fmt::format("/proc/{0}/task/{0}/children", launcher.pid()));
+  std::vector<pid_t> others;
+  for (pid_t pid; children >> pid;) {
+    if (std::find(ranks.begin(), ranks.end(), pid) == ranks.end()) others.push_back(pid);
+  }
+  ASSERT_EQ(others.size(), 1u) << "the guardian, beside the ranks";
+  ::kill(others[0], SIGKILL);
+  ASSERT_EQ(wait_gone(others, Millis(5000)), std::vector<pid_t>{}) << "the guardian";
+  launcher.send(SIGKILL);
+  launcher.wait(Millis(20'000));
+  EXPECT_EQ(wait_gone(ranks, Millis(5000)), std::vector<pid_t>{}) << "ranks outlived the launcher";
+}
+
+TEST(LaunchCli, NprocTheDescriptorLimitCannotHoldIsRefusedAtOnce) {
+  const Finished run =
+      asynctp({"launch", "--nproc", "100", "--", "sh", "-c", "echo started"}, Millis(20'000));
+  ASSERT_TRUE(run.exited && run.exit_code == 0) << run.describe();
+  const Finished limited = run_command(
+      {"sh", "-c", "ulimit -n 64 && exec asynctp launch --nproc 100 -- sh -c 'echo started'"},
+      test_env(), Millis(20'000));
+  EXPECT_TRUE(limited.exited && limited.exit_code != 0) << limited.describe();
+  EXPECT_THAT(limited.err, HasSubstr("--nproc 100 needs 216 file descriptors"));
+  EXPECT_THAT(limited.err, HasSubstr("this process may open 64 (RLIMIT_NOFILE"));
+  EXPECT_THAT(limited.out, Not(HasSubstr("started"))) << "ranks were started";
+}
+
+// `asynctp run` checks --nproc against the graph before it starts a rank.
+TEST(RunCli, NprocOtherThanTheGraphsIsAnErrorAtOnce) {
+  const std::string graph =
+      std::string(ASYNCTP_SOURCE_DIR) + "/tests/passes/graphs/sp_mlp.fwd.pre.json";
+  for (const std::string nproc : {"4096", "2"}) {
+    SCOPED_TRACE("--nproc " + nproc);
+    const Finished run = asynctp({"run", graph, "--nproc", nproc, "--timeout", "60"});
+    EXPECT_TRUE(run.exited && run.exit_code != 0) << run.describe();
+    EXPECT_THAT(run.err, HasSubstr(fmt::format("--nproc {} but {} was recorded for world size 4: "
+                                               "run it with --nproc 4",
+                                               nproc, graph)));
+    EXPECT_THAT(run.err + run.out, Not(HasSubstr("[rank "))) << "ranks were started";
+    EXPECT_LT(run.seconds, 5.0);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

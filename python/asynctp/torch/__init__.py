@@ -8,11 +8,17 @@ asynctp.torch.fused_all_gather_matmul etc. (asynctp.torch.functional) take the s
 and skip torch's dispatcher on eager calls that record no autograd graph: the lowest host time
 per call.
 
+asynctp.torch.parallel holds sequence-parallel ColwiseParallel / RowwiseParallel styles for
+torch.distributed.tensor.parallel.parallelize_module over the same fused ops (DTensor models).
+
 The four fused ops have exactly torch.ops.symm_mem's schemas (swap one for the other);
 fused_matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name) reduce-scatters the sum
 of several products. Groups are torch process groups named by group_name (subgroups too); CPU
 tensors run on asynctp's CPU backend (with a gloo group), CUDA tensors on its CUDA backend, on
 torch's current stream.
+
+asynctp.torch.enable(**options) makes every later torch.compile fuse the user's own collectives
+and matmuls into these ops (asynctp.torch.compile); fusion_report() says what became of each.
 """
 
 from __future__ import annotations
@@ -34,7 +40,11 @@ from .modules import ColumnParallelLinear, RowParallelLinear  # registers autogr
 
 __all__ = [
     "ColumnParallelLinear",
+    "FusionError",
     "RowParallelLinear",
+    "disable",
+    "enable",
+    "fusion_report",
     "fused_all_gather_matmul",
     "fused_all_gather_scaled_matmul",
     "fused_matmul_reduce_scatter",
@@ -44,9 +54,23 @@ __all__ = [
     "memory_stats",
     "release",
     "reserve",
+    "reset_fusion_report",
     "set_options",
     "usage",
 ]
+
+
+# The torch.compile pass (asynctp.torch.compile) imports Inductor, which takes seconds: it is
+# loaded on first use of one of these names.
+_COMPILE_NAMES = ("FusionError", "disable", "enable", "fusion_report", "reset_fusion_report")
+
+
+def __getattr__(name: str):
+    if name in _COMPILE_NAMES:
+        from . import compile as _compile
+
+        return getattr(_compile, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def set_options(*, timeout_s=None, path=None, max_workspace_mb=None, dispatch_cache=None) -> None:

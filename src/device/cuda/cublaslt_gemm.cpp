@@ -168,6 +168,12 @@ struct LtGemm::Impl {
                           workspace_bytes);
     PerStream state;
     ASYNCTP_CUDA_CHECK(cudaMalloc(&state.workspace, workspace_bytes));
+    // Zeroed once: cuBLASLt's split-K partials reach the workspace through TMA stores, which
+    // compute-sanitizer's initcheck does not see, so its reduce kernel's reads would count as
+    // reads of uninitialized memory. (On the legacy stream, waited for: the first GEMM on this
+    // stream comes next.)
+    ASYNCTP_CUDA_CHECK(cudaMemset(state.workspace, 0, workspace_bytes));
+    ASYNCTP_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
     return streams.emplace(key, state).first->second;
   }
 

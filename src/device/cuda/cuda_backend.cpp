@@ -223,6 +223,9 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     ASYNCTP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_slot_host_),
                                      sizeof(kernels::DeviceErrorSlot), cudaHostAllocMapped));
     *error_slot_host_ = kernels::DeviceErrorSlot{};
+    ASYNCTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&error_claim_), sizeof(int)));
+    ASYNCTP_CUDA_CHECK(cudaMemset(error_claim_, 0, sizeof(int)));
+    error_slot_host_->claim = error_claim_;
     ASYNCTP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_slot_device_),
                                                 error_slot_host_, 0));
     gemm_ = std::make_unique<cuda::LtGemm>();
@@ -240,6 +243,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     gemm_.reset();
     stream_.reset();
     cudaFreeHost(error_slot_host_);
+    cudaFree(error_claim_);
   }
 
   std::string_view name() const override { return "cuda"; }
@@ -460,6 +464,10 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     if (error_slot_host_->flagged == 0) return;
     const kernels::DeviceErrorSlot slot = *const_cast<kernels::DeviceErrorSlot*>(error_slot_host_);
     error_slot_host_->flagged = 0;
+    // Free the slot for the next timeout: in order after whatever the stream still runs (every
+    // wait there is bounded), before the error reaches the caller.
+    cudaMemsetAsync(error_claim_, 0, sizeof(int), raw(*stream_));
+    cudaStreamSynchronize(raw(*stream_));
     // A native GEMM that gave up may have left tail-split counters off 0 (a part counted after
     // the last one stopped waiting): zero them, in order on each workspace's stream, so that
     // later GEMMs of this backend start clean.
@@ -570,6 +578,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   std::unique_ptr<CudaStream> stream_;
   kernels::DeviceErrorSlot* error_slot_host_ = nullptr;
   kernels::DeviceErrorSlot* error_slot_device_ = nullptr;
+  int* error_claim_ = nullptr;  // DeviceErrorSlot::claim
   std::unique_ptr<cuda::LtGemm> gemm_;
 };
 

@@ -13,46 +13,16 @@
 #include <numeric>
 #include <random>
 
+#include "core/deadline.h"
 #include "device/backend.h"
 #include "device/cuda/cuda_backend.h"
+#include "device/cuda/one_gpu.h"
 #include "kernels/kernels.h"
 #include "ops/cuda/gpu_testing.h"
 #include "support/tensor_testing.h"
 
 namespace asynctp::testing {
 namespace {
-
-struct Gpu {
-  std::unique_ptr<Backend> backend = make_backend("cuda", 0);
-  Backend& be() { return *backend; }
-  Stream& stream() { return backend->compute_stream(); }
-
-  OwnedTensor upload(Dims shape, DType dtype, uint64_t seed, Values kind = Values::kRandom) {
-    OwnedTensor host = empty_host(shape, dtype);
-    fill_seeded(host, seed, kind);
-    OwnedTensor dev = empty(shape, dtype);
-    be().copy(dev, host, stream());
-    return dev;
-  }
-  OwnedTensor empty(Dims shape, DType dtype) {
-    Buffer buf = be().allocate(static_cast<size_t>(shape.product()) * element_size(dtype));
-    Tensor view = buf.view(shape, dtype);
-    return {std::move(buf), view};
-  }
-  OwnedTensor download(const Tensor& t) {
-    OwnedTensor host = empty_host(t.shape(), t.dtype());
-    be().copy(host, t, stream());
-    be().synchronize();
-    return host;
-  }
-  // [n, k] storage viewed as the column-major [k, n] B.
-  OwnedTensor upload_b(int64_t k, int64_t n, bool k_major, DType dtype, uint64_t seed) {
-    if (!k_major) return upload({k, n}, dtype, seed);
-    OwnedTensor t = upload({n, k}, dtype, seed);
-    t.tensor = t.tensor.t();
-    return t;
-  }
-};
 
 // The reference kernel's result (f32) for d = a @ b.
 OwnedTensor reference(Gpu& gpu, const Tensor& a, const Tensor& b) {
@@ -217,7 +187,7 @@ struct Landing {
     args.b = b;
     args.d = d;
     args.ready = ready;
-    args.timeout = std::chrono::milliseconds(20'000);
+    args.timeout = default_timeout();  // meant to succeed: ASYNCTP_TIMEOUT bounds it
   }
   OwnedTensor src, b, gathered, d;
   Buffer flags;
@@ -779,7 +749,7 @@ TEST(CudaReduce, WhenFlaggedWaitsForTheCopiesThenMatchesReduce) {
   wait.flags = flags;
   wait.count = 4;
   wait.skip = 2;
-  wait.timeout = std::chrono::milliseconds(20'000);
+  wait.timeout = default_timeout();  // meant to succeed: ASYNCTP_TIMEOUT bounds it
   wait.rank = 2;
   wait.channel = 5;
   OwnedTensor out = gpu.empty({n}, DType::kBF16);
@@ -825,8 +795,8 @@ TEST(CudaWaitFlags, HoldsTheStreamUntilTheFlagsAreUpThenTimesOutNamingThePeer) {
   wait.flags = flags;
   wait.value = 7;
   wait.first = 2;
-  wait.count = 3;  // flag 2 only
-  wait.timeout = std::chrono::milliseconds(20'000);
+  wait.count = 3;                    // flag 2 only
+  wait.timeout = default_timeout();  // meant to succeed: ASYNCTP_TIMEOUT bounds it
   wait.rank = 1;
   wait.channel = 8;
   wait.of = Backend::FlagWait::Of::kShard;

@@ -7,11 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <random>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "core/deadline.h"
 #include "device/cuda/cuda_graph.h"
 #include "ops/collectives.h"
 #include "ops/cuda/gpu_testing.h"
@@ -22,11 +24,13 @@
 namespace asynctp::testing {
 namespace {
 
-HarnessOptions gpu_options(Millis group_timeout = Millis(30'000)) {
+// Waits meant to succeed are bounded by ASYNCTP_TIMEOUT (at least 30 s), so that a sanitizer
+// run, which slows every kernel down, can lengthen them; a test of a timeout passes its own.
+HarnessOptions gpu_options(std::optional<Millis> group_timeout = std::nullopt) {
   HarnessOptions o;
   o.context.backend = "cuda";
-  o.group_timeout = group_timeout;
-  o.run_timeout = Millis(180'000);
+  o.group_timeout = group_timeout.value_or(std::max(Millis(30'000), default_timeout()));
+  o.run_timeout = std::max(Millis(180'000), 2 * o.group_timeout);
   return o;
 }
 

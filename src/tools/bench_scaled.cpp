@@ -1,0 +1,199 @@
+// `asynctp bench --scaled rowwise|tensorwise`: the float8 fused ops on e4m3 operands with f32
+// scales and a bf16 output, timed like the bf16 table (bench_command.cpp: every column
+// round-robin in one loop, median of --iters, slowest rank, paced by --pace):
+//   gemm      the scaled GEMM alone on the whole problem (cuBLASLt on CUDA): the bar, since the
+//             fused op should cost little more than it
+//   baseline  ag-mm: all_gather of A (and of its row-wise scales), then the scaled GEMM;
+//             mm-rs: the scaled GEMM, then reduce_scatter
+//   auto      all_gather_scaled_matmul / scaled_matmul_reduce_scatter as the dispatcher chooses
+//   graph     the auto op replayed from a CUDA graph (CUDA only)
+//
+// Scales: rowwise, A's one per row ([rows, 1]) and B's one per column ([1, N]); tensorwise, one
+// element each. B is stored K-major ([N, K] viewed as [K, N]), the layout float8 GEMMs take
+// natively. Validation: fused against baseline, both rounded to bf16 from f32 products of the
+// same float8 values, so they differ only by rounding order.
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "ops/collectives.h"
+#include "ops/fused_matmul.h"
+#include "tools/bench.h"
+#include "tools/session.h"
+#ifdef ASYNCTP_WITH_CUDA
+#include "device/cuda/cuda_graph.h"
+#endif
+
+namespace asynctp::tools {
+
+namespace {
+
+struct ScaledResult {
+  BenchShape shape;
+  std::string path;
+  double err = 0;
+  double gemm_ms = 0, baseline_ms = 0, fused_ms = 0, graph_ms = NAN;
+  std::map<std::string, double> host_us;
+};
+
+ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const BenchShape& shape) {
+  OpContext& ctx = *s.ctx;
+  const int ws = s.world_size();
+  const int64_t m = shape.m, k = shape.k, n = shape.n, rows = m / ws;
+  ASYNCTP_CHECK(m % ws == 0, "{}: M={} is not divisible by the world size {}", shape.label, m, ws);
+  const bool ag = shape.op == "ag-mm";
+  const bool rowwise = o.scaling == "rowwise";
+  ScaledResult r;
+  r.shape = shape;
+  std::vector<OwnedTensor> keep;
+  auto make = [&](Dims dims, DType dt) -> Tensor {
+    keep.push_back(alloc(ctx, dims, dt));
+    return keep.back();
+  };
+  const DType f8 = DType::kF8E4M3, out_dt = DType::kBF16;
+  // A: ag-mm, this rank's shard [M/ws, K]; mm-rs, [M, K]. B [K, N], K-major.
+  const Tensor a = make(ag ? Dims{rows, k} : Dims{m, k}, f8);
+  const Tensor b_storage = make({n, k}, f8);
+  const Tensor b = b_storage.t();
+  fill_random(ctx, a, 3000017ull * (ag ? 1 : 2) + s.rank(), 4.0f);
+  fill_random(ctx, b_storage, 4000037ull + (ag ? 0 : s.rank()), 4.0f);
+  const Tensor a_scale = make(rowwise ? Dims{a.size(0), 1} : Dims{1}, DType::kF32);
+  const Tensor b_scale = make(rowwise ? Dims{1, n} : Dims{1}, DType::kF32);
+  fill_random(ctx, a_scale, 5000011ull + s.rank(), 1.0f / 32);
+  fill_random(ctx, b_scale, 6000011ull, 1.0f / std::sqrt(static_cast<float>(k)));
+  const Dims out_dims = ag ? Dims{m, n} : Dims{rows, n};
+  const Tensor fused_out = make(out_dims, out_dt), base_out = make(out_dims, out_dt);
+
+  // The unfused pieces: the gathered A and scales (ag-mm), the whole product (mm-rs).
+  const Tensor a_full = ag ? make({m, k}, f8) : Tensor();
+  const Tensor a_scale_full = ag && rowwise ? make({m, 1}, DType::kF32) : a_scale;
+  const Tensor product = ag ? Tensor() : make({m, n}, out_dt);
+  auto scaled_gemm = [&](const Tensor& lhs, const Tensor& lhs_scale, const Tensor& d) {
+    GemmArgs args;
+    args.a = lhs;
+    args.b = b;
+    args.d = d;
+    args.a_scale = lhs_scale;
+    args.b_scale = b_scale;
+    ctx.backend().gemm(args, ctx.stream());
+  };
+  std::function<void()> gemm_fn, base_fn, fused_fn;
+  if (ag) {
+    gemm_fn = [&] { scaled_gemm(a_full, a_scale_full, base_out); };
+    base_fn = [&] {
+      all_gather(ctx, a, a_full);
+      if (rowwise) all_gather(ctx, a_scale, a_scale_full);
+      gemm_fn();
+    };
+    fused_fn = [&] { all_gather_scaled_matmul(ctx, a, a_scale, b, b_scale, fused_out); };
+  } else {
+    gemm_fn = [&] { scaled_gemm(a, a_scale, product); };
+    base_fn = [&] {
+      gemm_fn();
+      reduce_scatter(ctx, product, base_out, ReduceOp::kSum);
+    };
+    fused_fn = [&] { scaled_matmul_reduce_scatter(ctx, a, a_scale, b, b_scale, fused_out); };
+  }
+
+  base_fn();
+  fused_fn();
+  r.err = max_over_ranks(*s.group,
+                         relative_error(to_host_f32(ctx, fused_out), to_host_f32(ctx, base_out)));
+  const char* op_name = ag ? "all_gather_scaled_matmul" : "scaled_matmul_reduce_scatter";
+  const auto last = ctx.usage().last(op_name);
+  r.path = last ? std::string(path_name(last->path)) : "none";
+  ASYNCTP_CHECK(r.err <= 1e-2,
+                "{} {} ({}): the fused float8 result differs from the unfused one by {:.3g} "
+                "(relative; tolerance 1e-2)",
+                shape.op, shape.label, o.scaling, r.err);
+
+  std::vector<std::function<void()>> fns{gemm_fn, base_fn, fused_fn};
+  std::vector<double*> slots{&r.gemm_ms, &r.baseline_ms, &r.fused_ms};
+  std::vector<std::string> names{"gemm", "baseline", "auto"};
+#ifdef ASYNCTP_WITH_CUDA
+  std::optional<cuda::Graph> graph;
+  if (ctx.backend().device().is_cuda()) {
+    graph.emplace();
+    graph->begin_capture(ctx.stream());
+    fused_fn();
+    graph->end_capture();
+    fns.push_back([&] { graph->replay(ctx.stream()); });
+    slots.push_back(&r.graph_ms);
+    names.push_back("graph");
+  }
+#endif
+  const bool gpu = ctx.backend().device().is_cuda();
+  std::vector<double> host_ms;
+  const std::vector<double> medians = median_ms_interleaved(
+      ctx, fns, o.warmup, o.iters, &host_ms, gpu ? o.warmup_ms : 0.0, gpu ? o.pace : 0.0,
+      o.pace_sleep ? HostPause::kSleep : HostPause::kSpin);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    *slots[i] = max_over_ranks(*s.group, medians[i]);
+    r.host_us[names[i]] = max_over_ranks(*s.group, host_ms[i]) * 1e3;
+  }
+  return r;
+}
+
+}  // namespace
+
+int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
+  ASYNCTP_CHECK(o.scaling == "rowwise" || o.scaling == "tensorwise",
+                "--scaled must be rowwise or tensorwise, got '{}'", o.scaling);
+  Session s = Session::join(backend);
+  OpContext& ctx = *s.ctx;
+  if (s.rank() == 0 && !o.json) {
+    std::printf(
+        "asynctp bench --scaled %s: %d ranks, backend %s (%s), f8e4m3 in, bf16 out, median of %d "
+        "runs, slowest rank, times in us\n",
+        o.scaling.c_str(), s.world_size(), std::string(ctx.backend().name()).c_str(),
+        ctx.backend().hardware().c_str(), o.iters);
+    std::printf("%-6s %-26s %-16s %8s %9s %8s %8s %7s %7s %8s  %s\n", "op", "shape", "MxKxN",
+                "gemm", "baseline", "auto", "graph", "a/gemm", "base/a", "err", "auto took");
+    std::fflush(stdout);
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  for (const BenchShape& shape : select_shapes(o.suite, o.op, o.shape, s.world_size())) {
+    const ScaledResult r = bench_scaled_shape(s, o, shape);
+    auto num = [](double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); };
+    rows.push_back({{"op", shape.op},
+                    {"label", shape.label},
+                    {"M", shape.m},
+                    {"K", shape.k},
+                    {"N", shape.n},
+                    {"scaling", o.scaling},
+                    {"path", r.path},
+                    {"rel_error_fused_vs_baseline", r.err},
+                    {"gemm_ms", r.gemm_ms},
+                    {"baseline_ms", r.baseline_ms},
+                    {"fused_ms", r.fused_ms},
+                    {"fused_graph_ms", num(r.graph_ms)},
+                    {"fused_over_gemm", r.fused_ms / r.gemm_ms},
+                    {"baseline_over_fused", r.baseline_ms / r.fused_ms},
+                    {"host_us", r.host_us}});
+    if (s.rank() == 0 && !o.json) {
+      const std::string dims = fmt::format("{}x{}x{}", shape.m, shape.k, shape.n);
+      const std::string graph =
+          std::isnan(r.graph_ms) ? std::string("-") : fmt::format("{:.1f}", r.graph_ms * 1e3);
+      std::printf("%-6s %-26s %-16s %8.1f %9.1f %8.1f %8s %7.3f %7.3f %8.1e  %s\n",
+                  shape.op.c_str(), shape.label.c_str(), dims.c_str(), r.gemm_ms * 1e3,
+                  r.baseline_ms * 1e3, r.fused_ms * 1e3, graph.c_str(), r.fused_ms / r.gemm_ms,
+                  r.baseline_ms / r.fused_ms, r.err, r.path.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (s.rank() == 0 && o.json) {
+    const nlohmann::json doc{{"world_size", s.world_size()},
+                             {"backend", std::string(ctx.backend().name())},
+                             {"hardware", ctx.backend().hardware()},
+                             {"scaling", o.scaling},
+                             {"iters", o.iters},
+                             {"pace", o.pace},
+                             {"results", rows}};
+    std::printf("%s\n", doc.dump().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace asynctp::tools

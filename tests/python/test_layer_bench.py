@@ -1,0 +1,232 @@
+"""The layer benchmark (asynctp.bench.layer) on the CPU: torchrun, ws 2, gloo, the tiny config.
+
+One run (two compiles: the bf16 training step and the float8 forward) validates every arm that
+runs on the CPU against eager PyTorch (the benchmark itself fails on a mismatch) and writes the
+JSON and the plot; the test then checks the JSON's fields, the usage counters of the asynctp
+arms (every fused call of a step counted, on a path that ran) and that the arms CPU lacks say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import asynctp.torch as atp
+from asynctp.bench import layer, llama
+
+TOKENS = (32,)  # one size: each size is one more compile per compiled arm and dtype
+
+
+def _env():
+    env = dict(os.environ)
+    package_root = str(Path(layer.__file__).resolve().parents[2])  # the asynctp imported here
+    paths = [package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("ASYNCTP_LOG_LEVEL", "error")
+    env["ASYNCTP_DISPATCH_CACHE"] = "off"
+    return env
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("layer")
+    arms = ["eager", "compile", "compile_async_tp", "asynctp"]
+    if callable(getattr(atp, "enable", None)):  # the torch.compile pass, where this asynctp has it
+        arms.append("compile_asynctp")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "asynctp.bench.layer", "--config", "tiny",
+           "--tokens", ",".join(map(str, TOKENS)), "--dtype", "bf16,fp8", "--arms", ",".join(arms),
+           "--warmup", "1", "--iters", "2", "--loops", "2", "--json", str(out / "layer.json")]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    return arms, json.loads((out / "layer.json").read_text()), (out / "layer.svg").read_text()
+
+
+def test_every_arm_validated_and_timed(bench):
+    arms, data, _ = bench
+    meta = data["meta"]
+    assert meta["world_size"] == 2 and meta["backend"] == "gloo" and meta["device"] == "cpu"
+    assert data["failures"] == []
+    rows = data["results"]
+    assert [(r["dtype"], r["tokens_per_rank"]) for r in rows] == [
+        (d, t) for d in ("bf16", "fp8") for t in TOKENS]
+    for r in rows:
+        assert r["config"] == "tiny" and r["seq_len"] == 2 * r["tokens_per_rank"]
+        assert r["pass"] == ("fwd+bwd" if r["dtype"] == "bf16" else "fwd")
+        assert list(r["arms"]) == arms
+        for name, arm in r["arms"].items():
+            if name == "compile_async_tp":
+                assert arm["status"] == "skipped" and "CUDA" in arm["reason"]
+                continue
+            assert arm["status"] == "ok", (name, arm)
+            assert arm["ms"] > 0 and arm["us_per_token"] == pytest.approx(
+                arm["ms"] * 1e3 / r["seq_len"])
+            assert arm["variant"] in arm["variants"]
+            # CPU: no CUDA graphs, one variant per arm.
+            assert list(arm["variants"]) == (["eager"] if name in ("eager", "asynctp")
+                                              else ["default"])
+            v = arm["variants"][arm["variant"]]
+            assert v["ms"] == arm["ms"] and len(v["rank_loops_ms"]) == 2
+            val = v["validation"]
+            assert val["max_rel_error"] <= val["tolerance"] == layer.TOLERANCE[r["dtype"]]
+            expected = {"out"} if r["dtype"] == "fp8" else {
+                "out", "grad.x", "grad.attn_norm.weight", "grad.ffn_norm.weight",
+                "grad.wqkv.weight", "grad.wo.weight", "grad.w13.weight", "grad.w2.weight"}
+            assert set(val["rel_error"]) == expected
+            if name == "eager":
+                assert val["max_rel_error"] == 0.0  # the reference itself
+        floor = r["floor"]
+        assert floor["ms"] > 0 and floor["gemm_ms"] > 0 and floor["attention_ms"] > 0
+
+
+def test_asynctp_usage_counts_every_fused_call(bench):
+    _, data, _ = bench
+    for r in data["results"]:
+        arm = r["arms"]["asynctp"]
+        steps = arm["variants"]["eager"]["usage_steps"]
+        assert steps == 1 + 2 * 2  # --warmup 1, --loops 2 x --iters 2
+        usage = arm["usage"]
+        if r["dtype"] == "bf16":
+            # Forward: wqkv and w13 gather, wo and w2 scatter; backward: the adjoints of each.
+            ops = {"all_gather_matmul": 4, "matmul_reduce_scatter": 4}
+        else:
+            ops = {"all_gather_scaled_matmul": 2, "scaled_matmul_reduce_scatter": 2}
+        assert set(usage) == set(ops), usage
+        for op, per_step in ops.items():
+            assert sum(usage[op].values()) == per_step * steps, (op, usage)
+            assert set(usage[op]) <= {"split", "native", "fallback"}, usage
+            assert arm["last_path"][op]["path"] in usage[op], arm["last_path"]
+
+
+def test_compile_pass_fuses_every_collective(bench):
+    arms, data, _ = bench
+    if "compile_asynctp" not in arms:
+        pytest.skip("this asynctp has no torch.compile pass (asynctp.torch.enable)")
+    for r in data["results"]:
+        if r["dtype"] != "bf16":  # gloo moves float8 as bytes: no float8 gather to fuse on CPU
+            continue
+        arm = r["arms"]["compile_asynctp"]
+        # Forward: wqkv, w13 gathers, wo, w2 scatters; backward: their adjoints.
+        assert (arm["fused_collectives"], arm["unfused_collectives"]) == (8, 0), arm
+        steps = arm["variants"]["default"]["usage_steps"]
+        assert {op: sum(p.values()) for op, p in arm["usage"].items()} == {
+            "all_gather_matmul": 4 * steps, "matmul_reduce_scatter": 4 * steps}
+
+
+def test_plot_has_a_line_per_arm(bench):
+    arms, _, svg = bench
+    assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
+    for title in ("tiny bf16 fwd+bwd, ws 2", "tiny fp8 fwd, ws 2"):
+        assert title in svg
+    for name in [a for a in arms if a != "compile_async_tp"] + ["floor"]:
+        assert f">{name}</text>" in svg
+    assert ">compile_async_tp</text>" not in svg  # skipped: no line
+
+
+def test_missing_compile_pass_is_named(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(atp, "enable", None, raising=False)  # an asynctp without the pass
+    with pytest.raises(layer.ArmUnavailable, match="compile_asynctp is not available"):
+        layer.check_available("compile_asynctp", torch.device("cpu"))
+    assert "CUDA" in layer.check_available("compile_async_tp", torch.device("cpu"))
+    assert layer.check_available("asynctp", torch.device("cpu")) is None
+
+
+def test_shards_must_divide():
+    with pytest.raises(ValueError, match="kv_heads=8 is not divisible by the world size 16"):
+        llama.local_shapes(llama.CONFIGS["8b"], 16)
+    lc = llama.local_shapes(llama.CONFIGS["70b"], 8)
+    assert (lc.q_heads, lc.kv_heads, lc.ffn, lc.qkv) == (8, 1, 3584, 10 * 128)
+
+
+def test_help_names_the_arms():
+    proc = subprocess.run([sys.executable, "-m", "asynctp.bench.layer", "--help"], env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for arm in layer.ARMS:
+        assert arm in proc.stdout
+
+
+def test_symm_mem_counter_counts_fused_and_unfused_nodes():
+    """The counter of the PyTorch async-TP arm (that arm itself needs CUDA) on a hand-made
+    post-grad graph: one symm_mem fused all-gather matmul, one collective left as it was."""
+    import torch
+    import torch.distributed._symmetric_memory  # noqa: F401  (defines torch.ops.symm_mem)
+    import torch.fx
+
+    g = torch.fx.Graph()
+    a, b, c = g.placeholder("a"), g.placeholder("b"), g.placeholder("c")
+    fused = g.call_function(torch.ops.symm_mem.fused_all_gather_matmul.default,
+                            (a, [b], 0, "0"))
+    rs = g.call_function(torch.ops._c10d_functional.reduce_scatter_tensor.default,
+                         (c, "sum", 2, "0"))
+    g.output((fused, rs))
+    counter = layer.SymmMemNodeCounter()
+    assert counter.fused() == 0
+    counter.graph_pass(g)
+    assert counter.graphs == [{"symm_mem_fused": ["fused_all_gather_matmul"],
+                               "unfused_collectives": 1}]
+    assert counter.fused() == 1
+    other = layer.SymmMemNodeCounter()
+    assert other.graph_pass.uuid() != counter.graph_pass.uuid()  # never a cache hit across runs
+
+
+def case_disagreeing_arm_is_not_timed(tolerance):
+    import torch
+    import torch.distributed as dist
+
+    args = layer.parse_args(["--config", "tiny", "--tokens", "16", "--dtype", "bf16", "--arms",
+                             "eager,asynctp", "--warmup", "0", "--iters", "1", "--loops", "1",
+                             "--no-floor"])
+    saved = layer.TOLERANCE["bf16"]
+    layer.TOLERANCE["bf16"] = tolerance  # in this rank's process, for this run
+    try:
+        out = layer.run(args, dist.group.WORLD, torch.device("cpu"))
+    finally:
+        layer.TOLERANCE["bf16"] = saved
+    arms = out["results"][0]["arms"]
+    return out["failures"], {a: (r["status"], "ms" in r, list(r["variants"]["eager"]))
+                             for a, r in arms.items()}
+
+
+def test_disagreeing_arm_is_not_timed(pool2):
+    """With a tolerance no result meets (below the eager reference's own 0.0), every arm fails
+    validation: none is timed, each is named in the failures."""
+    for failures, arms in pool2.run(case_disagreeing_arm_is_not_timed, -1.0):
+        assert len(failures) == 2, failures
+        assert "tiny bf16 T=16 eager (eager): relative error 0 > -1.0" in failures[0]
+        assert "tiny bf16 T=16 asynctp (eager)" in failures[1]
+        for status, timed, fields in arms.values():
+            assert status == "failed" and not timed and "ms" not in fields
+            assert set(fields) == {"validation", "error"}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--config", "13b"], "--config '13b' is not one of"),
+    (["--arms", "eager,fast"], "--arms 'fast' is not one of"),
+    (["--tokens", "512,x"], "integers expected"),
+    (["--tokens", "0"], "positive integers expected"),
+    (["--dtype", "f16"], "--dtype 'f16' is not one of"),
+    (["--iters", "0"], "--iters 0 is too small"),
+    (["--pass-options", "[1]"], "is not a JSON object"),
+])
+def test_bad_arguments_are_named(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        layer.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_arguments():
+    args = layer.parse_args(["--config", "8b", "--tokens", "4096,8192", "--json", "out/l.json",
+                             "--pass-options", '{"enable_last_dim": true}'])
+    assert args.configs == ["8b"] and args.token_list == [4096, 8192]
+    assert args.arm_list == list(layer.ARMS) and args.dtypes == ["bf16", "fp8"]
+    assert args.plot == "out/l.svg" and args.pass_options == {"enable_last_dim": True}
