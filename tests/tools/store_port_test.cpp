@@ -41,22 +41,11 @@ using testing::run_command;
 const std::string kBin = ASYNCTP_BIN;
 const std::string kRank = ASYNCTP_STORE_RANK;
 
-// No rendezvous variables inherited from whatever runs the tests.
-std::map<std::string, std::string> clean_env() {
-  std::map<std::string, std::string> env;
-  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                           "MASTER_PORT", "ASYNCTP_RUN_ID", "ASYNCTP_STORE_PORT",
-                           "ASYNCTP_STORE_SECRET", "TORCHELASTIC_USE_AGENT_STORE"}) {
-    env[name] = testing::kUnset;
-  }
-  return env;
-}
-
 // The variables torchrun gives rank `rank` of `ws` (its run id is "none" without --rdzv-id),
 // with the job's secret.
 std::map<std::string, std::string> torchrun_env(int rank, int ws, int port,
                                                 const std::string& secret) {
-  auto env = clean_env();
+  auto env = testing::unset_rendezvous_env();
   env["RANK"] = env["LOCAL_RANK"] = env["GROUP_RANK"] = std::to_string(rank);
   env["WORLD_SIZE"] = env["LOCAL_WORLD_SIZE"] = std::to_string(ws);
   env["MASTER_ADDR"] = "127.0.0.1";
@@ -111,12 +100,12 @@ TEST(TwoJobsOnOnePort, UnderTheLauncherTheSecondFailsAtOnceAndTheFirstFinishes) 
   FlagFile first_may_finish, second_may_finish;
   Child first(
       {kBin, "launch", "--nproc", "3", "--master-port", p, "--", kRank, first_may_finish.path()},
-      clean_env());
+      testing::unset_rendezvous_env());
   ASSERT_TRUE(first.wait_for_stdout("ready", 3, Millis(30'000))) << first.out();
 
   const Finished second = run_command(
       {kBin, "launch", "--nproc", "3", "--master-port", p, "--", kRank, second_may_finish.path()},
-      clean_env(), Millis(30'000));
+      testing::unset_rendezvous_env(), Millis(30'000));
   EXPECT_TRUE(second.exited && second.exit_code != 0) << second.describe();
   // "At once": far below the ranks' 30 s store timeout.
   EXPECT_LT(second.seconds, 10.0) << second.describe();
