@@ -124,7 +124,9 @@ typedef struct asynctp_store_callbacks {
 } asynctp_store_callbacks;
 
 /* The job's group from the variables torchrun and `asynctp launch` set (RANK, WORLD_SIZE,
- * LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); rank 0 serves asynctp's own store.
+ * LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and ASYNCTP_STORE_SECRET (set by
+ * `asynctp launch`; with several ranks started otherwise, the caller gives every rank the same
+ * one); rank 0 serves asynctp's own store on MASTER_ADDR, to the ranks that know the secret.
  * timeout_ms bounds every wait of the group (<= 0: ASYNCTP_TIMEOUT or its default). */
 ASYNCTP_C_EXPORT asynctp_status asynctp_group_from_env(int64_t timeout_ms, asynctp_group* out);
 

@@ -1,8 +1,8 @@
 // Group: some ranks of one job and how to reach them. Three ways to make one:
 //   - from the variables torchrun (and `asynctp launch`) set: RANK, WORLD_SIZE, LOCAL_RANK,
-//     LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Rank 0 serves a TcpStore on
-//     MASTER_ADDR:MASTER_PORT (or ASYNCTP_STORE_PORT when set); everyone, rank 0 included, is a
-//     client of it;
+//     LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and ASYNCTP_STORE_SECRET. Rank 0 serves a
+//     TcpStore on MASTER_ADDR:MASTER_PORT (or ASYNCTP_STORE_PORT when set), bound to that
+//     address only; everyone, rank 0 included, is a client of it, admitted by the secret;
 //   - over any Store (a host framework's, through CallbackStore) with the ranks given;
 //   - as a subgroup of another group (split): any subset of its ranks, in any order, with its own
 //     namespace in the parent's store. The TP and DP groups of a 2-D mesh live side by side.
@@ -31,9 +31,12 @@ struct RendezvousInfo {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  // The job's store secret (ASYNCTP_STORE_SECRET): every store connection proves it knows it.
+  std::string store_secret;
 
-  // Reads the torchrun variables; throws naming a missing or malformed one. With none of them
-  // set, returns a single-rank job (rank 0 of 1) on a free local port.
+  // Reads the torchrun variables and ASYNCTP_STORE_SECRET; throws naming a missing or malformed
+  // one (the secret is required with several ranks: see store_secret_from_env). With none of
+  // them set, returns a single-rank job (rank 0 of 1) on a free local port with a random secret.
   static RendezvousInfo from_env();
 };
 

@@ -3,7 +3,10 @@
 // any implementation of it:
 //   TcpStore       a client of the TCP store server that rank 0 of a group made from a
 //                  RendezvousInfo runs (asynctp/group.h): the store of torchrun-style jobs and
-//                  `asynctp launch`.
+//                  `asynctp launch`. Client and server prove to each other that they know the
+//                  job's secret (ASYNCTP_STORE_SECRET) before anything else is said, so that
+//                  no outside client reads or writes a key, and a rank never talks to the store
+//                  of another job that holds its port.
 //   PrefixStore    every key of another store under a prefix: one namespace per group, so that
 //                  several groups (the TP and DP groups of a 2-D mesh) share one store.
 //   CallbackStore  a host framework's store (PyTorch's c10d store) reached through callbacks.
@@ -34,6 +37,7 @@ namespace asynctp {
 namespace net {
 class Fd;
 }
+class Deadline;
 
 class Store {
  public:
@@ -53,8 +57,11 @@ class Store {
 
 class TcpStore final : public Store {
  public:
-  // `rank` only labels error messages. The connection is made lazily on first use.
-  TcpStore(std::string host, int port, Millis timeout, int rank);
+  // `rank` only labels error messages. `secret`: the job's store secret (at least 16 bytes; the
+  // server's). The connection is made and authenticated lazily on first use; a server that
+  // does not know the secret (another job's store on that port) is an Error at once, naming the
+  // port.
+  TcpStore(std::string host, int port, Millis timeout, int rank, std::string secret);
   ~TcpStore() override;
 
   using Store::get;
@@ -73,11 +80,17 @@ class TcpStore final : public Store {
  private:
   std::vector<std::string> request(uint8_t command, const std::vector<std::string>& fields,
                                    Millis timeout, const std::string& what);
+  // Connects (retrying until the deadline) and authenticates: fd_ is then valid.
+  void connect(const Deadline& deadline, const std::string& who);
+  // The handshake on a fresh connection; false when the server closed it before greeting (a
+  // full or stopping server: retry).
+  bool handshake(int fd, const Deadline& deadline, const std::string& who);
 
   std::string host_;
   int port_;
   Millis timeout_;
   int rank_;
+  std::string secret_;
   std::mutex mutex_;
   std::unique_ptr<net::Fd> fd_;  // the connection, made on first use
 };

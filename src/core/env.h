@@ -153,6 +153,15 @@ inline constexpr EnvVar kStorePort{
     .max = 65535,
 };
 
+inline constexpr EnvVar kStoreSecret{
+    .name = "ASYNCTP_STORE_SECRET",
+    .kind = EnvVar::Kind::kText,
+    .default_value = "made by `asynctp launch`; required with several ranks otherwise",
+    .doc =
+        "The job's store secret, 32 to 128 hex digits: every store connection proves it knows "
+        "it (never sent; `asynctp env` hides it).",
+};
+
 inline constexpr EnvVar kGemmStreams{
     .name = "ASYNCTP_GEMM_STREAMS",
     .kind = EnvVar::Kind::kInteger,
@@ -255,10 +264,10 @@ inline constexpr EnvVar kBuildTests{
 
 // Every variable, in the order `asynctp env` and the README list them.
 inline constexpr const EnvVar* kAll[] = {
-    &kTimeout,     &kMaxWorkspaceMb, &kPath,      &kCacheDir,    &kLogLevel,
-    &kHostId,      &kRunId,          &kStorePort, &kGemmStreams, &kPushPieceBytes,
-    &kPushStreams, &kGemmAutotune,   &kAllowTf32, &kSharedGpus,  &kCpuStreamJitter,
-    &kLibrary,     &kSharedDir,      &kSkipAsan,  &kBuildTests,
+    &kTimeout,         &kMaxWorkspaceMb, &kPath,         &kCacheDir,    &kLogLevel,
+    &kHostId,          &kRunId,          &kStorePort,    &kStoreSecret, &kGemmStreams,
+    &kPushPieceBytes,  &kPushStreams,    &kGemmAutotune, &kAllowTf32,   &kSharedGpus,
+    &kCpuStreamJitter, &kLibrary,        &kSharedDir,    &kSkipAsan,    &kBuildTests,
 };
 
 // The registered variable of that name; nullptr when there is none.

@@ -54,6 +54,7 @@ RendezvousInfo RendezvousInfo::from_env() {
   const bool any = env("RANK") || env("WORLD_SIZE") || env("MASTER_PORT");
   if (!any) {
     info.master_port = 0;  // single process: serve on a free port
+    info.store_secret = store_secret_from_env(1);
     return info;
   }
   info.rank = env_int("RANK", 0);
@@ -67,6 +68,7 @@ RendezvousInfo RendezvousInfo::from_env() {
                 "LOCAL_RANK={} is not below LOCAL_WORLD_SIZE={}", info.local_rank,
                 info.local_world_size);
   info.master_addr = env("MASTER_ADDR").value_or("127.0.0.1");
+  info.store_secret = store_secret_from_env(info.world_size);
   info.master_port = env_int("MASTER_PORT", 1);
   ASYNCTP_CHECK(info.master_port <= 65535, "MASTER_PORT={} is not a TCP port", info.master_port);
   // torchrun's own agent store may already own MASTER_PORT; ASYNCTP_STORE_PORT moves ours.
@@ -99,12 +101,25 @@ std::shared_ptr<Group> Group::create(const RendezvousInfo& info, GroupOptions op
   set_log_rank(info.rank);
   int port = info.master_port;
   if (info.rank == 0 && group->options_.serve_store) {
-    group->server_ = std::make_unique<StoreServer>(info.master_addr, port);
+    StoreServerOptions server_options;
+    // Every rank holds one connection; a rank that timed out reconnects while the server may
+    // not have seen the old one close yet.
+    server_options.max_connections =
+        std::max<size_t>(server_options.max_connections, 2 * size_t(info.world_size) + 64);
+    try {
+      group->server_ =
+          std::make_unique<StoreServer>(info.master_addr, port, info.store_secret, server_options);
+    } catch (const Error& e) {
+      throw Error(fmt::format("rank 0: cannot serve the job's store: {}", e.what()));
+    }
     port = group->server_->port();
   }
   ASYNCTP_CHECK(port > 0, "rank {}: no store port (MASTER_PORT) to connect to", info.rank);
-  group->store_ =
-      std::make_shared<TcpStore>(info.master_addr, port, group->options_.timeout, info.rank);
+  ASYNCTP_CHECK(!info.store_secret.empty(),
+                "rank {}: no store secret (RendezvousInfo::store_secret; from_env reads {})",
+                info.rank, envvars::kStoreSecret.name);
+  group->store_ = std::make_shared<TcpStore>(info.master_addr, port, group->options_.timeout,
+                                             info.rank, info.store_secret);
   group->owns_tcp_store_ = true;
   // The launcher (and the test harness) name the run, and remove its shared memory afterwards.
   group->exchange_identity(envvars::kRunId.text().value_or(random_hex(12)));

@@ -16,6 +16,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "runtime/hmac.h"
 #include "runtime/rank_guardian.h"
 #include "runtime/socket.h"
 
@@ -125,6 +126,9 @@ int launch(const LaunchOptions& options) {
   check_descriptor_limit(options.nproc);
   const int port = options.master_port > 0 ? options.master_port : net::pick_free_port();
   const std::string run_id = random_run_id();
+  // The store admits only clients that know this (256 random bits, never derived from anything
+  // an outside client can read, as the run id is).
+  const std::string store_secret = random_hex_secret(32);
 
   // SIGINT/SIGTERM/SIGCHLD are read from a signalfd in the poll loop; children get the default
   // dispositions back before exec.
@@ -213,6 +217,7 @@ int launch(const LaunchOptions& options) {
       ::setenv("MASTER_ADDR", options.master_addr.c_str(), 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       ::setenv("ASYNCTP_RUN_ID", run_id.c_str(), 1);
+      ::setenv("ASYNCTP_STORE_SECRET", store_secret.c_str(), 1);
       ::execvp(argv[0], argv.data());
       const std::string msg =
           fmt::format("asynctp launch: cannot run '{}': {}\n", argv[0], std::strerror(errno));

@@ -1,8 +1,9 @@
 // The single-node launcher behind `asynctp launch`: starts N ranks of a command with the
-// torchrun variables set, tags their output lines with the rank, and stops the whole job as soon
-// as one rank fails, on SIGINT/SIGTERM (forwarded to every rank), or at the timeout. Each rank
-// runs in a process group of its own, which ends with the launcher however the launcher ends
-// (NOTE [ranks die with their launcher] in runtime/rank_guardian.h).
+// torchrun variables set (and ASYNCTP_RUN_ID and ASYNCTP_STORE_SECRET, fresh per job), tags their
+// output lines with the rank, and stops the whole job as soon as one rank fails, on SIGINT/SIGTERM
+// (forwarded to every rank), or at the timeout. Each rank runs in a process group of its own,
+// which ends with the launcher however the launcher ends (NOTE [ranks die with their launcher] in
+// runtime/rank_guardian.h).
 #pragma once
 
 #include <optional>

@@ -42,9 +42,11 @@ void resolve(const std::string& host, int port, bool passive, AddrInfo* out) {
 
 Fd tcp_listen(const std::string& host, int port, int* bound_port) {
   AddrInfo info;
-  // Listen on every interface so that ranks on other nodes can reach rank 0 by its name.
-  resolve("", port, /*passive=*/true, &info);
+  // Only the given address: MASTER_ADDR is loopback for a single-node job, and the interface the
+  // other nodes reach otherwise; "" or "0.0.0.0" (asked for explicitly) is every interface.
+  resolve(host, port, /*passive=*/true, &info);
   std::string last_error = "no address";
+  int last_errno = 0;
   for (addrinfo* ai = info.list; ai != nullptr; ai = ai->ai_next) {
     Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
     if (!fd.valid()) continue;
@@ -55,6 +57,7 @@ Fd tcp_listen(const std::string& host, int port, int* bound_port) {
       ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
     }
     if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd.get(), 512) != 0) {
+      last_errno = errno;
       last_error = std::strerror(errno);
       continue;
     }
@@ -67,7 +70,17 @@ Fd tcp_listen(const std::string& host, int port, int* bound_port) {
                       : ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
     return fd;
   }
-  ASYNCTP_FAIL("cannot listen on port {} (for host '{}'): {}", port, host, last_error);
+  const std::string where = fmt::format("{}:{}", host.empty() ? "*" : host, port);
+  ASYNCTP_CHECK(last_errno != EADDRINUSE,
+                "cannot listen on {}: port {} is taken (another job or program holds it); give "
+                "this job another MASTER_PORT (`asynctp launch --master-port`)",
+                where, port);
+  ASYNCTP_CHECK(last_errno != EADDRNOTAVAIL,
+                "cannot listen on {}: '{}' is not an address of this host (MASTER_ADDR must be "
+                "this node's loopback for a single-node job, or the address of its interface that "
+                "the other nodes reach)",
+                where, host);
+  ASYNCTP_FAIL("cannot listen on {}: {}", where, last_error);
 }
 
 Fd tcp_connect(const std::string& host, int port, const Deadline& deadline,
@@ -129,6 +142,47 @@ int pick_free_port() {
   int port = 0;
   Fd fd = tcp_listen("", 0, &port);
   return port;
+}
+
+PeerCredentials peer_credentials(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  ASYNCTP_SYSCHECK(::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len),
+                   "getsockopt(SO_PEERCRED) on socket {}", fd);
+  return {cred.pid, cred.uid, cred.gid};
+}
+
+std::optional<int> rank_of_peer(const PeerCredentials& peer, uid_t my_uid,
+                                std::span<const int64_t> rank_pids, int my_rank, int expected_rank,
+                                std::string* problem) {
+  ASYNCTP_CHECK(problem != nullptr, "rank_of_peer needs somewhere to put the problem");
+  ASYNCTP_CHECK(my_rank >= 0 && static_cast<size_t>(my_rank) < rank_pids.size(),
+                "rank_of_peer: my rank {} is outside the {} ranks", my_rank, rank_pids.size());
+  ASYNCTP_CHECK(expected_rank < 0 || static_cast<size_t>(expected_rank) < rank_pids.size(),
+                "rank_of_peer: expected rank {} is outside the {} ranks", expected_rank,
+                rank_pids.size());
+  if (peer.uid != my_uid) {
+    *problem = fmt::format("the peer (pid {}) runs as user {}, not as this job's user {}", peer.pid,
+                           peer.uid, my_uid);
+    return std::nullopt;
+  }
+  int found = -1;
+  for (size_t r = 0; r < rank_pids.size(); ++r) {
+    if (static_cast<int>(r) != my_rank && peer.pid > 0 && rank_pids[r] == peer.pid) {
+      found = static_cast<int>(r);
+    }
+  }
+  if (found < 0) {
+    *problem =
+        fmt::format("the peer (pid {}, user {}) is no rank of this group", peer.pid, peer.uid);
+    return std::nullopt;
+  }
+  if (expected_rank >= 0 && found != expected_rank) {
+    *problem =
+        fmt::format("the peer (pid {}) is rank {}, not rank {}", peer.pid, found, expected_rank);
+    return std::nullopt;
+  }
+  return found;
 }
 
 }  // namespace asynctp::net

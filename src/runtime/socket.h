@@ -1,6 +1,10 @@
 // Thin RAII wrappers over TCP sockets for the store. Every blocking call takes a Deadline.
 #pragma once
 
+#include <sys/types.h>
+
+#include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -33,7 +37,8 @@ class Fd {
   int fd_ = -1;
 };
 
-// Listens on host:port (port 0 picks a free one; host "" or "0.0.0.0" means every interface).
+// Listens on host:port only (port 0 picks a free one; host "" or "0.0.0.0" means every
+// interface). A taken port is an Error that says so.
 Fd tcp_listen(const std::string& host, int port, int* bound_port);
 
 // Connects to host:port, retrying while the server is not up yet, until the deadline.
@@ -50,5 +55,21 @@ bool recv_all(int fd, void* data, size_t size, const Deadline& deadline);
 
 // A TCP port that was free a moment ago (bound, read, closed).
 int pick_free_port();
+
+// The process at the other end of a connected Unix socket, as the kernel saw it when the
+// connection was made (SO_PEERCRED): it cannot be forged by the peer.
+struct PeerCredentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+PeerCredentials peer_credentials(int fd);
+
+// Which rank of a group the peer is, by its credentials: it must run as `my_uid` and have the
+// pid a rank published (rank_pids[r], r != my_rank). With expected_rank >= 0 it must be that
+// rank. Returns the rank, or nullopt and the reason in *problem (naming the peer's pid and uid).
+std::optional<int> rank_of_peer(const PeerCredentials& peer, uid_t my_uid,
+                                std::span<const int64_t> rank_pids, int my_rank, int expected_rank,
+                                std::string* problem);
 
 }  // namespace asynctp::net

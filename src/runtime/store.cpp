@@ -9,70 +9,36 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <string_view>
-#include <unordered_map>
+#include <thread>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/hmac.h"
+#include "runtime/store_protocol.h"
 
 namespace asynctp {
 
+namespace sp = store_protocol;
+
 namespace {
 
-enum Command : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kCheck = 5, kErase = 6 };
-enum Status : uint8_t { kOk = 0, kFailed = 1 };
-constexpr uint32_t kMaxFrame = 1u << 30;
-
-void put_u32(std::string* out, uint32_t v) {
-  out->append(reinterpret_cast<const char*>(&v), 4);
-}
-
-// [u32 payload length][u8 code][u32 count]{[u32 len][bytes]}...
-std::string encode_frame(uint8_t code, const std::vector<std::string>& fields) {
-  std::string payload;
-  payload.push_back(static_cast<char>(code));
-  put_u32(&payload, static_cast<uint32_t>(fields.size()));
-  for (const auto& f : fields) {
-    put_u32(&payload, static_cast<uint32_t>(f.size()));
-    payload += f;
-  }
-  std::string frame;
-  put_u32(&frame, static_cast<uint32_t>(payload.size()));
-  return frame + payload;
-}
-
-bool decode_payload(std::string_view payload, uint8_t* code, std::vector<std::string>* fields) {
-  auto read_u32 = [&](uint32_t* v) {
-    if (payload.size() < 4) return false;
-    std::memcpy(v, payload.data(), 4);
-    payload.remove_prefix(4);
-    return true;
-  };
-  if (payload.empty()) return false;
-  *code = static_cast<uint8_t>(payload[0]);
-  payload.remove_prefix(1);
-  uint32_t count = 0;
-  if (!read_u32(&count) || count > payload.size()) return false;
-  fields->clear();
-  for (uint32_t i = 0; i < count; ++i) {
-    uint32_t len = 0;
-    if (!read_u32(&len) || len > payload.size()) return false;
-    fields->emplace_back(payload.substr(0, len));
-    payload.remove_prefix(len);
-  }
-  return payload.empty();
-}
-
-struct Waiter {
-  int fd;
-  uint8_t command;  // kGet (reply with the value) or kWait
-  std::vector<std::string> keys;
-};
-
-// All server state lives on the serving thread; nothing here is shared.
+// The socket side of the server: non-blocking accepts, reads and writes, all state in the
+// StoreEngine. Lives on the serving thread; nothing here is shared.
 class ServerLoop {
  public:
-  ServerLoop(int listener, int wake) : listener_(listener), wake_(wake) {}
+  ServerLoop(int listener, int wake, const std::string& secret, const StoreServerOptions& options)
+      : listener_(listener),
+        wake_(wake),
+        options_(options),
+        engine_(secret, [] { return random_bytes(sp::kNonceBytes); }) {}
+
+  ~ServerLoop() {
+    for (const auto& [fd, since] : clients_)
+      ::close(fd);
+  }
 
   void run() {
     std::vector<pollfd> fds;
@@ -80,164 +46,161 @@ class ServerLoop {
       fds.clear();
       fds.push_back({wake_, POLLIN, 0});
       fds.push_back({listener_, POLLIN, 0});
-      for (const auto& [fd, buf] : clients_)
-        fds.push_back({fd, POLLIN, 0});
-      const int rc = ::poll(fds.data(), fds.size(), -1);
+      for (const auto& [fd, since] : clients_) {
+        short events = engine_.wants_input(fd) ? POLLIN : 0;
+        if (!engine_.pending(fd).empty()) events |= POLLOUT;
+        fds.push_back({fd, events, 0});
+      }
+      const int rc = ::poll(fds.data(), fds.size(), next_handshake_deadline_ms());
       if (rc < 0) {
         if (errno == EINTR) continue;
         ASYNCTP_LOG_ERROR("store server: poll failed: {}", std::strerror(errno));
         return;
       }
       if (fds[0].revents != 0) return;  // shutdown
-      if (fds[1].revents & POLLIN) accept_client();
       for (size_t i = 2; i < fds.size(); ++i) {
-        // A client dropped earlier in this round (a failed reply to a waiter) is gone.
-        if (fds[i].revents != 0 && clients_.count(fds[i].fd) != 0) read_client(fds[i].fd);
+        const int fd = fds[i].fd;
+        if (fds[i].revents == 0 || clients_.count(fd) == 0) continue;
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_client(fd);
       }
+      // Replies to one client may have been queued by another's request (a set that wakes a
+      // get): flush every connection that has output, then close those the engine is done with.
+      std::vector<int> done;
+      for (const auto& [fd, since] : clients_) {
+        if (!flush(fd) || engine_.closing(fd)) done.push_back(fd);
+      }
+      for (const int fd : done)
+        drop_client(fd);
+      drop_late_handshakes();
+      if (fds[1].revents & POLLIN) accept_client();
     }
-  }
-
-  ~ServerLoop() {
-    for (auto& [fd, buf] : clients_)
-      ::close(fd);
   }
 
  private:
   void accept_client() {
-    const int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
+    if (clients_.size() >= options_.max_connections) {
+      if (!warned_full_) {
+        ASYNCTP_LOG_WARN("store server: {} connections open, the limit; refusing more",
+                         clients_.size());
+        warned_full_ = true;
+      }
+      ::close(fd);
+      return;
+    }
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    clients_[fd] = std::string();
+    clients_[fd] = Clock::now();
+    engine_.open(fd);
+    flush(fd);
   }
 
   void drop_client(int fd) {
+    // Best effort: a refusal the engine queued (wrong secret, oversize frame) tells the client
+    // why before the connection closes.
+    const std::string_view left = engine_.pending(fd);
+    if (!left.empty()) {
+      [[maybe_unused]] ssize_t n = ::send(fd, left.data(), left.size(), MSG_NOSIGNAL);
+    }
+    engine_.close(fd);
     ::close(fd);
     clients_.erase(fd);
-    std::erase_if(waiters_, [fd](const Waiter& w) { return w.fd == fd; });
   }
 
   void read_client(int fd) {
     char chunk[65536];
     const ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n <= 0) {
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
       drop_client(fd);
       return;
     }
-    clients_[fd].append(chunk, static_cast<size_t>(n));
-    // handle() may drop clients (this one too, when a reply to it fails): look the buffer up
-    // afresh for every frame instead of holding a reference across it.
+    engine_.receive(fd, std::string_view(chunk, static_cast<size_t>(n)));
+  }
+
+  // Sends what the engine has for fd without blocking, and lets it handle the requests it held
+  // back while the output was full. False when the connection failed.
+  bool flush(int fd) {
     while (true) {
-      auto it = clients_.find(fd);
-      if (it == clients_.end()) return;
-      std::string& buf = it->second;
-      if (buf.size() < 4) return;
-      uint32_t len = 0;
-      std::memcpy(&len, buf.data(), 4);
-      if (len > kMaxFrame) {
-        drop_client(fd);
-        return;
-      }
-      if (buf.size() < 4 + static_cast<size_t>(len)) return;
-      uint8_t command = 0;
-      std::vector<std::string> fields;
-      const bool ok = decode_payload(std::string_view(buf).substr(4, len), &command, &fields);
-      buf.erase(0, 4 + static_cast<size_t>(len));
-      if (!ok || !handle(fd, command, std::move(fields))) {
-        if (clients_.count(fd) != 0) drop_client(fd);
-        return;
-      }
-    }
-  }
-
-  bool reply(int fd, uint8_t status, const std::vector<std::string>& fields) {
-    const std::string frame = encode_frame(status, fields);
-    const char* p = frame.data();
-    size_t left = frame.size();
-    while (left > 0) {
-      const ssize_t n = ::send(fd, p, left, MSG_NOSIGNAL);
+      const std::string_view out = engine_.pending(fd);
+      if (out.empty()) return true;
+      const ssize_t n = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
       if (n <= 0) return false;
-      p += n;
-      left -= static_cast<size_t>(n);
-    }
-    return true;
-  }
-
-  bool all_present(const std::vector<std::string>& keys) const {
-    return std::all_of(keys.begin(), keys.end(), [&](const auto& k) { return data_.count(k) > 0; });
-  }
-
-  bool answer_waiter(const Waiter& w) {
-    if (w.command == kGet) return reply(w.fd, kOk, {data_.at(w.keys[0])});
-    return reply(w.fd, kOk, {});
-  }
-
-  void wake_waiters() {
-    std::vector<Waiter> ready;
-    std::erase_if(waiters_, [&](const Waiter& w) {
-      if (!all_present(w.keys)) return false;
-      ready.push_back(w);
-      return true;
-    });
-    for (const auto& w : ready) {
-      if (clients_.count(w.fd) != 0 && !answer_waiter(w)) drop_client(w.fd);
+      engine_.consumed(fd, static_cast<size_t>(n));
+      if (engine_.wants_input(fd)) engine_.process(fd);
     }
   }
 
-  // Returns false when the client sent something malformed (it is then dropped).
-  bool handle(int fd, uint8_t command, std::vector<std::string> fields) {
-    switch (command) {
-      case kSet: {
-        if (fields.size() != 2) return false;
-        data_[fields[0]] = std::move(fields[1]);
-        if (!reply(fd, kOk, {})) return false;
-        wake_waiters();
-        return true;
-      }
-      case kGet:
-      case kWait: {
-        if (fields.empty() || (command == kGet && fields.size() != 1)) return false;
-        Waiter w{fd, command, std::move(fields)};
-        if (all_present(w.keys)) return answer_waiter(w);
-        waiters_.push_back(std::move(w));
-        return true;
-      }
-      case kAdd: {
-        if (fields.size() != 2) return false;
-        int64_t value = 0;
-        if (auto it = data_.find(fields[0]); it != data_.end()) {
-          value = std::strtoll(it->second.c_str(), nullptr, 10);
-        }
-        value += std::strtoll(fields[1].c_str(), nullptr, 10);
-        data_[fields[0]] = std::to_string(value);
-        if (!reply(fd, kOk, {std::to_string(value)})) return false;
-        wake_waiters();
-        return true;
-      }
-      case kCheck:
-        return reply(fd, kOk, {all_present(fields) ? "1" : "0"});
-      case kErase:
-        if (fields.size() != 1) return false;
-        data_.erase(fields[0]);
-        return reply(fd, kOk, {});
-      default:
-        reply(fd, kFailed, {fmt::format("unknown store command {}", command)});
-        return false;
+  void drop_late_handshakes() {
+    const auto now = Clock::now();
+    std::vector<int> late;
+    for (const auto& [fd, since] : clients_) {
+      if (!engine_.authenticated(fd) && now - since >= options_.handshake_timeout)
+        late.push_back(fd);
     }
+    for (const int fd : late)
+      drop_client(fd);
+  }
+
+  // poll's timeout: until the first unauthenticated connection's handshake runs out (-1: none).
+  int next_handshake_deadline_ms() const {
+    std::optional<Clock::time_point> first;
+    for (const auto& [fd, since] : clients_) {
+      if (engine_.authenticated(fd)) continue;
+      const auto end = since + options_.handshake_timeout;
+      if (!first || end < *first) first = end;
+    }
+    if (!first) return -1;
+    const auto left = std::chrono::duration_cast<Millis>(*first - Clock::now()).count() + 1;
+    return static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
   }
 
   int listener_;
   int wake_;
-  std::unordered_map<int, std::string> clients_;
-  std::unordered_map<std::string, std::string> data_;
-  std::vector<Waiter> waiters_;
+  StoreServerOptions options_;
+  sp::StoreEngine engine_;
+  std::map<int, Clock::time_point> clients_;  // fd -> when it was accepted
+  bool warned_full_ = false;
 };
+
+bool is_hex(std::string_view text) {
+  return std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+  });
+}
 
 }  // namespace
 
-StoreServer::StoreServer(net::Fd listener) : listener_(std::move(listener)) {
+std::string store_secret_from_env(int world_size) {
+  const std::string_view name = envvars::kStoreSecret.name;
+  auto secret = envvars::kStoreSecret.text();
+  if (!secret) {
+    ASYNCTP_CHECK(world_size == 1,
+                  "{} is not set, and this job has {} ranks: asynctp's store admits only the "
+                  "clients that know the job's secret. `asynctp launch` sets it; with torchrun, "
+                  "srun, mpirun or by hand, give every rank the same one, e.g. `export {}=$(od "
+                  "-An -tx1 -N32 /dev/urandom | tr -d ' \\n')` before starting them (asynctp's "
+                  "C++ store cannot reach torchrun's own store to hand one out; the Python "
+                  "package, asynctp.torch, rendezvouses through torchrun's store and needs "
+                  "none)",
+                  name, world_size, name);
+    return random_hex_secret(32);
+  }
+  ASYNCTP_CHECK(secret->size() >= 32 && secret->size() <= 128 && is_hex(*secret),
+                "{} must be 32 to 128 hexadecimal digits (128 to 512 random bits), got {} "
+                "characters{}",
+                name, secret->size(), is_hex(*secret) ? "" : " that are not all hex digits");
+  return *secret;
+}
+
+StoreServer::StoreServer(net::Fd listener, std::string secret, StoreServerOptions options)
+    : listener_(std::move(listener)), secret_(std::move(secret)), options_(options) {
+  ASYNCTP_CHECK(secret_.size() >= 16, "the store's secret is {} bytes; at least 16 expected",
+                secret_.size());
+  ASYNCTP_CHECK(options_.max_connections >= 1, "the store's max_connections must be positive");
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   ASYNCTP_SYSCHECK(::getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &len),
@@ -251,11 +214,14 @@ StoreServer::StoreServer(net::Fd listener) : listener_(std::move(listener)) {
   thread_ = std::thread([this] { serve(); });
 }
 
-StoreServer::StoreServer(const std::string& host, int port)
-    : StoreServer([&] {
-        int bound = 0;
-        return net::tcp_listen(host, port, &bound);
-      }()) {}
+StoreServer::StoreServer(const std::string& host, int port, std::string secret,
+                         StoreServerOptions options)
+    : StoreServer(
+          [&] {
+            int bound = 0;
+            return net::tcp_listen(host, port, &bound);
+          }(),
+          std::move(secret), options) {}
 
 StoreServer::~StoreServer() {
   const char byte = 1;
@@ -265,89 +231,218 @@ StoreServer::~StoreServer() {
 
 void StoreServer::serve() {
   try {
-    ServerLoop loop(listener_.get(), wake_read_.get());
+    ServerLoop loop(listener_.get(), wake_read_.get(), secret_, options_);
     loop.run();
   } catch (const std::exception& e) {
     ASYNCTP_LOG_ERROR("store server stopped: {}", e.what());
   }
 }
 
-TcpStore::TcpStore(std::string host, int port, Millis timeout, int rank)
+// ---- TcpStore ----
+
+namespace {
+
+// The payload of the next frame on fd, at most max_len bytes; nullopt when the deadline passes
+// first. Throws Error when the peer closes or announces a longer frame.
+std::optional<std::string> read_frame(int fd, uint32_t max_len, const Deadline& deadline) {
+  uint32_t len = 0;
+  if (!net::recv_all(fd, &len, 4, deadline)) return std::nullopt;
+  ASYNCTP_CHECK(len <= max_len, "the peer announced a frame of {} bytes, over the limit of {}", len,
+                max_len);
+  std::string payload(len, '\0');
+  if (!net::recv_all(fd, payload.data(), len, deadline)) return std::nullopt;
+  return payload;
+}
+
+// How long a client waits for the server's greeting before it concludes that what listens on
+// the port is not an asynctp store.
+constexpr Millis kGreetingTimeout{10'000};
+
+}  // namespace
+
+TcpStore::TcpStore(std::string host, int port, Millis timeout, int rank, std::string secret)
     : host_(std::move(host)),
       port_(port),
       timeout_(timeout),
       rank_(rank),
-      fd_(std::make_unique<net::Fd>()) {}
+      secret_(std::move(secret)),
+      fd_(std::make_unique<net::Fd>()) {
+  ASYNCTP_CHECK(secret_.size() >= 16,
+                "rank {}: the store secret is {} bytes; at least 16 expected (see "
+                "ASYNCTP_STORE_SECRET)",
+                rank, secret_.size());
+}
 
 TcpStore::~TcpStore() = default;
+
+bool TcpStore::handshake(int fd, const Deadline& deadline, const std::string& who) {
+  const std::string where = fmt::format("{}:{}", host_, port_);
+  const Deadline greeting_deadline(
+      std::min<Millis>(Millis(deadline.remaining_ms()), kGreetingTimeout));
+  // The greeting's length first, by hand: a peer that closes before it is a full or stopping
+  // store (the caller retries), while one that sends something else is not an asynctp store.
+  uint32_t len = 0;
+  bool arrived = false;
+  try {
+    arrived = net::recv_all(fd, &len, 4, greeting_deadline);
+  } catch (const Error&) {
+    return false;
+  }
+  std::optional<std::string> hello;
+  if (arrived) {
+    hello = std::string(reinterpret_cast<const char*>(&len), 4);
+    if (len <= sp::kMaxHandshakeFrameBytes) {
+      std::string payload(len, '\0');
+      hello = net::recv_all(fd, payload.data(), len, greeting_deadline)
+                  ? std::optional<std::string>(std::move(payload))
+                  : std::nullopt;
+    }
+  }
+  if (!hello) {
+    if (deadline.expired()) {
+      ASYNCTP_TIMEOUT("{}: the store at {} sent no greeting within {}", who, where,
+                      deadline.describe());
+    }
+    ASYNCTP_FAIL(
+        "what listens on {} sent no asynctp store greeting within {} s: port {} "
+        "is held by another program",
+        where, kGreetingTimeout.count() / 1000, port_);
+  }
+  uint8_t status = 0;
+  std::vector<std::string> fields;
+  ASYNCTP_CHECK(sp::decode_payload(*hello, &status, &fields) && status == sp::kHello &&
+                    fields.size() == 2 && fields[0] == sp::kGreeting &&
+                    fields[1].size() == sp::kNonceBytes,
+                "what listens on {} is not an asynctp store (its greeting is '{}'): port {} "
+                "is held by another program",
+                where, sp::printable(*hello), port_);
+  const std::string client_nonce = random_bytes(sp::kNonceBytes);
+  const std::string frame = sp::encode_frame(
+      sp::kAuth,
+      {client_nonce, std::string(as_bytes(sp::client_proof(secret_, fields[1], client_nonce)))});
+  net::send_all(fd, frame.data(), frame.size());
+  std::optional<std::string> answer;
+  try {
+    answer = read_frame(fd, sp::kMaxHandshakeFrameBytes, deadline);
+  } catch (const Error& e) {
+    ASYNCTP_FAIL(
+        "the store at {} closed the connection during authentication ({}): port {} "
+        "is held by another job's store, or this job's ranks were given different {} "
+        "values",
+        where, e.what(), port_, envvars::kStoreSecret.name);
+  }
+  if (!answer) {
+    ASYNCTP_TIMEOUT("{}: the store at {} did not answer the authentication within {}", who, where,
+                    deadline.describe());
+  }
+  std::vector<std::string> reply;
+  const bool well_formed = sp::decode_payload(*answer, &status, &reply) && reply.size() == 1;
+  ASYNCTP_CHECK(well_formed && status == sp::kOk,
+                "the store at {} refused this rank ({}): port {} is held by another job's "
+                "store, or this job's ranks were given different {} values",
+                where, well_formed ? sp::printable(reply[0], 1024) : "malformed reply", port_,
+                envvars::kStoreSecret.name);
+  ASYNCTP_CHECK(
+      constant_time_equal(as_bytes(sp::server_proof(secret_, fields[1], client_nonce)), reply[0]),
+      "the store at {} does not know this job's secret: port {} is held by another job's "
+      "store",
+      where, port_);
+  return true;
+}
+
+void TcpStore::connect(const Deadline& deadline, const std::string& who) {
+  auto backoff = Millis(10);
+  while (true) {
+    net::Fd fd = net::tcp_connect(host_, port_, deadline, who);
+    if (handshake(fd.get(), deadline, who)) {
+      *fd_ = std::move(fd);
+      return;
+    }
+    if (deadline.expired()) {
+      ASYNCTP_TIMEOUT(
+          "{}: the store at {}:{} kept closing the connection before greeting "
+          "(full?) for {}",
+          who, host_, port_, deadline.describe());
+    }
+    std::this_thread::sleep_for(std::min<Millis>(backoff, Millis(deadline.remaining_ms() + 1)));
+    backoff = std::min<Millis>(backoff * 2, Millis(200));
+  }
+}
 
 std::vector<std::string> TcpStore::request(uint8_t command, const std::vector<std::string>& fields,
                                            Millis timeout, const std::string& what) {
   std::lock_guard<std::mutex> lock(mutex_);
   const Deadline deadline(timeout);
   const std::string who = fmt::format("rank {}: store {}", rank_, what);
-  if (!fd_->valid()) *fd_ = net::tcp_connect(host_, port_, deadline, who);
+  uint8_t status = 0;
+  std::vector<std::string> reply;
   try {
-    const std::string frame = encode_frame(command, fields);
+    if (!fd_->valid()) connect(deadline, who);
+    const std::string frame = sp::encode_frame(command, fields);
     net::send_all(fd_->get(), frame.data(), frame.size());
-    uint32_t len = 0;
-    bool ok = net::recv_all(fd_->get(), &len, 4, deadline);
-    std::string payload;
-    if (ok) {
-      ASYNCTP_CHECK(len <= kMaxFrame, "{}: reply of {} bytes is too large", who, len);
-      payload.resize(len);
-      ok = net::recv_all(fd_->get(), payload.data(), len, deadline);
-    }
-    if (!ok) {
+    const auto payload = read_frame(fd_->get(), sp::kMaxFrameBytes, deadline);
+    if (!payload) {
       // The server may still answer later; drop the connection so that a late reply can never
       // be mistaken for the answer to the next request.
       fd_->reset();
       ASYNCTP_TIMEOUT("{} timed out after {} (store at {}:{})", who, deadline.describe(), host_,
                       port_);
     }
-    uint8_t status = 0;
-    std::vector<std::string> reply;
-    ASYNCTP_CHECK(decode_payload(payload, &status, &reply), "{}: malformed reply", who);
-    ASYNCTP_CHECK(status == kOk, "{} failed: {}", who, reply.empty() ? "" : reply[0]);
-    return reply;
+    ASYNCTP_CHECK(sp::decode_payload(*payload, &status, &reply), "malformed reply");
   } catch (const TimeoutError&) {
     throw;
   } catch (const Error& e) {
     fd_->reset();
     throw Error(fmt::format("{} failed: {}", who, e.what()));
   }
+  // The server refused this request (a bad value, an overflowing add): the connection stays.
+  if (status != sp::kOk) {
+    throw Error(
+        fmt::format("{} failed: {}", who, reply.empty() ? "" : sp::printable(reply[0], 1024)));
+  }
+  return reply;
 }
 
 void TcpStore::set(const std::string& key, const std::string& value) {
-  request(kSet, {key, value}, timeout_, fmt::format("set('{}')", key));
+  ASYNCTP_CHECK(key.size() <= sp::kMaxKeyBytes && value.size() <= sp::kMaxValueBytes,
+                "rank {}: store set('{}'): a key of {} bytes and a value of {} bytes; the store "
+                "holds keys up to {} bytes and values up to {} bytes",
+                rank_, sp::printable(key), key.size(), value.size(), sp::kMaxKeyBytes,
+                sp::kMaxValueBytes);
+  request(sp::kSet, {key, value}, timeout_, fmt::format("set('{}')", sp::printable(key)));
 }
 
 std::string TcpStore::get(const std::string& key, Millis timeout) {
-  auto reply = request(kGet, {key}, timeout, fmt::format("get('{}')", key));
-  ASYNCTP_CHECK(reply.size() == 1, "store get('{}'): malformed reply", key);
+  const std::string what = fmt::format("get('{}')", sp::printable(key));
+  auto reply = request(sp::kGet, {key}, timeout, what);
+  ASYNCTP_CHECK(reply.size() == 1, "rank {}: store {}: malformed reply", rank_, what);
   return std::move(reply[0]);
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, Millis timeout) {
   ASYNCTP_CHECK(!keys.empty(), "store wait() needs at least one key");
-  request(kWait, keys, timeout,
-          fmt::format("wait('{}'{})", keys[0],
+  request(sp::kWait, keys, timeout,
+          fmt::format("wait('{}'{})", sp::printable(keys[0]),
                       keys.size() > 1 ? fmt::format(" and {} more", keys.size() - 1) : ""));
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
-  auto reply = request(kAdd, {key, std::to_string(delta)}, timeout_, fmt::format("add('{}')", key));
-  ASYNCTP_CHECK(reply.size() == 1, "store add('{}'): malformed reply", key);
-  return std::strtoll(reply[0].c_str(), nullptr, 10);
+  const std::string what = fmt::format("add('{}')", sp::printable(key));
+  auto reply = request(sp::kAdd, {key, std::to_string(delta)}, timeout_, what);
+  ASYNCTP_CHECK(reply.size() == 1, "rank {}: store {}: malformed reply", rank_, what);
+  const auto sum = sp::parse_int64(reply[0]);
+  ASYNCTP_CHECK(sum.has_value(), "rank {}: store {}: the reply '{}' is not a 64-bit integer", rank_,
+                what, sp::printable(reply[0]));
+  return *sum;
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
-  auto reply = request(kCheck, keys, timeout_, "check");
+  auto reply = request(sp::kCheck, keys, timeout_, "check");
   return reply.size() == 1 && reply[0] == "1";
 }
 
 void TcpStore::erase(const std::string& key) {
-  request(kErase, {key}, timeout_, fmt::format("erase('{}')", key));
+  request(sp::kErase, {key}, timeout_, fmt::format("erase('{}')", sp::printable(key)));
 }
 
 // ---- PrefixStore ----

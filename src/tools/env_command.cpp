@@ -65,12 +65,21 @@ void print_markdown() {
   }
 }
 
+// The value to show: the store secret only by its length, since this listing lands in logs.
+std::optional<std::string> shown_value(const EnvVar& var) {
+  std::optional<std::string> value = var.raw();
+  if (value && &var == &envvars::kStoreSecret) {
+    value = fmt::format("(hidden, {} characters)", value->size());
+  }
+  return value;
+}
+
 // Returns whether every set variable is valid.
 bool print_json() {
   nlohmann::ordered_json vars = nlohmann::ordered_json::array();
   bool all_valid = true;
   for (const EnvVar* var : envvars::kAll) {
-    const std::optional<std::string> value = var->raw();
+    const std::optional<std::string> value = shown_value(*var);
     const std::optional<std::string> problem = var->problem();
     all_valid = all_valid && !problem;
     vars.push_back({
@@ -94,7 +103,7 @@ bool print_json() {
 bool print_text() {
   bool all_valid = true;
   for (const EnvVar* var : envvars::kAll) {
-    const std::optional<std::string> value = var->raw();
+    const std::optional<std::string> value = shown_value(*var);
     const std::optional<std::string> problem = var->problem();
     all_valid = all_valid && !problem;
     std::printf("%s\n", fmt::format("{}{}{}", var->name, value ? "=" + *value : " unset",

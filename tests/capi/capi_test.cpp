@@ -29,8 +29,8 @@ constexpr int64_t kTimeoutMs = 20'000;
 
 // The host framework's store: a TCP store client (the harness serves it) behind the C callbacks.
 struct HostStore {
-  HostStore(const std::string& host, int port, int rank)
-      : store(host, port, Millis(kTimeoutMs), rank) {}
+  HostStore(const std::string& host, int port, int rank, const std::string& secret)
+      : store(host, port, Millis(kTimeoutMs), rank, secret) {}
 
   TcpStore store;
   std::string last;  // what get returned, valid until the next callback
@@ -115,7 +115,8 @@ void run_c(int ws, Bootstrap how, Body body, int64_t timeout_ms = kTimeoutMs) {
           set_env(info, ws, env_port);
           C_ASSERT_OK(asynctp_group_from_env(timeout_ms, &group));
         } else {
-          host = std::make_unique<HostStore>(info.master_addr, info.master_port, info.rank);
+          host = std::make_unique<HostStore>(info.master_addr, info.master_port, info.rank,
+                                             info.store_secret);
           const asynctp_store_callbacks cb = host->callbacks();
           C_ASSERT_OK(asynctp_group_from_store(&cb, info.rank, ws, info.rank, timeout_ms, &group));
         }

@@ -196,7 +196,8 @@ inline int free_port() {
   return port;
 }
 
-// The torchrun variables of rank info.rank of ws, rank 0 serving the store on port.
+// The torchrun variables of rank info.rank of ws, rank 0 serving the store on port, and the
+// store secret every rank of the run shares (as `asynctp launch` would set it).
 inline void set_env(const RendezvousInfo& info, int ws, int port) {
   ::setenv("RANK", std::to_string(info.rank).c_str(), 1);
   ::setenv("WORLD_SIZE", std::to_string(ws).c_str(), 1);
@@ -204,6 +205,7 @@ inline void set_env(const RendezvousInfo& info, int ws, int port) {
   ::setenv("LOCAL_WORLD_SIZE", std::to_string(ws).c_str(), 1);
   ::setenv("MASTER_ADDR", "127.0.0.1", 1);
   ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  ::setenv("ASYNCTP_STORE_SECRET", info.store_secret.c_str(), 1);
 }
 
 // Runs body(info, group) in ws processes, each with a group made from the torchrun variables

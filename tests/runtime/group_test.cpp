@@ -25,12 +25,15 @@ using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using ::testing::ThrowsMessage;
 
-// Every variable from_env() reads; each test starts with all of them unset (the test may itself
-// run under a launcher that set them) and gets the old values back afterwards.
+// Every variable from_env() reads; each test starts with all of them unset but the secret (the
+// test may itself run under a launcher that set them) and gets the old values back afterwards.
 constexpr const char* kRendezvousVars[] = {
-    "RANK",           "WORLD_SIZE",     "LOCAL_RANK",         "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",    "MASTER_PORT",    "ASYNCTP_STORE_PORT", "TORCHELASTIC_USE_AGENT_STORE",
-    "ASYNCTP_RUN_ID", "ASYNCTP_HOST_ID"};
+    "RANK",           "WORLD_SIZE",      "LOCAL_RANK",          "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",    "MASTER_PORT",     "ASYNCTP_STORE_PORT",  "TORCHELASTIC_USE_AGENT_STORE",
+    "ASYNCTP_RUN_ID", "ASYNCTP_HOST_ID", "ASYNCTP_STORE_SECRET"};
+
+// A valid ASYNCTP_STORE_SECRET, which every test starts with (one that needs it unset says so).
+constexpr const char* kTestSecret = "00112233445566778899aabbccddeeff";
 
 class RendezvousEnv : public ::testing::Test {
  protected:
@@ -39,6 +42,7 @@ class RendezvousEnv : public ::testing::Test {
       if (const char* v = std::getenv(name)) saved_[name] = v;
       ::unsetenv(name);
     }
+    ::setenv("ASYNCTP_STORE_SECRET", kTestSecret, 1);
   }
   void TearDown() override {
     for (const char* name : kRendezvousVars)
@@ -165,6 +169,49 @@ TEST_F(RendezvousEnv, MalformedVariablesAreNamedWithTheirValue) {
       ::setenv(c.name, old.c_str(), 1);
     }
   }
+}
+
+// The store admits only clients that know the job's secret: a job of several ranks that was not
+// started by `asynctp launch` must be given one, and the error says how (under torchrun too).
+TEST_F(RendezvousEnv, SeveralRanksNeedTheStoreSecret) {
+  ::unsetenv("ASYNCTP_STORE_SECRET");
+  set({{"RANK", "1"},
+       {"WORLD_SIZE", "2"},
+       {"MASTER_PORT", "29500"},
+       {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  EXPECT_THAT(error_with({}),
+              AllOf(HasSubstr("ASYNCTP_STORE_SECRET is not set, and this job has 2 ranks"),
+                    HasSubstr("`asynctp launch` sets it"), HasSubstr("torchrun"),
+                    HasSubstr("cannot reach torchrun's own store")));
+  struct Case {
+    const char* value;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {"abc",
+       "ASYNCTP_STORE_SECRET must be 32 to 128 hexadecimal digits (128 to 512 random "
+       "bits), got 3 characters"},
+      {"0123456789abcdef0123456789abcdeg", "got 32 characters that are not all hex digits"},
+      {"0123456789abcdef0123456789abcde", "got 31 characters"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_THAT(error_with({{"ASYNCTP_STORE_SECRET", c.value}}), HasSubstr(c.expected)) << c.value;
+  }
+  set({{"ASYNCTP_STORE_SECRET", std::string(128, 'F')}});
+  EXPECT_EQ(RendezvousInfo::from_env().store_secret, std::string(128, 'F'));
+}
+
+// A single rank is the store's only client: it makes a random secret of its own.
+TEST_F(RendezvousEnv, ASingleRankMakesItsOwnSecret) {
+  ::unsetenv("ASYNCTP_STORE_SECRET");
+  const RendezvousInfo alone = RendezvousInfo::from_env();
+  EXPECT_THAT(alone.store_secret, MatchesRegex("[0-9a-f]{64}"));
+  EXPECT_NE(RendezvousInfo::from_env().store_secret, alone.store_secret);
+  auto group = Group::from_env();
+  group->store().set("k", "v");
+  EXPECT_EQ(group->store().get("k"), "v");
+  set({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "29500"}});
+  EXPECT_THAT(RendezvousInfo::from_env().store_secret, MatchesRegex("[0-9a-f]{64}"));
 }
 
 TEST_F(RendezvousEnv, RanksMustBeBelowTheirSizes) {

@@ -18,6 +18,7 @@
 #include <map>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -139,6 +140,29 @@ TEST(Launch, EveryRankGetsTheTorchrunVariables) {
     by_rank[std::stoi(m[1])] = line;
   }
   EXPECT_EQ(by_rank.size(), 3u);
+}
+
+// The store secret: 256 random bits, the same on every rank of a job, fresh for every job, and
+// nothing like the run id (which the store publishes).
+TEST(Launch, EveryJobGetsAFreshStoreSecret) {
+  std::set<std::string> secrets;
+  for (int job = 0; job < 2; ++job) {
+    const Launched run = run_launch(sh(3, "echo \"$ASYNCTP_STORE_SECRET $ASYNCTP_RUN_ID\""));
+    ASSERT_EQ(run.code, 0) << run.err;
+    const auto lines = lines_of(run.out);
+    ASSERT_EQ(lines.size(), 3u) << run.out;
+    std::set<std::string> in_job;
+    const std::regex line_re(R"(\[rank \d\] ([0-9a-f]{64}) ([0-9a-f]{12}))");
+    for (const auto& line : lines) {
+      std::smatch m;
+      ASSERT_TRUE(std::regex_match(line, m, line_re)) << line;
+      EXPECT_EQ(std::string(m[1]).find(std::string(m[2])), std::string::npos) << line;
+      in_job.insert(m[1]);
+    }
+    ASSERT_EQ(in_job.size(), 1u) << "the ranks of one job got different secrets: " << run.out;
+    secrets.insert(*in_job.begin());
+  }
+  EXPECT_EQ(secrets.size(), 2u) << "two jobs got the same secret";
 }
 
 TEST(Launch, PicksOneFreePortForAllRanks) {

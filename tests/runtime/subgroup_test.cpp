@@ -41,7 +41,8 @@ std::vector<std::string> all_gather_string(Group& group, const std::string& tag,
 // A host store as the C ABI and the torch binding see one: callbacks, here into a TcpStore
 // client of the harness's server.
 std::shared_ptr<Store> host_store(const RendezvousInfo& info, Millis timeout) {
-  auto tcp = std::make_shared<TcpStore>(info.master_addr, info.master_port, timeout, info.rank);
+  auto tcp = std::make_shared<TcpStore>(info.master_addr, info.master_port, timeout, info.rank,
+                                        info.store_secret);
   StoreCallbacks cb;
   cb.set = [tcp](const std::string& k, const std::string& v) { tcp->set(k, v); };
   cb.get = [tcp](const std::string& k, Millis t) -> std::optional<std::string> {
@@ -119,7 +120,7 @@ TEST(GroupOverAStore, BadArgumentsAreNamed) {
         Group::create(std::shared_ptr<Store>(), GroupInfo{1, 2, 0, 1});
       },
       ThrowsMessage<Error>(HasSubstr("rank 1: Group::create needs a store, got null")));
-  auto store = std::make_shared<TcpStore>("127.0.0.1", 1, Millis(100), 0);
+  auto store = std::make_shared<TcpStore>("127.0.0.1", 1, Millis(100), 0, std::string(32, 's'));
   EXPECT_THAT(
       [&] {
         Group::create(store, GroupInfo{2, 2, 0, 1});

@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "runtime/hmac.h"
 #include "runtime/launcher.h"
 #include "runtime/socket.h"
 #include "runtime/store.h"
@@ -61,6 +62,7 @@ std::vector<RankStatus> run_processes(int world_size,
   const std::string run_id =
       !options.run_id.empty() ? options.run_id : fmt::format("t{:08x}{:04x}", rd(), rd() & 0xFFFF);
   ::setenv("ASYNCTP_RUN_ID", run_id.c_str(), 1);
+  const std::string secret = random_hex_secret(32);
   int port = 0;
   net::Fd listener = net::tcp_listen("127.0.0.1", 0, &port);
   std::fflush(stdout);
@@ -83,6 +85,7 @@ std::vector<RankStatus> run_processes(int world_size,
         info.local_world_size = world_size;
         info.master_addr = "127.0.0.1";
         info.master_port = port;
+        info.store_secret = secret;
         // The child inherits the test's failures so far (an earlier run_ranks of the same test
         // that failed): only a failure of this rank's own counts.
         const int failed_before = failed_parts();
@@ -103,7 +106,7 @@ std::vector<RankStatus> run_processes(int world_size,
   }
   std::vector<RankStatus> statuses(pids.size());
   {
-    StoreServer server(std::move(listener));
+    StoreServer server(std::move(listener), secret);
     const auto deadline = std::chrono::steady_clock::now() + options.run_timeout;
     size_t done = 0;
     while (done < pids.size()) {

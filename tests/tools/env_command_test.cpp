@@ -34,6 +34,7 @@ namespace fs = std::filesystem;
 using ::testing::AllOf;
 using testing::Finished;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Runs `asynctp env ARGS` with every registered variable unset except those in `set`.
 Finished env_command(const std::vector<std::string>& args,
@@ -77,6 +78,17 @@ TEST(EnvCommand, TextListsEveryVariable) {
         << var->name;
   }
   EXPECT_THAT(f.out, AllOf(HasSubstr("ASYNCTP_PATH=Native\n"), HasSubstr("ASYNCTP_TIMEOUT unset")));
+}
+
+// The listing lands in logs: the store secret shows as its length only.
+TEST(EnvCommand, TheStoreSecretIsHidden) {
+  const std::string secret = "0123456789abcdef0123456789abcdef";
+  for (const auto& args : {std::vector<std::string>{}, std::vector<std::string>{"--json"}}) {
+    const Finished f = env_command(args, {{"ASYNCTP_STORE_SECRET", secret}});
+    ASSERT_TRUE(f.exited && f.exit_code == 0) << f.describe();
+    EXPECT_THAT(f.out, Not(HasSubstr(secret)));
+    EXPECT_THAT(f.out, HasSubstr("(hidden, 32 characters)"));
+  }
 }
 
 TEST(EnvCommand, JsonHasEveryVariableAndItsValue) {

@@ -46,11 +46,8 @@ const std::string kBin = ASYNCTP_BIN;
 std::map<std::string, std::string> test_env() {
   const std::string dir = std::filesystem::path(kBin).parent_path().string();
   const char* path = std::getenv("PATH");
-  std::map<std::string, std::string> env{{"PATH", dir + ":" + (path ? path : "/usr/bin:/bin")}};
-  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                           "MASTER_PORT", "ASYNCTP_RUN_ID", "ASYNCTP_STORE_PORT"}) {
-    env[name] = testing::kUnset;
-  }
+  std::map<std::string, std::string> env = testing::unset_rendezvous_env();
+  env["PATH"] = dir + ":" + (path ? path : "/usr/bin:/bin");
   return env;
 }
 

@@ -160,4 +160,14 @@ Finished run_command(const std::vector<std::string>& argv,
   return child.wait(limit);
 }
 
+std::map<std::string, std::string> unset_rendezvous_env() {
+  std::map<std::string, std::string> env;
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                           "MASTER_PORT", "ASYNCTP_RUN_ID", "ASYNCTP_STORE_PORT",
+                           "ASYNCTP_STORE_SECRET", "TORCHELASTIC_USE_AGENT_STORE"}) {
+    env[name] = kUnset;
+  }
+  return env;
+}
+
 }  // namespace asynctp::testing

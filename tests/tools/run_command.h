@@ -65,4 +65,8 @@ Finished run_command(const std::vector<std::string>& argv,
 
 inline constexpr const char* kUnset = "\x01unset";
 
+// The variables a rank reads to find its job (torchrun's and asynctp's), each set to kUnset: a
+// command started with them inherits none from whatever runs the tests.
+std::map<std::string, std::string> unset_rendezvous_env();
+
 }  // namespace asynctp::testing

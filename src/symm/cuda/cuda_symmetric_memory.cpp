@@ -10,6 +10,7 @@
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/driver_api.h"
 #include "kernels/kernels.h"
+#include "runtime/store_protocol.h"
 #include "symm/cuda/fd_exchange.h"
 
 namespace asynctp {
@@ -135,8 +136,14 @@ class CudaSymmAllocator final : public SymmAllocator {
     // Every rank must ask for the same size (the store says who differs).
     group_.store().set(fmt::format("{}/size/{}", key, rank), std::to_string(bytes));
     for (int peer = 0; peer < ws; ++peer) {
-      const size_t peer_bytes =
-          std::stoull(group_.store().get(fmt::format("{}/size/{}", key, peer)));
+      const std::string size_key = fmt::format("{}/size/{}", key, peer);
+      const std::string size_text = group_.store().get(size_key);
+      const auto parsed = store_protocol::parse_int64(size_text);
+      ASYNCTP_CHECK(parsed.has_value() && *parsed >= 0,
+                    "symmetric allocation {}: the size rank {} published under '{}' is '{}', not "
+                    "a byte count",
+                    key, peer, size_key, store_protocol::printable(size_text));
+      const size_t peer_bytes = static_cast<size_t>(*parsed);
       ASYNCTP_CHECK(
           peer_bytes == bytes,
           "symmetric allocation {}: rank {} asked for {} bytes but rank {} for {}; every rank "

@@ -10,7 +10,9 @@
 
 #include <asynctp/group.h>
 #include "core/error.h"
+#include "core/log.h"
 #include "runtime/socket.h"
+#include "runtime/store_protocol.h"
 
 namespace asynctp {
 
@@ -82,6 +84,10 @@ std::vector<int> exchange_fds(Group& group, const std::string& tag, int my_fd) {
   if (ws == 1) return fds;
   const Deadline deadline(group.timeout());
 
+  // Abstract socket names are visible to every user of the host: each side checks the other's
+  // credentials (SO_PEERCRED: this user, and the pid that rank published), so that no other
+  // process is handed a descriptor of our GPU memory or can hand us one.
+  group.store().set(fmt::format("{}/pid/{}", tag, rank), std::to_string(::getpid()));
   net::Fd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   ASYNCTP_SYSCHECK(listener.get(), "socket(AF_UNIX)");
   socklen_t len = 0;
@@ -90,19 +96,43 @@ std::vector<int> exchange_fds(Group& group, const std::string& tag, int my_fd) {
                    "rank {}: binding the descriptor-exchange socket", rank);
   ASYNCTP_SYSCHECK(::listen(listener.get(), ws), "listen");
   group.barrier(tag + "/listening");
+  std::vector<int64_t> pids(ws);
+  for (int r = 0; r < ws; ++r) {
+    const std::string key = fmt::format("{}/pid/{}", tag, r);
+    const std::string value = group.store().get(key);
+    const auto pid = store_protocol::parse_int64(value);
+    ASYNCTP_CHECK(pid.has_value() && *pid > 0,
+                  "rank {}: the pid rank {} published under '{}' is "
+                  "'{}', not a process id",
+                  rank, r, key, store_protocol::printable(value));
+    pids[r] = *pid;
+  }
+  const uid_t uid = ::getuid();
 
   // Serve every peer our descriptor while we fetch theirs.
   std::string serve_error;
   std::thread server([&] {
     try {
-      for (int served = 0; served < ws - 1; ++served) {
+      // Each peer is served once; a connection from anything else is refused and not counted.
+      std::vector<bool> served(ws, false);
+      for (int count = 0; count < ws - 1;) {
         pollfd p{listener.get(), POLLIN, 0};
         ASYNCTP_CHECK(::poll(&p, 1, deadline.remaining_ms()) == 1,
-                      "rank {}: only {} of {} peers fetched the descriptor within {}", rank, served,
+                      "rank {}: only {} of {} peers fetched the descriptor within {}", rank, count,
                       ws - 1, deadline.describe());
         net::Fd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
         ASYNCTP_SYSCHECK(conn.get(), "accept");
+        std::string problem;
+        const auto peer =
+            net::rank_of_peer(net::peer_credentials(conn.get()), uid, pids, rank, -1, &problem);
+        if (!peer || served[*peer]) {
+          ASYNCTP_LOG_WARN("rank {}: refused a connection to its descriptor socket: {}", rank,
+                           peer ? fmt::format("rank {} connected twice", *peer) : problem);
+          continue;
+        }
         send_fd(conn.get(), my_fd, rank);
+        served[*peer] = true;
+        ++count;
       }
     } catch (const std::exception& e) {
       serve_error = e.what();
@@ -116,6 +146,11 @@ std::vector<int> exchange_fds(Group& group, const std::string& tag, int my_fd) {
       const sockaddr_un paddr = abstract_address(socket_name(group, tag, peer), &plen);
       ASYNCTP_SYSCHECK(::connect(conn.get(), reinterpret_cast<const sockaddr*>(&paddr), plen),
                        "rank {}: connecting to peer {}'s descriptor socket", rank, peer);
+      std::string problem;
+      ASYNCTP_CHECK(
+          net::rank_of_peer(net::peer_credentials(conn.get()), uid, pids, rank, peer, &problem),
+          "rank {}: the descriptor socket of rank {} is not held by that rank: {}", rank, peer,
+          problem);
       int sender = -1;
       const int fd = recv_fd(conn.get(), &sender, deadline);
       ASYNCTP_CHECK(sender == peer, "expected a descriptor from rank {}, got one from {}", peer,
