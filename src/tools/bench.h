@@ -2,8 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "tools/session.h"
 
 namespace asynctp::tools {
 
@@ -18,6 +22,34 @@ std::vector<BenchShape> anchor_shapes(int ws);
 // one op with --shape MxKxN. Throws naming what is missing or unknown.
 std::vector<BenchShape> select_shapes(const std::string& suite, const std::string& op,
                                       const std::string& shape, int ws);
+
+// The timed columns of one shape: each a call, where its median goes, and its name.
+struct BenchColumns {
+  std::vector<std::function<void()>> fns;
+  std::vector<double*> slots;
+  std::vector<std::string> names;
+  void add(std::function<void()> fn, double* slot, std::string name) {
+    fns.push_back(std::move(fn));
+    slots.push_back(slot);
+    names.push_back(std::move(name));
+  }
+};
+
+// How the columns are timed (median_ms_interleaved's knobs; warmup_ms and pace on GPUs only).
+struct BenchTiming {
+  int iters = 30;
+  int warmup = 5;
+  double warmup_ms = 0;
+  double pace = 1;
+  bool pace_sleep = false;
+};
+
+// Adds, where `graphed` is given and the backend is CUDA, a column replaying it from a CUDA graph
+// (median into *graph_ms, named "graph"); then times every column round-robin: each median,
+// slowest rank, into its slot, and each call's median host time (us) into host_us[name].
+void time_columns(Session& s, BenchColumns columns, const BenchTiming& timing,
+                  const std::function<void()>* graphed, double* graph_ms,
+                  std::map<std::string, double>* host_us);
 
 struct ScaledBenchOptions {
   std::string scaling;           // "rowwise" or "tensorwise"

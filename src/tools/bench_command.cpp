@@ -74,6 +74,31 @@ std::vector<BenchShape> select_shapes(const std::string& suite, const std::strin
   return shapes;
 }
 
+void time_columns(Session& s, BenchColumns columns, const BenchTiming& timing,
+                  const std::function<void()>* graphed, double* graph_ms,
+                  std::map<std::string, double>* host_us) {
+  OpContext& ctx = *s.ctx;
+  const bool gpu = ctx.backend().device().is_cuda();
+#ifdef ASYNCTP_WITH_CUDA
+  std::optional<cuda::Graph> graph;
+  if (graphed != nullptr && gpu) {
+    graph.emplace();
+    graph->begin_capture(ctx.stream());
+    (*graphed)();
+    graph->end_capture();
+    columns.add([&] { graph->replay(ctx.stream()); }, graph_ms, "graph");
+  }
+#endif
+  std::vector<double> host_ms;
+  const std::vector<double> medians = median_ms_interleaved(
+      ctx, columns.fns, timing.warmup, timing.iters, &host_ms, gpu ? timing.warmup_ms : 0.0,
+      gpu ? timing.pace : 0.0, timing.pace_sleep ? HostPause::kSleep : HostPause::kSpin);
+  for (size_t i = 0; i < columns.slots.size(); ++i) {
+    *columns.slots[i] = max_over_ranks(*s.group, medians[i]);
+    (*host_us)[columns.names[i]] = max_over_ranks(*s.group, host_ms[i]) * 1e3;
+  }
+}
+
 namespace {
 
 struct BenchOptions {
@@ -359,53 +384,34 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
 
   // Every variant timed round-robin in one loop (see median_ms_interleaved): timed one after the
   // other, the later ones would run on a hotter, slower GPU (see docs/DECISIONS.md D23).
-  std::vector<std::function<void()>> fns{
-      gemm_fn, split_fn, coll_fn, base_fn, fused_fn, [&] { fused_with(PathChoice::kSplit); }};
-  std::vector<double*> slots{&r.gemm_ms,     &r.split_gemm_ms, &r.collective_ms,
-                             &r.baseline_ms, &r.fused_ms,      &r.split_ms};
-  std::vector<std::string> slot_names{"gemm",     "split_gemm", "collective",
-                                      "baseline", "auto",       "split_path"};
+  BenchColumns columns;
+  columns.add(gemm_fn, &r.gemm_ms, "gemm");
+  columns.add(split_fn, &r.split_gemm_ms, "split_gemm");
+  columns.add(coll_fn, &r.collective_ms, "collective");
+  columns.add(base_fn, &r.baseline_ms, "baseline");
+  columns.add(fused_fn, &r.fused_ms, "auto");
+  columns.add([&] { fused_with(PathChoice::kSplit); }, &r.split_ms, "split_path");
   if (!std::isnan(r.err_native)) {
-    fns.push_back([&] { fused_with(PathChoice::kNative); });
-    slots.push_back(&r.native_ms);
-    slot_names.push_back("native_path");
-    if (ag && o.native_pieces) {
-      fns.push_back(native_pieces_fn);
-      slots.push_back(&r.native_pieces_ms);
-      slot_names.push_back("native_pieces_path");
-    }
+    columns.add([&] { fused_with(PathChoice::kNative); }, &r.native_ms, "native_path");
+    if (ag && o.native_pieces)
+      columns.add(native_pieces_fn, &r.native_pieces_ms, "native_pieces_path");
   }
   if (native_gemm_ok) {
-    fns.push_back([&] { ctx.backend().native_gemm(native_alone, ctx.stream()); });
-    slots.push_back(&r.native_gemm_ms);
-    slot_names.push_back("native_gemm");
+    columns.add([&] { ctx.backend().native_gemm(native_alone, ctx.stream()); }, &r.native_gemm_ms,
+                "native_gemm");
   }
   if (native_signalled_ok) {
-    fns.push_back([&] { ctx.backend().native_gemm(native_signalled, ctx.stream()); });
-    slots.push_back(&r.native_gemm_signalled_ms);
-    slot_names.push_back("native_gemm_signalled");
+    columns.add([&] { ctx.backend().native_gemm(native_signalled, ctx.stream()); },
+                &r.native_gemm_signalled_ms, "native_gemm_signalled");
   }
-#ifdef ASYNCTP_WITH_CUDA
-  std::optional<cuda::Graph> graph;
-  if (o.graph && ctx.backend().device().is_cuda()) {
-    graph.emplace();
-    graph->begin_capture(ctx.stream());
-    fused_fn();
-    graph->end_capture();
-    fns.push_back([&] { graph->replay(ctx.stream()); });
-    slots.push_back(&r.graph_ms);
-    slot_names.push_back("graph");
-  }
-#endif
-  std::vector<double> host_ms;
+  time_columns(s, std::move(columns),
+               {.iters = o.iters,
+                .warmup = o.warmup,
+                .warmup_ms = o.warmup_ms,
+                .pace = o.pace,
+                .pace_sleep = o.pace_sleep},
+               o.graph ? &fused_fn : nullptr, &r.graph_ms, &r.host_us);
   const bool gpu = ctx.backend().device().is_cuda();
-  const std::vector<double> medians = median_ms_interleaved(
-      ctx, fns, o.warmup, o.iters, &host_ms, gpu ? o.warmup_ms : 0.0, gpu ? o.pace : 0.0,
-      o.pace_sleep ? HostPause::kSleep : HostPause::kSpin);
-  for (size_t i = 0; i < slots.size(); ++i) {
-    *slots[i] = max_over_ranks(*s.group, medians[i]);
-    r.host_us[slot_names[i]] = max_over_ranks(*s.group, host_ms[i]) * 1e3;
-  }
   const double comm_ms = bandwidth_gbps > 0 ? r.comm_bytes / (bandwidth_gbps * 1e9) * 1e3 : 0.0;
   r.floor_ms = std::max(r.gemm_ms, comm_ms);
   if (o.trace && gpu) {

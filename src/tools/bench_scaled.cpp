@@ -21,9 +21,6 @@
 #include "ops/fused_matmul.h"
 #include "tools/bench.h"
 #include "tools/session.h"
-#ifdef ASYNCTP_WITH_CUDA
-#include "device/cuda/cuda_graph.h"
-#endif
 
 namespace asynctp::tools {
 
@@ -108,30 +105,17 @@ ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const B
                 "(relative; tolerance 1e-2)",
                 shape.op, shape.label, o.scaling, r.err);
 
-  std::vector<std::function<void()>> fns{gemm_fn, base_fn, fused_fn};
-  std::vector<double*> slots{&r.gemm_ms, &r.baseline_ms, &r.fused_ms};
-  std::vector<std::string> names{"gemm", "baseline", "auto"};
-#ifdef ASYNCTP_WITH_CUDA
-  std::optional<cuda::Graph> graph;
-  if (ctx.backend().device().is_cuda()) {
-    graph.emplace();
-    graph->begin_capture(ctx.stream());
-    fused_fn();
-    graph->end_capture();
-    fns.push_back([&] { graph->replay(ctx.stream()); });
-    slots.push_back(&r.graph_ms);
-    names.push_back("graph");
-  }
-#endif
-  const bool gpu = ctx.backend().device().is_cuda();
-  std::vector<double> host_ms;
-  const std::vector<double> medians = median_ms_interleaved(
-      ctx, fns, o.warmup, o.iters, &host_ms, gpu ? o.warmup_ms : 0.0, gpu ? o.pace : 0.0,
-      o.pace_sleep ? HostPause::kSleep : HostPause::kSpin);
-  for (size_t i = 0; i < slots.size(); ++i) {
-    *slots[i] = max_over_ranks(*s.group, medians[i]);
-    r.host_us[names[i]] = max_over_ranks(*s.group, host_ms[i]) * 1e3;
-  }
+  BenchColumns columns;
+  columns.add(gemm_fn, &r.gemm_ms, "gemm");
+  columns.add(base_fn, &r.baseline_ms, "baseline");
+  columns.add(fused_fn, &r.fused_ms, "auto");
+  time_columns(s, std::move(columns),
+               {.iters = o.iters,
+                .warmup = o.warmup,
+                .warmup_ms = o.warmup_ms,
+                .pace = o.pace,
+                .pace_sleep = o.pace_sleep},
+               &fused_fn, &r.graph_ms, &r.host_us);
   return r;
 }
 
