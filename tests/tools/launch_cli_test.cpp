@@ -252,7 +252,7 @@ TEST(Cli, NumericOptionsAreCheckedNamedAndBoundedInWords) {
 }
 
 // A graph nested 100,000 deep (200 KB; it overflowed the stack of `passes` and of every rank of
-// `run`) is a named error of each command and of each rank, never a signal.
+// `run`) is a named error of each command, never a signal.
 TEST(Cli, DeeplyNestedGraphIsANamedErrorNotASignal) {
   const std::string file = ::testing::TempDir() + "/asynctp_cli_deep.json";
   {
@@ -265,9 +265,11 @@ TEST(Cli, DeeplyNestedGraphIsANamedErrorNotASignal) {
   const Finished passes = asynctp({"passes", file, "-o", file + ".out"});
   EXPECT_TRUE(passes.exited && passes.exit_code == 1) << passes.describe();
   EXPECT_THAT(passes.err, HasSubstr(message));
+  // `run` reads the graph before it starts any rank (to check --nproc against it).
   const Finished run = asynctp({"run", file, "--nproc", "2"});
   EXPECT_TRUE(run.exited && run.exit_code == 1) << run.describe();
-  EXPECT_THAT(run.err, AllOf(HasSubstr("[rank 0] asynctp: error: " + file), HasSubstr(message)));
+  EXPECT_THAT(run.err, AllOf(HasSubstr("asynctp: error: " + file), HasSubstr(message)));
+  EXPECT_THAT(run.err, Not(HasSubstr("[rank"))) << run.describe();
   std::filesystem::remove(file);
 }
 
@@ -580,8 +582,15 @@ TEST(LaunchCli, DemoOnFourRanksRunsFusedAndPrintsJson) {
   std::map<std::string, std::string> paths;
   for (const auto& op : doc.at("ops"))
     paths[op.at("op")] = op.at("path");
-  EXPECT_EQ(paths["all_gather_matmul"], "split") << json_line;
+  // The CPU backend takes the native path wherever the kernel's contract allows it; the
+  // sanitizers' smaller shapes leave MM+RS 32-row chunks, and its per-chunk completion needs
+  // multiples of 128, so there it takes the split pipeline.
+  EXPECT_EQ(paths["all_gather_matmul"], "native") << json_line;
+#if defined(__SANITIZE_ADDRESS__)
   EXPECT_EQ(paths["matmul_reduce_scatter"], "split") << json_line;
+#else
+  EXPECT_EQ(paths["matmul_reduce_scatter"], "native") << json_line;
+#endif
   EXPECT_LE(doc.at("rel_error").at("out").get<double>(),
             doc.at("rel_error").at("tolerance").get<double>());
 }
