@@ -54,11 +54,7 @@ void time_columns(Session& s, BenchColumns columns, const BenchTiming& timing,
 struct ScaledBenchOptions {
   std::string scaling;           // "rowwise" or "tensorwise"
   std::string suite, op, shape;  // as select_shapes takes them
-  int iters = 30;
-  int warmup = 5;
-  double warmup_ms = 0;
-  double pace = 1;
-  bool pace_sleep = false;
+  BenchTiming timing;
   bool json = false;
 };
 

@@ -107,11 +107,7 @@ struct BenchOptions {
   std::string suite;
   std::string dtype = "bf16";
   std::string backend = "auto";
-  int iters = 30;
-  int warmup = 5;
-  double warmup_ms = 0;
-  double pace = 1;
-  bool pace_sleep = false;
+  BenchTiming timing;
   bool json = false;
   bool graph = true;
   bool trace = false;
@@ -404,13 +400,8 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
     columns.add([&] { ctx.backend().native_gemm(native_signalled, ctx.stream()); },
                 &r.native_gemm_signalled_ms, "native_gemm_signalled");
   }
-  time_columns(s, std::move(columns),
-               {.iters = o.iters,
-                .warmup = o.warmup,
-                .warmup_ms = o.warmup_ms,
-                .pace = o.pace,
-                .pace_sleep = o.pace_sleep},
-               o.graph ? &fused_fn : nullptr, &r.graph_ms, &r.host_us);
+  time_columns(s, std::move(columns), o.timing, o.graph ? &fused_fn : nullptr, &r.graph_ms,
+               &r.host_us);
   const bool gpu = ctx.backend().device().is_cuda();
   const double comm_ms = bandwidth_gbps > 0 ? r.comm_bytes / (bandwidth_gbps * 1e9) * 1e3 : 0.0;
   r.floor_ms = std::max(r.gemm_ms, comm_ms);
@@ -463,11 +454,7 @@ int run_bench(const BenchOptions& o) {
                              .suite = o.suite,
                              .op = o.op,
                              .shape = o.shape,
-                             .iters = o.iters,
-                             .warmup = o.warmup,
-                             .warmup_ms = o.warmup_ms,
-                             .pace = o.pace,
-                             .pace_sleep = o.pace_sleep,
+                             .timing = o.timing,
                              .json = o.json},
                             o.backend);
   }
@@ -478,14 +465,14 @@ int run_bench(const BenchOptions& o) {
                 "--dtype must be f32, bf16 or f16, got {}", o.dtype);
   const std::vector<Shape> shapes = select_shapes(o.suite, o.op, o.shape, s.world_size());
   // Peer ingress bandwidth, measured once: every rank pulls 64 MiB from each peer at once.
-  const double bandwidth = measure_peer_bandwidth(ctx, size_t{64} << 20, o.iters);
+  const double bandwidth = measure_peer_bandwidth(ctx, size_t{64} << 20, o.timing.iters);
   if (s.rank() == 0 && !o.json) {
     // The hardware says where timings compare (and, where ranks share GPUs, that they do not).
     std::printf(
         "asynctp bench: %d ranks, backend %s (%s), %s, peer ingress bandwidth %.1f GB/s, median "
         "of %d runs, slowest rank, times in us\n",
         s.world_size(), std::string(ctx.backend().name()).c_str(), ctx.backend().hardware().c_str(),
-        std::string(dtype_name(dtype)).c_str(), bandwidth, o.iters);
+        std::string(dtype_name(dtype)).c_str(), bandwidth, o.timing.iters);
     // With --native-pieces, the native path with pieces gets a column beside the native one.
     std::printf("%-6s %-26s %-16s %8s %8s %8s %9s %8s %8s%s %8s %8s %8s %7s %7s %8s  %s\n", "op",
                 "shape", "MxKxN", "gemm", "ngemm", "coll", "baseline", "split", "native",
@@ -520,10 +507,10 @@ int run_bench(const BenchOptions& o) {
                        {"backend", std::string(ctx.backend().name())},
                        {"hardware", ctx.backend().hardware()},
                        {"dtype", std::string(dtype_name(dtype))},
-                       {"iters", o.iters},
-                       {"pace", o.pace},
-                       {"pace_host", o.pace_sleep ? "sleep" : "spin"},
-                       {"warmup_ms", o.warmup_ms},
+                       {"iters", o.timing.iters},
+                       {"pace", o.timing.pace},
+                       {"pace_host", o.timing.pace_sleep ? "sleep" : "spin"},
+                       {"warmup_ms", o.timing.warmup_ms},
                        {"peer_bandwidth_GBps", bandwidth},
                        {"results", rows}};
     std::printf("%s\n", doc.dump().c_str());
@@ -550,20 +537,21 @@ Command add_bench_command(CLI::App& app) {
                   "a set of shapes: 'anchors' (the shapes of PyTorch's anchor measurements)");
   cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
-  add_integer_option(cmd, "--iters", options::kIters, &o->iters, "timed runs (median reported)")
-      ->default_str(fmt::format("{}", o->iters));
-  add_integer_option(cmd, "--warmup", options::kWarmup, &o->warmup, "untimed runs first")
-      ->default_str(fmt::format("{}", o->warmup));
-  add_number_option(cmd, "--warmup-ms", options::kWarmupMs, &o->warmup_ms,
+  add_integer_option(cmd, "--iters", options::kIters, &o->timing.iters,
+                     "timed runs (median reported)")
+      ->default_str(fmt::format("{}", o->timing.iters));
+  add_integer_option(cmd, "--warmup", options::kWarmup, &o->timing.warmup, "untimed runs first")
+      ->default_str(fmt::format("{}", o->timing.warmup));
+  add_number_option(cmd, "--warmup-ms", options::kWarmupMs, &o->timing.warmup_ms,
                     "on a GPU, keep warming up (whole rounds) until this many milliseconds have "
                     "passed per shape")
-      ->default_str(fmt::format("{}", o->warmup_ms));
-  add_number_option(cmd, "--pace", options::kPace, &o->pace,
+      ->default_str(fmt::format("{}", o->timing.warmup_ms));
+  add_number_option(cmd, "--pace", options::kPace, &o->timing.pace,
                     "on a GPU, idle this many times each timed run's duration after it: 1 keeps an "
                     "H200 under its power cap, at the clocks of short bursts (as PyTorch's anchor "
                     "script measures); 0 runs back to back (sustained load, power-capped clocks)")
-      ->default_str(fmt::format("{}", o->pace));
-  cmd->add_flag("--pace-sleep", o->pace_sleep,
+      ->default_str(fmt::format("{}", o->timing.pace));
+  cmd->add_flag("--pace-sleep", o->timing.pace_sleep,
                 "sleep through the pace instead of spinning (a core that idled enqueues the next "
                 "run more slowly, as the JSON's host_us shows)");
   add_integer_option(

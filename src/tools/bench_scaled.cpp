@@ -109,13 +109,7 @@ ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const B
   columns.add(gemm_fn, &r.gemm_ms, "gemm");
   columns.add(base_fn, &r.baseline_ms, "baseline");
   columns.add(fused_fn, &r.fused_ms, "auto");
-  time_columns(s, std::move(columns),
-               {.iters = o.iters,
-                .warmup = o.warmup,
-                .warmup_ms = o.warmup_ms,
-                .pace = o.pace,
-                .pace_sleep = o.pace_sleep},
-               &fused_fn, &r.graph_ms, &r.host_us);
+  time_columns(s, std::move(columns), o.timing, &fused_fn, &r.graph_ms, &r.host_us);
   return r;
 }
 
@@ -131,7 +125,7 @@ int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
         "asynctp bench --scaled %s: %d ranks, backend %s (%s), f8e4m3 in, bf16 out, median of %d "
         "runs, slowest rank, times in us\n",
         o.scaling.c_str(), s.world_size(), std::string(ctx.backend().name()).c_str(),
-        ctx.backend().hardware().c_str(), o.iters);
+        ctx.backend().hardware().c_str(), o.timing.iters);
     std::printf("%-6s %-26s %-16s %8s %9s %8s %8s %7s %7s %8s  %s\n", "op", "shape", "MxKxN",
                 "gemm", "baseline", "auto", "graph", "a/gemm", "base/a", "err", "auto took");
     std::fflush(stdout);
@@ -171,8 +165,8 @@ int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
                              {"backend", std::string(ctx.backend().name())},
                              {"hardware", ctx.backend().hardware()},
                              {"scaling", o.scaling},
-                             {"iters", o.iters},
-                             {"pace", o.pace},
+                             {"iters", o.timing.iters},
+                             {"pace", o.timing.pace},
                              {"results", rows}};
     std::printf("%s\n", doc.dump().c_str());
     std::fflush(stdout);
