@@ -230,3 +230,26 @@ def test_arguments():
     assert args.configs == ["8b"] and args.token_list == [4096, 8192]
     assert args.arm_list == list(layer.ARMS) and args.dtypes == ["bf16", "fp8"]
     assert args.plot == "out/l.svg" and args.pass_options == {"enable_last_dim": True}
+
+
+def test_profile_summary_splits_busy_idle_and_kinds():
+    from asynctp.bench import profile
+
+    # Two steps; per step a GEMM (0-100) overlapping an NCCL kernel on another stream (50-150),
+    # then a gap, then a Triton kernel (200-220).
+    events = []
+    for s in (0.0, 1000.0):
+        events += [("sm90_xmma_gemm_bf16", "kernel", 7, s, 100.0),
+                   ("ncclDevKernel_AllGather", "kernel", 9, s + 50, 100.0),
+                   ("triton_poi_fused_add_0", "kernel", 7, s + 200, 20.0),
+                   ("Memcpy DtoD", "gpu_memcpy", 9, s + 220, 10.0)]
+    got = profile.summarize(events, steps=2)
+    assert got["wall_us"] == 615.0  # 0 to 1230, two steps
+    assert got["busy_us"] == 180.0  # 0-150, 200-230
+    assert got["idle_us"] == 435.0
+    assert got["by_kind"] == {"gemm": 100.0, "nccl": 100.0, "triton": 20.0, "copy": 10.0}
+    assert got["top"][0]["calls"] == 1.0
+    assert profile.kind_of("void asynctp::kernels::async_gemm_kernel<...>") == "native"
+    assert profile.kind_of("pytorch_flash::flash_fwd_kernel") == "attention"
+    assert profile.kind_of("vectorized_elementwise_kernel") == "elementwise"
+    assert profile.summarize([], steps=3) == {"steps": 3, "kernels": 0}

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import llama, plot
+from . import llama, plot, profile
 
 ARMS = ("eager", "compile", "compile_async_tp", "asynctp", "compile_asynctp")
 COMPILED = ("compile", "compile_async_tp", "compile_asynctp")
@@ -68,6 +68,9 @@ def parse_args(argv=None):
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="skip the compiled arms' mode=\"reduce-overhead\" variant")
     p.add_argument("--no-floor", action="store_true", help="skip timing the GEMMs and SDPA alone")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after timing, run N more steps of each arm under torch.profiler and "
+                   "report where the GPU time went (asynctp.bench.profile; CUDA only)")
     p.add_argument("--pass-options", default="{}", metavar="JSON",
                    help="compile_asynctp: asynctp.torch.enable's options (those of `asynctp "
                         "passes`), a JSON object, e.g. '{\"enable_last_dim\": true}'")
@@ -411,6 +414,11 @@ def run_arm(arm, case, ref, args, group) -> dict:
                 entry["usage"] = _usage_delta(before, _usage(group, device))
                 entry["usage_steps"] = args.warmup + args.loops * args.iters
                 entry["last_path"] = _last_paths(entry["usage"], group, device)
+            if args.profile > 0:
+                entry["profile"] = profile.profile_steps(step, args.profile, device)
+                if dist.get_rank(group) == 0:
+                    print(profile.format_summary(f"{case['name']} {arm} ({variant}) profile",
+                                                 entry["profile"]), flush=True)
             del model, step
     finally:
         ctx.exit()
@@ -492,9 +500,14 @@ def time_floor(lc, S, dtype_name, backward, args, device, group) -> dict:
         gemms()
         attention()
 
-    return {"ms": time_steps(both, args, device, group)["ms"],
-            "gemm_ms": time_steps(gemms, args, device, group)["ms"],
-            "attention_ms": time_steps(attention, args, device, group)["ms"]}
+    out = {"ms": time_steps(both, args, device, group)["ms"],
+           "gemm_ms": time_steps(gemms, args, device, group)["ms"],
+           "attention_ms": time_steps(attention, args, device, group)["ms"]}
+    if args.profile > 0:
+        out["profile"] = profile.profile_steps(both, args.profile, device)
+        if dist.get_rank(group) == 0:
+            print(profile.format_summary("floor profile", out["profile"]), flush=True)
+    return out
 
 
 # ---- the run ---------------------------------------------------------------------------------
@@ -537,7 +550,7 @@ def run(args, group, device, on_row=None) -> dict:
                     row["skipped"] = fp8_missing
                     continue
                 dtype = DTYPES[dtype_name]
-                params = llama.make_params(cfg, ws, rank, dtype, device, args.seed)
+                params = llama.make_params(cfg, ws, rank, dtype, device, S, args.seed)
                 gen = torch.Generator().manual_seed(args.seed * 7919 + 17 + rank)
                 x = torch.randn(T, cfg.hidden, generator=gen).to(device=device, dtype=dtype)
                 dy = torch.randn(T, cfg.hidden, generator=gen).to(device=device, dtype=dtype)
