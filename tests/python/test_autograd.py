@@ -329,3 +329,23 @@ def test_opcheck_with_grads(pool):
     if pool.world_size > 2:
         pytest.skip("opcheck's cases are per op, not per world size: ws 1 and 2 cover them")
     pool.run(case_opcheck_with_grads)
+
+
+def test_weight_grad_is_laid_out_as_the_weight():
+    """A linear's B is weight.t(): its gradient comes out as the transpose of a contiguous
+    [N, K], so that the weight's gradient needs no transposing copy; any other B gets a
+    contiguous [K, N]. Both equal A_flat^T @ G_flat."""
+    from asynctp.torch import autograd as ag
+
+    torch.manual_seed(0)
+    A, G = torch.randn(2, 3, 8), torch.randn(2, 3, 5)
+    expected = A.reshape(-1, 8).t() @ G.reshape(-1, 5)
+    weight = torch.randn(5, 8)
+    got = ag._weight_grad(A, G, weight.t())
+    assert got.shape == (8, 5) and got.t().is_contiguous()
+    torch.testing.assert_close(got, expected)
+    got = ag._weight_grad(A, G, torch.randn(8, 5))
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, expected)
+    got = ag._weight_grad(A, G, torch.randn(8, 5, dtype=torch.float64))
+    assert got.dtype == torch.float64

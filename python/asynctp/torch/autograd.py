@@ -73,6 +73,18 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def _weight_grad(A: torch.Tensor, G: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """dB = A_flat^T @ G_flat ([K, N]), in B's dtype and laid out as B is.
+
+    A linear layer's B is its weight transposed (weight.t(), [K, N] with strides (1, K)): its
+    gradient is then computed as (G_flat^T @ A_flat).t(), whose transpose (the weight's gradient)
+    is contiguous, so autograd accumulates it without a transposing copy of the whole weight.
+    """
+    if B.dim() == 2 and B.stride(0) == 1 and B.stride(1) == B.shape[0] and B.shape[1] > 1:
+        return (_flat(G).t() @ _flat(A)).to(B.dtype).t()
+    return (_flat(A).t() @ _flat(G)).to(B.dtype)
+
+
 # ---- fused_all_gather_matmul --------------------------------------------------------------
 
 
@@ -112,11 +124,11 @@ def _ag_mm_backward(ctx, grad_A, grad_outs):
 
     grad_Bs = [None] * ctx.num_bs
     if any(needs_Bs) and any(g is not None for g in grad_outs):
+        # A's rows are in the same order as every output's.
         A = A_or_shard if ctx.kept_A else _all_gather(A_or_shard, dim, group_name)
-        A_flat_t = _flat(A).t()  # [K, rows]; rows in the same order as every output's
         for i, g in enumerate(grad_outs):
             if g is not None and needs_Bs[i]:
-                grad_Bs[i] = (A_flat_t @ _flat(g)).to(Bs[i].dtype)
+                grad_Bs[i] = _weight_grad(A, g, Bs[i])
     return grad_A_shard, grad_Bs, None, None
 
 
@@ -146,7 +158,7 @@ def _mm_rs_backward(ctx, grad_out):
     else:
         G = _all_gather(g, dim, group_name)
     if needs_B:
-        grad_B = (_flat(A).t() @ _flat(G)).to(B.dtype)
+        grad_B = _weight_grad(A, G, B)
     return grad_A, grad_B, None, None, None
 
 
@@ -184,7 +196,7 @@ def _mms_rs_backward(ctx, grad_out):
         G = _all_gather(g, dim, group_name)
     for i in range(ctx.num):
         if needs_Bs[i]:
-            grad_Bs[i] = (_flat(As[i]).t() @ _flat(G)).to(Bs[i].dtype)
+            grad_Bs[i] = _weight_grad(As[i], G, Bs[i])
     return grad_As, grad_Bs, None, None, None
 
 
