@@ -78,9 +78,11 @@ def local_shapes(cfg: Config, ws: int) -> Local:
     return Local(cfg.hidden, cfg.heads // ws, cfg.kv_heads // ws, cfg.head_dim, cfg.ffn // ws)
 
 
-def make_params(cfg: Config, ws: int, rank: int, dtype, device, seed: int = 0) -> dict:
+def make_params(cfg: Config, ws: int, rank: int, dtype, device, seq_len: int,
+                seed: int = 0) -> dict:
     """This rank's shards, seeded per rank (every rank's differ); the norm weights, replicated
-    in the full layer, come from one seed on every rank. Weights ~ N(0, 1/in)."""
+    in the full layer, come from one seed on every rank. Weights ~ N(0, 1/in). Also RoPE's
+    tables for a sequence of seq_len tokens."""
     lc = local_shapes(cfg, ws)
     shared = torch.Generator().manual_seed(seed)
     own = torch.Generator().manual_seed(seed * 1000 + 1 + rank)
@@ -94,6 +96,9 @@ def make_params(cfg: Config, ws: int, rank: int, dtype, device, seed: int = 0) -
         return w.to(device=device, dtype=dtype)
 
     return {
+        # Not parameters: RoPE's angle tables, computed once for the whole sequence (as a model
+        # keeps its freqs_cis), so that no arm recomputes them every step.
+        "rope": rope_tables(seq_len, cfg.head_dim, cfg.rope_theta, device),
         "attn_norm.weight": norm(),
         "wqkv.weight": weight(lc.qkv, cfg.hidden),
         "wo.weight": weight(cfg.hidden, lc.q_heads * lc.head_dim),
@@ -139,7 +144,9 @@ class Layer(nn.Module):
         self.attn_norm = RMSNorm(params["attn_norm.weight"], cfg.norm_eps)
         self.ffn_norm = RMSNorm(params["ffn_norm.weight"], cfg.norm_eps)
         self.wqkv, self.wo, self.w13, self.w2 = wqkv, wo, w13, w2
-        self.theta = cfg.rope_theta
+        cos, sin = params["rope"]
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, x):
         lc = self.lc
@@ -147,7 +154,7 @@ class Layer(nn.Module):
         qkv = self.wqkv(self.attn_norm(x))  # [S, (hq + 2 hkv) d]
         S = qkv.shape[0]
         q, k, v = qkv.split([lc.q_heads * d, lc.kv_heads * d, lc.kv_heads * d], dim=-1)
-        cos, sin = rope_tables(S, d, self.theta, x.device)
+        cos, sin = self.rope_cos[:S], self.rope_sin[:S]
         q = rope(q.view(S, lc.q_heads, d), cos, sin)
         k = rope(k.view(S, lc.kv_heads, d), cos, sin)
         v = v.view(S, lc.kv_heads, d)
