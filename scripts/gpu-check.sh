@@ -8,8 +8,9 @@
 #   SHARED=4                                (shared: how many ranks per GPU; default 4 / NGPU)
 #   TORCH_BENCH=path/to/torch_asynctp_bench.py (the anchor script; default .carry/torch_asynctp_bench.py)
 #   GTEST_FILTER=...                        (passed to the GPU test binary)
-#   SANITIZE_BINARIES / SANITIZE_TOOLS / SANITIZE_FILTER / SANITIZE_TIMEOUT / SANITIZE_LIMIT
-#                                           (sanitize: which binaries, tools, tests; the
+#   SANITIZE_BINARIES / SANITIZE_TOOLS / SANITIZE_FILTER / SANITIZE_SHARDS / SANITIZE_TIMEOUT /
+#   SANITIZE_LIMIT                          (sanitize: which binaries, tools, tests; how many
+#                                            gtest shards run at once (default 6); the
 #                                            ASYNCTP_TIMEOUT of the run, default 120 s; the
 #                                            limit of one run, default 600 s)
 #   BENCH_ARGS="--pace 0 ..."               (more options for asynctp bench)
@@ -121,7 +122,9 @@ if step sanitize; then
   # statuses are all checked (ASYNCTP_CUDA_CHECK). racecheck skips the tests that compare with
   # cuBLASLt (the tool itself fails on those kernels: "Internal Sanitizer Error"). initcheck runs
   # kernels one at a time, so it skips the tests whose kernel waits for work enqueued after it on
-  # another stream (they could only time out there); the other tools run them. Each run:
+  # another stream (they could only time out there); the other tools run them. racecheck and
+  # synccheck leave NCCL's kernels out: synccheck flags the divergent named barriers NCCL's
+  # reduce-scatter uses on purpose. Each run:
   # sanitize_<binary>_<tool>.log, and its ERROR SUMMARY / LEAK lines here.
   CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$CS" ]; then
@@ -132,19 +135,34 @@ if step sanitize; then
         filter=${SANITIZE_FILTER:-}
         case $tool in
           memcheck) extra=(--leak-check full) ;;
-          racecheck) filter=${filter:-*}-*MatchesReferenceAndCublasLt* ;;
+          racecheck) filter=${filter:-*}-*MatchesReferenceAndCublasLt*
+            extra=(--kernel-name-exclude kns=nccl) ;;
+          synccheck) extra=(--kernel-name-exclude kns=nccl) ;;
           initcheck)
             serial='NativeGemm.ConsumesChunks*:NativeGemm.OpNumberedFlagsWrapAround:CudaReduce.WhenFlagged*:CudaWaitFlags.*'
             filter=${filter:-*}-$serial ;;
         esac
+        # The binary's tests in SANITIZE_SHARDS gtest shards at once (separate processes, the
+        # GPUs shared: under a sanitizer the host's instrumentation, not the GPU, bounds a test).
         t0=$(date +%s)
-        ASYNCTP_TIMEOUT=${SANITIZE_TIMEOUT:-120} timeout "${SANITIZE_LIMIT:-600}" "$CS" --tool "$tool" \
-          --target-processes all --error-exitcode 9 --report-api-errors no "${extra[@]}" "$BIN/$t" --gtest_brief=1 \
-          ${filter:+--gtest_filter=$filter} > "$OUT/sanitize_${t}_$tool.log" 2>&1
-        rc=$?
-        echo "== compute-sanitizer --tool $tool $t: rc $rc, $(($(date +%s) - t0)) s"
-        grep -E "ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY|tests ran|FAILED  \]" \
-          "$OUT/sanitize_${t}_$tool.log" | sort | uniq -c | head -8
+        shards=${SANITIZE_SHARDS:-6}
+        pids=()
+        for ((i = 0; i < shards; i++)); do
+          GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i ASYNCTP_TIMEOUT=${SANITIZE_TIMEOUT:-120} \
+            timeout "${SANITIZE_LIMIT:-600}" "$CS" --tool "$tool" --target-processes all \
+            --error-exitcode 9 --report-api-errors no "${extra[@]}" "$BIN/$t" \
+            ${filter:+--gtest_filter=$filter} > "$OUT/sanitize_${t}_${tool}_$i.log" 2>&1 &
+          pids+=($!)
+        done
+        rc=0
+        for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+        echo "== compute-sanitizer --tool $tool $t ($shards shards): rc $rc, $(($(date +%s) - t0)) s"
+        cat "$OUT"/sanitize_${t}_${tool}_*.log > "$OUT/sanitize_${t}_$tool.log"
+        rm -f "$OUT"/sanitize_${t}_${tool}_*.log
+        grep -E "ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY|FAILED  \]" "$OUT/sanitize_${t}_$tool.log" \
+          | sort | uniq -c | head -8
+        echo "   tests run: $(grep -hoE "[0-9]+ tests? from [0-9]+ test suites? ran" "$OUT/sanitize_${t}_$tool.log" \
+          | awk '{n += $1} END {print n + 0}')"
         [ $rc -eq 0 ] || status=1
       done
     done
