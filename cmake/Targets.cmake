@@ -23,9 +23,11 @@ endfunction()
 # time budget of TIMEOUT seconds (default 300). CPU tests run with the CPU streams' jitter seeded
 # by the first of ASYNCTP_JITTER_SEEDS (tests/CMakeLists.txt); the tests that STREAMS selects
 # (those that run the ops' schedules across streams and ranks) run again under each other seed,
-# named <test>/jitter<seed>.
+# named <test>/jitter<seed>. NVTX_TOOL: where the build has NVTX (cmake/Nvtx.cmake), every test
+# case runs again, named <test>/nvtx_tool, with the test NVTX tool loaded (NVTX_INJECTION64_PATH
+# names tests/support/nvtx_recorder.cpp's library; support/nvtx_record.h reads its record).
 function(asynctp_add_test)
-  cmake_parse_arguments(T "" "NAME;LABEL;TIMEOUT;STREAMS" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(T "NVTX_TOOL" "NAME;LABEL;TIMEOUT;STREAMS" "SOURCES;DEPS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
@@ -40,6 +42,13 @@ function(asynctp_add_test)
   gtest_discover_tests(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
                                             ENVIRONMENT ASYNCTP_CPU_STREAM_JITTER=${_first}
                        DISCOVERY_TIMEOUT 60)
+  if(T_NVTX_TOOL AND ASYNCTP_NVTX_ENABLED)
+    add_dependencies(${T_NAME} asynctp_nvtx_recorder)
+    gtest_discover_tests(${T_NAME} TEST_SUFFIX "/nvtx_tool"
+                         PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+                                    ENVIRONMENT NVTX_INJECTION64_PATH=${ASYNCTP_NVTX_RECORDER}
+                         DISCOVERY_TIMEOUT 60)
+  endif()
   if(T_STREAMS)
     foreach(_seed IN LISTS _seeds)
       gtest_discover_tests(${T_NAME} TEST_SUFFIX "/jitter${_seed}" TEST_FILTER "${T_STREAMS}"

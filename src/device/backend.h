@@ -113,7 +113,9 @@ class Backend {
   // The stream ops run on where the caller names none (OpContext::set_stream, the ops' stream
   // options): one the backend creates.
   virtual Stream& compute_stream() = 0;
-  virtual std::unique_ptr<Stream> create_stream() = 0;
+  // A new stream. `name` says what it is for ("asynctp copy rank 0"): the CUDA backend names the
+  // stream so in NVTX tools (nsys shows its row by it), the CPU backend's errors name it so.
+  virtual std::unique_ptr<Stream> create_stream(std::string_view name) = 0;
   // A Stream over the caller's native stream, which it does not own (the caller keeps it alive
   // while the wrapper is used). CUDA: a cudaStream_t, nullptr the legacy default stream. CPU:
   // any handle names the backend's compute stream, so the wrapper is a view of it.

@@ -39,13 +39,15 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int rank)
       : streams_(rank, static_cast<uint64_t>(envvars::kCpuStreamJitter.integer())),
-        compute_(streams_.create()) {}
+        compute_(streams_.create("asynctp compute")) {}
 
   std::string_view name() const override { return "cpu"; }
   Device device() const override { return Device::cpu(); }
   Buffer allocate(size_t bytes) override { return Buffer::host(bytes); }
   Stream& compute_stream() override { return *compute_; }
-  std::unique_ptr<Stream> create_stream() override { return streams_.create(); }
+  std::unique_ptr<Stream> create_stream(std::string_view name) override {
+    return streams_.create(name);
+  }
   // Torch's CPU tensors have no streams: every caller's handle is a view of the compute stream.
   std::unique_ptr<Stream> wrap_stream(void*) override {
     return std::make_unique<cpu::CpuStream>(*compute_);

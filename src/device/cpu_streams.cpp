@@ -245,7 +245,7 @@ StreamSet::StreamSet(int rank, uint64_t jitter_seed) : rank_(rank), jitter_seed_
 
 StreamSet::~StreamSet() = default;
 
-std::unique_ptr<CpuStream> StreamSet::create() {
+std::unique_ptr<CpuStream> StreamSet::create(std::string_view role) {
   const std::lock_guard lock(mu_);
   const int index = created_++;
   uint64_t seed = 0;
@@ -255,7 +255,9 @@ std::unique_ptr<CpuStream> StreamSet::create() {
         jitter_seed_ ^ (static_cast<uint64_t>(rank_) << 40) ^ (static_cast<uint64_t>(index) << 20);
     seed = splitmix64(mix) | 1;
   }
-  auto stream = std::make_unique<CpuStream>(fmt::format("cpu stream {}", index), seed);
+  std::string name = fmt::format("cpu stream {}", index);
+  if (!role.empty()) name += fmt::format(" ({})", role);
+  auto stream = std::make_unique<CpuStream>(std::move(name), seed);
   std::erase_if(workers_, [](const std::weak_ptr<Worker>& w) { return w.expired(); });
   workers_.push_back(stream->worker_);
   return stream;

@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "device/backend.h"
@@ -73,7 +74,8 @@ class StreamSet {
   // jitter_seed: 0 for no delays (see ASYNCTP_CPU_STREAM_JITTER).
   StreamSet(int rank, uint64_t jitter_seed);
   ~StreamSet();
-  std::unique_ptr<CpuStream> create();
+  // A stream named "cpu stream <index> (<role>)" (the role left out where empty).
+  std::unique_ptr<CpuStream> create(std::string_view role);
   // Waits for every live stream; throws the first failure not yet reported (after waiting for
   // all of them).
   void synchronize();

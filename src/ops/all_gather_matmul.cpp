@@ -56,6 +56,7 @@
 // GEMM's): replicas of the output never drift apart.
 #include <fmt/ranges.h>
 
+#include "device/nvtx.h"
 #include "ops/all_gather_matmul_paths.h"
 #include "ops/call_memo.h"
 #include "ops/collectives.h"
@@ -327,7 +328,16 @@ std::string problem_key(OpContext& ctx, const AgMmCall& c) {
                              fmt::format("{}", fmt::join(variant, ", ")));
 }
 
+// The call's NVTX range text: "all_gather_matmul native: A_shard bf16[512, 8192] gather_dim 0,
+// Bs [8192, 1024] [8192, 1024], ws 2" (scaled: ", row-wise scales" or ", tensor-wise scales").
+std::string range_text(OpContext& ctx, const AgMmCall& c, Path path) {
+  return fmt::format("{} {}: A_shard {}{} gather_dim {}, Bs {}{}, ws {}", c.op, path_name(path),
+                     c.a_shard.dtype(), c.a_shard.shape(), c.g, detail::shapes_text(c.bs),
+                     detail::scales_text(c.scaled, c.rowwise()), ctx.world_size());
+}
+
 void run_path(OpContext& ctx, const AgMmCall& c, Path path, const std::optional<NativePlan>& plan) {
+  const nvtx::Range range(detail::path_color(path), [&] { return range_text(ctx, c, path); });
   switch (path) {
     case Path::kNative:
       run_native(ctx, c, *plan);

@@ -1,5 +1,7 @@
 #include "ops/collectives.h"
 
+#include "device/nvtx.h"
+
 namespace asynctp {
 
 namespace {
@@ -43,6 +45,12 @@ Dims rs_staged_shape(const Dims& chunk, int ws) {
   return shape;
 }
 
+// The text of the NVTX range of a collective call (device/nvtx.h): "all_gather: bf16[8, 16] dim 0,
+// ws 2".
+std::string range_text(OpContext& ctx, const char* op, const Tensor& in, std::string_view detail) {
+  return fmt::format("{}: {}{} {}, ws {}", op, in.dtype(), in.shape(), detail, ctx.world_size());
+}
+
 }  // namespace
 
 void reserve_all_gather(OpContext& ctx, const Tensor& in, bool out_contiguous, int dim) {
@@ -69,6 +77,9 @@ void reserve_reduce_scatter(OpContext& ctx, const Tensor& in, bool out_contiguou
 
 void all_gather(OpContext& ctx, const Tensor& in, const Tensor& out, int dim,
                 std::optional<void*> stream) {
+  const nvtx::Range range(nvtx::kCollectiveColor, [&] {
+    return range_text(ctx, "all_gather", in, fmt::format("dim {}", dim));
+  });
   const OpContext::StreamScope scope(ctx, stream);
   check_device(ctx, in, "all_gather", "input");
   check_device(ctx, out, "all_gather", "output");
@@ -98,6 +109,10 @@ void all_gather(OpContext& ctx, const Tensor& in, const Tensor& out, int dim,
 
 void reduce_scatter(OpContext& ctx, const Tensor& in, const Tensor& out, ReduceOp op, int dim,
                     std::optional<void*> stream) {
+  const nvtx::Range range(nvtx::kCollectiveColor, [&] {
+    return range_text(ctx, "reduce_scatter", in,
+                      fmt::format("dim {}, {}", dim, reduce_op_name(op)));
+  });
   const OpContext::StreamScope scope(ctx, stream);
   check_device(ctx, in, "reduce_scatter", "input");
   check_device(ctx, out, "reduce_scatter", "output");
@@ -132,6 +147,8 @@ void reduce_scatter(OpContext& ctx, const Tensor& in, const Tensor& out, ReduceO
 }
 
 void all_reduce(OpContext& ctx, const Tensor& inout, ReduceOp op, std::optional<void*> stream) {
+  const nvtx::Range range(nvtx::kCollectiveColor,
+                          [&] { return range_text(ctx, "all_reduce", inout, reduce_op_name(op)); });
   const OpContext::StreamScope scope(ctx, stream);
   check_device(ctx, inout, "all_reduce", "tensor");
   const Tensor t = contiguous(ctx, inout, Scratch::kCollectiveIn);

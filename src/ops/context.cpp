@@ -53,12 +53,17 @@ OpContext::OpContext(std::shared_ptr<Group> group, ContextOptions options)
       options_.push_streams >= 1 && options_.push_streams <= ContextOptions::kMaxPushStreams,
       "ContextOptions::push_streams must be from 1 to {}, got {}", ContextOptions::kMaxPushStreams,
       options_.push_streams);
-  copy_stream_ = backend_->create_stream();
-  aux_stream_ = backend_->create_stream();
+  // The side streams, by role and rank ("asynctp copy rank 0"): how nsys lists them
+  // (device/nvtx.h).
+  auto side_stream = [&](std::string_view role) {
+    return backend_->create_stream(fmt::format("asynctp {} rank {}", role, rank()));
+  };
+  copy_stream_ = side_stream("copy");
+  aux_stream_ = side_stream("gemm");
   for (int i = 1; i < options_.push_streams; ++i)
-    push_streams_.push_back(backend_->create_stream());
+    push_streams_.push_back(side_stream(fmt::format("push {}", i)));
   for (int i = 0; i < options_.push_streams; ++i) {
-    flag_streams_.push_back(backend_->create_stream());
+    flag_streams_.push_back(side_stream(fmt::format("flags {}", i)));
     flag_events_.push_back(backend_->create_event());
     flag_events_.push_back(backend_->create_event());
   }

@@ -4,6 +4,8 @@
 #include <array>
 #include <span>
 
+#include "device/nvtx.h"
+
 namespace asynctp::detail {
 
 std::optional<Tensor> as_gemm_3d(const Tensor& t, int split) {
@@ -92,6 +94,30 @@ std::string problem_key(OpContext& ctx, const char* op, int64_t m, int64_t n, in
   return fmt::format("{}|{}x{}x{}|{}->{}|B {}|ws{}|{}{}{}", op, m, n, k, in, out,
                      b_row_major ? "row" : "col", ctx.world_size(), ctx.backend().hardware(),
                      variant.empty() ? "" : "|", variant);
+}
+
+uint32_t path_color(Path path) {
+  switch (path) {
+    case Path::kNative:
+      return nvtx::kNativeColor;
+    case Path::kSplit:
+      return nvtx::kSplitColor;
+    case Path::kFallback:
+      return nvtx::kFallbackColor;
+  }
+  ASYNCTP_FAIL("path_color: unknown path {}", static_cast<int>(path));
+}
+
+std::string shapes_text(std::span<const Tensor> ts) {
+  std::string text;
+  for (const Tensor& t : ts)
+    text += fmt::format("{}{}", text.empty() ? "" : " ", t.shape());
+  return text;
+}
+
+std::string_view scales_text(bool scaled, bool rowwise) {
+  if (!scaled) return "";
+  return rowwise ? ", row-wise scales" : ", tensor-wise scales";
 }
 
 namespace {

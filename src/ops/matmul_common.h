@@ -1,9 +1,12 @@
 // Internals shared by the fused ops: GEMM operand views, input checks, path choice.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 
 #include "ops/context.h"
 
@@ -35,6 +38,14 @@ struct CallPaths {
   std::string key;                 // the problem, for the dispatcher
   std::function<void(Path)> run;   // runs the op on any path (the dispatcher measures with it)
 };
+
+// The colour of an op's NVTX range on `path` (device/nvtx.h).
+uint32_t path_color(Path path);
+// The shapes of `ts`, space-separated ("[16, 4] [16, 6]"): the operands in an NVTX range's text.
+std::string shapes_text(std::span<const Tensor> ts);
+// How a call's float8 operands are scaled, in an NVTX range's text: "" where they are not
+// (unscaled ops), else ", row-wise scales" or ", tensor-wise scales" (A's).
+std::string_view scales_text(bool scaled, bool rowwise);
 
 // The caller's choice where possible. Under kAuto, on a backend that times paths
 // (Backend::times_paths), the dispatcher's pick among the paths that can run (native, split,

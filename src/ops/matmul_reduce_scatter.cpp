@@ -51,6 +51,7 @@
 // [channel][s] = slot s has landed.
 #include <fmt/ranges.h>
 
+#include "device/nvtx.h"
 #include "ops/call_memo.h"
 #include "ops/collectives.h"
 #include "ops/fused_matmul.h"
@@ -312,6 +313,18 @@ std::string problem_key(OpContext& ctx, const MmRsCall& c, ReduceOp reduce_op) {
                              fmt::format("{}", fmt::join(variant, ", ")));
 }
 
+// The call's NVTX range text: "matmul_reduce_scatter split: A bf16[4096, 3584] @ B [3584, 8192],
+// scatter_dim 0, sum, ws 2" (several products: "As ... @ Bs ..."; scaled: ", row-wise scales" or
+// ", tensor-wise scales").
+std::string range_text(OpContext& ctx, const MmRsCall& c, ReduceOp reduce_op, Path path) {
+  const bool several = c.as.size() > 1;
+  return fmt::format("{} {}: {} {}{} @ {} {}, scatter_dim {}, {}{}, ws {}", c.op, path_name(path),
+                     several ? "As" : "A", c.a().dtype(), detail::shapes_text(c.as),
+                     several ? "Bs" : "B", detail::shapes_text(c.bs), c.g,
+                     reduce_op_name(reduce_op), detail::scales_text(c.scaled, c.rowwise()),
+                     ctx.world_size());
+}
+
 void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
   const OpContext::StreamScope scope(ctx, options.stream);
   // Where the host's time goes before the first GPU work of the op (bench --trace).
@@ -346,6 +359,8 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   const Tensor a0 = writer.a0();
   std::optional<NativeRsPlan> plan;
   auto run_path = [&](Path p) {
+    const nvtx::Range range(detail::path_color(p),
+                            [&] { return range_text(ctx, c, options.reduce_op, p); });
     switch (p) {
       case Path::kNative:
         run_native(ctx, c, a0, *plan, options);

@@ -9,6 +9,7 @@
 #include "device/backend.h"
 #include "device/communicator.h"
 #include "device/cpu_backend.h"
+#include "device/cpu_streams.h"
 #include "support/tensor_testing.h"
 
 namespace asynctp {
@@ -368,7 +369,7 @@ TEST_F(CpuBackendTest, UnaryEdgeCasesAndDtypes) {
 TEST_F(CpuBackendTest, EventsMeasureNonNegativeTime) {
   auto start = backend_->create_event();
   auto end = backend_->create_event();
-  auto side = backend_->create_stream();
+  auto side = backend_->create_stream("test side");
   start->record(stream());
   OwnedTensor a = empty_host({64, 64}, DType::kF32);
   OwnedTensor d = empty_host({64, 64}, DType::kF32);
@@ -384,6 +385,15 @@ TEST_F(CpuBackendTest, EventsMeasureNonNegativeTime) {
   auto never = backend_->create_event();
   EXPECT_THAT(error_of([&] { never->elapsed_ms(*start); }), HasSubstr("never recorded"));
   EXPECT_THAT(error_of([&] { end->elapsed_ms(*never); }), HasSubstr("never recorded"));
+}
+
+// A stream's failure names the stream by its index (0 is the compute stream) and the role it was
+// created for.
+TEST_F(CpuBackendTest, AStreamsFailureNamesItsRole) {
+  auto side = backend_->create_stream("test side");
+  cpu::as_cpu(*side, "test").enqueue("test item", [] { ASYNCTP_FAIL("boom"); });
+  EXPECT_THAT(error_of([&] { side->synchronize(); }),
+              HasSubstr("[on cpu stream 1 (test side), in test item]"));
 }
 
 // --- communicator checks ---------------------------------------------------------------------

@@ -169,7 +169,9 @@ class CapturingCpuBackend final : public Backend {
   Device device() const override { return cpu_->device(); }
   Buffer allocate(size_t bytes) override { return cpu_->allocate(bytes); }
   Stream& compute_stream() override { return cpu_->compute_stream(); }
-  std::unique_ptr<Stream> create_stream() override { return cpu_->create_stream(); }
+  std::unique_ptr<Stream> create_stream(std::string_view name) override {
+    return cpu_->create_stream(name);
+  }
   std::unique_ptr<Stream> wrap_stream(void* handle) override { return cpu_->wrap_stream(handle); }
   std::unique_ptr<Event> create_event(bool timing) override { return cpu_->create_event(timing); }
   bool capturing(Stream&) override { return capture; }

@@ -77,6 +77,10 @@ def case_routes():
     with Passing():
         assert not functional._plain((a, b))
     assert not torch.func.vmap(lambda x: torch.tensor(functional._plain((x, b))))(a[None])
+    # While torch's profiler records, through torch.ops (so that the call shows by its name).
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert not functional._plain((a, b))
+    assert functional._plain((a, b))
     # Through torch.compile the function is traced into the graph as the torch.ops op.
     compiled = torch.compile(
         lambda x, y: functional.fused_all_gather_matmul(x, [y], 0, name, return_A=False)[1][0],
@@ -109,4 +113,37 @@ def test_direct_calls_skip_the_dispatcher(monkeypatch):
     functional.fused_all_gather_matmul(a, [b.requires_grad_()], 0, "g", return_A=False)
     with torch.no_grad():
         functional.fused_all_gather_matmul(a, [b], 0, "g", return_A=False)
-    assert seen == ["kernel", "ops", "kernel"]
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            functional.fused_all_gather_matmul(a, [b], 0, "g", return_A=False)
+        functional.fused_all_gather_matmul(a, [b], 0, "g", return_A=False)
+    assert seen == ["kernel", "ops", "kernel", "ops", "kernel"]
+
+
+def case_profiled_calls_show_by_name():
+    """Under torch.profiler every function's call is an event named after its op, with the input
+    shapes; the results are those of the direct route."""
+    name = _group_name()
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    a = _randn((2 * ws, 8), 40 + rank)
+    b = _randn((8, 6), 41)
+    h = _randn((2 * ws, 8), 42 + rank)
+    w = _randn((8, 4), 43)
+    direct_ag = functional.fused_all_gather_matmul(a, [b], 0, name, return_A=False)[1][0]
+    direct_rs = functional.fused_matmul_reduce_scatter(h, w, "sum", 0, name)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                record_shapes=True) as prof:
+        profiled_ag = functional.fused_all_gather_matmul(a, [b], 0, name, return_A=False)[1][0]
+        profiled_rs = functional.fused_matmul_reduce_scatter(h, w, "sum", 0, name)
+        functional.fused_matmuls_reduce_scatter([h, h], [w, w], "sum", 0, name)
+    assert torch.equal(profiled_ag, direct_ag) and torch.equal(profiled_rs, direct_rs)
+    events = {e.key: e for e in prof.key_averages(group_by_input_shape=True)}
+    for op in ("fused_all_gather_matmul", "fused_matmul_reduce_scatter",
+               "fused_matmuls_reduce_scatter"):
+        assert f"asynctp::{op}" in events, sorted(events)
+        assert events[f"asynctp::{op}"].count == 1
+    assert [2 * ws, 8] in events["asynctp::fused_all_gather_matmul"].input_shapes
+    return True
+
+
+def test_profiled_calls_show_by_name(pool2):
+    pool2.run(case_profiled_calls_show_by_name)

@@ -9,6 +9,12 @@ and meets no mode, tensor subclass, functorch transform or torch.compile trace n
 that, so these functions call the kernel directly; every other call goes through torch.ops, which
 handles it (autograd, fake tensors, tracing) as for any torch op.
 
+While torch's profiler records (torch.profiler.profile, or emit_nvtx for Nsight Systems) every
+call goes through torch.ops too, so that it shows under its op's name
+("asynctp::fused_all_gather_matmul") like any torch op: the dispatcher records the event, the
+direct route would record none. The check is one module attribute that torch sets for this
+purpose (torch.autograd.profiler._is_profiler_enabled).
+
     import asynctp.torch as atp
     A, (out,) = atp.fused_all_gather_matmul(a_shard, [w], 0, group.group_name)
 """
@@ -28,6 +34,7 @@ __all__ = [
 ]
 
 _OPS = torch.ops.asynctp
+_profiler = torch.autograd.profiler  # its _is_profiler_enabled is read on every call
 _compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._is_torch_function_mode_enabled
@@ -38,9 +45,10 @@ _Tensor = torch.Tensor
 
 def _plain(tensors) -> bool:
     """Whether a call with these tensor arguments can skip the dispatcher: plain tensors, none
-    needing a gradient while grad mode is on, no mode, transform or trace active."""
+    needing a gradient while grad mode is on, no mode, transform, trace or profiler active."""
     # (is_compiling first: under torch.compile it is a constant, and the rest is not traced.)
-    if _compiling() or _dispatch_modes() or _function_modes() or _functorch():
+    if (_compiling() or _profiler._is_profiler_enabled or _dispatch_modes() or _function_modes()
+            or _functorch()):
         return False
     grad = _grad_enabled()
     for t in tensors:

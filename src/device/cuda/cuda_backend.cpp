@@ -1,6 +1,9 @@
 #include "device/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
+#ifdef ASYNCTP_WITH_NVTX
+#include <nvtx3/nvToolsExtCudaRt.h>
+#endif
 
 #include <algorithm>
 #include <cstdlib>
@@ -33,6 +36,14 @@ int cuda_ranks_per_gpu() {
 }
 
 namespace {
+
+// Names `stream` in NVTX tools (device/nvtx.h): nsys shows the stream's row by the name. A no-op
+// without a tool, or where the build has no NVTX.
+void name_stream(cudaStream_t stream, std::string_view name) {
+#ifdef ASYNCTP_WITH_NVTX
+  if (!name.empty()) nvtxNameCudaStreamA(stream, std::string(name).c_str());
+#endif
+}
 
 // Shape and strides of a same-shape pair with size-1 dims dropped and dims merged wherever both
 // tensors are contiguous across them. Innermost last.
@@ -151,6 +162,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     ASYNCTP_CUDA_CHECK(cudaFree(nullptr));  // create the primary context now
     cudaStream_t s;
     ASYNCTP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    name_stream(s, fmt::format("asynctp compute cuda:{}", device));
     stream_ = std::make_unique<CudaStream>(s, this, true);
     ASYNCTP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_slot_host_),
                                      sizeof(kernels::DeviceErrorSlot), cudaHostAllocMapped));
@@ -193,9 +205,10 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   }
 
   Stream& compute_stream() override { return *stream_; }
-  std::unique_ptr<Stream> create_stream() override {
+  std::unique_ptr<Stream> create_stream(std::string_view name) override {
     cudaStream_t s;
     ASYNCTP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    name_stream(s, name);
     return std::make_unique<CudaStream>(s, this, true);
   }
   std::unique_ptr<Event> create_event(bool timing) override {

@@ -214,7 +214,7 @@ TEST(NativeGemm, ConsumesChunksAsTheyLand) {
     SCOPED_TRACE(
         fmt::format("m {} chunk_rows {} first {} own_a {}", m, chunk_rows, first, use_own));
     Gpu gpu;
-    auto copy_stream = gpu.be().create_stream();
+    auto copy_stream = gpu.be().create_stream("test copy");
     const int chunks = static_cast<int>((m + chunk_rows - 1) / chunk_rows);
     Landing t(gpu, m, 768, chunks, 11);
     const OwnedTensor& src = t.src;
@@ -282,7 +282,7 @@ TEST(NativeGemm, ConsumesChunksLandingInPieces) {
            {1000, 250, 96, 1}, {4096, 1024, 256, 3}, {1024, 512, 512, 0}}) {
     SCOPED_TRACE(fmt::format("m {} chunk_rows {} ready_rows {}", m, chunk_rows, ready_rows));
     Gpu gpu;
-    auto copy_stream = gpu.be().create_stream();
+    auto copy_stream = gpu.be().create_stream("test copy");
     const int chunks = static_cast<int>((m + chunk_rows - 1) / chunk_rows);
     const int pieces = static_cast<int>((chunk_rows + ready_rows - 1) / ready_rows);
     const int stride = chunks + 3;
@@ -329,7 +329,7 @@ TEST(NativeGemm, OpNumberedFlagsWrapAround) {
   for (const uint32_t number : {uint32_t{7}, uint32_t{0xFFFFFFFF}, uint32_t{0}}) {
     SCOPED_TRACE(fmt::format("op number {}", number));
     Gpu gpu;
-    auto copy_stream = gpu.be().create_stream();
+    auto copy_stream = gpu.be().create_stream("test copy");
     Landing t(gpu, 512, 384, 4, 31);
     ChunkedGemmArgs& args = t.args;
     args.chunk_rows = 128;
@@ -451,7 +451,7 @@ TEST(NativeGemm, TailSplitMatchesUnsplitAndRepeatsBitForBit) {
       }
       EXPECT_TRUE(same_bits(split, run(0))) << "two runs differ";
       {
-        auto other = gpu.be().create_stream();  // its own workspace, freed with it
+        auto other = gpu.be().create_stream("test other");  // its own workspace, freed with it
         EXPECT_TRUE(same_bits(split, run(0, other.get()))) << "another stream differs";
       }
       EXPECT_LT(rel_diff(run(2), whole), out == DType::kF32 ? 1e-5 : 4e-3);
@@ -492,7 +492,7 @@ TEST(NativeGemm, PublishesFinishedChunks) {
   for (DType out : {DType::kBF16, DType::kF32}) {
     SCOPED_TRACE(fmt::format("out {}", out));
     Gpu gpu;
-    auto copy_stream = gpu.be().create_stream();
+    auto copy_stream = gpu.be().create_stream("test copy");
     const int64_t m = 1024, chunk_rows = 256;
     const int chunks = 4, first = 1;
     // K deep enough for the tail split (24 tiles leave the last wave mostly idle): only the last
@@ -730,7 +730,7 @@ TEST(CudaReduce, MatchesTheCpuBackendBitForBit) {
 TEST(CudaReduce, WhenFlaggedWaitsForTheCopiesThenMatchesReduce) {
   SKIP_UNLESS_GPUS(1);
   Gpu gpu;
-  auto copy_stream = gpu.be().create_stream();
+  auto copy_stream = gpu.be().create_stream("test copy");
   const int64_t n = 1 << 20;
   std::vector<OwnedTensor> src, dst;
   std::vector<Tensor> views;
@@ -779,7 +779,7 @@ TEST(CudaReduce, WhenFlaggedWaitsForTheCopiesThenMatchesReduce) {
 TEST(CudaWaitFlags, HoldsTheStreamUntilTheFlagsAreUpThenTimesOutNamingThePeer) {
   SKIP_UNLESS_GPUS(1);
   Gpu gpu;
-  auto copy_stream = gpu.be().create_stream();
+  auto copy_stream = gpu.be().create_stream("test copy");
   const int64_t n = 1 << 20;
   OwnedTensor src = gpu.upload({n}, DType::kBF16, 81);
   OwnedTensor landed = gpu.empty({n}, DType::kBF16);
