@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <random>
 #include <regex>
@@ -112,8 +113,16 @@ TEST(Launch, OptionsAreChecked) {
               ThrowsMessage<Error>(HasSubstr("no command to launch (give it after --)")));
   options = sh(1, "true");
   options.timeout_s = -2;
-  EXPECT_THAT([&] { launch(options); },
-              ThrowsMessage<Error>(HasSubstr("--timeout must be positive, got -2")));
+  EXPECT_THAT(
+      [&] { launch(options); },
+      ThrowsMessage<Error>(HasSubstr("--timeout must be positive and at most 1e7 s, got -2")));
+  for (double bad :
+       {1e16, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    options.timeout_s = bad;
+    EXPECT_THAT([&] { launch(options); },
+                ThrowsMessage<Error>(HasSubstr("--timeout must be positive and at most 1e7 s")))
+        << bad;
+  }
 }
 
 TEST(Launch, EveryRankGetsTheTorchrunVariables) {
