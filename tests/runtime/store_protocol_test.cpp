@@ -173,7 +173,9 @@ TEST(StoreProtocol, DecodeRefusesCountsThePayloadCannotHold) {
   uint8_t code = 0;
   std::vector<std::string> fields;
   // 2^31 fields announced in 5 bytes: refused before anything is reserved for them.
-  EXPECT_FALSE(decode_payload(std::string(1, kCheck) + u32_bytes(1u << 31), &code, &fields));
+  std::string huge(1, kCheck);
+  huge += u32_bytes(1u << 31);
+  EXPECT_FALSE(decode_payload(huge, &code, &fields));
   std::string many(1, kCheck);
   many += u32_bytes(kMaxFields + 1);
   for (size_t i = 0; i <= kMaxFields; ++i)
