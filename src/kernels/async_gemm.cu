@@ -236,6 +236,9 @@ int ctas_of(const NativeGemmParams& a) {
 
 const char* async_gemm_unsupported(const NativeGemmParams& a) {
   if (const char* why = native_gemm_unsupported(a)) return why;
+  // The contract's SwiGLU epilogue runs on the CPU emulation; on the GPU the ops take their split
+  // path for it (a GEMM into f32 products, then the SwiGLU kernel).
+  if (a.swiglu) return "the CUDA kernel has no SwiGLU epilogue";
   if (encode_tiled() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
   return nullptr;
 }

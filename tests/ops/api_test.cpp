@@ -182,6 +182,9 @@ class CapturingCpuBackend final : public Backend {
   void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream& s) override {
     cpu_->unary(op, out, in, s);
   }
+  void swiglu(const Tensor& out, const Tensor& gate_up, Stream& s) override {
+    cpu_->swiglu(out, gate_up, s);
+  }
   void synchronize() override { cpu_->synchronize(); }
   std::string native_gemm_unsupported(const ChunkedGemmArgs& args) override {
     return cpu_->native_gemm_unsupported(args);
