@@ -192,8 +192,10 @@ class Run {
   void swiglu_row(int64_t r, int n0, int64_t width) {
     float* gate = acc_.data();
     float* up = acc_.data() + kBN / 2;
-    accumulate_row(a_row_.data(), p_.k, b_.data() + n0, b_cols_, width, gate);
-    accumulate_row(a_row_.data(), p_.k, b_.data() + p_.n + n0, b_cols_, width, up);
+    accumulate_row(a_row_.data(), p_.k, b_.data() + kernels::b_col_of(p_, n0, 0), b_cols_, width,
+                   gate);
+    accumulate_row(a_row_.data(), p_.k, b_.data() + kernels::b_col_of(p_, n0, kBN / 2), b_cols_,
+                   width, up);
     if (p_.pre != nullptr) {
       store_row(p_.pre_dtype, p_.pre, r * p_.pre_ld + n0, 1, width, gate);
       store_row(p_.pre_dtype, p_.pre, r * p_.pre_ld + p_.n + n0, 1, width, up);

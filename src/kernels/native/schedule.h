@@ -97,9 +97,10 @@ ASYNCTP_HOST_DEVICE int col_pieces(const NativeGemmParams& p, int64_t cols) {
 // The TMA store needs a 16-bit C with a 16-byte aligned base and row stride; clusters of two
 // (B multicast) only come with it, and only when asked for: they are no faster than single CTAs
 // (see docs/DECISIONS.md D17).
+// The SwiGLU epilogue stores from registers (its tile's C is half as wide as the accumulators).
 ASYNCTP_HOST_DEVICE bool uses_tma_store(const NativeGemmParams& p) {
   return p.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0 && p.ldc % 8 == 0 &&
-         !p.force_register_store;
+         !p.force_register_store && !p.swiglu;
 }
 // The reduce-scatter and SwiGLU epilogues run on single CTAs: the sum stages are per CTA, while a
 // cluster's rings go in step; the SwiGLU tile's B is two boxes, which the multicast does not split.
@@ -118,6 +119,14 @@ ASYNCTP_HOST_DEVICE int64_t b_cols(const NativeGemmParams& p) {
 // and the up projection's kBN / 2 columns of B as the two halves of one kBN-wide B tile.
 ASYNCTP_HOST_DEVICE int tile_width(const NativeGemmParams& p) {
   return p.swiglu ? kBN / 2 : kBN;
+}
+// The column of B under column c (0 <= c < kBN) of the B tile of the tile at output column n0:
+// n0 + c, or with the SwiGLU epilogue the gate's columns n0.. in the tile's first half and the up
+// projection's n + n0.. in its second (so that the accumulator of output column n0 + c, c <
+// kBN / 2, holds the gate and the one kBN / 2 further on the up projection).
+ASYNCTP_HOST_DEVICE int64_t b_col_of(const NativeGemmParams& p, int n0, int c) {
+  if (!p.swiglu) return n0 + c;
+  return c < kBN / 2 ? n0 + c : p.n + n0 + (c - kBN / 2);
 }
 ASYNCTP_HOST_DEVICE int64_t num_tiles(const NativeGemmParams& p, int64_t height) {
   return ((p.m + height - 1) / height) * ((p.n + tile_width(p) - 1) / tile_width(p));

@@ -44,6 +44,9 @@ inline const char* sum_unsupported(const NativeGemmParams& a) {
 inline const char* swiglu_unsupported(const NativeGemmParams& a) {
   if (a.done != nullptr || a.sum_chunk >= 0)
     return "the SwiGLU epilogue does not count done rows or reduce (MM+RS only)";
+  // Pairs of columns are stored together, the up half's from column N on.
+  if (a.n % 2 != 0) return "the SwiGLU epilogue needs an even N";
+  if (2 * a.n > (1ll << 31) - kBN) return "the SwiGLU epilogue's 2N is over 2^31";
   if (a.pre != nullptr) {
     if (a.pre_dtype != DType::kF32 && a.pre_dtype != DType::kBF16 && a.pre_dtype != DType::kF16)
       return "the pre-activation output is not f32, bf16 or f16";
