@@ -31,6 +31,7 @@ from . import _contexts, _ops
 from ._contexts import OPTIONS, release
 from .functional import (
     fused_all_gather_matmul,
+    fused_all_gather_matmul_swiglu,
     fused_all_gather_scaled_matmul,
     fused_matmul_reduce_scatter,
     fused_matmuls_reduce_scatter,
@@ -46,6 +47,7 @@ __all__ = [
     "enable",
     "fusion_report",
     "fused_all_gather_matmul",
+    "fused_all_gather_matmul_swiglu",
     "fused_all_gather_scaled_matmul",
     "fused_matmul_reduce_scatter",
     "fused_matmuls_reduce_scatter",
