@@ -129,6 +129,21 @@ def case_opcheck():
     opcheck(op, (leaf(2, 3, 8), leaf(8, 4), 1, name), {"return_A": False, "return_pre": False})
 
 
+def case_reserve():
+    # A group of its own: a fresh context, whose buffers only this case grows.
+    group = dist.new_group(list(range(dist.get_world_size())))
+    name = group.group_name
+    gen = torch.Generator().manual_seed(9)
+    A, B = randn(gen, [64, 16], torch.float32), randn(gen, [16, 48], torch.float32)
+    atp.reserve(torch.ops.asynctp.fused_all_gather_matmul_swiglu, A, B, 0, name)
+    reserved = atp.memory_stats(name)
+    _, _, out = atp.fused_all_gather_matmul_swiglu(A, B, 0, name)
+    assert out.shape == (64 * group.size(), 24)
+    # The call (the split path of f32 inputs, with its f32 products) found everything reserved.
+    assert atp.memory_stats(name) == reserved, (atp.memory_stats(name), reserved)
+    dist.destroy_process_group(group)
+
+
 def case_odd_b_is_rejected():
     name = dist.group.WORLD.group_name
     with pytest.raises(Exception, match="2N columns"):
@@ -149,6 +164,10 @@ def test_opcheck(pool):
     if pool.world_size > 2:
         pytest.skip("opcheck's cases are per op, not per world size: ws 1 and 2 cover them")
     pool.run(case_opcheck)
+
+
+def test_reserve(pool):
+    pool.run(case_reserve)
 
 
 def test_odd_b_is_rejected(pool):
