@@ -38,22 +38,44 @@ __device__ __forceinline__ void store_pair(Out* row, int64_t col, int64_t n, flo
   }
 }
 
+// This thread's place in one consumer's accumulator block of rows [r0, r0 + 64). Fragment of
+// m64nNk16 (f32): thread t = 32 w + l holds, for each 8-column group j, d[4j + {0,1}] at
+// (16 w + l/4, 8 j + 2 (l%4) + {0,1}) and d[4j + {2,3}] 8 rows below.
+struct FragmentPlace {
+  int64_t row;           // r0 + 16 w + l/4 (the second row is 8 below)
+  int col;               // 2 (l%4): the first column within each 8-column group
+  bool row_ok, row8_ok;  // whether row and row + 8 lie before `rows`
+};
+__device__ __forceinline__ FragmentPlace fragment_place(int64_t r0, int64_t rows) {
+  const int t = threadIdx.x % 128;
+  FragmentPlace f;
+  f.row = r0 + 16 * (t / 32) + (t % 32) / 4;
+  f.col = 2 * (t % 4);
+  f.row_ok = f.row < rows;
+  f.row8_ok = f.row + 8 < rows;
+  return f;
+}
+
+// The thread's two pairs of one 8-column group: (x, y) at (f.row, col), (x8, y8) 8 rows below,
+// columns from `end` on left out.
+template <typename Out>
+__device__ __forceinline__ void store_pairs(Out* base, int64_t ld, const FragmentPlace& f,
+                                            int64_t col, int64_t end, float x, float y, float x8,
+                                            float y8) {
+  if (f.row_ok) store_pair(base + f.row * ld, col, end, x, y);
+  if (f.row8_ok) store_pair(base + (f.row + 8) * ld, col, end, x8, y8);
+}
+
 // Stores one consumer's 64 x 256 accumulator block at rows [r0, r0 + 64), columns [n0, n0 + 256)
 // of `base` (row stride ld; rows from `rows` on and columns from n on are left out).
-// Fragment of m64nNk16 (f32): thread t = 32 w + l holds, for each 8-column group j,
-// d[4j + {0,1}] at (16 w + l/4, 8 j + 2 (l%4) + {0,1}) and d[4j + {2,3}] 8 rows below.
 template <typename Out>
 __device__ __forceinline__ void store_block(Out* base, int64_t ld, int64_t rows, int64_t n,
                                             const float (&d)[128], int64_t r0, int n0) {
-  const int t = threadIdx.x % 128;
-  const int64_t row = r0 + 16 * (t / 32) + (t % 32) / 4;
-  const int64_t col0 = n0 + 2 * (t % 4);
-  const bool row_ok = row < rows, row8_ok = row + 8 < rows;
+  const FragmentPlace f = fragment_place(r0, rows);
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
-    const int64_t col = col0 + 8 * j;
-    if (row_ok) store_pair(base + row * ld, col, n, d[4 * j], d[4 * j + 1]);
-    if (row8_ok) store_pair(base + (row + 8) * ld, col, n, d[4 * j + 2], d[4 * j + 3]);
+    store_pairs(base, ld, f, n0 + f.col + 8 * j, n, d[4 * j], d[4 * j + 1], d[4 * j + 2],
+                d[4 * j + 3]);
   }
 }
 
@@ -372,21 +394,13 @@ __device__ __forceinline__ void store_tile_registers(const KernelParams& p, cons
 template <typename Out>
 __device__ __forceinline__ void store_swiglu_block(Out* base, int64_t ld, int64_t rows, int64_t n,
                                                    const float (&d)[128], int64_t r0, int n0) {
-  const int t = threadIdx.x % 128;
-  const int64_t row = r0 + 16 * (t / 32) + (t % 32) / 4;
-  const int64_t col0 = n0 + 2 * (t % 4);
-  const bool row_ok = row < rows, row8_ok = row + 8 < rows;
+  const FragmentPlace f = fragment_place(r0, rows);
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    const int64_t col = col0 + 8 * j;
     const float* g = d + 4 * j;
     const float* u = d + 4 * (j + 16);
-    if (row_ok) {
-      store_pair(base + row * ld, col, n, swiglu_f32(g[0], u[0]), swiglu_f32(g[1], u[1]));
-    }
-    if (row8_ok) {
-      store_pair(base + (row + 8) * ld, col, n, swiglu_f32(g[2], u[2]), swiglu_f32(g[3], u[3]));
-    }
+    store_pairs(base, ld, f, n0 + f.col + 8 * j, n, swiglu_f32(g[0], u[0]), swiglu_f32(g[1], u[1]),
+                swiglu_f32(g[2], u[2]), swiglu_f32(g[3], u[3]));
   }
 }
 
@@ -395,16 +409,12 @@ __device__ __forceinline__ void store_swiglu_block(Out* base, int64_t ld, int64_
 template <typename Out>
 __device__ __forceinline__ void store_pre_block(Out* base, int64_t ld, int64_t rows, int64_t n,
                                                 const float (&d)[128], int64_t r0, int n0) {
-  const int t = threadIdx.x % 128;
-  const int64_t row = r0 + 16 * (t / 32) + (t % 32) / 4;
-  const bool row_ok = row < rows, row8_ok = row + 8 < rows;
+  const FragmentPlace f = fragment_place(r0, rows);
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     const int64_t half = j / 16;
-    const int64_t col = half * n + n0 + 8 * (j % 16) + 2 * (t % 4);
-    const int64_t end = half * n + n;
-    if (row_ok) store_pair(base + row * ld, col, end, d[4 * j], d[4 * j + 1]);
-    if (row8_ok) store_pair(base + (row + 8) * ld, col, end, d[4 * j + 2], d[4 * j + 3]);
+    store_pairs(base, ld, f, half * n + n0 + 8 * (j % 16) + f.col, half * n + n, d[4 * j],
+                d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
   }
 }
 

@@ -21,38 +21,6 @@
 namespace asynctp::testing {
 namespace {
 
-// The reference kernel's f32 d = a @ b.
-OwnedTensor reference_products(Gpu& gpu, const Tensor& a, const Tensor& b) {
-  OwnedTensor d = gpu.empty({a.size(0), b.size(1)}, DType::kF32);
-  kernels::NativeGemmParams k;
-  k.a = a.data();
-  k.lda = a.stride(0);
-  k.b = b.data();
-  k.b_k_major = b.stride(0) == 1 && b.size(1) > 1;
-  k.ldb = k.b_k_major ? b.stride(1) : b.stride(0);
-  k.c = d->data();
-  k.ldc = d->stride(0);
-  k.in_dtype = a.dtype();
-  k.c_dtype = DType::kF32;
-  k.m = a.size(0);
-  k.n = b.size(1);
-  k.k = a.size(1);
-  EXPECT_EQ(kernels::reference_gemm(k, static_cast<cudaStream_t>(gpu.stream().native_handle())),
-            cudaSuccess);
-  return d;
-}
-
-double rel_diff(const Tensor& actual_host, const Tensor& expected_host) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < actual_host.numel(); ++i) {
-    const double e = get(expected_host, i);
-    const double d = get(actual_host, i) - e;
-    num += d * d;
-    den += e * e;
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
 struct Shape {
   int64_t m, n, k;  // n: the output's columns (B has 2n)
 };
@@ -67,7 +35,7 @@ TEST_P(NativeSwigluTest, MatchesTheReferenceProductsThenTheSwigluKernel) {
                                  static_cast<uint64_t>(shape.k), static_cast<uint64_t>(k_major)});
   OwnedTensor a = gpu.upload({shape.m, shape.k}, in_dtype, seed);
   OwnedTensor b = gpu.upload_b(shape.k, 2 * shape.n, k_major, in_dtype, seed + 1);
-  OwnedTensor products = reference_products(gpu, a, b);
+  OwnedTensor products = reference_product(gpu, a, b);
   OwnedTensor swiglu = gpu.empty({shape.m, shape.n}, DType::kF32);
   gpu.be().swiglu(swiglu, products, gpu.stream());
   const OwnedTensor expected = gpu.download(swiglu);
