@@ -365,20 +365,26 @@ __device__ __forceinline__ void store_tile_tma(const KernelParams& p, const Stag
   }
 }
 
+// Calls fn(static_cast<Out*>(ptr)) for a pointer to f32, bf16 or f16 elements.
+template <typename Fn>
+__device__ __forceinline__ void with_out_type(DType dtype, void* ptr, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      fn(static_cast<float*>(ptr));
+      break;
+    case DType::kBF16:
+      fn(static_cast<__nv_bfloat16*>(ptr));
+      break;
+    default:
+      fn(static_cast<__half*>(ptr));
+      break;
+  }
+}
+
 // C from registers (f32 C, or a C TMA cannot address), then the rows counted in done.
 __device__ __forceinline__ void store_tile_registers(const KernelParams& p, const float (&acc)[128],
                                                      int consumer, bool leader, int r0, int n0) {
-  switch (p.c_dtype) {
-    case DType::kF32:
-      store_block(static_cast<float*>(p.c), p.ldc, p.m, p.n, acc, r0, n0);
-      break;
-    case DType::kBF16:
-      store_block(static_cast<__nv_bfloat16*>(p.c), p.ldc, p.m, p.n, acc, r0, n0);
-      break;
-    default:
-      store_block(static_cast<__half*>(p.c), p.ldc, p.m, p.n, acc, r0, n0);
-      break;
-  }
+  with_out_type(p.c_dtype, p.c, [&](auto* c) { store_block(c, p.ldc, p.m, p.n, acc, r0, n0); });
   if (p.done != nullptr && r0 < p.m) {
     // Publish: every thread of this consumer has stored, then one release increment.
     asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
@@ -415,22 +421,6 @@ __device__ __forceinline__ void store_pre_block(Out* base, int64_t ld, int64_t r
     const int64_t half = j / 16;
     store_pairs(base, ld, f, half * n + n0 + 8 * (j % 16) + f.col, half * n + n, d[4 * j],
                 d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
-  }
-}
-
-// Calls fn(static_cast<Out*>(ptr)) for a pointer to f32, bf16 or f16 elements.
-template <typename Fn>
-__device__ __forceinline__ void with_out_type(DType dtype, void* ptr, Fn&& fn) {
-  switch (dtype) {
-    case DType::kF32:
-      fn(static_cast<float*>(ptr));
-      break;
-    case DType::kBF16:
-      fn(static_cast<__nv_bfloat16*>(ptr));
-      break;
-    default:
-      fn(static_cast<__half*>(ptr));
-      break;
   }
 }
 
