@@ -26,12 +26,13 @@ struct SwigluCase {
   bool return_pre = false;
   DType pre_dtype = DType::kBF16;
   bool return_a = false;
+  size_t piece_bytes = 0;  // the native path's push pieces (0: one per shard)
 
   std::string describe() const {
-    return fmt::format("A_shard {}{}, gather_dim {}, N {}, B {}, out {}{}{}", dtype, shard,
-                       gather_dim, n, layout_name(b_layout), out_dtype,
+    return fmt::format("A_shard {}{}, gather_dim {}, N {}, B {}, out {}{}{}, pieces of {} bytes",
+                       dtype, shard, gather_dim, n, layout_name(b_layout), out_dtype,
                        return_pre ? fmt::format(", pre_out {}", pre_dtype) : "",
-                       return_a ? ", returning A" : "");
+                       return_a ? ", returning A" : "", piece_bytes);
   }
 };
 
@@ -89,6 +90,7 @@ void check_swiglu(OpContext& ctx, const SwigluCase& c, uint64_t id, PathChoice p
   AllGatherMatmulOptions options;
   options.gather_dim = c.gather_dim;
   options.path = path;
+  options.push_piece_bytes = c.piece_bytes;
   all_gather_matmul_swiglu(ctx, shards[ctx.rank()], b, out, pre.tensor, a_out.tensor, options);
   ctx.stream().synchronize();
   expect_path(ctx, "all_gather_matmul_swiglu",
@@ -127,6 +129,8 @@ std::vector<SwigluCase> native_cases() {
       {.shard = {1, 72, 16}, .gather_dim = 1, .n = 8, .out_dtype = DType::kF32, .return_pre = true},
       // N not a multiple of 8 (B's rows still 16-byte multiples, as the native GEMM needs).
       {.shard = {17, 8}, .n = 12},
+      // 300 rows pushed in pieces of 128 rows: the tiles wait for the pieces they overlap.
+      {.shard = {300, 16}, .n = 8, .return_pre = true, .piece_bytes = 128 * 16 * 2},
   };
 }
 
