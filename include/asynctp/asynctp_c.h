@@ -38,7 +38,7 @@ extern "C" {
 #define ASYNCTP_C_EXPORT
 #endif
 
-#define ASYNCTP_C_API_VERSION 2
+#define ASYNCTP_C_API_VERSION 3
 #define ASYNCTP_MAX_DIMS 8
 #define ASYNCTP_CONTEXT_STREAM ((void*)(intptr_t)-1)
 
@@ -181,6 +181,9 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_context_set_stream(asynctp_context ctx, 
 ASYNCTP_C_EXPORT asynctp_status asynctp_reserve_all_gather_matmul(
     asynctp_context ctx, const asynctp_tensor* a_shard, const asynctp_tensor* bs, int32_t num_bs,
     int32_t gather_dim, int32_t return_a, void* stream);
+ASYNCTP_C_EXPORT asynctp_status asynctp_reserve_all_gather_matmul_swiglu(
+    asynctp_context ctx, const asynctp_tensor* a_shard, const asynctp_tensor* b_gate_up,
+    int32_t gather_dim, int32_t return_a, void* stream);
 ASYNCTP_C_EXPORT asynctp_status asynctp_reserve_matmul_reduce_scatter(
     asynctp_context ctx, const asynctp_tensor* as, const asynctp_tensor* bs, int32_t num_products,
     int32_t scatter_dim, void* stream);
@@ -202,6 +205,16 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_all_gather_matmul(
     asynctp_context ctx, const asynctp_tensor* a_shard, const asynctp_tensor* bs, int32_t num_bs,
     const asynctp_tensor* outs, const asynctp_tensor* a_out, int32_t gather_dim, int32_t path,
     void* stream);
+
+/* The gate/up projection of a SwiGLU MLP with its activation fused (asynctp/ops.h,
+ * all_gather_matmul_swiglu): A = AG(g)(A_shard); P = A @ b_gate_up ([K, 2N]: the gate's N
+ * columns, then the up projection's); out = silu(P[.., :N]) * P[.., N:] (A's shape with the last
+ * dim N), in f32, rounded once. pre_out (optional: NULL or ndim -1 for none) receives P ([.., 2N]);
+ * a_out (optional) A. */
+ASYNCTP_C_EXPORT asynctp_status asynctp_all_gather_matmul_swiglu(
+    asynctp_context ctx, const asynctp_tensor* a_shard, const asynctp_tensor* b_gate_up,
+    const asynctp_tensor* out, const asynctp_tensor* pre_out, const asynctp_tensor* a_out,
+    int32_t gather_dim, int32_t path, void* stream);
 
 ASYNCTP_C_EXPORT asynctp_status asynctp_all_gather_scaled_matmul(
     asynctp_context ctx, const asynctp_tensor* a_shard, const asynctp_tensor* a_scale,

@@ -69,6 +69,21 @@ void all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tens
 void all_gather_matmul(Context& ctx, const Tensor& a_shard, const Tensor& b, const Tensor& out,
                        const Tensor& a_out = {}, const AllGatherMatmulOptions& options = {});
 
+// The gate/up projection of a SwiGLU MLP with its activation in the GEMM's epilogue:
+//   A = all_gather(A_shard, gather_dim);  [g | u] = A @ B_gate_up;  out = silu(g) * u
+// B_gate_up: [K, 2N], the gate's N columns then the up projection's N (torch.cat([W_gate,
+// W_up]).t(); a column-major B, the transposed-RHS form, is taken as it is), A's dtype (f32, bf16,
+// f16). out: A's shape with the last dim N, contiguous, f32/bf16/f16. The products are
+// accumulated in f32 and the SwiGLU is applied to them in f32, rounded once into out: the native
+// path reads the [.., 2N] products only in its epilogue; the split and fallback paths write them
+// into an f32 workspace first (so that every path, on the CPU backend, gives the same bits).
+// pre_out: where to return the products [g | u] themselves (A's shape with the last dim 2N,
+// contiguous, f32/bf16/f16, each rounded once), for a backward that needs them; undefined: not
+// written. a_out as in all_gather_matmul. The usage counters name it "all_gather_matmul_swiglu".
+void all_gather_matmul_swiglu(Context& ctx, const Tensor& a_shard, const Tensor& b_gate_up,
+                              const Tensor& out, const Tensor& pre_out = {},
+                              const Tensor& a_out = {}, const AllGatherMatmulOptions& options = {});
+
 // float8 form: A_shard and Bs in f8e4m3/f8e5m2. a_scale (f32): one element (tensor-wise; the
 // same on every rank) or A_shard's shape with the last dim 1 (row-wise; gathered with A).
 // b_scales[i] (f32): one element or [1, N_i]. Gathering on the contraction dim is not supported
@@ -117,6 +132,9 @@ void scaled_matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& a
 // more than a tensor-wise one).
 void reserve_all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
                                bool return_a, const AllGatherMatmulOptions& options = {});
+// all_gather_matmul_swiglu with this A_shard and B_gate_up, returning the gathered A or not.
+void reserve_all_gather_matmul_swiglu(Context& ctx, const Tensor& a_shard, const Tensor& b_gate_up,
+                                      bool return_a, const AllGatherMatmulOptions& options = {});
 // matmul_reduce_scatter (one or several products) / scaled_matmul_reduce_scatter, into an
 // output of out_dtype (unset: A's dtype, or bf16 for float8 As).
 void reserve_matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as,

@@ -75,6 +75,21 @@ asynctp_status asynctp_reserve_all_gather_matmul(asynctp_context ctx, const asyn
   });
 }
 
+asynctp_status asynctp_reserve_all_gather_matmul_swiglu(asynctp_context ctx,
+                                                        const asynctp_tensor* a_shard,
+                                                        const asynctp_tensor* b_gate_up,
+                                                        int32_t gather_dim, int32_t return_a,
+                                                        void* stream) {
+  return guarded(__func__, [&] {
+    OpContext& c = *context_of(ctx, "ctx").ctx;
+    const Tensor a = shape_only_tensor_of(a_shard, "a_shard", c);
+    const Tensor b = shape_only_tensor_of(b_gate_up, "b_gate_up", c);
+    if (return_a != 0 && return_a != 1) invalid("return_a is {}, expected 0 or 1", return_a);
+    reserve_all_gather_matmul_swiglu(c, a, b, return_a != 0,
+                                     ag_options(gather_dim, ASYNCTP_PATH_DEFAULT, stream));
+  });
+}
+
 asynctp_status asynctp_reserve_matmul_reduce_scatter(asynctp_context ctx, const asynctp_tensor* as,
                                                      const asynctp_tensor* bs, int32_t num_products,
                                                      int32_t scatter_dim, void* stream) {
@@ -106,6 +121,23 @@ asynctp_status asynctp_all_gather_matmul(asynctp_context ctx, const asynctp_tens
     const std::vector<Tensor> o = tensors_of(outs, num_bs, "outs", "num_bs", c);
     const Tensor ao = optional_tensor_of(a_out, "a_out", c);
     all_gather_matmul(c, a, b, o, ao, ag_options(gather_dim, path, stream));
+  });
+}
+
+asynctp_status asynctp_all_gather_matmul_swiglu(asynctp_context ctx, const asynctp_tensor* a_shard,
+                                                const asynctp_tensor* b_gate_up,
+                                                const asynctp_tensor* out,
+                                                const asynctp_tensor* pre_out,
+                                                const asynctp_tensor* a_out, int32_t gather_dim,
+                                                int32_t path, void* stream) {
+  return guarded(__func__, [&] {
+    OpContext& c = *context_of(ctx, "ctx").ctx;
+    const Tensor a = tensor_of(a_shard, "a_shard", c);
+    const Tensor b = tensor_of(b_gate_up, "b_gate_up", c);
+    const Tensor o = tensor_of(out, "out", c);
+    const Tensor pre = optional_tensor_of(pre_out, "pre_out", c);
+    const Tensor ao = optional_tensor_of(a_out, "a_out", c);
+    all_gather_matmul_swiglu(c, a, b, o, pre, ao, ag_options(gather_dim, path, stream));
   });
 }
 

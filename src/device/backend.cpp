@@ -109,6 +109,21 @@ void Backend::check_flag_wait(const FlagWait& wait) {
                 "flag wait: first flag {} is out of range [0, {}]", wait.first, wait.count);
 }
 
+void Backend::check_swiglu(const Tensor& out, const Tensor& gate_up) {
+  ASYNCTP_CHECK(out.defined() && gate_up.defined() && out.dim() >= 1 && gate_up.dim() == out.dim(),
+                "swiglu: out {} and gate_up {} must be defined and of the same rank >= 1",
+                out.describe(), gate_up.describe());
+  Dims expected = out.shape();
+  expected[expected.size() - 1] = 2 * out.size(-1);
+  ASYNCTP_CHECK(gate_up.shape() == expected, "swiglu: gate_up must be {} for out {}, got {}",
+                expected, out.describe(), gate_up.describe());
+  for (const Tensor* t : {&out, &gate_up}) {
+    const DType d = t->dtype();
+    ASYNCTP_CHECK(d == DType::kF32 || d == DType::kBF16 || d == DType::kF16,
+                  "swiglu: {} is not f32, bf16 or f16", t->describe());
+  }
+}
+
 std::unique_ptr<Backend> make_backend(std::string_view name, int local_rank, int device_index) {
   ASYNCTP_CHECK(device_index >= -1,
                 "device_index must be -1 (by local rank) or a GPU's index, got {}", device_index);

@@ -98,6 +98,9 @@ struct ChunkedGemmArgs : kernels::NativeGemmSchedule {
   // bf16 or f16, each [chunk rows, n] with a unit column stride; n even), and its output.
   Tensor sum_parts;  // [parts, chunk rows, n]
   Tensor sum_out;    // [chunk rows, n]
+  // The SwiGLU epilogue's (NativeGemmSchedule::swiglu: b is [k, 2n], d [m, n]) pre-activation
+  // output, [m, 2n] with a unit column stride, f32, bf16 or f16; undefined: none.
+  Tensor pre_out;
 };
 
 class Backend {
@@ -140,6 +143,10 @@ class Backend {
   virtual void reduce(const Tensor& out, std::span<const Tensor> inputs, ReduceOp op,
                       Stream& stream) = 0;
   virtual void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream& stream) = 0;
+  // out[.., j] = silu(g) * u with g = gate_up[.., j], u = gate_up[.., N + j], in f32
+  // (kernels::swiglu_f32), rounded once. gate_up: [.., 2N] (the gate's columns, then the up
+  // projection's); out: [.., N], the same leading dims; any strides, f32, bf16 or f16.
+  virtual void swiglu(const Tensor& out, const Tensor& gate_up, Stream& stream) = 0;
   // Waits for all work on all streams of this backend.
   virtual void synchronize() = 0;
   // Throws the TimeoutError of a bounded device-side wait that gave up since the last check (a
@@ -217,6 +224,8 @@ class Backend {
  protected:
   // reduce_when_flagged's flags: none, or `count` of them at a non-null address.
   static void check_flag_wait(const FlagWait& wait);
+  // swiglu's shapes and dtypes.
+  static void check_swiglu(const Tensor& out, const Tensor& gate_up);
 };
 
 // "cpu", "cuda" when built with the CUDA backend, or "auto": cuda where built and a GPU is

@@ -12,6 +12,7 @@
 #include "device/cpu_native_gemm.h"
 #include "device/cpu_streams.h"
 #include "device/native_params.h"
+#include "kernels/activation.h"
 #include "kernels/native/schedule.h"
 #include "kernels/native/validate.h"
 
@@ -192,6 +193,13 @@ class CpuBackend final : public Backend {
     as_cpu(stream, "unary").enqueue("unary", [op, out, in] { run_unary(op, out, in); });
   }
 
+  void swiglu(const Tensor& out, const Tensor& gate_up, Stream& stream) override {
+    check_host(out, "swiglu output");
+    check_host(gate_up, "swiglu input");
+    check_swiglu(out, gate_up);
+    as_cpu(stream, "swiglu").enqueue("swiglu", [out, gate_up] { run_swiglu(out, gate_up); });
+  }
+
  private:
   static void run_copy(const Tensor& dst, const Tensor& src) {
     if (dst.numel() == 0) return;
@@ -360,7 +368,7 @@ class CpuBackend final : public Backend {
       for (float& v : row) {
         switch (op) {
           case UnaryOp::kSilu:
-            v = v / (1.0f + std::exp(-v));
+            v = kernels::silu_f32(v);
             break;
           case UnaryOp::kRelu:
             v = v > 0.0f ? v : (std::isnan(v) ? v : 0.0f);
@@ -374,6 +382,20 @@ class CpuBackend final : public Backend {
     });
   }
 
+  static void run_swiglu(const Tensor& out, const Tensor& gate_up) {
+    if (out.numel() == 0) return;
+    const int64_t n = out.size(-1);
+    std::vector<float> gate(n), up(n);
+    cpu::for_each_row<2>(out.shape(), {&out.strides(), &gate_up.strides()}, [&](const auto& off) {
+      const int64_t stride = gate_up.stride(-1);
+      load_row(gate_up.dtype(), gate_up.data(), off[1], stride, n, gate.data());
+      load_row(gate_up.dtype(), gate_up.data(), off[1] + n * stride, stride, n, up.data());
+      for (int64_t j = 0; j < n; ++j)
+        gate[j] = kernels::swiglu_f32(gate[j], up[j]);
+      store_row(out.dtype(), out.data(), off[0], out.stride(-1), n, gate.data());
+    });
+  }
+
   static float load_scalar(const Tensor& t) {
     float v = 0;
     load_row(t.dtype(), t.data(), 0, 1, 1, &v);
@@ -382,7 +404,8 @@ class CpuBackend final : public Backend {
 
   // The contract's view of args, and every tensor on the host.
   static std::string native_params(const ChunkedGemmArgs& args, kernels::NativeGemmParams* k) {
-    for (const Tensor* t : {&args.a, &args.b, &args.d, &args.own_a, &args.sum_parts, &args.sum_out})
+    for (const Tensor* t :
+         {&args.a, &args.b, &args.d, &args.own_a, &args.sum_parts, &args.sum_out, &args.pre_out})
       if (t->defined() && !t->device().is_cpu()) return "an operand is not in host memory";
     return to_native_params(args, k);
   }

@@ -14,6 +14,7 @@
 #include "device/cpu_futex.h"
 #include "device/cpu_loops.h"
 #include "device/cpu_streams.h"
+#include "kernels/activation.h"
 #include "kernels/native/schedule.h"
 
 namespace asynctp::cpu {
@@ -86,12 +87,18 @@ struct EarlyReads {
 class Run {
  public:
   Run(const kernels::NativeGemmParams& params, NativeGemmFaults* faults)
-      : s_(params), p_(s_.p), a_row_(p_.k), acc_(kBN), part_row_(kBN), faults_(faults) {
-    // B as f32, [k, n] (row kk: B's row kk, or column kk of a k-major B).
-    b_.resize(static_cast<size_t>(p_.k * p_.n));
+      : s_(params),
+        p_(s_.p),
+        b_cols_(kernels::b_cols(p_)),
+        a_row_(p_.k),
+        acc_(kBN),
+        part_row_(kBN),
+        faults_(faults) {
+    // B as f32, [k, b_cols] (row kk: B's row kk, or column kk of a k-major B).
+    b_.resize(static_cast<size_t>(p_.k * b_cols_));
     for (int64_t kk = 0; kk < p_.k; ++kk) {
-      load_row(p_.in_dtype, p_.b, p_.b_k_major ? kk : kk * p_.ldb, p_.b_k_major ? p_.ldb : 1, p_.n,
-               b_.data() + kk * p_.n);
+      load_row(p_.in_dtype, p_.b, p_.b_k_major ? kk : kk * p_.ldb, p_.b_k_major ? p_.ldb : 1,
+               b_cols_, b_.data() + kk * b_cols_);
     }
     if (faults_ != nullptr && faults_->drop >= 0)
       read_early(native_gemm_waits(params).at(static_cast<size_t>(faults_->drop)));
@@ -146,7 +153,7 @@ class Run {
 
   // One consumer: the 64 rows from r0 of the tile at (m0, n0), then its epilogue.
   void consume(int64_t m0, int n0, int64_t r0, bool sums) {
-    const int64_t width = std::min<int64_t>(p_.n, n0 + kBN) - n0;
+    const int64_t width = std::min<int64_t>(p_.n, n0 + s_.walk.width) - n0;
     uint32_t* counter = !sums && p_.done != nullptr && r0 < p_.m
                             ? p_.done + kernels::done_index(p_, s_.plan, r0, n0)
                             : nullptr;
@@ -159,7 +166,11 @@ class Run {
     for (int64_t r = r0; r < std::min(r0 + 64, p_.m); ++r) {
       std::fill(acc_.begin(), acc_.end(), 0.0f);
       load_a_row(r, own);
-      accumulate_row(a_row_.data(), p_.k, b_.data() + n0, p_.n, width, acc_.data());
+      if (p_.swiglu) {
+        swiglu_row(r, n0, width);
+        continue;
+      }
+      accumulate_row(a_row_.data(), p_.k, b_.data() + n0, b_cols_, width, acc_.data());
       if (sums) {
         add_parts(r - m0, kernels::sum_row_of(p_, r), n0, width);
         store_row(p_.c_dtype, p_.sum_out, kernels::sum_row_of(p_, r) * p_.sum_ldo + n0, 1, width,
@@ -173,6 +184,25 @@ class Run {
       std::atomic_ref<uint32_t>(*counter).fetch_add(1, std::memory_order_release);
       futex_wake(counter);
     }
+  }
+
+  // The SwiGLU epilogue of row r, output columns [n0, n0 + width): the gate's accumulators in
+  // acc_[0, width), the up projection's in acc_[kBN / 2, ..) (as the kernel's B tile holds them),
+  // each stored into pre if asked for, then silu(g) * u rounded once into C.
+  void swiglu_row(int64_t r, int n0, int64_t width) {
+    float* gate = acc_.data();
+    float* up = acc_.data() + kBN / 2;
+    accumulate_row(a_row_.data(), p_.k, b_.data() + kernels::b_col_of(p_, n0, 0), b_cols_, width,
+                   gate);
+    accumulate_row(a_row_.data(), p_.k, b_.data() + kernels::b_col_of(p_, n0, kBN / 2), b_cols_,
+                   width, up);
+    if (p_.pre != nullptr) {
+      store_row(p_.pre_dtype, p_.pre, r * p_.pre_ld + n0, 1, width, gate);
+      store_row(p_.pre_dtype, p_.pre, r * p_.pre_ld + p_.n + n0, 1, width, up);
+    }
+    for (int64_t j = 0; j < width; ++j)
+      gate[j] = kernels::swiglu_f32(gate[j], up[j]);
+    store_row(p_.c_dtype, p_.c, r * p_.ldc + n0, 1, width, gate);
   }
 
   // a_row_ <- row r of A: from own_a for a tile wholly inside the own chunk, else from a (or
@@ -245,6 +275,7 @@ class Run {
 
   Schedule s_;
   const kernels::NativeGemmParams& p_;
+  int64_t b_cols_;  // B's columns: n, or 2n with the SwiGLU epilogue
   std::vector<float> b_, a_row_, acc_, part_row_;
   bool waiting_ = true, sum_waiting_ = true;
   std::string timeout_;  // the first wait that timed out

@@ -11,10 +11,13 @@ std::string to_native_params(const ChunkedGemmArgs& args, kernels::NativeGemmPar
   const Tensor& b = args.b;
   const Tensor& d = args.d;
   if (a.dim() != 2 || b.dim() != 2 || d.dim() != 2) return "a, b and d must be 2-D";
-  if (a.size(1) != b.size(0) || d.size(0) != a.size(0) || d.size(1) != b.size(1)) {
-    return fmt::format("shapes do not chain: a {}, b {}, d {}", a.describe(), b.describe(),
-                       d.describe());
+  // With the SwiGLU epilogue b holds the gate's and the up projection's columns: 2N for d's N.
+  const int64_t b_cols = args.swiglu ? 2 * d.size(1) : d.size(1);
+  if (a.size(1) != b.size(0) || d.size(0) != a.size(0) || b.size(1) != b_cols) {
+    return fmt::format("shapes do not chain: a {}, b {}, d {}{}", a.describe(), b.describe(),
+                       d.describe(), args.swiglu ? " (SwiGLU: b has 2N columns)" : "");
   }
+  if (args.pre_out.defined() && !args.swiglu) return "pre_out needs the SwiGLU epilogue";
   if (a.dtype() != b.dtype()) return fmt::format("a is {} but b is {}", a.dtype(), b.dtype());
   if (a.stride(1) != 1 && a.size(1) != 1)
     return fmt::format("a {} has no unit column stride", a.describe());
@@ -39,7 +42,7 @@ std::string to_native_params(const ChunkedGemmArgs& args, kernels::NativeGemmPar
   k->in_dtype = a.dtype();
   k->c_dtype = d.dtype();
   k->m = a.size(0);
-  k->n = b.size(1);
+  k->n = d.size(1);
   k->k = a.size(1);
   k->timeout_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(args.timeout).count());
@@ -54,6 +57,17 @@ std::string to_native_params(const ChunkedGemmArgs& args, kernels::NativeGemmPar
     k->own_lda = o.stride(0);
   } else {
     k->own_chunk = -1;
+  }
+  if (args.pre_out.defined()) {
+    const Tensor& pre = args.pre_out;
+    if (pre.dim() != 2 || pre.size(0) != d.size(0) || pre.size(1) != b_cols ||
+        (pre.stride(1) != 1 && pre.size(1) != 1)) {
+      return fmt::format("pre_out {} is not a [{}, {}] matrix with unit column stride",
+                         pre.describe(), d.size(0), b_cols);
+    }
+    k->pre = pre.data();
+    k->pre_ld = pre.stride(0);
+    k->pre_dtype = pre.dtype();
   }
   if (args.sum_chunk >= 0) {
     const Tensor& parts = args.sum_parts;

@@ -256,9 +256,12 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
   const int cluster = uses_cluster(a) ? 2 : 1;
   CUtensorMap map_a{}, map_b{};
   if (!make_map(&map_a, a.a, type, a.k, a.m, a.lda, kBK, kBM)) return cudaErrorInvalidValue;
-  // K-major B: one box of the CTA's share of the tile's rows; N-major: 64 x 64 boxes.
-  const bool ok_b = a.b_k_major ? make_map(&map_b, a.b, type, a.k, a.n, a.ldb, kBK, kBN / cluster)
-                                : make_map(&map_b, a.b, type, a.n, a.k, a.ldb, 64, kBK);
+  // K-major B: one box of the CTA's share of the tile's rows (SwiGLU: two boxes of half the
+  // tile's rows, the gate's and the up projection's); N-major: 64 x 64 boxes. B has b_cols(a)
+  // columns (2N with the SwiGLU epilogue).
+  const uint32_t b_box = a.swiglu ? kBN / 2 : kBN / cluster;
+  const bool ok_b = a.b_k_major ? make_map(&map_b, a.b, type, a.k, b_cols(a), a.ldb, kBK, b_box)
+                                : make_map(&map_b, a.b, type, b_cols(a), a.k, a.ldb, 64, kBK);
   if (!ok_b) return cudaErrorInvalidValue;
   const int ctas = ctas_of(a);
   if (ctas <= 0) return cudaErrorNoDevice;

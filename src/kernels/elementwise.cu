@@ -1,10 +1,12 @@
-// Strided copy with dtype conversion, fill, unary ops and the scaled-GEMM epilogue. Grid-stride
-// loops over the output's linear index; contiguous tensors skip the N-d offset arithmetic.
+// Strided copy with dtype conversion, fill, unary ops, SwiGLU and the scaled-GEMM epilogue.
+// Grid-stride loops over the output's linear index; contiguous tensors skip the N-d offset
+// arithmetic.
 //
 // The common case, contiguous and 16-byte aligned with one dtype on both sides (the glue between
 // a block's GEMMs: SiLU over [T, F] bf16), takes vector kernels: 16 bytes per load and store, the
 // dtype a template argument (no per-element switch), so that they run at memory bandwidth. They
 // round exactly as the generic kernels do (core/float_bits.h).
+#include "kernels/activation.h"
 #include "kernels/element_access.cuh"
 
 namespace asynctp::kernels {
@@ -45,7 +47,7 @@ __global__ void fill_kernel(KTensor dst, float value, int64_t n, bool contig) {
 __device__ __forceinline__ float apply_unary(int op, float v) {
   switch (op) {
     case 0:
-      return v / (1.0f + expf(-v));
+      return silu_f32(v);
     case 1:
       return v > 0.0f ? v : (isnan(v) ? v : 0.0f);
     default:
@@ -151,6 +153,42 @@ __global__ void unary_kernel(int op, KTensor dst, KTensor src, int64_t n, bool d
   }
 }
 
+// SwiGLU over rows of dtype D, contiguous and 16-byte aligned, n % lanes == 0: out [rows, n] from
+// gate_up [rows, 2n]; 16 bytes of out (and of the gate and up columns under them) per thread.
+template <DType D>
+__global__ void swiglu_vector_kernel(void* out, const void* gate_up, int64_t rows, int64_t n) {
+  using E = Elem<D>;
+  using T = typename E::T;
+  constexpr int kLanes = 16 / sizeof(T);
+  const int64_t row_lanes = n / kLanes;
+  const int64_t lanes = rows * row_lanes;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < lanes;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / row_lanes, l = i % row_lanes;
+    const uint4* in = static_cast<const uint4*>(gate_up) + r * 2 * row_lanes;
+    uint4 g = in[l];
+    const uint4 u = in[row_lanes + l];
+    T* ge = reinterpret_cast<T*>(&g);
+    const T* ue = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int k = 0; k < kLanes; ++k)
+      ge[k] = E::store(swiglu_f32(E::load(ge[k]), E::load(ue[k])));
+    static_cast<uint4*>(out)[i] = g;
+  }
+}
+
+// Any strides and dtypes: out's element i (row-major) is (row i / n, column i % n); its gate is
+// gate_up's element (i / n) * 2n + i % n, its up that plus n.
+__global__ void swiglu_kernel(KTensor out, KTensor gate_up, int64_t numel, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t g = i / n * 2 * n + i % n;
+    const float gate = load_f32(gate_up.data, gate_up.dtype, offset_of(gate_up, g));
+    const float up = load_f32(gate_up.data, gate_up.dtype, offset_of(gate_up, g + n));
+    store_f32(out.data, out.dtype, offset_of(out, i), swiglu_f32(gate, up));
+  }
+}
+
 __global__ void scale_epilogue_kernel(void* d, DType d_dtype, int64_t ldd, const float* src,
                                       int64_t rows, int64_t cols, const float* row_scale,
                                       bool row_broadcast, const float* col_scale,
@@ -232,6 +270,32 @@ cudaError_t unary(int op, const KTensor& dst, const KTensor& src, cudaStream_t s
   }
   unary_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(
       op, dst, src, n, dst.contiguous(), src.contiguous());
+  return cudaGetLastError();
+}
+
+cudaError_t swiglu(const KTensor& out, const KTensor& gate_up, cudaStream_t stream) {
+  const int64_t numel = out.numel();
+  if (numel == 0) return cudaSuccess;
+  const int64_t n = out.shape[out.ndim - 1];
+  const int64_t lanes = 16 / static_cast<int64_t>(element_size(out.dtype));
+  if (vectorizable(out, &gate_up) && n % lanes == 0) {
+    const int64_t rows = numel / n;
+    const int grid = vector_grid(numel, out.dtype);
+    if (out.dtype == DType::kF32) {
+      swiglu_vector_kernel<DType::kF32>
+          <<<grid, kThreads, 0, stream>>>(out.data, gate_up.data, rows, n);
+    }
+    if (out.dtype == DType::kBF16) {
+      swiglu_vector_kernel<DType::kBF16>
+          <<<grid, kThreads, 0, stream>>>(out.data, gate_up.data, rows, n);
+    }
+    if (out.dtype == DType::kF16) {
+      swiglu_vector_kernel<DType::kF16>
+          <<<grid, kThreads, 0, stream>>>(out.data, gate_up.data, rows, n);
+    }
+    return cudaGetLastError();
+  }
+  swiglu_kernel<<<detail::grid_for(numel, kThreads), kThreads, 0, stream>>>(out, gate_up, numel, n);
   return cudaGetLastError();
 }
 

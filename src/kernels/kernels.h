@@ -76,6 +76,11 @@ cudaError_t copy(const KTensor& dst, const KTensor& src, cudaStream_t stream);
 cudaError_t fill(const KTensor& dst, float value, cudaStream_t stream);
 // op: 0 silu, 1 relu, 2 gelu (erf).
 cudaError_t unary(int op, const KTensor& dst, const KTensor& src, cudaStream_t stream);
+// out[.., j] = swiglu_f32(gate_up[.., j], gate_up[.., n + j]) (kernels/activation.h), rounded
+// once: out [.., n], gate_up [.., 2n] with out's leading dims; any strides, f32, bf16 or f16.
+// Contiguous, 16-byte aligned operands of one dtype with n a multiple of 16 bytes take the
+// vector kernel.
+cudaError_t swiglu(const KTensor& out, const KTensor& gate_up, cudaStream_t stream);
 
 inline constexpr int kMaxReduceInputs = 64;
 // Flags a reduction (or wait_flags) waits for: flags[i] up for op `value` (flag - value is 0 or

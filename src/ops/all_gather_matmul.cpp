@@ -84,6 +84,8 @@ void validate(OpContext& ctx, AgMmCall& c, int gather_dim) {
   c.g = c.a_shard.wrap_dim(gather_dim);
   detail::check_gemm_dtype(c.a_shard, op, "A_shard", c.scaled);
   ASYNCTP_CHECK(!c.bs.empty(), "{}: Bs must hold at least one matrix", op);
+  ASYNCTP_CHECK(!c.swiglu || c.bs.size() == 1, "{}: takes one B (gate | up), got {}", op,
+                c.bs.size());
   ASYNCTP_CHECK(c.outs.size() == c.bs.size(), "{}: got {} Bs but {} outs", op, c.bs.size(),
                 c.outs.size());
   const Dims gathered = all_gather_shape(c.a_shard, c.g, ctx.world_size());
@@ -119,12 +121,24 @@ void validate(OpContext& ctx, AgMmCall& c, int gather_dim) {
     const std::string out_name = fmt::format("outs[{}]", i);
     detail::check_on_device(ctx, out, op, out_name);
     detail::check_out_dtype(out, op, out_name);
+    ASYNCTP_CHECK(!c.swiglu || b.size(1) % 2 == 0,
+                  "{}: {} must hold 2N columns (the gate's N, then the up projection's N), got {}",
+                  op, name, b.describe());
     Dims expected = gathered;
-    expected[expected.size() - 1] = b.size(1);
+    expected[expected.size() - 1] = c.swiglu ? b.size(1) / 2 : b.size(1);
     ASYNCTP_CHECK(out.shape() == expected, "{}: {} must have shape {}, got {}", op, out_name,
                   expected, out.describe());
     ASYNCTP_CHECK(out.is_contiguous(), "{}: {} must be contiguous, got {}", op, out_name,
                   out.describe());
+  }
+  if (c.pre_out.defined()) {
+    detail::check_on_device(ctx, c.pre_out, op, "pre_out");
+    detail::check_out_dtype(c.pre_out, op, "pre_out");
+    Dims expected = gathered;
+    expected[expected.size() - 1] = c.bs[0].size(1);
+    ASYNCTP_CHECK(c.pre_out.shape() == expected && c.pre_out.is_contiguous(),
+                  "{}: pre_out must be contiguous of shape {}, got {}", op, expected,
+                  c.pre_out.describe());
   }
   if (c.a_out.defined()) {
     detail::check_on_device(ctx, c.a_out, op, "A_out");
@@ -311,6 +325,31 @@ void run_split(OpContext& ctx, const AgMmCall& c) {
   ctx.mark("end", compute);
 }
 
+// all_gather_matmul_swiglu on the split or fallback path: the products [.., 2N] into f32 (pre_out
+// itself where it is f32, else the kPreActivation scratch) by that path as all_gather_matmul
+// takes them, then the SwiGLU (and pre_out, rounded) from there, on the compute stream behind the
+// path's join.
+void run_swiglu_unfused(OpContext& ctx, const AgMmCall& c, Path path) {
+  const Tensor& out = c.outs[0];
+  Dims shape = out.shape();
+  shape[shape.size() - 1] = c.bs[0].size(1);
+  const bool pre_in_place = c.pre_out.defined() && c.pre_out.dtype() == DType::kF32;
+  const Tensor pre =
+      pre_in_place ? c.pre_out : ctx.scratch(Scratch::kPreActivation, shape, DType::kF32);
+  AgMmCall products = c;
+  products.swiglu = false;
+  products.pre_out = Tensor();
+  products.outs = std::span<const Tensor>(&pre, 1);
+  if (path == Path::kSplit) {
+    run_split(ctx, products);
+  } else {
+    run_fallback(ctx, products);
+  }
+  Backend& be = ctx.backend();
+  be.swiglu(out, pre, ctx.stream());
+  if (c.pre_out.defined() && !pre_in_place) be.copy(c.pre_out, pre, ctx.stream());
+}
+
 // The dispatcher's key of a call: the gathered product [ws x shard rows, K] @ [K, sum of the Bs'
 // columns], and what else sets the paths' times.
 std::string problem_key(OpContext& ctx, const AgMmCall& c) {
@@ -324,6 +363,7 @@ std::string problem_key(OpContext& ctx, const AgMmCall& c) {
   if (c.bs.size() > 1) variant.push_back(fmt::format("{} Bs", c.bs.size()));
   if (c.a_out.defined()) variant.push_back("returns A");
   if (c.rowwise()) variant.push_back("row-wise A scale");
+  if (c.pre_out.defined()) variant.push_back("returns the products");
   return detail::problem_key(ctx, c.op, m, n, k, c.a_shard.dtype(), c.outs[0].dtype(), c.bs[0],
                              fmt::format("{}", fmt::join(variant, ", ")));
 }
@@ -338,6 +378,10 @@ std::string range_text(OpContext& ctx, const AgMmCall& c, Path path) {
 
 void run_path(OpContext& ctx, const AgMmCall& c, Path path, const std::optional<NativePlan>& plan) {
   const nvtx::Range range(detail::path_color(path), [&] { return range_text(ctx, c, path); });
+  if (c.swiglu && path != Path::kNative) {
+    run_swiglu_unfused(ctx, c, path);
+    return;
+  }
   switch (path) {
     case Path::kNative:
       run_native(ctx, c, *plan);
@@ -372,6 +416,7 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   memos.add(c.b_scales);
   memos.add(c.outs);
   memos.add(c.a_out);
+  memos.add(c.pre_out);
   if (const detail::CallMemo* memo = memos.find()) {
     c.g = memo->dim;
     std::optional<NativePlan> plan;
@@ -389,9 +434,11 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
     paths.native_symm_bytes = symm_bytes;
     const int64_t m = ctx.world_size() * plan->rows;
     for (size_t j = 0; j < c.bs.size() && paths.native_unsupported.empty(); ++j) {
-      const ChunkedGemmArgs args = native_args(
-          ctx, *plan, detail::shape_only_matrix(c.a_shard.dtype(), m, plan->k, c.a_shard.device()),
-          detail::shape_only(c.bs[j]), detail::shape_only(c.outs[j]));
+      const ChunkedGemmArgs args =
+          native_args(ctx, *plan, c,
+                      detail::shape_only_matrix(c.a_shard.dtype(), m, plan->k, c.a_shard.device()),
+                      detail::shape_only(c.bs[j]), detail::shape_only(c.outs[j]),
+                      c.pre_out.defined() ? detail::shape_only(c.pre_out) : Tensor());
       paths.native_unsupported = ctx.backend().native_gemm_unsupported(args);
     }
   }
@@ -433,6 +480,23 @@ void all_gather_matmul(OpContext& ctx, const Tensor& a_shard, const Tensor& b, c
                        const Tensor& a_out, const AllGatherMatmulOptions& options) {
   all_gather_matmul(ctx, a_shard, std::span<const Tensor>(&b, 1), std::span<const Tensor>(&out, 1),
                     a_out, options);
+}
+
+void all_gather_matmul_swiglu(OpContext& ctx, const Tensor& a_shard, const Tensor& b_gate_up,
+                              const Tensor& out, const Tensor& pre_out, const Tensor& a_out,
+                              const AllGatherMatmulOptions& options) {
+  AgMmCall c{"all_gather_matmul_swiglu",
+             a_shard,
+             Tensor(),
+             std::span<const Tensor>(&b_gate_up, 1),
+             {},
+             std::span<const Tensor>(&out, 1),
+             a_out,
+             0,
+             false};
+  c.swiglu = true;
+  c.pre_out = pre_out;
+  run(ctx, c, options);
 }
 
 void all_gather_scaled_matmul(OpContext& ctx, const Tensor& a_shard, const Tensor& a_scale,
@@ -502,6 +566,22 @@ void reserve_all_gather_matmul(OpContext& ctx, const Tensor& a_shard, std::span<
                          /*out_contiguous=*/true, g);
     }
   }
+}
+
+void reserve_all_gather_matmul_swiglu(OpContext& ctx, const Tensor& a_shard,
+                                      const Tensor& b_gate_up, bool return_a,
+                                      const AllGatherMatmulOptions& options) {
+  reserve_all_gather_matmul(ctx, a_shard, std::span<const Tensor>(&b_gate_up, 1), return_a,
+                            options);
+  ASYNCTP_CHECK(b_gate_up.size(1) % 2 == 0,
+                "reserve_all_gather_matmul_swiglu: B_gate_up must hold 2N columns, got {}",
+                b_gate_up.describe());
+  if (options.path == PathChoice::kNative) return;
+  // The split and fallback paths' f32 products (see run_swiglu_unfused).
+  const Dims gathered = all_gather_shape(a_shard, options.gather_dim, ctx.world_size());
+  const int64_t rows = gathered.back() == 0 ? 0 : gathered.product() / gathered.back();
+  ctx.reserve_scratch(Scratch::kPreActivation,
+                      static_cast<size_t>(rows * b_gate_up.size(1)) * sizeof(float));
 }
 
 }  // namespace asynctp

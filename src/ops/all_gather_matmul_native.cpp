@@ -58,13 +58,16 @@ std::optional<NativePlan> native_plan(const AgMmCall& c, std::string* why) {
   return plan;
 }
 
-ChunkedGemmArgs native_args(OpContext& ctx, const NativePlan& plan, const Tensor& a,
-                            const Tensor& b, const Tensor& out) {
+ChunkedGemmArgs native_args(OpContext& ctx, const NativePlan& plan, const AgMmCall& c,
+                            const Tensor& a, const Tensor& b, const Tensor& out,
+                            const Tensor& pre) {
   const int ws = ctx.world_size();
   ChunkedGemmArgs args;
   args.a = a;
   args.b = b;
-  args.d = out.view({ws * plan.rows, b.size(1)});
+  args.d = out.view({ws * plan.rows, out.size(-1)});
+  args.swiglu = c.swiglu;
+  if (pre.defined()) args.pre_out = pre.view({ws * plan.rows, pre.size(-1)});
   args.chunk_rows = plan.rows;
   args.first_chunk = ctx.rank();
   args.timeout = ctx.group().timeout();
@@ -122,7 +125,7 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   // the same for every B).
   std::vector<ChunkedGemmArgs> gemms;
   for (size_t j = 0; j < c.bs.size(); ++j) {
-    gemms.push_back(native_args(ctx, plan, gathered, c.bs[j], c.outs[j]));
+    gemms.push_back(native_args(ctx, plan, c, gathered, c.bs[j], c.outs[j], c.pre_out));
     gemms.back().ready = ready;
     gemms.back().ready_value = number;
     gemms.back().ready_rows = pieces.rows;

@@ -24,6 +24,10 @@ struct AgMmCall {
   int g = 0;
   bool scaled = false;
   size_t push_piece_bytes = 0;  // the native path's (the call's option, else the context's)
+  // all_gather_matmul_swiglu: one B [K, 2N] (gate | up), outs[0] [.., N] = silu(g) * u, and
+  // pre_out [.., 2N] the products (or undefined).
+  bool swiglu = false;
+  Tensor pre_out;
 
   bool rowwise() const { return scaled && is_rowwise_scale(a_scale, a_shard); }
   bool k_gather() const { return g == a_shard.dim() - 1; }
@@ -83,9 +87,10 @@ struct NativePlan {
 
 // The native plan where the native GEMM can take the call's shapes, else nullopt and why.
 std::optional<NativePlan> native_plan(const AgMmCall& c, std::string* why);
-// The native GEMM's arguments for a (the gathered A), b and out, chunked by the shards.
-ChunkedGemmArgs native_args(OpContext& ctx, const NativePlan& plan, const Tensor& a,
-                            const Tensor& b, const Tensor& out);
+// The native GEMM's arguments for a (the gathered A), b and out, chunked by the shards; with
+// the call's SwiGLU epilogue, pre (the call's pre_out or a descriptor of it) as its pre_out.
+ChunkedGemmArgs native_args(OpContext& ctx, const NativePlan& plan, const AgMmCall& c,
+                            const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& pre);
 void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan);
 
 }  // namespace asynctp::detail::agmm

@@ -34,6 +34,7 @@ enum class Scratch : uint8_t {
   kGatheredA,      // all_gather_matmul: the gathered A when the caller does not want it back
   kGatheredScale,  // all_gather_scaled_matmul: gathered row-wise scales
   kAccumulator,    // f32 partial sums (contraction-dim gather)
+  kPreActivation,  // all_gather_matmul_swiglu, split and fallback: the f32 products [.., 2N]
   kContiguousA,    // a contiguous copy of an A whose strides do not allow chunk views
   kStaging,        // matmul_reduce_scatter: chunks computed for peers, before they are pushed
   kPartial,        // matmul_reduce_scatter fallback: the full local product

@@ -19,6 +19,10 @@ void all_gather_matmul(OpContext& ctx, const Tensor& a_shard, std::span<const Te
 void all_gather_matmul(OpContext& ctx, const Tensor& a_shard, const Tensor& b, const Tensor& out,
                        const Tensor& a_out = {}, const AllGatherMatmulOptions& options = {});
 
+void all_gather_matmul_swiglu(OpContext& ctx, const Tensor& a_shard, const Tensor& b_gate_up,
+                              const Tensor& out, const Tensor& pre_out = {},
+                              const Tensor& a_out = {}, const AllGatherMatmulOptions& options = {});
+
 void all_gather_scaled_matmul(OpContext& ctx, const Tensor& a_shard, const Tensor& a_scale,
                               std::span<const Tensor> bs, std::span<const Tensor> b_scales,
                               std::span<const Tensor> outs, const Tensor& a_out = {},
@@ -40,6 +44,9 @@ void scaled_matmul_reduce_scatter(OpContext& ctx, const Tensor& a, const Tensor&
 
 void reserve_all_gather_matmul(OpContext& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
                                bool return_a, const AllGatherMatmulOptions& options = {});
+void reserve_all_gather_matmul_swiglu(OpContext& ctx, const Tensor& a_shard,
+                                      const Tensor& b_gate_up, bool return_a,
+                                      const AllGatherMatmulOptions& options = {});
 void reserve_matmul_reduce_scatter(OpContext& ctx, std::span<const Tensor> as,
                                    std::span<const Tensor> bs,
                                    const MatmulReduceScatterOptions& options = {},

@@ -74,6 +74,12 @@ void all_gather_matmul(Context& ctx, const Tensor& a_shard, const Tensor& b, con
   all_gather_matmul(engine(ctx), a_shard, b, out, a_out, options);
 }
 
+void all_gather_matmul_swiglu(Context& ctx, const Tensor& a_shard, const Tensor& b_gate_up,
+                              const Tensor& out, const Tensor& pre_out, const Tensor& a_out,
+                              const AllGatherMatmulOptions& options) {
+  all_gather_matmul_swiglu(engine(ctx), a_shard, b_gate_up, out, pre_out, a_out, options);
+}
+
 void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor& a_scale,
                               std::span<const Tensor> bs, std::span<const Tensor> b_scales,
                               std::span<const Tensor> outs, const Tensor& a_out,
@@ -106,6 +112,11 @@ void scaled_matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& a
 void reserve_all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
                                bool return_a, const AllGatherMatmulOptions& options) {
   reserve_all_gather_matmul(engine(ctx), a_shard, bs, return_a, options);
+}
+
+void reserve_all_gather_matmul_swiglu(Context& ctx, const Tensor& a_shard, const Tensor& b_gate_up,
+                                      bool return_a, const AllGatherMatmulOptions& options) {
+  reserve_all_gather_matmul_swiglu(engine(ctx), a_shard, b_gate_up, return_a, options);
 }
 
 void reserve_matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as,

@@ -4,6 +4,7 @@
 // computed here, the statuses and messages of bad calls, and what ran and what is held.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -208,6 +209,63 @@ TEST_P(CapiOps, AllGatherMatmul) {
     char small[5];
     C_ASSERT_OK(asynctp_usage_json(ctx, small, sizeof(small), &needed));
     EXPECT_EQ(std::string(small), text.substr(0, 4));
+  });
+}
+
+// all_gather_matmul_swiglu: A_shard [s, k] gathered on dim 0, B_gate_up [k, 2n]; out = silu(P
+// [.., :n]) * P[.., n:] and the products P returned; reserved first. Integer inputs: P is exact,
+// and out (computed in f32, rounded once) within a rounding of the reference in f32.
+void check_all_gather_matmul_swiglu(asynctp_context ctx, int rank, int ws, asynctp_dtype dtype,
+                                    int32_t path) {
+  const Shape shard{3, 8};
+  const int64_t k = 8, n = 4;
+  std::vector<std::vector<float>> shards;
+  for (int r = 0; r < ws; ++r)
+    shards.push_back(seeded_values(shard, 300 + r));
+  const std::vector<float> a = concat(shards, shard, 0);
+  const std::vector<float> b = seeded_values({k, 2 * n}, 310);
+  const HostTensor a_shard = host_of(shards[rank], shard, dtype);
+  const HostTensor b_gate_up = host_of(b, {k, 2 * n}, dtype);
+  HostTensor out({3 * ws, n}, dtype), pre({3 * ws, 2 * n}, dtype);
+  const asynctp_tensor a_desc = a_shard.desc(), b_desc = b_gate_up.desc(), out_desc = out.desc(),
+                       pre_desc = pre.desc(), none = no_tensor();
+  C_ASSERT_OK(asynctp_reserve_all_gather_matmul_swiglu(ctx, &a_desc, &b_desc, 0, 0,
+                                                       ASYNCTP_CONTEXT_STREAM));
+  C_ASSERT_OK(asynctp_all_gather_matmul_swiglu(ctx, &a_desc, &b_desc, &out_desc, &pre_desc, &none,
+                                               0, path, ASYNCTP_CONTEXT_STREAM));
+  C_ASSERT_OK(asynctp_synchronize(ctx));
+  const std::vector<float> p = matmul(a, b, k, 2 * n);
+  EXPECT_EQ(values_of(pre), p) << "products, path " << path;
+  const std::vector<float> got = values_of(out);
+  const float tolerance = dtype == ASYNCTP_F32 ? 1e-6f : 1e-2f;
+  for (int64_t i = 0; i < 3 * ws; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float g = p[i * 2 * n + j], u = p[i * 2 * n + n + j];
+      const float expected = g / (1.0f + std::exp(-g)) * u;
+      EXPECT_NEAR(got[i * n + j], expected, tolerance * (1.0f + std::fabs(expected)))
+          << "out[" << i << ", " << j << "], path " << path;
+    }
+  }
+}
+
+TEST_P(CapiOps, AllGatherMatmulSwiglu) {
+  const auto [ws, how] = GetParam();
+  run_c(ws, how, [](asynctp_context ctx, int rank, int ws) {
+    for (int32_t path : {ASYNCTP_PATH_SPLIT, ASYNCTP_PATH_FALLBACK, ASYNCTP_PATH_DEFAULT})
+      check_all_gather_matmul_swiglu(ctx, rank, ws, ASYNCTP_F32, path);
+    check_all_gather_matmul_swiglu(ctx, rank, ws, ASYNCTP_BF16, ASYNCTP_PATH_NATIVE);
+    int32_t last = -2;
+    C_ASSERT_OK(asynctp_last_path(ctx, "all_gather_matmul_swiglu", &last, nullptr, 0));
+    EXPECT_EQ(last, ASYNCTP_PATH_NATIVE);
+    // B with an odd number of columns: no gate | up split.
+    const HostTensor a_shard({3, 8}, ASYNCTP_F32), b({8, 5}, ASYNCTP_F32),
+        out({3 * ws, 2}, ASYNCTP_F32);
+    const asynctp_tensor a_desc = a_shard.desc(), b_desc = b.desc(), out_desc = out.desc();
+    EXPECT_EQ(asynctp_all_gather_matmul_swiglu(ctx, &a_desc, &b_desc, &out_desc, nullptr, nullptr,
+                                               0, ASYNCTP_PATH_DEFAULT, ASYNCTP_CONTEXT_STREAM),
+              ASYNCTP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(asynctp_last_error()).find("2N columns"), std::string::npos)
+        << asynctp_last_error();
   });
 }
 

@@ -364,6 +364,50 @@ TEST_F(CpuBackendTest, UnaryEdgeCasesAndDtypes) {
               HasSubstr("output f32[2, 2] strides [2, 1] on cpu and input f32[4]"));
 }
 
+// --- swiglu ----------------------------------------------------------------------------------
+
+// out[.., j] = silu(g) * u, g = gate_up[.., j], u = gate_up[.., N + j], in f32, rounded once:
+// strided operands (a column-major gate_up, a padded out), 3-D, and mixed dtypes.
+TEST_F(CpuBackendTest, SwigluTakesTheGateThenTheUpHalf) {
+  struct Case {
+    Dims out_shape;
+    DType in_dtype, out_dtype;
+    bool strided;
+  };
+  for (const Case& c : {Case{{6, 5}, DType::kF32, DType::kF32, true},
+                        Case{{2, 3, 8}, DType::kBF16, DType::kF16, false},
+                        Case{{7, 4}, DType::kF16, DType::kBF16, true}}) {
+    SCOPED_TRACE(fmt::format("out {}{}, in {}", c.out_dtype, c.out_shape, c.in_dtype));
+    Dims in_shape = c.out_shape;
+    const int64_t n = c.out_shape[c.out_shape.size() - 1];
+    in_shape[in_shape.size() - 1] = 2 * n;
+    OwnedTensor in = c.strided ? testing::empty_transposed(in_shape, c.in_dtype)
+                               : empty_host(in_shape, c.in_dtype);
+    fill_seeded(in, seed_of({11}), Values::kRandom);
+    OwnedTensor out = c.strided ? testing::empty_padded(c.out_shape, c.out_dtype, 3)
+                                : empty_host(c.out_shape, c.out_dtype);
+    backend_->swiglu(out, in, stream());
+    stream().synchronize();
+    OwnedTensor expected = empty_host(c.out_shape, c.out_dtype);
+    for (int64_t i = 0; i < expected->numel(); ++i) {
+      const float g = get(in, i / n * 2 * n + i % n);
+      const float u = get(in, i / n * 2 * n + n + i % n);
+      testing::set(expected, i, g / (1.0f + std::exp(-g)) * u);
+    }
+    EXPECT_TRUE(same_bits(out, expected));
+  }
+}
+
+TEST_F(CpuBackendTest, SwigluChecksItsShapes) {
+  OwnedTensor in = empty_host({4, 6}, DType::kF32);
+  OwnedTensor out = empty_host({4, 4}, DType::kF32);
+  EXPECT_THAT(error_of([&] { backend_->swiglu(out, in, stream()); }),
+              HasSubstr("swiglu: gate_up must be [4, 8] for out f32[4, 4]"));
+  OwnedTensor ints = empty_host({4, 8}, DType::kI64);
+  EXPECT_THAT(error_of([&] { backend_->swiglu(out, ints, stream()); }),
+              HasSubstr("is not f32, bf16 or f16"));
+}
+
 // --- streams and events ----------------------------------------------------------------------
 
 TEST_F(CpuBackendTest, EventsMeasureNonNegativeTime) {

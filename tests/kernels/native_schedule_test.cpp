@@ -73,15 +73,17 @@ NativeGemmParams random_walk_params(Rng& pick) {
     p.sum_count = static_cast<int>(num_chunks(p));
     p.sum_self = p.sum_chunk;
   }
+  // The SwiGLU epilogue (AG+MM: no done counters, no sum): tiles of kBN / 2 output columns.
+  if (mode <= 1 && pick(0, 3) == 0) p.swiglu = true;
   return p;
 }
 
 std::string describe(const NativeGemmParams& p) {
   return fmt::format(
       "m {} n {} chunk_rows {} first {} ready {} ready_rows {} done {} done_rows {} done_cols {} "
-      "sum_chunk {} cluster {}",
+      "sum_chunk {} cluster {} swiglu {}",
       p.m, p.n, p.chunk_rows, p.first_chunk, p.ready != nullptr, p.ready_rows, p.done != nullptr,
-      p.done_rows, p.done_cols, p.sum_chunk, p.cluster);
+      p.done_rows, p.done_cols, p.sum_chunk, p.cluster, p.swiglu);
 }
 
 // The walk as the kernel sees it: resolved params, (cluster) tile height, group height.
@@ -127,24 +129,35 @@ TEST(NativeSchedule, ResolvedIsIdempotent) {
   }
 }
 
-// Every tile of the grid is visited exactly once, on the (cluster) tile grid.
+// Every tile of the grid is visited exactly once, on the (cluster) tile grid: kBN output
+// columns a tile, kBN / 2 with the SwiGLU epilogue (whose tiles take the gate's and the up
+// projection's kBN / 2 columns each), on single CTAs.
 TEST(NativeSchedule, WalkVisitsEveryTileOnce) {
-  for_random_walks(2, 3000, [](const NativeGemmParams& p, const KernelView& v) {
+  int swiglu_walks = 0;
+  for_random_walks(2, 3000, [&](const NativeGemmParams& p, const KernelView& v) {
     const Walk& w = v.walk;
     ASSERT_EQ(w.num_tiles, num_tiles(p, tile_height(p)));
+    ASSERT_EQ(w.width, p.swiglu ? kBN / 2 : kBN);
+    ASSERT_EQ(w.tiles_n, (p.n + w.width - 1) / w.width);
+    if (p.swiglu) {
+      ++swiglu_walks;
+      ASSERT_EQ(v.cluster, 1);
+      ASSERT_EQ(b_cols(p), 2 * p.n);
+    }
     ASSERT_GE(w.group_m, 1);
     ASSERT_LE(w.group_m, kGroupM);
     std::set<std::pair<int, int>> seen;
     for (int t = 0; t < w.num_tiles; ++t) {
       const Tile tile = w.tile(t);
       ASSERT_EQ(tile.m0 % w.height, 0);
-      ASSERT_EQ(tile.n0 % kBN, 0);
+      ASSERT_EQ(tile.n0 % w.width, 0);
       ASSERT_LT(tile.m0, p.m);
       ASSERT_LT(tile.n0, p.n);
       ASSERT_TRUE(seen.insert({tile.m0, tile.n0}).second) << "tile " << t << " visited twice";
     }
     EXPECT_EQ(static_cast<int>(seen.size()), w.tiles_m * w.tiles_n);
   });
+  EXPECT_GT(swiglu_walks, 100);
 }
 
 // The walk starts at the first tile of the pivot chunk (wholly inside it where the chunk holds
@@ -215,6 +228,17 @@ TEST(NativeSchedule, WalkByHand) {
   EXPECT_EQ(done_order(p), (std::vector<int>{2, 3, 0, 1}));
   for (int i = 0; i < 4; ++i)
     EXPECT_EQ(done_count(p, i), 4u);  // 2 halves x 2 n-tiles
+  // The SwiGLU epilogue over N = 200 output columns (B: 400): tiles of 128 output columns, so
+  // two n-tiles, the second over columns 128..199 (its B tile: gate 128..255, up 328..455).
+  p = shape(512, 200);
+  p.chunk_rows = 128;
+  p.first_chunk = 2;
+  p.swiglu = true;
+  p.cluster = 2;  // ignored: single CTAs
+  EXPECT_EQ(
+      walk(),
+      (Tiles{{256, 0}, {384, 0}, {0, 0}, {128, 0}, {256, 128}, {384, 128}, {0, 128}, {128, 128}}));
+  EXPECT_EQ(num_tiles(p, tile_height(p)), 8);
   // Chunks of 200 rows off the grid, from chunk 1 (rows 200..399): the walk starts at the first
   // m-tile wholly inside it (rows 256..383); the tile over row 200 (rows 128..255) comes last.
   p = shape(800, 256);

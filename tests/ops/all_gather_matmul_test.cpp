@@ -17,8 +17,6 @@ namespace {
 
 using namespace asynctp::testing;  // NOLINT(google-build-using-namespace)
 
-constexpr float kSentinel = -12345.0f;  // outputs start with this: unwritten elements show
-
 struct AgCase {
   Dims shard;
   int gather_dim = 0;

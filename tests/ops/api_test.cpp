@@ -136,7 +136,9 @@ TEST(ReserveTest, ReservedCallsAllocateNothing) {
       reserve_matmul_reduce_scatter(ctx, p_descs, b_pair, rs_last);
       const MemoryStats reserved = ctx.memory_stats();
       EXPECT_GT(reserved.local_bytes, 0);
-      if (path != PathChoice::kFallback) EXPECT_GT(reserved.symmetric_bytes, 0);
+      if (path != PathChoice::kFallback) {
+        EXPECT_GT(reserved.symmetric_bytes, 0);
+      }
 
       OwnedTensor out0 = empty_host({16, 24}, DType::kBF16);
       OwnedTensor out1 = empty_host({16, 8}, DType::kBF16);
@@ -153,7 +155,9 @@ TEST(ReserveTest, ReservedCallsAllocateNothing) {
       // The fallback's collectives stage through the communicator's own buffers, which reserve
       // does not size: on the CPU backend the symmetric-memory communicator grows the shared
       // workspace (NCCL, on CUDA, needs none of it).
-      if (path != PathChoice::kFallback) EXPECT_EQ(after.symmetric_bytes, reserved.symmetric_bytes);
+      if (path != PathChoice::kFallback) {
+        EXPECT_EQ(after.symmetric_bytes, reserved.symmetric_bytes);
+      }
     });
     EXPECT_RANKS_OK(statuses) << path_choice_name(path);
   }
@@ -183,6 +187,9 @@ class CapturingCpuBackend final : public Backend {
   }
   void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream& s) override {
     cpu_->unary(op, out, in, s);
+  }
+  void swiglu(const Tensor& out, const Tensor& gate_up, Stream& s) override {
+    cpu_->swiglu(out, gate_up, s);
   }
   void synchronize() override { cpu_->synchronize(); }
   std::string native_gemm_unsupported(const ChunkedGemmArgs& args) override {

@@ -17,8 +17,6 @@ namespace {
 
 using namespace asynctp::testing;  // NOLINT(google-build-using-namespace)
 
-constexpr float kSentinel = -12345.0f;
-
 struct RsCase {
   Dims out_chunk;  // the output of one rank; the product is this with dim g times ws
   int scatter_dim = 0;

@@ -18,8 +18,6 @@ namespace {
 
 using namespace asynctp::testing;  // NOLINT(google-build-using-namespace)
 
-constexpr float kSentinel = -12345.0f;
-
 struct NativeAgCase {
   Dims shard;
   int gather_dim = 0;

@@ -21,6 +21,9 @@ namespace asynctp::testing {
 
 inline constexpr int kWorldSizes[] = {1, 2, 3, 4, 8};
 
+// What outputs start with (filled), so that elements an op leaves unwritten show.
+inline constexpr float kSentinel = -12345.0f;
+
 inline std::string world_size_name(const ::testing::TestParamInfo<int>& info) {
   return fmt::format("ws{}", info.param);
 }

@@ -23,6 +23,8 @@ and matmuls into these ops (asynctp.torch.compile); fusion_report() says what be
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from .. import _capi
@@ -31,6 +33,7 @@ from . import _contexts, _ops
 from ._contexts import OPTIONS, release
 from .functional import (
     fused_all_gather_matmul,
+    fused_all_gather_matmul_swiglu,
     fused_all_gather_scaled_matmul,
     fused_matmul_reduce_scatter,
     fused_matmuls_reduce_scatter,
@@ -46,6 +49,7 @@ __all__ = [
     "enable",
     "fusion_report",
     "fused_all_gather_matmul",
+    "fused_all_gather_matmul_swiglu",
     "fused_all_gather_scaled_matmul",
     "fused_matmul_reduce_scatter",
     "fused_matmuls_reduce_scatter",
@@ -124,6 +128,16 @@ def reserve(op, *args, **kwargs) -> None:
         return_a = 1 if bound.get("return_A", True) else 0
         status = lib.asynctp_reserve_all_gather_matmul(
             e.handle, d_a, d_bs, len(Bs), g, return_a, _ops._stream_on(A.is_cuda, A.get_device()))
+    elif name == "fused_all_gather_matmul_swiglu":
+        A, B = bound["A"], bound["B"]
+        e = _contexts.entry(bound["group_name"], A)
+        g, _, _, _ = _ops._swiglu_shapes(A, B, bound["gather_dim"], e.world_size)
+        d = (_capi.Tensor * 2)()
+        _contexts.fill(d[0], A)
+        _contexts.fill(d[1], B)
+        status = lib.asynctp_reserve_all_gather_matmul_swiglu(
+            e.handle, ctypes.byref(d[0]), ctypes.byref(d[1]), g, 1 if bound["return_A"] else 0,
+            _ops._stream_on(A.is_cuda, A.get_device()))
     else:
         if name == "fused_matmuls_reduce_scatter":
             As, Bs, scatter_dim = list(bound["As"]), list(bound["Bs"]), bound["scatter_dim"]

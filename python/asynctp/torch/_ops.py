@@ -1,6 +1,11 @@
 """torch.ops.asynctp.*: the fused ops with exactly torch.ops.symm_mem's schemas (PyTorch 2.11 to
 2.15 define the same four), plus fused_matmuls_reduce_scatter, the sum of several products before
-one reduce-scatter (the backward pass of an all-gather matmul needs it).
+one reduce-scatter (the backward pass of an all-gather matmul needs it), and
+fused_all_gather_matmul_swiglu, the gate/up projection of a SwiGLU MLP with the activation in the
+GEMM's epilogue:
+
+    A = AG(gather_dim)(A_shard);  P = A @ B  (B [K, 2N]: the gate's columns, then the up's)
+    out = silu(P[.., :N]) * P[.., N:]        -> (A if return_A, P if return_pre, out)
 
 Each op: a fake kernel (shapes only, SymInts welcome), one kernel for CPU and CUDA that
 allocates the outputs with torch (torch.empty on the input's device: the caching allocator, or
@@ -51,6 +56,10 @@ SCHEMAS = {
     "fused_matmuls_reduce_scatter": (
         "fused_matmuls_reduce_scatter(Tensor[] As, Tensor[] Bs, str reduce_op, int scatter_dim, "
         "str group_name) -> Tensor"
+    ),
+    "fused_all_gather_matmul_swiglu": (
+        "fused_all_gather_matmul_swiglu(Tensor A, Tensor B, int gather_dim, str group_name, *, "
+        "bool return_A = False, bool return_pre = False) -> (Tensor?, Tensor?, Tensor)"
     ),
 }
 for _schema in SCHEMAS.values():
@@ -368,6 +377,48 @@ def _matmul_reduce_scatter_fake(A, B, reduce_op, scatter_dim, group_name):
     return _matmuls_reduce_scatter_fake([A], [B], reduce_op, scatter_dim, group_name)
 
 
+# ---- the SwiGLU gate/up projection -------------------------------------------------------------
+
+
+def _swiglu_shapes(A, B, gather_dim, ws):
+    """A_shard [.., s@g, .., K], B [K, 2N] -> A [.., ws*s@g, .., K], P [.., 2N], out [.., N]."""
+    g, full, (pre_shape,) = _ag_shapes(A, [B], gather_dim, ws)
+    _same_dtype(A, [B], "B")
+    two_n = B.shape[1]
+    if isinstance(two_n, int) and two_n % 2 != 0:
+        raise InvalidArgumentError(
+            f"asynctp: B must hold 2N columns (the gate's, then the up projection's), got "
+            f"{tuple(B.shape)}")
+    return g, full, pre_shape, pre_shape[:-1] + [two_n // 2]
+
+
+def _all_gather_matmul_swiglu(A, B, gather_dim, group_name, *, return_A=False, return_pre=False):
+    e = _contexts.entry(group_name, A)
+    g, full, pre_shape, out_shape = _swiglu_shapes(A, B, gather_dim, e.world_size)
+    out = A.new_empty(out_shape)
+    pre = A.new_empty(pre_shape) if return_pre else None
+    a_out = A.new_empty(full) if return_A else None
+    d = e.tensors("agsw", 5)
+    args = []
+    for i, t in enumerate((A, B, out, pre, a_out)):
+        if t is None:
+            args.append(ctypes.byref(_NO_TENSOR))
+        else:
+            fill(d[i], t)
+            args.append(ctypes.byref(d[i]))
+    status = _capi.lib().asynctp_all_gather_matmul_swiglu(
+        e.handle, *args, g, _capi.PATH_DEFAULT, _stream_on(A.is_cuda, A.get_device()))
+    _complete(e, status, A.is_cuda)
+    return a_out, pre, out
+
+
+def _all_gather_matmul_swiglu_fake(A, B, gather_dim, group_name, *, return_A=False,
+                                   return_pre=False):
+    _, full, pre_shape, out_shape = _swiglu_shapes(A, B, gather_dim, _group_size(group_name))
+    return (A.new_empty(full) if return_A else None,
+            A.new_empty(pre_shape) if return_pre else None, A.new_empty(out_shape))
+
+
 # ---- float8 ------------------------------------------------------------------------------------
 
 
@@ -513,6 +564,8 @@ _KERNELS = {
     "fused_scaled_matmul_reduce_scatter": (
         _scaled_matmul_reduce_scatter, _scaled_matmul_reduce_scatter_fake),
     "fused_matmuls_reduce_scatter": (_matmuls_reduce_scatter, _matmuls_reduce_scatter_fake),
+    "fused_all_gather_matmul_swiglu": (
+        _all_gather_matmul_swiglu, _all_gather_matmul_swiglu_fake),
 }
 for _name, (_kernel, _fake) in _KERNELS.items():
     lib.impl(_name, _kernel, "CPU")

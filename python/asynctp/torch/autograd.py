@@ -12,6 +12,17 @@ fused_all_gather_matmul(A_shard, Bs, g, group, return_A):
     dBs[i]   = A_flat^T @ dO_i_flat                    ([K, N_i], A's leading dims flattened)
   The all-gather's adjoint is a sum reduce-scatter: every rank's outputs depend on every shard.
 
+fused_all_gather_matmul_swiglu(A_shard, B, g, group, return_A, return_pre):
+    A = AG(g)(A_shard);  P = [G | U] = A @ B  (B [K, 2N]);  out = silu(G) * U
+  backward, with dO the gradient of out (and dA, dP those reaching the returned A and P):
+    dG = dO * U * silu'(G),  silu'(x) = s (1 + x (1 - s)),  s = sigmoid(x)   (in f32)
+    dU = dO * silu(G)
+    then fused_all_gather_matmul's backward with the one product P and its gradient
+    [dG | dU] (+ dP)
+  P is the forward's returned products when return_pre, else it is computed again in backward
+  (one fused all-gather matmul, which also gathers A): the caller who does not keep P trades a
+  GEMM for [T, 2N] of memory held from forward to backward.
+
 fused_matmul_reduce_scatter(A, B, op, g, group):
     A [.., M@g, .., K] @ B [K, N] -RS_op(g)-> out [.., M/ws@g, .., N]
     (g = last: out [.., N/ws], the scatter is on the output dim)
@@ -94,7 +105,6 @@ def _ag_mm_setup_context(ctx, inputs, keyword_only_inputs, output):
     A_out, _ = output
     ctx.gather_dim = gather_dim % A_shard.dim()
     ctx.group_name = group_name
-    ctx.num_bs = len(Bs)
     ctx.kept_A = return_A
     # Outputs without a gradient arrive as None, not zeros: no reduce-scatter of zeros.
     ctx.set_materialize_grads(False)
@@ -104,10 +114,15 @@ def _ag_mm_setup_context(ctx, inputs, keyword_only_inputs, output):
 
 def _ag_mm_backward(ctx, grad_A, grad_outs):
     saved = ctx.saved_tensors
-    A_or_shard, Bs = saved[0], saved[1:]
-    dim, group_name = ctx.gather_dim, ctx.group_name
-    needs_A, needs_Bs = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    grad_A_shard, grad_Bs = _ag_mm_grads(saved[0], ctx.kept_A, saved[1:], ctx.gather_dim,
+                                         ctx.group_name, ctx.needs_input_grad[0],
+                                         ctx.needs_input_grad[1], grad_A, grad_outs)
+    return grad_A_shard, grad_Bs, None, None
 
+
+def _ag_mm_grads(A_or_shard, kept_A, Bs, dim, group_name, needs_A, needs_Bs, grad_A, grad_outs):
+    """The gradients of A_shard and of every B (see the module's formulas), from the gathered A
+    (kept_A) or A_shard, and the gradients reaching the returned A and the outputs."""
     grad_A_shard = None
     if needs_A:
         pairs = [(g.contiguous(), B.t()) for g, B in zip(grad_outs, Bs) if g is not None]
@@ -122,14 +137,65 @@ def _ag_mm_backward(ctx, grad_A, grad_outs):
                 extra = extra + grad_A_shard.float()
             grad_A_shard = extra.to(grad_A.dtype)
 
-    grad_Bs = [None] * ctx.num_bs
+    grad_Bs = [None] * len(Bs)
     if any(needs_Bs) and any(g is not None for g in grad_outs):
         # A's rows are in the same order as every output's.
-        A = A_or_shard if ctx.kept_A else _all_gather(A_or_shard, dim, group_name)
+        A = A_or_shard if kept_A else _all_gather(A_or_shard, dim, group_name)
         for i, g in enumerate(grad_outs):
             if g is not None and needs_Bs[i]:
                 grad_Bs[i] = _weight_grad(A, g, Bs[i])
-    return grad_A_shard, grad_Bs, None, None
+    return grad_A_shard, grad_Bs
+
+
+# ---- fused_all_gather_matmul_swiglu -------------------------------------------------------
+
+
+def _ag_swiglu_setup_context(ctx, inputs, keyword_only_inputs, output):
+    A_shard, B, gather_dim, group_name = inputs
+    A_out, pre, _ = output
+    ctx.gather_dim = gather_dim % A_shard.dim()
+    ctx.group_name = group_name
+    ctx.kept_A = keyword_only_inputs["return_A"]
+    ctx.kept_pre = keyword_only_inputs["return_pre"]
+    ctx.set_materialize_grads(False)
+    # Saved: A (returned) or A_shard, B, and the products when returned (else recomputed).
+    ctx.save_for_backward(A_out if ctx.kept_A else A_shard, B,
+                          pre if ctx.kept_pre else None)
+
+
+def swiglu_backward(grad_out: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """[dG | dU] for out = silu(G) * U, P = [G | U] (see the module's formulas), in P's dtype."""
+    n = grad_out.shape[-1]
+    gate, up = pre[..., :n].float(), pre[..., n:].float()
+    d = grad_out.float()
+    s = torch.sigmoid(gate)
+    d_gate = d * up * (s * (1 + gate * (1 - s)))
+    d_up = d * (gate * s)
+    return torch.cat([d_gate, d_up], dim=-1).to(pre.dtype)
+
+
+def _ag_swiglu_backward(ctx, grad_A, grad_pre, grad_out):
+    A_or_shard, B, pre = ctx.saved_tensors
+    dim, group_name = ctx.gather_dim, ctx.group_name
+    kept_A = ctx.kept_A
+    if grad_out is not None and pre is None:
+        # The products again: from the gathered A where it was kept, else by one fused
+        # all-gather matmul, which also returns the gathered A (for dB).
+        if kept_A:
+            pre = A_or_shard @ B
+        else:
+            A_or_shard, (pre,) = torch.ops.asynctp.fused_all_gather_matmul(
+                A_or_shard, [B], dim, group_name, return_A=True)
+            kept_A = True
+    grad_P = None
+    if grad_out is not None:
+        grad_P = swiglu_backward(grad_out, pre)
+    if grad_pre is not None:
+        grad_P = grad_pre if grad_P is None else (grad_P.float() + grad_pre.float()).to(pre.dtype)
+    grad_A_shard, (grad_B,) = _ag_mm_grads(A_or_shard, kept_A, [B], dim, group_name,
+                                           ctx.needs_input_grad[0], [ctx.needs_input_grad[1]],
+                                           grad_A, [grad_P])
+    return grad_A_shard, grad_B, None, None
 
 
 # ---- fused_matmul_reduce_scatter ----------------------------------------------------------
@@ -246,6 +312,8 @@ def _register() -> None:
     _register_one("fused_all_gather_matmul", _ag_mm_backward, _ag_mm_setup_context)
     _register_one("fused_matmul_reduce_scatter", _mm_rs_backward, _mm_rs_setup_context)
     _register_one("fused_matmuls_reduce_scatter", _mms_rs_backward, _mms_rs_setup_context)
+    _register_one("fused_all_gather_matmul_swiglu", _ag_swiglu_backward,
+                  _ag_swiglu_setup_context)
 
 
 _register()

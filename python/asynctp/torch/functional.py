@@ -27,6 +27,7 @@ from . import _ops
 
 __all__ = [
     "fused_all_gather_matmul",
+    "fused_all_gather_matmul_swiglu",
     "fused_all_gather_scaled_matmul",
     "fused_matmul_reduce_scatter",
     "fused_matmuls_reduce_scatter",
@@ -63,6 +64,17 @@ def fused_all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
     if _plain((A, *Bs)):
         return _ops._all_gather_matmul(A, Bs, gather_dim, group_name, return_A=return_A)
     return _OPS.fused_all_gather_matmul(A, Bs, gather_dim, group_name, return_A=return_A)
+
+
+def fused_all_gather_matmul_swiglu(A, B, gather_dim, group_name, *, return_A=False,
+                                   return_pre=False):
+    """torch.ops.asynctp.fused_all_gather_matmul_swiglu: (A gathered if return_A else None,
+    P = A_gathered @ B if return_pre else None, silu(P[.., :N]) * P[.., N:])."""
+    if _plain((A, B)):
+        return _ops._all_gather_matmul_swiglu(A, B, gather_dim, group_name, return_A=return_A,
+                                              return_pre=return_pre)
+    return _OPS.fused_all_gather_matmul_swiglu(A, B, gather_dim, group_name, return_A=return_A,
+                                               return_pre=return_pre)
 
 
 def fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):

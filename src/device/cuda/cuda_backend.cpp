@@ -329,6 +329,12 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
                                       cuda::to_kernel(in), raw(stream)));
   }
 
+  void swiglu(const Tensor& out, const Tensor& gate_up, Stream& stream) override {
+    check_swiglu(out, gate_up);
+    ASYNCTP_CUDA_CHECK(
+        kernels::swiglu(cuda::to_kernel(out), cuda::to_kernel(gate_up), raw(stream)));
+  }
+
   void synchronize() override {
     ASYNCTP_CUDA_CHECK(cudaDeviceSynchronize());
     check_device_errors();

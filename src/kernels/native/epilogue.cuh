@@ -1,7 +1,7 @@
 // The native GEMM's epilogue parts (the consumers, after a tile's main loop): the tail split's
 // partial sums, the reduce-scatter epilogue's sum of the peers' parts, the stores of C (from
-// registers, or staged for TMA stores) and the done counters' publication. A part of
-// async_gemm.cu (included only there).
+// registers, or staged for TMA stores), the SwiGLU epilogue's stores and the done counters'
+// publication. A part of async_gemm.cu (included only there).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,6 +9,7 @@
 
 #include <type_traits>
 
+#include "kernels/activation.h"
 #include "kernels/native/layout.cuh"
 
 namespace asynctp::kernels {
@@ -37,22 +38,44 @@ __device__ __forceinline__ void store_pair(Out* row, int64_t col, int64_t n, flo
   }
 }
 
+// This thread's place in one consumer's accumulator block of rows [r0, r0 + 64). Fragment of
+// m64nNk16 (f32): thread t = 32 w + l holds, for each 8-column group j, d[4j + {0,1}] at
+// (16 w + l/4, 8 j + 2 (l%4) + {0,1}) and d[4j + {2,3}] 8 rows below.
+struct FragmentPlace {
+  int64_t row;           // r0 + 16 w + l/4 (the second row is 8 below)
+  int col;               // 2 (l%4): the first column within each 8-column group
+  bool row_ok, row8_ok;  // whether row and row + 8 lie before `rows`
+};
+__device__ __forceinline__ FragmentPlace fragment_place(int64_t r0, int64_t rows) {
+  const int t = threadIdx.x % 128;
+  FragmentPlace f;
+  f.row = r0 + 16 * (t / 32) + (t % 32) / 4;
+  f.col = 2 * (t % 4);
+  f.row_ok = f.row < rows;
+  f.row8_ok = f.row + 8 < rows;
+  return f;
+}
+
+// The thread's two pairs of one 8-column group: (x, y) at (f.row, col), (x8, y8) 8 rows below,
+// columns from `end` on left out.
+template <typename Out>
+__device__ __forceinline__ void store_pairs(Out* base, int64_t ld, const FragmentPlace& f,
+                                            int64_t col, int64_t end, float x, float y, float x8,
+                                            float y8) {
+  if (f.row_ok) store_pair(base + f.row * ld, col, end, x, y);
+  if (f.row8_ok) store_pair(base + (f.row + 8) * ld, col, end, x8, y8);
+}
+
 // Stores one consumer's 64 x 256 accumulator block at rows [r0, r0 + 64), columns [n0, n0 + 256)
 // of `base` (row stride ld; rows from `rows` on and columns from n on are left out).
-// Fragment of m64nNk16 (f32): thread t = 32 w + l holds, for each 8-column group j,
-// d[4j + {0,1}] at (16 w + l/4, 8 j + 2 (l%4) + {0,1}) and d[4j + {2,3}] 8 rows below.
 template <typename Out>
 __device__ __forceinline__ void store_block(Out* base, int64_t ld, int64_t rows, int64_t n,
                                             const float (&d)[128], int64_t r0, int n0) {
-  const int t = threadIdx.x % 128;
-  const int64_t row = r0 + 16 * (t / 32) + (t % 32) / 4;
-  const int64_t col0 = n0 + 2 * (t % 4);
-  const bool row_ok = row < rows, row8_ok = row + 8 < rows;
+  const FragmentPlace f = fragment_place(r0, rows);
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
-    const int64_t col = col0 + 8 * j;
-    if (row_ok) store_pair(base + row * ld, col, n, d[4 * j], d[4 * j + 1]);
-    if (row8_ok) store_pair(base + (row + 8) * ld, col, n, d[4 * j + 2], d[4 * j + 3]);
+    store_pairs(base, ld, f, n0 + f.col + 8 * j, n, d[4 * j], d[4 * j + 1], d[4 * j + 2],
+                d[4 * j + 3]);
   }
 }
 
@@ -342,25 +365,74 @@ __device__ __forceinline__ void store_tile_tma(const KernelParams& p, const Stag
   }
 }
 
+// Calls fn(static_cast<Out*>(ptr)) for a pointer to f32, bf16 or f16 elements.
+template <typename Fn>
+__device__ __forceinline__ void with_out_type(DType dtype, void* ptr, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      fn(static_cast<float*>(ptr));
+      break;
+    case DType::kBF16:
+      fn(static_cast<__nv_bfloat16*>(ptr));
+      break;
+    default:
+      fn(static_cast<__half*>(ptr));
+      break;
+  }
+}
+
 // C from registers (f32 C, or a C TMA cannot address), then the rows counted in done.
 __device__ __forceinline__ void store_tile_registers(const KernelParams& p, const float (&acc)[128],
                                                      int consumer, bool leader, int r0, int n0) {
-  switch (p.c_dtype) {
-    case DType::kF32:
-      store_block(static_cast<float*>(p.c), p.ldc, p.m, p.n, acc, r0, n0);
-      break;
-    case DType::kBF16:
-      store_block(static_cast<__nv_bfloat16*>(p.c), p.ldc, p.m, p.n, acc, r0, n0);
-      break;
-    default:
-      store_block(static_cast<__half*>(p.c), p.ldc, p.m, p.n, acc, r0, n0);
-      break;
-  }
+  with_out_type(p.c_dtype, p.c, [&](auto* c) { store_block(c, p.ldc, p.m, p.n, acc, r0, n0); });
   if (p.done != nullptr && r0 < p.m) {
     // Publish: every thread of this consumer has stored, then one release increment.
     asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
     if (leader) publish_done(p, r0, n0);
   }
+}
+
+// The SwiGLU epilogue (p.swiglu; single CTAs, no done counters): the B tile held the gate's
+// columns in its first half and the up projection's in its second (b_col_of), so the accumulator
+// of output column n0 + c (c < 128, 8-column groups j < 16) holds g and the one 16 groups on holds
+// u: each thread has both of its pairs. C [M, N] gets silu(g) * u (swiglu_f32) over columns
+// [n0, n0 + 128), rounded once.
+template <typename Out>
+__device__ __forceinline__ void store_swiglu_block(Out* base, int64_t ld, int64_t rows, int64_t n,
+                                                   const float (&d)[128], int64_t r0, int n0) {
+  const FragmentPlace f = fragment_place(r0, rows);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const float* g = d + 4 * j;
+    const float* u = d + 4 * (j + 16);
+    store_pairs(base, ld, f, n0 + f.col + 8 * j, n, swiglu_f32(g[0], u[0]), swiglu_f32(g[1], u[1]),
+                swiglu_f32(g[2], u[2]), swiglu_f32(g[3], u[3]));
+  }
+}
+
+// The products themselves into pre [M, 2N]: the gate's at columns n0 + c, the up projection's at
+// N + n0 + c, each half bounded by its own N columns (N is even: pairs stay aligned).
+template <typename Out>
+__device__ __forceinline__ void store_pre_block(Out* base, int64_t ld, int64_t rows, int64_t n,
+                                                const float (&d)[128], int64_t r0, int n0) {
+  const FragmentPlace f = fragment_place(r0, rows);
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int64_t half = j / 16;
+    store_pairs(base, ld, f, half * n + n0 + 8 * (j % 16) + f.col, half * n + n, d[4 * j],
+                d[4 * j + 1], d[4 * j + 2], d[4 * j + 3]);
+  }
+}
+
+// One consumer's 64 rows of a SwiGLU tile at (r0, n0): [the products into pre] then C.
+__device__ __forceinline__ void store_swiglu_registers(const KernelParams& p,
+                                                       const float (&acc)[128], int r0, int n0) {
+  if (p.pre != nullptr) {
+    with_out_type(p.pre_dtype, p.pre,
+                  [&](auto* pre) { store_pre_block(pre, p.pre_ld, p.m, p.n, acc, r0, n0); });
+  }
+  with_out_type(p.c_dtype, p.c,
+                [&](auto* c) { store_swiglu_block(c, p.ldc, p.m, p.n, acc, r0, n0); });
 }
 
 }  // namespace

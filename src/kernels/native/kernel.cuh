@@ -12,7 +12,9 @@
 //                                         (consumer.cuh); per tile the epilogue (epilogue.cuh):
 //                                         [tail split parts] [reduce-scatter sum], 16-bit C
 //                                         through shared memory and TMA stores (in two column
-//                                         halves), f32 C from registers; then [done[chunk] += 1]
+//                                         halves), f32 C from registers, or the SwiGLU of the
+//                                         gate and up halves from registers; then
+//                                         [done[chunk] += 1]
 //
 // The reduce-scatter epilogue (sum_chunk, single CTAs): the tiles of the own chunk, last in the
 // walk, add the peers' parts of their rows to the accumulators. The parts come through the
@@ -120,6 +122,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kTmaStore) {
       store_tile_tma(p, st, map_c, map_sum, acc, consumer, leader, sums, r0, sum_row, tile.n0,
                      pending);
+    } else if (p.swiglu) {
+      store_swiglu_registers(p, acc, r0, tile.n0);
     } else {
       store_tile_registers(p, acc, consumer, leader, r0, tile.n0);
     }

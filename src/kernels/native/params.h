@@ -3,8 +3,9 @@
 // trivially copyable fields only, no library headers, so that it travels to the kernel as its
 // parameter and a CPU emulation can follow the same schedule (kernels/native/schedule.h).
 //
-// C[M, N] = A[M, K] @ B, f32 accumulation. A's rows form chunks of `chunk_rows` rows (the last
-// may be shorter); the tiles are walked chunk by chunk starting at `first_chunk`, and
+// C[M, N] = A[M, K] @ B, f32 accumulation (or, with the SwiGLU epilogue, C[M, N] = SwiGLU of A @ B
+// where B is [K, 2N]: NativeGemmSchedule::swiglu). A's rows form chunks of `chunk_rows` rows (the
+// last may be shorter); the tiles are walked chunk by chunk starting at `first_chunk`, and
 //   - ready (optional, AG+MM): before loading A rows of chunk c the producer waits until ready[c]
 //     is up for op ready_value: ready[c] - ready_value is 0 or 1 (mod 2^32), so 0/1 flags
 //     (ready_value 1) and flags that carry op numbers (this op's or the next) both work (acquire,
@@ -63,6 +64,11 @@ struct NativeGemmOperands {
   int sum_count = 0;
   void* sum_out = nullptr;
   int64_t sum_ldo = 0;
+  // The SwiGLU epilogue's pre-activation output (NativeGemmSchedule::swiglu; null: none):
+  // [M, 2N] with row stride pre_ld, dtype pre_dtype (f32, bf16 or f16).
+  void* pre = nullptr;
+  int64_t pre_ld = 0;
+  DType pre_dtype = DType::kBF16;
 };
 
 // The schedule and the protocol with the other streams and ranks: what the op chooses
@@ -117,6 +123,14 @@ struct NativeGemmSchedule {
   int64_t sum_cols = 0;
   int64_t sum_flag_stride = 0;
   int sum_channel = 0;
+  // The SwiGLU epilogue (the gate/up projection of a SwiGLU MLP): B holds 2N columns, the gate's
+  // [0, N) then the up projection's [N, 2N), and C is [M, N] with
+  //   C[i, j] = silu(g) * u,  g = acc(i, j), u = acc(i, N + j)  (swiglu_f32, kernels/activation.h)
+  // in f32 from the accumulators, rounded once; with `pre` (NativeGemmOperands) also
+  // pre[i, j] = g and pre[i, N + j] = u, each rounded once to pre_dtype. A tile covers tile_width
+  // (schedule.h) output columns j0.. and the gate and up columns j0.. and N + j0.. of B. n is N
+  // (the output's columns). Not with done counters or the reduce-scatter epilogue.
+  bool swiglu = false;
 };
 
 // What the backend adds for one launch.

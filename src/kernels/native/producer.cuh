@@ -1,5 +1,6 @@
 // The native GEMM's producer part (warpgroup 0, one thread): for each unit, [wait for the ready
-// flags of its rows] then per k-block wait empty[s] -> expect_tx(full[s]) -> TMA A, TMA B; for
+// flags of its rows] then per k-block wait empty[s] -> expect_tx(full[s]) -> TMA A, TMA B (with
+// the SwiGLU epilogue B's gate and up columns of the tile as its two halves); for
 // a tile of the reduce-scatter epilogue, then [wait for the peers' parts] and TMA them into sum
 // stages. A part of async_gemm.cu (included only there).
 #pragma once
@@ -102,11 +103,21 @@ __device__ __forceinline__ void produce(const KernelParams& p, const Stages& st,
                                   0x3);
         }
       } else if constexpr (kBKMajor) {
-        tma_load_2d(b, &map_b, &st.full[s], kb * kBK, tile.n0);
+        if (p.swiglu) {
+          // Two boxes of kBN / 2 rows (the map's box with the SwiGLU epilogue): the gate's, then
+          // the up projection's (b_col_of), 16 KiB apart as one kBN-row box would lay them.
+          tma_load_2d(b, &map_b, &st.full[s], kb * kBK, static_cast<int>(b_col_of(p, tile.n0, 0)));
+          tma_load_2d(b + kStageBBytes / 2, &map_b, &st.full[s], kb * kBK,
+                      static_cast<int>(b_col_of(p, tile.n0, kBN / 2)));
+        } else {
+          tma_load_2d(b, &map_b, &st.full[s], kb * kBK, tile.n0);
+        }
       } else {
 #pragma unroll
-        for (int j = 0; j < kBN / 64; ++j)
-          tma_load_2d(b + j * 8192, &map_b, &st.full[s], tile.n0 + 64 * j, kb * kBK);
+        for (int j = 0; j < kBN / 64; ++j) {
+          tma_load_2d(b + j * 8192, &map_b, &st.full[s],
+                      static_cast<int>(b_col_of(p, tile.n0, 64 * j)), kb * kBK);
+        }
       }
     }
     if (kCluster == 1 && sums_tile(p, p, w, m0)) {

@@ -97,21 +97,39 @@ ASYNCTP_HOST_DEVICE int col_pieces(const NativeGemmParams& p, int64_t cols) {
 // The TMA store needs a 16-bit C with a 16-byte aligned base and row stride; clusters of two
 // (B multicast) only come with it, and only when asked for: they are no faster than single CTAs
 // (see docs/DECISIONS.md D17).
+// The SwiGLU epilogue stores from registers (its tile's C is half as wide as the accumulators).
 ASYNCTP_HOST_DEVICE bool uses_tma_store(const NativeGemmParams& p) {
   return p.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0 && p.ldc % 8 == 0 &&
-         !p.force_register_store;
+         !p.force_register_store && !p.swiglu;
 }
-// The reduce-scatter epilogue runs on single CTAs: its sum stages are per CTA, while a cluster's
-// rings go in step.
+// The reduce-scatter and SwiGLU epilogues run on single CTAs: the sum stages are per CTA, while a
+// cluster's rings go in step; the SwiGLU tile's B is two boxes, which the multicast does not split.
 ASYNCTP_HOST_DEVICE bool uses_cluster(const NativeGemmParams& p) {
-  return p.cluster == 2 && uses_tma_store(p) && p.sum_chunk < 0;
+  return p.cluster == 2 && uses_tma_store(p) && p.sum_chunk < 0 && !p.swiglu;
 }
 // A (cluster) tile's rows.
 ASYNCTP_HOST_DEVICE int64_t tile_height(const NativeGemmParams& p) {
   return int64_t{kBM} * (uses_cluster(p) ? 2 : 1);
 }
+// B's columns: n, or 2n with the SwiGLU epilogue (the gate's, then the up projection's).
+ASYNCTP_HOST_DEVICE int64_t b_cols(const NativeGemmParams& p) {
+  return p.swiglu ? 2 * p.n : p.n;
+}
+// A tile's output columns: kBN, or kBN / 2 with the SwiGLU epilogue, whose tile loads the gate's
+// and the up projection's kBN / 2 columns of B as the two halves of one kBN-wide B tile.
+ASYNCTP_HOST_DEVICE int tile_width(const NativeGemmParams& p) {
+  return p.swiglu ? kBN / 2 : kBN;
+}
+// The column of B under column c (0 <= c < kBN) of the B tile of the tile at output column n0:
+// n0 + c, or with the SwiGLU epilogue the gate's columns n0.. in the tile's first half and the up
+// projection's n + n0.. in its second (so that the accumulator of output column n0 + c, c <
+// kBN / 2, holds the gate and the one kBN / 2 further on the up projection).
+ASYNCTP_HOST_DEVICE int64_t b_col_of(const NativeGemmParams& p, int n0, int c) {
+  if (!p.swiglu) return n0 + c;
+  return c < kBN / 2 ? n0 + c : p.n + n0 + (c - kBN / 2);
+}
 ASYNCTP_HOST_DEVICE int64_t num_tiles(const NativeGemmParams& p, int64_t height) {
-  return ((p.m + height - 1) / height) * ((p.n + kBN - 1) / kBN);
+  return ((p.m + height - 1) / height) * ((p.n + tile_width(p) - 1) / tile_width(p));
 }
 
 // The params as the kernel reads them: every 0 or -1 that stands for a default replaced by its
@@ -147,30 +165,32 @@ ASYNCTP_HOST_DEVICE int64_t walk_pivot(const NativeGemmParams& p, int64_t height
   return walk_pivot(p.first_chunk * chunk_rows_of(p), height);
 }
 
-// Tile t of the walk (see the file comment); tiles are `height` rows (a cluster's).
+// Tile t of the walk (see the file comment); tiles are `height` rows (a cluster's) and `width`
+// output columns (tile_width).
 ASYNCTP_HOST_DEVICE Tile tile_at(int t, int tiles_m, int tiles_n, int pivot_m, int height,
-                                 int group_m) {
+                                 int group_m, int width = kBN) {
   const int group = t / (group_m * tiles_n);
   const int first = group * group_m;
   const int rows = group_m < tiles_m - first ? group_m : tiles_m - first;
   const int local = t - group * group_m * tiles_n;
   const int mi = (first + local % rows + pivot_m) % tiles_m;
-  return {mi * height, (local / rows) * kBN};
+  return {mi * height, (local / rows) * width};
 }
 
-// The walk's dimensions for resolved params: (cluster) tiles of `height` rows, groups of group_m
-// m-tiles, k_blocks k-blocks per tile.
+// The walk's dimensions for resolved params: (cluster) tiles of `height` rows and `width` output
+// columns, groups of group_m m-tiles, k_blocks k-blocks per tile.
 struct Walk {
-  int height, tiles_m, tiles_n, num_tiles, k_blocks, pivot_m, group_m;
+  int height, width, tiles_m, tiles_n, num_tiles, k_blocks, pivot_m, group_m;
   ASYNCTP_HOST_DEVICE Tile tile(int t) const {
-    return tile_at(t, tiles_m, tiles_n, pivot_m, height, group_m);
+    return tile_at(t, tiles_m, tiles_n, pivot_m, height, group_m, width);
   }
 };
 ASYNCTP_HOST_DEVICE Walk walk_of(const NativeGemmParams& p, int height, int group_m) {
   Walk w;
   w.height = height;
+  w.width = tile_width(p);
   w.tiles_m = static_cast<int>((p.m + height - 1) / height);
-  w.tiles_n = static_cast<int>((p.n + kBN - 1) / kBN);
+  w.tiles_n = static_cast<int>((p.n + w.width - 1) / w.width);
   w.num_tiles = w.tiles_m * w.tiles_n;
   w.k_blocks = static_cast<int>((p.k + kBK - 1) / kBK);
   w.pivot_m = static_cast<int>(walk_pivot(p.first_chunk * p.chunk_rows, height));

@@ -40,6 +40,23 @@ inline const char* sum_unsupported(const NativeGemmParams& a) {
   return nullptr;
 }
 
+// Why the SwiGLU epilogue's arguments are unusable, or nullptr.
+inline const char* swiglu_unsupported(const NativeGemmParams& a) {
+  if (a.done != nullptr || a.sum_chunk >= 0)
+    return "the SwiGLU epilogue does not count done rows or reduce (MM+RS only)";
+  // Pairs of columns are stored together, the up half's from column N on.
+  if (a.n % 2 != 0) return "the SwiGLU epilogue needs an even N";
+  if (2 * a.n > (1ll << 31) - kBN) return "the SwiGLU epilogue's 2N is over 2^31";
+  if (a.pre != nullptr) {
+    if (a.pre_dtype != DType::kF32 && a.pre_dtype != DType::kBF16 && a.pre_dtype != DType::kF16)
+      return "the pre-activation output is not f32, bf16 or f16";
+    if (a.pre_ld < 2 * a.n || a.pre_ld % 2 != 0 || reinterpret_cast<uintptr_t>(a.pre) % 8 != 0)
+      return "the pre-activation output's row stride is odd or shorter than 2N, or it is not "
+             "8-byte aligned";
+  }
+  return nullptr;
+}
+
 // Why the native GEMM cannot run these params (dtype, alignment, strides, pieces), or nullptr.
 inline const char* native_gemm_unsupported(const NativeGemmParams& a) {
   if (a.in_dtype != DType::kBF16 && a.in_dtype != DType::kF16) return "inputs are not bf16 or f16";
@@ -55,7 +72,8 @@ inline const char* native_gemm_unsupported(const NativeGemmParams& a) {
   if (misaligned(a.a, 16) || misaligned(a.b, 16)) return "A or B is not 16-byte aligned (TMA)";
   if (a.lda % 8 != 0 || a.ldb % 8 != 0)
     return "a row stride of A or B is not a multiple of 16 bytes (TMA)";
-  if (a.lda < a.k || a.ldb < (a.b_k_major ? a.k : a.n)) return "a row stride shorter than its row";
+  if (a.lda < a.k || a.ldb < (a.b_k_major ? a.k : b_cols(a)))
+    return "a row stride shorter than its row";
   if (a.ldc < a.n || a.ldc % 2 != 0 || misaligned(a.c, 8))
     return "C's row stride is odd or C is not 8-byte aligned";
   const int64_t rows = chunk_rows_of(a);
@@ -70,6 +88,9 @@ inline const char* native_gemm_unsupported(const NativeGemmParams& a) {
     return "done_cols is not a multiple of 256";
   if (a.sum_chunk >= 0) {
     if (const char* why = sum_unsupported(a)) return why;
+  }
+  if (a.swiglu) {
+    if (const char* why = swiglu_unsupported(a)) return why;
   }
   if (a.ready != nullptr && a.timeout_ns == 0) return "waiting for chunks needs a timeout";
   if (a.ready_rows < 0 || a.ready_rows > rows)

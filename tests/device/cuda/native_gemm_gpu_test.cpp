@@ -24,38 +24,6 @@
 namespace asynctp::testing {
 namespace {
 
-// The reference kernel's result (f32) for d = a @ b.
-OwnedTensor reference(Gpu& gpu, const Tensor& a, const Tensor& b) {
-  OwnedTensor d = gpu.empty({a.size(0), b.size(1)}, DType::kF32);
-  kernels::NativeGemmParams k;
-  k.a = a.data();
-  k.lda = a.stride(0);
-  k.b = b.data();
-  k.b_k_major = b.stride(0) == 1 && b.size(1) > 1;
-  k.ldb = k.b_k_major ? b.stride(1) : b.stride(0);
-  k.c = d->data();
-  k.ldc = d->stride(0);
-  k.in_dtype = a.dtype();
-  k.c_dtype = DType::kF32;
-  k.m = a.size(0);
-  k.n = b.size(1);
-  k.k = a.size(1);
-  EXPECT_EQ(kernels::reference_gemm(k, static_cast<cudaStream_t>(gpu.stream().native_handle())),
-            cudaSuccess);
-  return d;
-}
-
-double rel_diff(const Tensor& actual_host, const Tensor& expected_host) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < actual_host.numel(); ++i) {
-    const double e = get(expected_host, i);
-    const double d = get(actual_host, i) - e;
-    num += d * d;
-    den += e * e;
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
 struct Shape {
   int64_t m, n, k;
 };
@@ -70,7 +38,7 @@ TEST_P(NativeGemmTest, MatchesReferenceAndCublasLt) {
                                  static_cast<uint64_t>(shape.k), static_cast<uint64_t>(k_major)});
   OwnedTensor a = gpu.upload({shape.m, shape.k}, in_dtype, seed);
   OwnedTensor b = gpu.upload_b(shape.k, shape.n, k_major, in_dtype, seed + 1);
-  OwnedTensor expected = gpu.download(reference(gpu, a, b));
+  OwnedTensor expected = gpu.download(reference_product(gpu, a, b));
   for (DType out : {DType::kF32, DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(fmt::format("{}x{}x{} {} B {} out {}", shape.m, shape.n, shape.k, in_dtype,
                              k_major ? "column-major" : "row-major", out));
@@ -266,7 +234,7 @@ TEST(NativeGemm, ConsumesChunksAsTheyLand) {
       gpu.be().write_flag(ready + c, 1, *copy_stream);
     }
     OwnedTensor got = gpu.download(t.d);
-    EXPECT_LT(rel_diff(got, gpu.download(reference(gpu, src, t.b))), 1e-5);
+    EXPECT_LT(rel_diff(got, gpu.download(reference_product(gpu, src, t.b))), 1e-5);
   }
 }
 
@@ -307,7 +275,7 @@ TEST(NativeGemm, ConsumesChunksLandingInPieces) {
         land((first + i) % chunks, j);
     }
     OwnedTensor got = gpu.download(t.d);
-    EXPECT_LT(rel_diff(got, gpu.download(reference(gpu, t.src, t.b))), 1e-5);
+    EXPECT_LT(rel_diff(got, gpu.download(reference_product(gpu, t.src, t.b))), 1e-5);
 
     // Every flag up but one piece of chunk (first + 1): the timeout names chunk and piece.
     if (pieces > 1) {
@@ -347,7 +315,7 @@ TEST(NativeGemm, OpNumberedFlagsWrapAround) {
       gpu.be().write_flag(t.ready + c, c == 3 ? number + 1 : number, *copy_stream);
     }
     OwnedTensor got = gpu.download(t.d);
-    EXPECT_LT(rel_diff(got, gpu.download(reference(gpu, t.src, t.b))), 1e-5);
+    EXPECT_LT(rel_diff(got, gpu.download(reference_product(gpu, t.src, t.b))), 1e-5);
 
     // The next op's number with chunk 2 still at this one: it times out naming chunk 2.
     gpu.be().write_flag(t.ready + 0, number + 1, gpu.stream());
@@ -589,7 +557,7 @@ TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
     args.sum_flag_stride = chunks;
     gpu.be().native_gemm(args, gpu.stream());
 
-    const OwnedTensor ref = gpu.download(reference(gpu, a->narrow(0, own * rows, rows), b));
+    const OwnedTensor ref = gpu.download(reference_product(gpu, a->narrow(0, own * rows, rows), b));
     const OwnedTensor host_parts = gpu.download(parts);
     OwnedTensor want = empty_host({rows, n}, DType::kF32);
     for (int64_t i = 0; i < rows * n; ++i) {
@@ -602,7 +570,7 @@ TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
     EXPECT_LT(rel_diff(gpu.download(out), want), 4e-3);
     // The other chunks as a plain GEMM; the own chunk's rows of D never written.
     const OwnedTensor got_d = gpu.download(d);
-    const OwnedTensor ref_all = gpu.download(reference(gpu, a, b));
+    const OwnedTensor ref_all = gpu.download(reference_product(gpu, a, b));
     OwnedTensor got_others = empty_host({(chunks - 1) * rows * n}, DType::kF32);
     OwnedTensor want_others = empty_host({(chunks - 1) * rows * n}, DType::kF32);
     int64_t j = 0, untouched = 0;
