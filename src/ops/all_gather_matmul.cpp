@@ -342,6 +342,8 @@ void run_path(OpContext& ctx, const AgMmCall& c, Path path, const std::optional<
 }
 
 void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
+  const HostProfile::Call profiled(ctx.host_profile());
+  ctx.host_profile().stamp("run");
   const OpContext::StreamScope scope(ctx, options.stream);
   // Where the host's time goes before the first GPU work of the op (bench --trace).
   ctx.mark("call", ctx.stream());
@@ -362,11 +364,14 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   memos.add(c.b_scales);
   memos.add(c.outs);
   memos.add(c.a_out);
-  if (const detail::CallMemo* memo = memos.find()) {
+  const detail::CallMemo* memo = memos.find();
+  ctx.host_profile().stamp("memo");
+  if (memo != nullptr) {
     c.g = memo->dim;
     std::optional<NativePlan> plan;
     if (memo->has_plan) plan = NativePlan{memo->plan[0], memo->plan[1]};
     ctx.usage().record(c.op, memo->decision.path, memo->decision.reason, memo->decision.warns());
+    ctx.host_profile().set_path(c.op, memo->decision.path);
     run_path(ctx, c, memo->decision.path, plan);
     return;
   }
@@ -394,6 +399,8 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
     memos.remember(
         {decision, c.g, plan.has_value(), {plan ? plan->rows : 0, plan ? plan->k : 0, 0}});
   }
+  ctx.host_profile().set_path(c.op, decision.path);
+  ctx.host_profile().stamp("checks");
   run_path(ctx, c, decision.path, plan);
 }
 

@@ -313,6 +313,8 @@ std::string problem_key(OpContext& ctx, const MmRsCall& c, ReduceOp reduce_op) {
 }
 
 void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
+  const HostProfile::Call profiled(ctx.host_profile());
+  ctx.host_profile().stamp("run");
   const OpContext::StreamScope scope(ctx, options.stream);
   // Where the host's time goes before the first GPU work of the op (bench --trace).
   ctx.mark("call", ctx.stream());
@@ -331,6 +333,7 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   memos.add(c.b_scale);
   memos.add(c.out);
   const detail::CallMemo* memo = memos.find();
+  ctx.host_profile().stamp("memo");
   if (memo != nullptr) {
     c.g = memo->dim;
   } else {
@@ -343,6 +346,7 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
     ctx.backend().copy(a_scale, c.a_scale, ctx.stream());
   }
   ProductWriter writer(ctx, c, std::move(as), a_scale);
+  ctx.host_profile().stamp("operands");
   const Tensor a0 = writer.a0();
   std::optional<NativeRsPlan> plan;
   auto run_path = [&](Path p) {
@@ -361,6 +365,7 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   if (memo != nullptr) {
     if (memo->has_plan) plan = NativeRsPlan{memo->plan[0], memo->plan[1], memo->plan[2]};
     ctx.usage().record(c.op, memo->decision.path, memo->decision.reason, memo->decision.warns());
+    ctx.host_profile().set_path(c.op, memo->decision.path);
     run_path(memo->decision.path);
     return;
   }
@@ -379,6 +384,8 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
                     plan.has_value(),
                     {plan ? plan->m : 0, plan ? plan->k : 0, plan ? plan->n : 0}});
   }
+  ctx.host_profile().set_path(c.op, decision.path);
+  ctx.host_profile().stamp("checks");
   run_path(decision.path);
 }
 
