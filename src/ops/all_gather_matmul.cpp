@@ -162,12 +162,15 @@ void run_fallback(OpContext& ctx, const AgMmCall& c) {
   Tensor scale;
   if (c.rowwise())
     scale = ctx.scratch(Scratch::kGatheredScale, gathered_scale_shape(gathered), DType::kF32);
+  ctx.host_profile().stamp("scratch");
   all_gather(ctx, c.a_shard, a, c.g);
   if (c.rowwise()) all_gather(ctx, c.a_scale, scale, c.g);
+  ctx.host_profile().stamp("gathered");
   for (size_t i = 0; i < c.bs.size(); ++i) {
     gemm(ctx, gemm_view(a, 0, "A"), c.bs[i], gemm_view(c.outs[i], 0, "out"), false,
          c.rowwise() ? scale_view(scale, true, 0) : c.a_scale, c.b_scale(i), ctx.stream());
   }
+  ctx.host_profile().stamp("gemm");
 }
 
 void run_split(OpContext& ctx, const AgMmCall& c) {

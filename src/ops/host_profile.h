@@ -7,10 +7,11 @@
 // A call is the span of one Call scope: the C ABI opens it as it is entered (before the
 // descriptors are converted), or the op itself where C++ calls it. Inside, the op stamps its
 // steps: every literal label it passes to OpContext::mark (the trace's labels: "call", "start",
-// "gemm", "joined", "end", ...) and the profile's own stamps ("memo", "checks", ...). A phase is
-// the time from one stamp to the next, named "<from> > <to>"; the first one starts at "entry",
-// the last one ends at "return" (the op and the C ABI returned). Each call is filed under its
-// op and the path it took (set_path); a call that threw, or never chose a path, is dropped.
+// "gemm", "joined", "end", ...) and the profile's own stamps ("run", "memo", "checks", "forked",
+// "pushes", "gathered", "scattered", ...). A phase is the time from one stamp to the next, named
+// "<from> > <to>"; the first one starts at "entry", the last one ends at "return" (the op and the
+// C ABI returned). Each call is filed under its op and the path it took (set_path); a call that
+// threw, or never chose a path, is dropped.
 //
 // Per (op, path) and phase the profile keeps the count, the sum and the last kMaxSamples
 // samples, so that the report gives medians (one slow call, a page fault, a preempted thread,

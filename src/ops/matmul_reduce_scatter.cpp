@@ -209,8 +209,11 @@ class ProductWriter {
 void run_fallback(OpContext& ctx, const MmRsCall& c, ProductWriter& writer,
                   const MatmulReduceScatterOptions& options) {
   const Tensor product = ctx.scratch(Scratch::kPartial, product_shape(c.a(), c.n()), c.out.dtype());
+  ctx.host_profile().stamp("scratch");
   writer.write(-1, product);
+  ctx.host_profile().stamp("gemm");
   reduce_scatter(ctx, product, c.out, options.reduce_op, c.g);
+  ctx.host_profile().stamp("scattered");
 }
 
 // The symmetric buffer both overlapped paths push into: this op's part of the shared workspace

@@ -160,8 +160,8 @@ TEST(HostProfileTest, TheOpsFileEachPathsSteps) {
     EXPECT_EQ(native.path, Path::kNative);
     EXPECT_THAT(phase_names(native),
                 ::testing::IsSupersetOf({"memo > checks", "checks > start", "memo > start",
-                                         "start > launch", "launch > gemm", "gemm > joined",
-                                         "joined > end", "end > return"}));
+                                         "start > launch", "launch > gemm", "gemm > pushes",
+                                         "pushes > joined", "joined > end", "end > return"}));
   });
   EXPECT_TRUE(testing::all_ranks_ok(statuses));
 }
