@@ -8,24 +8,17 @@ which add up to the library's mean call.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from asynctp.bench import host
+from conftest import package_env
 
 
 def _env():
-    env = dict(os.environ)
-    package_root = str(Path(host.__file__).resolve().parents[2])  # the asynctp imported here
-    paths = [package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("ASYNCTP_LOG_LEVEL", "error")
-    return env
+    return package_env()
 
 
 @pytest.fixture(scope="module")
