@@ -3,12 +3,14 @@
 # (tests/python/run_gpu.py: the op checks on CUDA, a CUDA-graph capture and replay, timings
 # against torch.ops.symm_mem on the anchor shapes, host time per eager call), then
 # `asynctp bench --suite anchors` on the same shapes, paced and sustained, so that the op timed
-# from torch and the op timed by the C++ bench can be compared in one call. Logs under $OUT.
+# from torch and the op timed by the C++ bench can be compared in one call; then the host time of
+# one eager call split into the library's phases and Python's part (python -m asynctp.bench.host,
+# run_gpu.py's host_us calls). Logs under $OUT.
 #
 #   LIB=path/to/libasynctp_c.so   (default: build/lib/libasynctp_c.so)
 #   BIN=dir-with-asynctp          (default: build/bin)
 #   NGPU=2                        (default: every visible GPU)
-#   STEPS="torch bench"           (default: both)
+#   STEPS="torch bench host"      (default: all three)
 #   ITERS=30                      (timed runs per measurement)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +21,7 @@ mkdir -p "$OUT"
 LIB=${LIB:-build/lib/libasynctp_c.so}
 BIN=${BIN:-build/bin}
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
-STEPS=${STEPS:-torch bench}
+STEPS=${STEPS:-torch bench host}
 ITERS=${ITERS:-30}
 export ASYNCTP_LIBRARY=$PWD/$LIB PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 export ASYNCTP_CACHE_DIR=${ASYNCTP_CACHE_DIR:-$OUT/cache} PYTHONUNBUFFERED=1
@@ -53,5 +55,11 @@ if step bench; then
       > "$OUT/bench-$pace.log" 2>&1 || { status=1; echo "bench ($pace) failed"; }
     grep -vE '^\[rank [1-9]' "$OUT/bench-$pace.log" | tail -30
   done
+fi
+if step host; then
+  echo "== host time of one eager call, by phase (python -m asynctp.bench.host)"
+  torchrun --nproc-per-node "$NGPU" -m asynctp.bench.host --json "$OUT/host.json" \
+    > "$OUT/host.log" 2>&1 || { status=1; echo "asynctp.bench.host failed"; }
+  grep -vE '^\[rank [1-9]' "$OUT/host.log" | tail -80
 fi
 exit $status

@@ -257,6 +257,19 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_last_path(asynctp_context ctx, const cha
 ASYNCTP_C_EXPORT asynctp_status asynctp_usage_json(asynctp_context ctx, char* buf, size_t len,
                                                    size_t* needed);
 
+/* The host profile: where the host time of each fused op call goes, phase by phase (the C ABI's
+ * descriptor checks, the op's memo lookup, each enqueueing step), per (op, path). On from the
+ * context's creation where ASYNCTP_HOST_PROFILE is set (the context then prints it to stderr when
+ * destroyed). enabled: 1 on, 0 off; either way what was gathered so far is dropped. */
+ASYNCTP_C_EXPORT asynctp_status asynctp_host_profile_set(asynctp_context ctx, int32_t enabled);
+
+/* The host profile as JSON ({"all_gather_matmul": {"native": {"calls": n, "median_us": ...,
+ * "mean_us": ..., "phases": [{"from": "entry", "to": "run", "count": n, "median_us": ...,
+ * "mean_us": ..., "per_call_us": ...}, ...]}}}: a call's time from entering the C ABI to
+ * returning, and each phase's between two steps), written like asynctp_usage_json's. */
+ASYNCTP_C_EXPORT asynctp_status asynctp_host_profile_json(asynctp_context ctx, char* buf,
+                                                          size_t len, size_t* needed);
+
 typedef struct asynctp_memory_stats {
   int32_t struct_size;
   int64_t symmetric_bytes; /* symmetric workspaces this rank holds (its own share) */

@@ -1,4 +1,4 @@
-"""ctypes binding of the C ABI (include/asynctp/asynctp_c.h), version 2.
+"""ctypes binding of the C ABI (include/asynctp/asynctp_c.h), version 3.
 
 Every function's argtypes and restype are declared once, when the library is first loaded. A
 call returns an asynctp_status; `check(status)` turns anything but ASYNCTP_OK into the matching
@@ -238,6 +238,11 @@ _PROTOTYPES = {
         [_ctx, ctypes.c_char_p, _P(_i32), ctypes.c_char_p, ctypes.c_size_t],
     ),
     "asynctp_usage_json": (
+        ctypes.c_int,
+        [_ctx, ctypes.c_char_p, ctypes.c_size_t, _P(ctypes.c_size_t)],
+    ),
+    "asynctp_host_profile_set": (ctypes.c_int, [_ctx, _i32]),
+    "asynctp_host_profile_json": (
         ctypes.c_int,
         [_ctx, ctypes.c_char_p, ctypes.c_size_t, _P(ctypes.c_size_t)],
     ),

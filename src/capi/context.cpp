@@ -137,4 +137,23 @@ asynctp_status asynctp_usage_json(asynctp_context ctx, char* buf, size_t len, si
   });
 }
 
+asynctp_status asynctp_host_profile_set(asynctp_context ctx, int32_t enabled) {
+  return guarded(__func__, [&] {
+    OpContext& c = *context_of(ctx, "ctx").ctx;
+    if (enabled != 0 && enabled != 1) invalid("enabled is {}, expected 0 or 1", enabled);
+    c.host_profile().set_enabled(enabled != 0);
+  });
+}
+
+asynctp_status asynctp_host_profile_json(asynctp_context ctx, char* buf, size_t len,
+                                         size_t* needed) {
+  return guarded(__func__, [&] {
+    OpContext& c = *context_of(ctx, "ctx").ctx;
+    if (buf == nullptr && len > 0) invalid("buf is NULL but len is {}", len);
+    const std::string text = c.host_profile().json();
+    if (needed != nullptr) *needed = text.size() + 1;
+    copy_out(text, buf, len);
+  });
+}
+
 }  // extern "C"

@@ -116,6 +116,7 @@ asynctp_status asynctp_all_gather_matmul(asynctp_context ctx, const asynctp_tens
                                          int32_t gather_dim, int32_t path, void* stream) {
   return guarded(__func__, [&] {
     OpContext& c = *context_of(ctx, "ctx").ctx;
+    const HostProfile::Call profiled(c.host_profile());  // from here: the descriptors' checks
     const Tensor a = tensor_of(a_shard, "a_shard", c);
     const std::vector<Tensor> b = tensors_of(bs, num_bs, "bs", "num_bs", c);
     const std::vector<Tensor> o = tensors_of(outs, num_bs, "outs", "num_bs", c);
@@ -150,6 +151,7 @@ asynctp_status asynctp_all_gather_scaled_matmul(asynctp_context ctx, const async
                                                 int32_t path, void* stream) {
   return guarded(__func__, [&] {
     OpContext& c = *context_of(ctx, "ctx").ctx;
+    const HostProfile::Call profiled(c.host_profile());  // from here: the descriptors' checks
     const Tensor a = tensor_of(a_shard, "a_shard", c);
     const Tensor as = tensor_of(a_scale, "a_scale", c);
     const std::vector<Tensor> b = tensors_of(bs, num_bs, "bs", "num_bs", c);
@@ -173,6 +175,7 @@ asynctp_status asynctp_matmul_reduce_scatter(asynctp_context ctx, const asynctp_
                                              int32_t scatter_dim, int32_t path, void* stream) {
   return guarded(__func__, [&] {
     OpContext& c = *context_of(ctx, "ctx").ctx;
+    const HostProfile::Call profiled(c.host_profile());  // from here: the descriptors' checks
     const std::vector<Tensor> a = tensors_of(as, num_products, "as", "num_products", c);
     const std::vector<Tensor> b = tensors_of(bs, num_products, "bs", "num_products", c);
     const Tensor o = tensor_of(out, "out", c);
@@ -186,6 +189,7 @@ asynctp_status asynctp_scaled_matmul_reduce_scatter(
     int32_t reduce_op, int32_t scatter_dim, int32_t path, void* stream) {
   return guarded(__func__, [&] {
     OpContext& c = *context_of(ctx, "ctx").ctx;
+    const HostProfile::Call profiled(c.host_profile());  // from here: the descriptors' checks
     scaled_matmul_reduce_scatter(c, tensor_of(a, "a", c), tensor_of(a_scale, "a_scale", c),
                                  tensor_of(b, "b", c), tensor_of(b_scale, "b_scale", c),
                                  tensor_of(out, "out", c),

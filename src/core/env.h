@@ -206,6 +206,15 @@ inline constexpr EnvVar kAllowTf32{
     .doc = "Run f32 GEMMs on TF32 tensor cores.",
 };
 
+inline constexpr EnvVar kHostProfile{
+    .name = "ASYNCTP_HOST_PROFILE",
+    .kind = EnvVar::Kind::kFlag,
+    .default_value = "0",
+    .doc =
+        "Time each fused op call's host steps; a context prints them to stderr when it is "
+        "destroyed (asynctp.bench.host reads them without it).",
+};
+
 inline constexpr EnvVar kSharedGpus{
     .name = "ASYNCTP_SHARED_GPUS",
     .kind = EnvVar::Kind::kInteger,
@@ -264,10 +273,11 @@ inline constexpr EnvVar kBuildTests{
 
 // Every variable, in the order `asynctp env` and the README list them.
 inline constexpr const EnvVar* kAll[] = {
-    &kTimeout,         &kMaxWorkspaceMb, &kPath,         &kCacheDir,    &kLogLevel,
-    &kHostId,          &kRunId,          &kStorePort,    &kStoreSecret, &kGemmStreams,
-    &kPushPieceBytes,  &kPushStreams,    &kGemmAutotune, &kAllowTf32,   &kSharedGpus,
-    &kCpuStreamJitter, &kLibrary,        &kSharedDir,    &kSkipAsan,    &kBuildTests,
+    &kTimeout,        &kMaxWorkspaceMb,  &kPath,         &kCacheDir,    &kLogLevel,
+    &kHostId,         &kRunId,           &kStorePort,    &kStoreSecret, &kGemmStreams,
+    &kPushPieceBytes, &kPushStreams,     &kGemmAutotune, &kAllowTf32,   &kHostProfile,
+    &kSharedGpus,     &kCpuStreamJitter, &kLibrary,      &kSharedDir,   &kSkipAsan,
+    &kBuildTests,
 };
 
 // The registered variable of that name; nullptr when there is none.

@@ -177,12 +177,15 @@ void run_fallback(OpContext& ctx, const AgMmCall& c) {
   Tensor scale;
   if (c.rowwise())
     scale = ctx.scratch(Scratch::kGatheredScale, gathered_scale_shape(gathered), DType::kF32);
+  ctx.host_profile().stamp("scratch");
   all_gather(ctx, c.a_shard, a, c.g);
   if (c.rowwise()) all_gather(ctx, c.a_scale, scale, c.g);
+  ctx.host_profile().stamp("gathered");
   for (size_t i = 0; i < c.bs.size(); ++i) {
     gemm(ctx, gemm_view(a, 0, "A"), c.bs[i], gemm_view(c.outs[i], 0, "out"), false,
          c.rowwise() ? scale_view(scale, true, 0) : c.a_scale, c.b_scale(i), ctx.stream());
   }
+  ctx.host_profile().stamp("gemm");
 }
 
 void run_split(OpContext& ctx, const AgMmCall& c) {
@@ -396,6 +399,8 @@ void run_path(OpContext& ctx, const AgMmCall& c, Path path, const std::optional<
 }
 
 void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
+  const HostProfile::Call profiled(ctx.host_profile());
+  ctx.host_profile().stamp("run");
   const OpContext::StreamScope scope(ctx, options.stream);
   // Where the host's time goes before the first GPU work of the op (bench --trace).
   ctx.mark("call", ctx.stream());
@@ -417,11 +422,14 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   memos.add(c.outs);
   memos.add(c.a_out);
   memos.add(c.pre_out);
-  if (const detail::CallMemo* memo = memos.find()) {
+  const detail::CallMemo* memo = memos.find();
+  ctx.host_profile().stamp("memo");
+  if (memo != nullptr) {
     c.g = memo->dim;
     std::optional<NativePlan> plan;
     if (memo->has_plan) plan = NativePlan{memo->plan[0], memo->plan[1]};
     ctx.usage().record(c.op, memo->decision.path, memo->decision.reason, memo->decision.warns());
+    ctx.host_profile().set_path(c.op, memo->decision.path);
     run_path(ctx, c, memo->decision.path, plan);
     return;
   }
@@ -451,6 +459,8 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
     memos.remember(
         {decision, c.g, plan.has_value(), {plan ? plan->rows : 0, plan ? plan->k : 0, 0}});
   }
+  ctx.host_profile().set_path(c.op, decision.path);
+  ctx.host_profile().stamp("checks");
   run_path(ctx, c, decision.path, plan);
 }
 

@@ -224,6 +224,7 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   // edge rows), on the copy stream behind the pushes (a copy within the GPU: a kernel, which
   // starts as the GEMM's CTAs finish); the others from the slots, on the compute stream, where
   // every chunk has landed once the GEMMs are through (they waited for each flag).
+  ctx.host_profile().stamp("pushes");
   Tensor a_out;
   if (c.a_out.defined()) {
     a_out = c.a_out.view({ws * plan.rows, plan.k});

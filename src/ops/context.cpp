@@ -1,8 +1,11 @@
 #include "ops/context.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string_view>
+
+#include <fmt/format.h>
 
 #include "core/env.h"
 #include "core/log.h"
@@ -97,6 +100,7 @@ OpContext::OpContext(std::shared_ptr<Group> group, ContextOptions options)
   }
   dispatcher_ = std::make_unique<Dispatcher>(*this, options_.dispatch_cache);
   call_memos_ = std::make_unique<detail::CallMemos>();
+  host_profile_.set_enabled(envvars::kHostProfile.flag());
 }
 
 Stream& OpContext::wrapped_stream(void* handle) {
@@ -145,6 +149,11 @@ OpContext::~OpContext() {
   try {
     backend_->synchronize();
   } catch (...) {
+  }
+  if (host_profile_.enabled()) {
+    if (const std::string table = host_profile_.table(); !table.empty()) {
+      fmt::print(stderr, "asynctp host profile, rank {} of {}:\n{}", rank(), world_size(), table);
+    }
   }
 }
 

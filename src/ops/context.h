@@ -19,6 +19,7 @@
 #include "device/backend.h"
 #include "device/communicator.h"
 #include "ops/dispatch.h"
+#include "ops/host_profile.h"
 #include "ops/trace.h"
 #include "symm/workspace.h"
 
@@ -163,12 +164,21 @@ class OpContext {
   // must start together on every rank (the dispatcher's tuning runs, the bench).
   void align_ranks();
 
-  // Diagnosis (ops/trace.h): while a trace is attached, ops mark their steps in it.
+  // Diagnosis (ops/trace.h): while a trace is attached, ops mark their steps in it. A literal
+  // label also ends a phase of the host profile's open call (ops/host_profile.h); a formatted one
+  // (a label per peer, made only while tracing) does not.
   void set_trace(OpTrace* trace) { trace_ = trace; }
   bool tracing() { return trace_ != nullptr && !capturing(); }
+  void mark(const char* label, Stream& stream) {
+    host_profile_.stamp(label);
+    if (tracing()) trace_->mark(label, stream);
+  }
   void mark(std::string_view label, Stream& stream) {
     if (tracing()) trace_->mark(label, stream);
   }
+  // The host time of the ops' calls, phase by phase (ops/host_profile.h); on from the start
+  // where ASYNCTP_HOST_PROFILE is set, and then printed to stderr when the context goes.
+  HostProfile& host_profile() { return host_profile_; }
 
  private:
   OpContext(std::shared_ptr<Group> group, ContextOptions options);
@@ -200,6 +210,7 @@ class OpContext {
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<detail::CallMemos> call_memos_;
   OpTrace* trace_ = nullptr;
+  HostProfile host_profile_;
 };
 
 namespace detail {

@@ -210,8 +210,11 @@ class ProductWriter {
 void run_fallback(OpContext& ctx, const MmRsCall& c, ProductWriter& writer,
                   const MatmulReduceScatterOptions& options) {
   const Tensor product = ctx.scratch(Scratch::kPartial, product_shape(c.a(), c.n()), c.out.dtype());
+  ctx.host_profile().stamp("scratch");
   writer.write(-1, product);
+  ctx.host_profile().stamp("gemm");
   reduce_scatter(ctx, product, c.out, options.reduce_op, c.g);
+  ctx.host_profile().stamp("scattered");
 }
 
 // The symmetric buffer both overlapped paths push into: this op's part of the shared workspace
@@ -326,6 +329,8 @@ std::string range_text(OpContext& ctx, const MmRsCall& c, ReduceOp reduce_op, Pa
 }
 
 void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) {
+  const HostProfile::Call profiled(ctx.host_profile());
+  ctx.host_profile().stamp("run");
   const OpContext::StreamScope scope(ctx, options.stream);
   // Where the host's time goes before the first GPU work of the op (bench --trace).
   ctx.mark("call", ctx.stream());
@@ -344,6 +349,7 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   memos.add(c.b_scale);
   memos.add(c.out);
   const detail::CallMemo* memo = memos.find();
+  ctx.host_profile().stamp("memo");
   if (memo != nullptr) {
     c.g = memo->dim;
   } else {
@@ -356,6 +362,7 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
     ctx.backend().copy(a_scale, c.a_scale, ctx.stream());
   }
   ProductWriter writer(ctx, c, std::move(as), a_scale);
+  ctx.host_profile().stamp("operands");
   const Tensor a0 = writer.a0();
   std::optional<NativeRsPlan> plan;
   auto run_path = [&](Path p) {
@@ -376,6 +383,7 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   if (memo != nullptr) {
     if (memo->has_plan) plan = NativeRsPlan{memo->plan[0], memo->plan[1], memo->plan[2]};
     ctx.usage().record(c.op, memo->decision.path, memo->decision.reason, memo->decision.warns());
+    ctx.host_profile().set_path(c.op, memo->decision.path);
     run_path(memo->decision.path);
     return;
   }
@@ -394,6 +402,8 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
                     plan.has_value(),
                     {plan ? plan->m : 0, plan ? plan->k : 0, plan ? plan->n : 0}});
   }
+  ctx.host_profile().set_path(c.op, decision.path);
+  ctx.host_profile().stamp("checks");
   run_path(decision.path);
 }
 

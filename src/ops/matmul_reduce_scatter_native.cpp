@@ -137,6 +137,7 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
   start.record(compute);
   for (int i = 0; i < streams; ++i)
     start.block(ctx.push_stream(i));
+  ctx.host_profile().stamp("forked");
   be.native_gemm(args, compute);
   ctx.mark("gemm", compute);
   // The push streams' waits for the counters (stream memory waits, no SM needed) are bounded by
@@ -156,12 +157,15 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
     // could hold up), which saves the flag stream's event edge and its join.
     const bool last_on_stream = t + streams >= to_push.size();
     Stream& flags = last_on_stream ? push : ctx.flags_behind(static_cast<int>(t));
-    be.write_flag(landed_of(d) + q * ws + rank, slots.number, flags);
-    // Counted in full: back to 0 for the next op, here beside the GEMM (stream writes after the
-    // GEMM would add up; see docs/DECISIONS.md D4).
-    be.write_flag(done + index, 0, flags);
+    // The landed flag, then the counter, counted in full, back to 0 for the next op: here beside
+    // the GEMM (stream writes after the GEMM would add up; see docs/DECISIONS.md D4), and both
+    // in one enqueueing.
+    const Backend::FlagWrite writes[] = {{landed_of(d) + q * ws + rank, slots.number},
+                                         {done + index, 0}};
+    be.write_flags(writes, flags);
     if (ctx.tracing()) ctx.mark(fmt::format("pushed piece {} to {}", q, d), flags);
   }
+  ctx.host_profile().stamp("pushes");
   for (int i = 0; i < streams; ++i) {
     Event& pushed = ctx.event(ws + i);
     pushed.record(ctx.push_stream(i));

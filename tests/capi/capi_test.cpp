@@ -209,6 +209,29 @@ TEST_P(CapiOps, AllGatherMatmul) {
     char small[5];
     C_ASSERT_OK(asynctp_usage_json(ctx, small, sizeof(small), &needed));
     EXPECT_EQ(std::string(small), text.substr(0, 4));
+
+    // The host profile: empty while off; on, each call through the C ABI is filed under its
+    // op and path, its first phase the descriptors' checks ("entry > run").
+    C_ASSERT_OK(asynctp_host_profile_json(ctx, nullptr, 0, &needed));
+    EXPECT_EQ(needed, 3u);  // "{}"
+    C_ASSERT_OK(asynctp_host_profile_set(ctx, 1));
+    check_all_gather_matmul(ctx, rank, ws, {3, 8}, 0, ASYNCTP_F32, ASYNCTP_PATH_FALLBACK);
+    C_ASSERT_OK(asynctp_host_profile_json(ctx, nullptr, 0, &needed));
+    std::string profile_text(needed, '\0');
+    C_ASSERT_OK(asynctp_host_profile_json(ctx, profile_text.data(), needed, &needed));
+    const auto profile = nlohmann::json::parse(profile_text.c_str());
+    const auto& fallback = profile["all_gather_matmul"]["fallback"];
+    EXPECT_EQ(fallback["calls"], 1) << profile_text;
+    EXPECT_EQ(fallback["phases"][0]["from"], "entry") << profile_text;
+    EXPECT_EQ(fallback["phases"][0]["to"], "run") << profile_text;
+    C_ASSERT_OK(asynctp_host_profile_set(ctx, 0));
+    C_ASSERT_OK(asynctp_host_profile_json(ctx, nullptr, 0, &needed));
+    EXPECT_EQ(needed, 3u);
+    EXPECT_EQ(asynctp_host_profile_set(ctx, 2), ASYNCTP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(asynctp_last_error()).find("enabled is 2"), std::string::npos);
+    EXPECT_EQ(asynctp_host_profile_json(ctx, nullptr, 4, &needed), ASYNCTP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(asynctp_last_error()).find("buf is NULL but len is 4"),
+              std::string::npos);
   });
 }
 

@@ -50,6 +50,20 @@ CASE_TIMEOUT_S = 120
 RANK_TIMEOUT_S = 60
 
 
+def package_env() -> dict:
+    """The environment of a subprocess that imports the asynctp imported here (the benchmarks'
+    command lines), one thread per process, quiet logs."""
+    import asynctp
+
+    env = dict(os.environ)
+    package_root = str(Path(asynctp.__file__).resolve().parents[1])
+    paths = [package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("ASYNCTP_LOG_LEVEL", "error")
+    return env
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 import asynctp
 import asynctp.torch as atp
+from asynctp.bench import host as bench_host
 
 OPS = torch.ops.asynctp
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
@@ -223,20 +224,8 @@ def bench(fns: dict, iters: int, pace: float, warmup_ms: float = 300.0) -> dict:
 
 
 def host_time(fn, calls: int = 200) -> float:
-    """Median host microseconds of one eager call (the call returns once enqueued); a sync every
-    10 calls keeps CUDA's launch queue from blocking the host."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for i in range(calls):
-        t0 = time.perf_counter_ns()
-        fn()
-        times.append((time.perf_counter_ns() - t0) / 1000.0)
-        if i % 10 == 9:
-            torch.cuda.synchronize()
-    times.sort()
-    return times[len(times) // 2]
+    """Median host microseconds of one eager call (asynctp.bench.host's measure)."""
+    return bench_host.host_time(fn, torch.cuda.synchronize, calls)
 
 
 def side_by_side(rec: dict, ours, ours_func, theirs, iters: int) -> None:

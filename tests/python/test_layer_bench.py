@@ -9,26 +9,20 @@ arms (every fused call of a step counted, on a path that ran) and that the arms 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import asynctp.torch as atp
 from asynctp.bench import layer, llama
+from conftest import package_env
 
 TOKENS = (32,)  # one size: each size is one more compile per compiled arm and dtype
 
 
 def _env():
-    env = dict(os.environ)
-    package_root = str(Path(layer.__file__).resolve().parents[2])  # the asynctp imported here
-    paths = [package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("ASYNCTP_LOG_LEVEL", "error")
+    env = package_env()
     env["ASYNCTP_DISPATCH_CACHE"] = "off"
     return env
 

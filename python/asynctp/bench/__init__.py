@@ -5,4 +5,7 @@
 layer: a sequence-parallel Llama-3 decoder layer, forward and backward, eager PyTorch,
 torch.compile (with and without PyTorch's async TP) and asynctp (eager modules and the
 torch.compile pass), validated against eager PyTorch, then timed under sustained load.
+
+host: the host time of one eager fused-op call from Python (tests/python/run_gpu.py's host_us
+calls), split into the library's phases (its host profile) and Python's part.
 """

@@ -54,11 +54,13 @@ __all__ = [
     "fused_matmul_reduce_scatter",
     "fused_matmuls_reduce_scatter",
     "fused_scaled_matmul_reduce_scatter",
+    "host_profile",
     "last_path",
     "memory_stats",
     "release",
     "reserve",
     "reset_fusion_report",
+    "set_host_profile",
     "set_options",
     "usage",
 ]
@@ -199,3 +201,18 @@ def usage(group_name: str, device=None) -> dict:
     """Every (op, path) call count of group_name's context: {"all_gather_matmul": {"split": 3}}."""
     return _contexts.usage(_entry(group_name, device))
 
+
+
+def set_host_profile(group_name: str, enabled: bool, device=None) -> None:
+    """Turns the host profile of group_name's context on or off (on from the start where
+    ASYNCTP_HOST_PROFILE is set); either way what it gathered so far is dropped."""
+    _contexts.set_host_profile(_entry(group_name, device), enabled)
+
+
+def host_profile(group_name: str, device=None) -> dict:
+    """Where the host time of each fused op call of group_name's context went, per op and path,
+    from entering the C ABI to returning: {"all_gather_matmul": {"native": {"calls": n,
+    "median_us": ..., "mean_us": ..., "phases": [{"from": "entry", "to": "run", "count": n,
+    "median_us": ..., "mean_us": ..., "per_call_us": ...}, ...]}}} (src/ops/host_profile.h names
+    the phases). Empty unless the profile is on (set_host_profile, ASYNCTP_HOST_PROFILE)."""
+    return _contexts.host_profile(_entry(group_name, device))

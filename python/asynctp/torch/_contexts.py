@@ -227,13 +227,25 @@ def release(group_name: str | None = None) -> None:
         raise first_error
 
 
-def usage(e: Entry) -> dict:
-    lib = _capi.lib()
+def _read_json(fn, e: Entry) -> dict:
+    """The JSON text a C ABI function writes like asynctp_usage_json, parsed."""
     needed = ctypes.c_size_t()
-    _capi.check(lib.asynctp_usage_json(e.handle, None, 0, ctypes.byref(needed)))
+    _capi.check(fn(e.handle, None, 0, ctypes.byref(needed)))
     buf = ctypes.create_string_buffer(needed.value)
-    _capi.check(lib.asynctp_usage_json(e.handle, buf, needed.value, ctypes.byref(needed)))
+    _capi.check(fn(e.handle, buf, needed.value, ctypes.byref(needed)))
     return json.loads(buf.value.decode() or "{}")
+
+
+def usage(e: Entry) -> dict:
+    return _read_json(_capi.lib().asynctp_usage_json, e)
+
+
+def set_host_profile(e: Entry, enabled: bool) -> None:
+    _capi.check(_capi.lib().asynctp_host_profile_set(e.handle, 1 if enabled else 0))
+
+
+def host_profile(e: Entry) -> dict:
+    return _read_json(_capi.lib().asynctp_host_profile_json, e)
 
 
 def last_path(e: Entry, op: str) -> tuple[str | None, str]:

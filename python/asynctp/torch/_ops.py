@@ -163,6 +163,23 @@ def _unsupported_extras(biases, result_scales, op: str) -> None:
 # ---- calling the library ---------------------------------------------------------------------
 
 
+# torch's current CUDA stream (a CPU-only torch has none: its tensors never take that branch).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# The eager calls' C functions (_capi.by_address), bound on first use (the library is loaded on
+# first use, not on import): one list each, so that a call reads a module global rather than
+# looking the function up by name.
+_AG: list = []
+_RS: list = []
+
+
+def _bind(which: list) -> list:
+    """Binds _AG and _RS; returns `which`."""
+    if not _AG:
+        _AG.append(_capi.by_address("asynctp_all_gather_matmul"))
+        _RS.append(_capi.by_address("asynctp_matmul_reduce_scatter"))
+    return which
+
+
 def _stream_on(cuda: bool, index: int):
     """torch's current stream of CUDA device `index` (a cudaStream_t; NULL is the legacy default
     stream, as the C ABI takes it), None (ignored) on the CPU backend."""
@@ -264,9 +281,13 @@ def _empty(plan: _Plan, like, shape):
 
 
 def _all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
+    # The host time of this function is most of an eager call's (see _Plan): one B, the common
+    # case, takes no loop, comprehension or helper call.
     e = _entries.get((group_name, A.get_device())) or _contexts.entry(group_name, A)
     if len(Bs) == 1:
-        key = ("ag", gather_dim, return_A, A.shape, A.dtype, A.stride(), _tensor_key(Bs[0]))
+        B = Bs[0]
+        key = ("ag", gather_dim, return_A, A.shape, A.dtype, A.stride(), B.shape, B.dtype,
+               B.get_device(), B.stride())
     else:
         key = ("ag", gather_dim, return_A, A.shape, A.dtype, A.stride(),
                *[_tensor_key(B) for B in Bs])
@@ -278,20 +299,27 @@ def _all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
         _remember(e, key, plan)
     (a_view,), b_views = plan.input_views
     a_view.data = A.data_ptr()
-    for view, B in zip(b_views, Bs):
-        view.data = B.data_ptr()
-    outs = [_empty(plan, A, s) for s in plan.out_shapes]
-    for view, out in zip(plan.out_views, outs):
-        view.data = out.data_ptr()
+    if len(Bs) == 1:
+        b_views[0].data = B.data_ptr()
+        out = A.new_empty(plan.out_shapes[0]) if plan.same_dtype else _empty(
+            plan, A, plan.out_shapes[0])
+        plan.out_views[0].data = out.data_ptr()
+        outs = [out]
+    else:
+        for view, B in zip(b_views, Bs):
+            view.data = B.data_ptr()
+        outs = [_empty(plan, A, s) for s in plan.out_shapes]
+        for view, out in zip(plan.out_views, outs):
+            view.data = out.data_ptr()
     a_out = None
     if plan.a_out_view is not None:
         a_out = _empty(plan, A, plan.a_shape)
         plan.a_out_view.data = a_out.data_ptr()
     cuda = plan.cuda
     addrs = plan.addrs
-    status = _capi.by_address("asynctp_all_gather_matmul")(
+    status = (_AG or _bind(_AG))[0](
         e.handle, addrs[0], addrs[1], len(Bs), addrs[2], plan.a_out_addr, plan.dim,
-        _capi.PATH_DEFAULT, _stream_on(cuda, plan.index))
+        _capi.PATH_DEFAULT, (_raw_stream(plan.index) or None) if cuda else None)
     if status or not cuda:
         _complete(e, status, cuda)
     return a_out, outs
@@ -310,30 +338,54 @@ def _matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name):
         raise InvalidArgumentError(
             f"asynctp: As and Bs must be non-empty and of one length, got {len(As)} and {len(Bs)}"
         )
+    if len(As) == 1:
+        return _matmul_reduce_scatter(As[0], Bs[0], reduce_op, scatter_dim, group_name)
     A0 = As[0]
     e = _entries.get((group_name, A0.get_device())) or _contexts.entry(group_name, A0)
-    if len(As) == 1:
-        key = ("rs", reduce_op, scatter_dim, A0.shape, A0.dtype, A0.stride(), _tensor_key(Bs[0]))
-    else:
-        key = ("rs", reduce_op, scatter_dim, *[_tensor_key(t) for t in (*As, *Bs)])
+    key = ("rs", reduce_op, scatter_dim, *[_tensor_key(t) for t in (*As, *Bs)])
     plan = e.descs.get(key)
     if plan is None:
-        op = _reduce_op(reduce_op)
-        g, out_shape = _rs_check(As, Bs, scatter_dim, e.world_size)
-        plan = _Plan([As, Bs], [out_shape], A0.dtype, None, g, A0.device, op)
-        _remember(e, key, plan)
+        plan = _rs_plan(e, key, As, Bs, reduce_op, scatter_dim)
     a_views, b_views = plan.input_views
     for view, A in zip(a_views, As):
         view.data = A.data_ptr()
     for view, B in zip(b_views, Bs):
         view.data = B.data_ptr()
-    out = _empty(plan, A0, plan.out_shapes[0])
+    return _call_rs(e, plan, A0, len(As))
+
+
+def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
+    # One product, the common case, without the lists' loops (see _all_gather_matmul).
+    e = _entries.get((group_name, A.get_device())) or _contexts.entry(group_name, A)
+    key = ("rs", reduce_op, scatter_dim, A.shape, A.dtype, A.stride(), B.shape, B.dtype,
+           B.get_device(), B.stride())
+    plan = e.descs.get(key)
+    if plan is None:
+        plan = _rs_plan(e, key, [A], [B], reduce_op, scatter_dim)
+    a_views, b_views = plan.input_views
+    a_views[0].data = A.data_ptr()
+    b_views[0].data = B.data_ptr()
+    return _call_rs(e, plan, A, 1)
+
+
+def _rs_plan(e, key, As, Bs, reduce_op, scatter_dim) -> _Plan:
+    op = _reduce_op(reduce_op)
+    g, out_shape = _rs_check(As, Bs, scatter_dim, e.world_size)
+    plan = _Plan([As, Bs], [out_shape], As[0].dtype, None, g, As[0].device, op)
+    _remember(e, key, plan)
+    return plan
+
+
+def _call_rs(e, plan: _Plan, A0, products: int):
+    """Allocates the output and enqueues the op of a plan whose input pointers are written."""
+    shape = plan.out_shapes[0]
+    out = A0.new_empty(shape) if plan.same_dtype else _empty(plan, A0, shape)
     plan.out_views[0].data = out.data_ptr()
     cuda = plan.cuda
     addrs = plan.addrs
-    status = _capi.by_address("asynctp_matmul_reduce_scatter")(
-        e.handle, addrs[0], addrs[1], len(As), addrs[2], plan.op, plan.dim, _capi.PATH_DEFAULT,
-        _stream_on(cuda, plan.index))
+    status = (_RS or _bind(_RS))[0](
+        e.handle, addrs[0], addrs[1], products, addrs[2], plan.op, plan.dim, _capi.PATH_DEFAULT,
+        (_raw_stream(plan.index) or None) if cuda else None)
     if status or not cuda:
         _complete(e, status, cuda)
     return out
@@ -367,10 +419,6 @@ def _matmuls_reduce_scatter_fake(As, Bs, reduce_op, scatter_dim, group_name):
     _reduce_op(reduce_op)
     _, out_shape = _rs_check(As, Bs, scatter_dim, _group_size(group_name))
     return As[0].new_empty(out_shape)
-
-
-def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
-    return _matmuls_reduce_scatter([A], [B], reduce_op, scatter_dim, group_name)
 
 
 def _matmul_reduce_scatter_fake(A, B, reduce_op, scatter_dim, group_name):

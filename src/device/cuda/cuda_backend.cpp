@@ -6,6 +6,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <string_view>
 #include <unordered_map>
@@ -46,25 +47,28 @@ void name_stream(cudaStream_t stream, std::string_view name) {
 }
 
 // Shape and strides of a same-shape pair with size-1 dims dropped and dims merged wherever both
-// tensors are contiguous across them. Innermost last.
+// tensors are contiguous across them. Innermost last. (Fixed arrays: every copy of an op makes
+// one, and an allocation is host time.)
 struct CopyPlan {
-  std::vector<int64_t> sizes, dst_strides, src_strides;
+  std::array<int64_t, kMaxDims> sizes{}, dst_strides{}, src_strides{};
+  size_t dims = 0;
 };
 
 CopyPlan coalesce(const Tensor& dst, const Tensor& src) {
   CopyPlan p;
   for (int d = 0; d < dst.dim(); ++d) {
     if (dst.size(d) == 1) continue;
-    if (!p.sizes.empty() && p.dst_strides.back() == dst.stride(d) * dst.size(d) &&
-        p.src_strides.back() == src.stride(d) * src.size(d)) {
-      p.sizes.back() *= dst.size(d);
-      p.dst_strides.back() = dst.stride(d);
-      p.src_strides.back() = src.stride(d);
+    if (p.dims > 0 && p.dst_strides[p.dims - 1] == dst.stride(d) * dst.size(d) &&
+        p.src_strides[p.dims - 1] == src.stride(d) * src.size(d)) {
+      p.sizes[p.dims - 1] *= dst.size(d);
+      p.dst_strides[p.dims - 1] = dst.stride(d);
+      p.src_strides[p.dims - 1] = src.stride(d);
       continue;
     }
-    p.sizes.push_back(dst.size(d));
-    p.dst_strides.push_back(dst.stride(d));
-    p.src_strides.push_back(src.stride(d));
+    p.sizes[p.dims] = dst.size(d);
+    p.dst_strides[p.dims] = dst.stride(d);
+    p.src_strides[p.dims] = src.stride(d);
+    ++p.dims;
   }
   return p;
 }
@@ -239,7 +243,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     if (dst.dtype() == src.dtype()) {
       const size_t esize = dst.element_size();
       const CopyPlan p = coalesce(dst, src);
-      const size_t dims = p.sizes.size();
+      const size_t dims = p.dims;
       if (dims == 0 || (dims == 1 && p.dst_strides[0] == 1 && p.src_strides[0] == 1)) {
         ASYNCTP_CUDA_CHECK(
             cudaMemcpyAsync(dst.data(), src.data(), dst.nbytes(), cudaMemcpyDefault, s));
@@ -247,7 +251,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
       }
       // Pitched copies (a copy engine's to a peer; within one GPU a copy kernel's, as are the 1-D
       // ones): [outer..., rows, width] with unit inner strides.
-      if (p.dst_strides.back() == 1 && p.src_strides.back() == 1 && dims <= 3) {
+      if (p.dst_strides[dims - 1] == 1 && p.src_strides[dims - 1] == 1 && dims <= 3) {
         const size_t width = p.sizes[dims - 1] * esize;
         const size_t rows = dims >= 2 ? p.sizes[dims - 2] : 1;
         const size_t dpitch = dims >= 2 ? p.dst_strides[dims - 2] * esize : width;
@@ -365,6 +369,29 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
         raw(stream), reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT));
   }
 
+  // The writes as one batch of stream memory operations (each a write_flag: the same flags, so
+  // each makes the stream's earlier writes visible first), kBatch a driver call.
+  void write_flags(std::span<const FlagWrite> writes, Stream& stream) override {
+    if (writes.size() == 1) {
+      write_flag(writes[0].flag, writes[0].value, stream);
+      return;
+    }
+    constexpr size_t kBatch = 16;  // the driver takes up to 256 a call
+    std::array<CUstreamBatchMemOpParams, kBatch> ops{};
+    for (size_t i = 0; i < writes.size(); i += kBatch) {
+      const size_t n = std::min(kBatch, writes.size() - i);
+      for (size_t j = 0; j < n; ++j) {
+        ops[j] = CUstreamBatchMemOpParams{};
+        ops[j].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+        ops[j].writeValue.address = reinterpret_cast<CUdeviceptr>(writes[i + j].flag);
+        ops[j].writeValue.value = writes[i + j].value;
+        ops[j].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+      }
+      ASYNCTP_CU_CHECK(
+          cuda::driver().stream_batch_mem_op(raw(stream), static_cast<unsigned>(n), ops.data(), 0));
+    }
+  }
+
   // Unbounded (site unused): a stream memory wait has no timeout. The ops wait this way only for
   // what their own GEMM produces (done counters), which a timed-out GEMM still completes.
   void wait_flag(const uint32_t* flag, uint32_t value, const FlagSite&, Stream& stream) override {
@@ -376,8 +403,10 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     // A few flags (an op's, one per rank): stream memory writes, no memset kernel to launch
     // and schedule between the op's GEMM and its closing barrier.
     if (count <= 16) {
+      std::array<FlagWrite, 16> zeros{};
       for (size_t i = 0; i < count; ++i)
-        write_flag(flags + i, 0, stream);
+        zeros[i] = {flags + i, 0};
+      write_flags(std::span<const FlagWrite>(zeros.data(), count), stream);
       return;
     }
     ASYNCTP_CUDA_CHECK(cudaMemsetAsync(flags, 0, count * sizeof(uint32_t), raw(stream)));

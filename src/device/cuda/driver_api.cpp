@@ -36,6 +36,7 @@ DriverApi load() {
   resolve("cuDeviceGetAttribute", &api.device_get_attribute);
   resolve("cuStreamWriteValue32", &api.stream_write_value32);
   resolve("cuStreamWaitValue32", &api.stream_wait_value32);
+  resolve("cuStreamBatchMemOp", &api.stream_batch_mem_op);
   return api;
 }
 

@@ -22,6 +22,7 @@ struct DriverApi {
   decltype(&::cuDeviceGetAttribute) device_get_attribute;
   decltype(&::cuStreamWriteValue32) stream_write_value32;
   decltype(&::cuStreamWaitValue32) stream_wait_value32;
+  decltype(&::cuStreamBatchMemOp) stream_batch_mem_op;
 };
 
 // Resolves every entry point once (throws naming a missing one).
