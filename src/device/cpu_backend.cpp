@@ -20,6 +20,8 @@ namespace asynctp {
 
 namespace {
 
+std::atomic<bool> g_poison{false};
+
 using cpu::as_cpu;
 using cpu::load_row;
 using cpu::store_row;
@@ -44,7 +46,11 @@ class CpuBackend final : public Backend {
 
   std::string_view name() const override { return "cpu"; }
   Device device() const override { return Device::cpu(); }
-  Buffer allocate(size_t bytes) override { return Buffer::host(bytes); }
+  Buffer allocate(size_t bytes) override {
+    Buffer buffer = Buffer::host(bytes);
+    if (g_poison.load()) std::memset(buffer.data(), cpu::testing::kPoisonByte, bytes);
+    return buffer;
+  }
   Stream& compute_stream() override { return *compute_; }
   std::unique_ptr<Stream> create_stream(std::string_view name) override {
     return streams_.create(name);
@@ -426,5 +432,11 @@ class CpuBackend final : public Backend {
 std::unique_ptr<Backend> make_cpu_backend(int rank) {
   return std::make_unique<CpuBackend>(rank);
 }
+
+namespace cpu::testing {
+void poison_allocations(bool on) {
+  g_poison = on;
+}
+}  // namespace cpu::testing
 
 }  // namespace asynctp

@@ -11,4 +11,12 @@ namespace asynctp {
 // rank: this process's rank on its node, which seeds its streams' jitter.
 std::unique_ptr<Backend> make_cpu_backend(int rank = 0);
 
+namespace cpu::testing {
+// Test-only: whether Backend::allocate fills what it returns with kPoisonByte (off by default).
+// A GPU allocation's contents are undefined; read as flags, these bytes are already raised (a
+// positive int32), so a wait that runs before the flags' zeroing goes through at once.
+inline constexpr unsigned char kPoisonByte = 0x5A;
+void poison_allocations(bool on);
+}  // namespace cpu::testing
+
 }  // namespace asynctp

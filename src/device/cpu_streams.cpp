@@ -4,7 +4,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -12,6 +14,8 @@
 #include "core/random.h"
 
 namespace asynctp::cpu {
+
+class HeldBack;
 
 namespace {
 
@@ -41,6 +45,9 @@ std::mutex g_all_mu;
 std::vector<std::weak_ptr<Worker>> g_all;
 std::atomic<int64_t> g_drop{-1};
 std::atomic<bool> g_dropped{false};
+std::atomic<testing::HoldBack> g_hold{testing::HoldBack::kLastItem};
+std::mutex g_gate_mu;
+std::shared_ptr<HeldBack> g_gate;  // guarded by g_gate_mu: the streams' gate since the reset
 std::atomic<int64_t> g_flag_waits{0};
 std::atomic<int64_t> g_flag_drop{-1};
 std::atomic<bool> g_flag_dropped{false};
@@ -48,6 +55,30 @@ std::mutex g_flag_name_mu;
 std::string g_flag_name;  // guarded by g_flag_name_mu
 
 }  // namespace
+
+// What the event fault switch (testing::reset_event_waits) holds back until release(), for at
+// most kHoldLimit: the streams' items from the reset on (the gate), opened when the host reaches
+// the wait to drop; and the work that wait was for, released when the stream whose wait was
+// dropped reaches the point of that wait.
+class HeldBack {
+ public:
+  void release() {
+    {
+      const std::lock_guard lock(mu_);
+      released_ = true;
+    }
+    cv_.notify_all();
+  }
+  void wait_released() {
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, kHoldLimit, [&] { return released_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool released_ = false;
+};
 
 // How far a worker has got, shared with the events recorded on it (they outlive neither the
 // worker's thread nor need it: an event wait holds this, never the worker).
@@ -59,8 +90,14 @@ struct Progress {
   std::exception_ptr failure;
   uint64_t failure_seq = 0;
   uint64_t skip_through = 0;
-  // The fault switch's stall: this item first sleeps kStall (0: none).
-  uint64_t stall_at = 0;
+  uint64_t started = 0;  // items 1..started have been taken up by the worker
+  // The event fault switch's bookkeeping since its last reset (while a wait is to be dropped):
+  // the first item enqueued since, and the event records' marker items since.
+  uint64_t op_start = 1;
+  std::set<uint64_t> records;
+  std::shared_ptr<HeldBack> gate;  // closed before item op_start (null: none)
+  // The event fault switch's holds: item -> what releases it (see HeldBack).
+  std::map<uint64_t, std::shared_ptr<HeldBack>> held;
 
   // Waits until item n has completed; the failure among items 1..n that was skipped through,
   // if any.
@@ -126,6 +163,14 @@ class Worker {
     throw_pending();
   }
 
+  // The event fault switch's reset: the items enqueued from now on wait for `gate`.
+  void mark_op_start(std::shared_ptr<HeldBack> gate) {
+    const std::lock_guard lock(progress->mu);
+    progress->op_start = enqueued_ + 1;
+    progress->records.clear();
+    progress->gate = std::move(gate);
+  }
+
   // Waits for everything enqueued so far, leaving a failure for the stream's own synchronize.
   void drain() {
     std::unique_lock lock(progress->mu);
@@ -163,18 +208,31 @@ class Worker {
   void run() {
     for (;;) {
       Item item;
-      bool skip = false, stall = false;
+      bool skip = false;
+      std::shared_ptr<HeldBack> gate, held;
       {
         std::unique_lock lock(progress->mu);
         queued_.wait(lock, [&] { return stop_ || !queue_.empty(); });
         if (queue_.empty()) return;
         item = std::move(queue_.front());
         queue_.pop_front();
+        if (progress->gate && item.seq >= progress->op_start) gate = std::move(progress->gate);
+      }
+      if (gate) gate->wait_released();
+      {
+        const std::lock_guard lock(progress->mu);
         skip = progress->failure && item.seq > progress->failure_seq &&
                item.seq <= progress->skip_through;
-        stall = item.seq == progress->stall_at;
+        progress->started = item.seq;
+        if (auto it = progress->held.find(item.seq); it != progress->held.end()) {
+          held = std::move(it->second);
+          progress->held.erase(it);
+        }
       }
-      if (stall) std::this_thread::sleep_for(kFaultStall);
+      if (held) {
+        held->wait_released();
+        std::this_thread::sleep_for(kFaultStall);
+      }
       if (!skip) {
         if (item.jitter && jitter_) {
           // Half the items run at once (a sleep costs ~50 us more than it asks for: that halves
@@ -296,6 +354,16 @@ CpuStream& as_cpu(Stream& stream, const char* what) {
 
 namespace {
 
+// Opens the streams' gate of the event fault switch, if closed.
+void open_gate() {
+  std::shared_ptr<HeldBack> gate;
+  {
+    const std::lock_guard lock(g_gate_mu);
+    gate = std::move(g_gate);
+  }
+  if (gate) gate->release();
+}
+
 class CpuEvent final : public Event {
  public:
   void record(Stream& stream) override {
@@ -305,20 +373,36 @@ class CpuEvent final : public Event {
         "event record", [mark] { *mark = Clock::now(); }, /*jitter=*/false);
     progress_ = s.worker().progress;
     time_ = std::move(mark);
+    if (g_drop.load() >= 0) {
+      const std::lock_guard lock(progress_->mu);
+      progress_->records.insert(seq_);
+    }
   }
 
   void block(Stream& stream) override {
     CpuStream& s = as_cpu(stream, "Event::block");
     const int64_t index = g_event_waits.fetch_add(1);
     if (index == g_drop.load()) {
-      // Dropped: and the work it waited for is held back, so that whatever read that work
-      // without the wait reads it too early.
+      // Dropped: the work it waited for is held back until s reaches this point, so that
+      // whatever s reads or writes of that work without the wait, it does too early.
       g_dropped = true;
-      if (progress_) {
+      if (!progress_) return;
+      auto held = std::make_shared<HeldBack>();
+      {
         const std::lock_guard lock(progress_->mu);
         // Item seq_ is the record's marker; the one before it, the last work recorded.
-        if (progress_->completed + 1 < seq_) progress_->stall_at = seq_ - 1;
+        uint64_t first = seq_ - 1;
+        if (g_hold.load() == testing::HoldBack::kUncovered) {
+          const auto it = progress_->records.lower_bound(seq_);
+          const uint64_t previous = it == progress_->records.begin() ? 0 : *std::prev(it);
+          first = std::max(progress_->op_start, previous + 1);
+        }
+        first = std::max(first, progress_->started + 1);
+        if (first < seq_) progress_->held.emplace(first, held);
       }
+      s.enqueue(
+          "dropped event wait", [held] { held->release(); }, /*jitter=*/false);
+      open_gate();
       return;
     }
     if (!progress_) return;  // never recorded: nothing to wait for (as in CUDA)
@@ -356,7 +440,19 @@ std::unique_ptr<Event> make_cpu_event() {
 
 namespace testing {
 
-void reset_event_waits(int64_t drop) {
+void reset_event_waits(int64_t drop, HoldBack hold) {
+  open_gate();
+  if (drop >= 0) {
+    auto gate = std::make_shared<HeldBack>();
+    {
+      const std::lock_guard lock(g_gate_mu);
+      g_gate = gate;
+    }
+    const std::lock_guard lock(g_all_mu);
+    for (const auto& w : g_all)
+      if (auto worker = w.lock()) worker->mark_op_start(gate);
+  }
+  g_hold = hold;
   g_drop = drop;
   g_dropped = false;
   g_event_waits = 0;

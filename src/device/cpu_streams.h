@@ -37,8 +37,12 @@ namespace asynctp::cpu {
 
 // The largest random delay before a work item when jitter is on.
 inline constexpr int kMaxJitterUs = 200;
-// How long the fault switches hold back the work a dropped wait was for.
+// How long the fault switches hold back the work a dropped wait was for (the event switch: from
+// when the stream whose wait was dropped reaches that point).
 inline constexpr std::chrono::milliseconds kFaultStall{20};
+// The longest the event fault switch holds a stream for a release (see testing::reset_event_waits)
+// that may never come: where the held work is what the releasing stream waits for itself.
+inline constexpr std::chrono::milliseconds kHoldLimit{200};
 
 class Worker;
 
@@ -98,12 +102,24 @@ CpuStream& as_cpu(Stream& stream, const char* what);
 std::unique_ptr<Event> make_cpu_event();
 
 // The test-only fault switch of the event waits: every Event::block call of this process is
-// counted from 0 since the last reset, and the one numbered `drop` (if any) enqueues nothing;
-// instead the last item of the recorded work it stood for, if not yet completed, first sleeps
-// 20 ms: the schedule in which a missing wait shows. The tests that prove
+// counted from 0 since the last reset, and the one numbered `drop` (if any) does not wait; instead
+// the recorded work it stood for is held back: the `hold` part of it waits until the blocked
+// stream reaches the point of the dropped wait (a marker item there; at most kHoldLimit), then
+// kFaultStall more: the schedule in which a missing wait shows. So that this work has not run
+// already (the host enqueues an op slower than the workers run it, where a GPU's host runs
+// ahead), no stream starts an item enqueued after a reset with a wait to drop until the host has
+// reached that wait (at most kHoldLimit; a reset opens the streams too). The tests that prove
 // each event wait of an op necessary drop them one at a time.
 namespace testing {
-void reset_event_waits(int64_t drop = -1);
+enum class HoldBack {
+  kLastItem,  // the last item of the recorded work
+  // The items of the recorded work that no earlier event of that stream stands for: those
+  // enqueued since the reset (where the caller resets before each op and its inputs' writes) and
+  // after the stream's previous event record. For a consumer that races with an earlier item
+  // than the last (a copy that reads what the consumer writes next) which no other wait covers.
+  kUncovered,
+};
+void reset_event_waits(int64_t drop = -1, HoldBack hold = HoldBack::kLastItem);
 // Event::block calls since the last reset.
 int64_t event_waits();
 // Whether the wait to drop was reached (and dropped) since the last reset.
