@@ -243,6 +243,11 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   }
   // The pushes read A_shard: the caller may write it again once the op is through.
   pushed.block(compute);
+  // The flag stream, where used, holds flag writes only, each waited for by its owner's GEMM.
+  // Joined so that the next op's flags land after these where that op raises one on another
+  // stream (a returned A in one op and not the other, or another piece count: the last flag goes
+  // on the copy stream or not), which would otherwise step it back to this op's number; and a
+  // CUDA graph must join every stream it forked.
   ctx.join_flag_streams(compute);
   ctx.mark("joined", compute);
   if (buf.captured) {

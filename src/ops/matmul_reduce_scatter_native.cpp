@@ -133,6 +133,9 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
     if (counter.index / pieces.count != rank) to_push.push_back(counter);
   const int streams =
       static_cast<int>(std::min<size_t>(ctx.options().push_streams, to_push.size()));
+  // The push streams start behind the op's stream, where the first op zeroes its fresh done
+  // counters (ctx.flags) and, through the previous op's join, a counter reset on a flag stream
+  // lands: a push's wait would otherwise pass on garbage or on the previous op's count.
   Event& start = ctx.event(0);
   start.record(compute);
   for (int i = 0; i < streams; ++i)
@@ -166,6 +169,8 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
     if (ctx.tracing()) ctx.mark(fmt::format("pushed piece {} to {}", q, d), flags);
   }
   ctx.host_profile().stamp("pushes");
+  // The next op's GEMM overwrites the product the pushes read and counts in the counters they
+  // (and the flag streams) reset.
   for (int i = 0; i < streams; ++i) {
     Event& pushed = ctx.event(ws + i);
     pushed.record(ctx.push_stream(i));

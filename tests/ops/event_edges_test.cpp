@@ -2,10 +2,11 @@
 // the CPU streams' jitter on (NOTE [cpu streams]), dropping any one of them on one rank
 // (cpu::testing::reset_event_waits, cpu::testing::reset_flag_waits) makes some rank compute a
 // wrong result or fail, but for the split paths' two closing event waits, which cover each other,
-// the native all_gather_matmul's join of its flag stream, which guards no data, and its ready
-// waits on the own chunk, which stream order covers (see the tests). A test of the emulation as
-// much as of the ops: a dropped wait that goes unnoticed is either redundant or guards a race the
-// emulation does not show.
+// the native all_gather_matmul's join of its flag stream, which guards no data between like calls
+// (a test of its own shows it between unlike ones), and its ready waits on the own chunk, which
+// stream order covers (see the tests). A test of the
+// emulation as much as of the ops: a dropped wait that goes unnoticed is either redundant or guards
+// a race the emulation does not show.
 //
 // Each run writes the op's input on the op's stream (behind a garbage fill), runs the op, and
 // overwrites the input on that stream again at once (the caller may reuse it once the op is
@@ -351,10 +352,13 @@ TEST_P(EventEdgesTest, DroppingAnyEventWaitFails) {
     // The native all_gather_matmul (one piece a shard): 0, the copy stream behind the caller's
     // writes of A_shard; 1 .. ws-2, flag stream 0 behind each push but the last (whose flag goes
     // on the copy stream itself); ws-1, the op's stream behind the pushes, which read A_shard;
-    // ws, from 3 ranks on, the join of flag stream 0. That join
-    // guards no data: its flags are writes only, each waited for by its owner's GEMM before that
-    // rank's op ends, and the next op raises the same flags on the same streams, behind these. It
-    // stays for a CUDA graph, which must join every stream it forked.
+    // ws, from 3 ranks on, the join of flag stream 0. That join guards no data in a run of like
+    // calls, as here: its flags are writes only, each waited for by its owner's GEMM before that
+    // rank's op ends, and the next call raises the same flags on the same streams, behind these.
+    // It keeps a flag from stepping back where the next call raises it on another stream (a
+    // returned A in one call and not the other, or another piece count: see the op), shown by
+    // NativeAllGatherMatmulJoinKeepsTheFlagsInOrder; and a CUDA graph must join every stream it
+    // forked.
     EXPECT_EQ(waits, c.ws == 2 ? 2 : c.ws + 1);
     if (c.ws > 2) redundant = {waits - 1};
   } else {
@@ -377,6 +381,81 @@ INSTANTIATE_TEST_SUITE_P(Ops, EventEdgesTest,
                                                          {PathChoice::kFallback, {2, 4}},
                                                          {PathChoice::kNative, {2, 3, 4}}})),
                          case_name);
+
+// The native all_gather_matmul's join of its flag stream, which like calls do not need (see
+// DroppingAnyEventWaitFails), where consecutive calls raise a flag on different streams: at ws 3 a
+// call that returns A raises the flag of its push to r-2 on flag stream 0, one that does not, on
+// the copy stream. Two calls, the first returning A; rank 0 drops the first's join (its last
+// event wait): the second's flag then lands before the first's, held back, which steps it back
+// to the first's op number, and the peer, whose calls start 2 x kPeerDelay late, waits for the
+// second's flag until its timeout (a third call's flag, one op ahead, would let it through).
+// Without the drop every result is right.
+TEST_F(EventEdgesTest, NativeAllGatherMatmulJoinKeepsTheFlagsInOrder) {
+  constexpr int kWs = 3;
+  const EdgeCase c{Op::kAllGatherMatmul, PathChoice::kNative, kWs};
+  constexpr int64_t kJoin = 4;  // the last of a call's 5 event waits (returning A) at ws 3
+  constexpr int kCalls = 2;
+  for (const bool drop : {false, true}) {
+    SCOPED_TRACE(drop ? "join dropped" : "nothing dropped");
+    HarnessOptions options;
+    options.group_timeout = Millis(2000);
+    options.run_timeout = Millis(60'000);
+    auto statuses = run_ranks(
+        kWs,
+        [&](OpContext& ctx) {
+          Backend& be = ctx.backend();
+          const OwnedTensor b = seeded({c.k(), c.n()}, c.dtype(), {72}, Values::kSmallInts);
+          OwnedTensor a_out = empty_host({kWs * c.rows(), c.k()}, c.dtype());
+          // Made before the calls, and compared after them: the references and the comparisons
+          // synchronize every stream.
+          std::vector<Iteration> its;
+          std::vector<OwnedTensor> outs;
+          for (int it = 0; it < kCalls; ++it) {
+            its.push_back(make_iteration(be, c, ctx.rank(), it, b));
+            outs.push_back(empty_host(its.back().expected->shape(), c.out_dtype()));
+          }
+          bool ok = true;
+          try {
+            for (int it = 0; it < kCalls; ++it) {
+              const bool returns_a = it == 0;
+              const Iteration& expected = its[it];
+              const OwnedTensor& out = outs[it];
+              if (ctx.rank() != 0) std::this_thread::sleep_for(2 * kPeerDelay);
+              cpu::testing::reset_event_waits(drop && returns_a && ctx.rank() == 0 ? kJoin : -1,
+                                              cpu::testing::HoldBack::kLastItem);
+              AllGatherMatmulOptions agmm;
+              agmm.path = PathChoice::kNative;
+              const Tensor bs[] = {b.tensor};
+              const Tensor out_views[] = {out.tensor};
+              all_gather_matmul(ctx, expected.a, bs, out_views, returns_a ? a_out.tensor : Tensor(),
+                                agmm);
+              EXPECT_EQ(cpu::testing::event_waits(), returns_a ? 5 : 4);
+              cpu::testing::reset_event_waits();
+              ctx.stream().synchronize();
+            }
+          } catch (const Error&) {
+            ok = false;
+          }
+          try {
+            be.synchronize();
+          } catch (const Error&) {
+            ok = false;
+          }
+          // After the calls: a host read synchronizes every stream.
+          for (int it = 0; it < kCalls && ok; ++it)
+            ok = same_bits(outs[it], its[it].expected);
+          auto& store = ctx.group().store();
+          store.set(fmt::format("ok/{}", ctx.rank()), ok ? "1" : "0");
+          if (ctx.rank() != 0) return;
+          bool all_right = true;
+          for (int r = 0; r < kWs; ++r)
+            all_right &= store.get(fmt::format("ok/{}", r), Millis(30'000)) == "1";
+          EXPECT_EQ(all_right, !drop);
+        },
+        options);
+    EXPECT_RANKS_OK(statuses);
+  }
+}
 
 class FlagEdgesTest : public EventEdgesTest {};
 
