@@ -129,6 +129,32 @@ Iteration make_iteration(Backend& be, const EdgeCase& c, int rank, int it, const
   return out;
 }
 
+// Ends a run whose calls went right so far where `ok`: whatever a failed run left in flight ends
+// before the tensors go; then whether every output is the expected one (a host read, which
+// synchronizes every stream: after the calls).
+bool finish(Backend& be, bool ok, const std::vector<Iteration>& its,
+            const std::vector<OwnedTensor>& outs) {
+  try {
+    be.synchronize();
+  } catch (const Error&) {
+    ok = false;
+  }
+  for (size_t it = 0; it < outs.size() && ok; ++it)
+    ok = same_bits(outs[it], its[it].expected);
+  return ok;
+}
+
+// Every rank tells whether its run went right; on rank 0, whether every rank's did (the others:
+// their own).
+bool all_ranks_right(OpContext& ctx, bool ok) {
+  auto& store = ctx.group().store();
+  store.set(fmt::format("ok/{}", ctx.rank()), ok ? "1" : "0");
+  if (ctx.rank() != 0) return ok;
+  for (int r = 0; r < ctx.world_size(); ++r)
+    ok &= store.get(fmt::format("ok/{}", r), Millis(30'000)) == "1";
+  return ok;
+}
+
 // How long the ranks that drop nothing wait before each op where flag waits are dropped: the data
 // a dropped flag wait guarded (read as the native GEMM starts) is then a peer's of an earlier op.
 constexpr Millis kPeerDelay{30};
@@ -195,15 +221,7 @@ bool run_once(OpContext& ctx, const EdgeCase& c, const Drop& drop, std::string* 
   } catch (const Error& e) {
     ok = false;
   }
-  // Whatever a failed run left in flight ends before the tensors go.
-  try {
-    be.synchronize();
-  } catch (const Error&) {
-    ok = false;
-  }
-  for (int it = 0; it < iterations && ok; ++it)
-    ok = same_bits(outs[it], its[it].expected);
-  return ok;
+  return finish(be, ok, its, outs);
 }
 
 // What dropping each wait of `waits`, one at a time, did.
@@ -243,13 +261,8 @@ Outcome try_drop(const EdgeCase& c, const Drop& drop) {
         std::string dropped;
         Drop mine = drop;
         if (ctx.rank() != 0) mine.k = -1;
-        const bool ok = run_once(ctx, c, mine, &dropped);
-        auto& store = ctx.group().store();
-        store.set(fmt::format("k/{}", ctx.rank()), ok ? "1" : "0");
+        const bool any_wrong = !all_ranks_right(ctx, run_once(ctx, c, mine, &dropped));
         if (ctx.rank() != 0) return;
-        bool any_wrong = false;
-        for (int r = 0; r < c.ws; ++r)
-          any_wrong |= store.get(fmt::format("k/{}", r), Millis(30'000)) == "0";
         if (drop.k < 0) {
           EXPECT_FALSE(any_wrong) << "a wrong result with no wait dropped";
           return;
@@ -436,21 +449,8 @@ TEST_F(EventEdgesTest, NativeAllGatherMatmulJoinKeepsTheFlagsInOrder) {
           } catch (const Error&) {
             ok = false;
           }
-          try {
-            be.synchronize();
-          } catch (const Error&) {
-            ok = false;
-          }
-          // After the calls: a host read synchronizes every stream.
-          for (int it = 0; it < kCalls && ok; ++it)
-            ok = same_bits(outs[it], its[it].expected);
-          auto& store = ctx.group().store();
-          store.set(fmt::format("ok/{}", ctx.rank()), ok ? "1" : "0");
-          if (ctx.rank() != 0) return;
-          bool all_right = true;
-          for (int r = 0; r < kWs; ++r)
-            all_right &= store.get(fmt::format("ok/{}", r), Millis(30'000)) == "1";
-          EXPECT_EQ(all_right, !drop);
+          const bool all_right = all_ranks_right(ctx, finish(be, ok, its, outs));
+          if (ctx.rank() == 0) EXPECT_EQ(all_right, !drop);
         },
         options);
     EXPECT_RANKS_OK(statuses);
