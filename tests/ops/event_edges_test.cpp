@@ -4,9 +4,8 @@
 // wrong result or fail, but for the split paths' two closing event waits, which cover each other,
 // the native all_gather_matmul's join of its flag stream, which guards no data between like calls
 // (a test of its own shows it between unlike ones), and its ready waits on the own chunk, which
-// stream order covers (see the tests). A test of the
-// emulation as much as of the ops: a dropped wait that goes unnoticed is either redundant or guards
-// a race the emulation does not show.
+// stream order covers (see the tests). A test of the emulation as much as of the ops: a dropped
+// wait that goes unnoticed is either redundant or guards a race the emulation does not show.
 //
 // Each run writes the op's input on the op's stream (behind a garbage fill), runs the op, and
 // overwrites the input on that stream again at once (the caller may reuse it once the op is
