@@ -295,6 +295,35 @@ TEST_P(CpuScaledGemmTest, MatchesReferenceScaledInDocumentedOrder) {
   }
 }
 
+// fast_accum is a permission the reference leaves unused: random float8 values (whose f32 sums
+// round), a fast call gives the exact call's bits.
+TEST_P(CpuScaledGemmTest, FastAccumulationGivesTheExactBits) {
+  const Float8Case c = GetParam();
+  const int64_t batch = c.batched ? 2 : 1, m = 4, k = 96, n = 6;
+  const Dims a_shape = c.batched ? Dims{batch, m, k} : Dims{m, k};
+  const Dims d_shape = c.batched ? Dims{batch, m, n} : Dims{m, n};
+  OwnedTensor a = empty_host(a_shape, c.a_dtype);
+  OwnedTensor b = testing::empty_transposed({k, n}, c.b_dtype);
+  OwnedTensor exact = empty_host(d_shape, c.out);
+  OwnedTensor fast = empty_host(d_shape, c.out);
+  fill_seeded(a, seed_of({21}), Values::kRandom);
+  fill_seeded(b, seed_of({22}), Values::kRandom);
+  Dims sa_shape = a_shape;
+  sa_shape[sa_shape.size() - 1] = 1;
+  OwnedTensor sa = empty_host(c.rowwise ? sa_shape : Dims{1}, DType::kF32);
+  OwnedTensor sb = empty_host(c.colwise ? Dims{1, n} : Dims{}, DType::kF32);
+  fill_seeded(sa, seed_of({23}), Values::kPositive);
+  fill_seeded(sb, seed_of({24}), Values::kPositive);
+  GemmArgs args{a, b, exact};
+  args.a_scale = sa;
+  args.b_scale = sb;
+  gemm(args);
+  args.d = fast;
+  args.fast_accum = true;
+  gemm(args);
+  EXPECT_TRUE(same_bits(fast, exact));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Float8, CpuScaledGemmTest,
     ::testing::Values(Float8Case{DType::kF8E4M3, DType::kF8E4M3, DType::kF32, false, false, false},
