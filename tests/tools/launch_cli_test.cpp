@@ -181,6 +181,43 @@ TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
   EXPECT_THAT(bad.err, AllOf(HasSubstr("--scaled"), HasSubstr("blockwise")));
 }
 
+// --fast-accum: the float8 table with fast accumulation allowed in every GEMM, validated like the
+// exact one, and saying which it timed (the JSON's fast_accum, the table's title); without
+// --scaled it is an error naming both options.
+TEST(Cli, ScaledBenchFastAccumSaysWhichItTimed) {
+  for (const bool fast : {false, true}) {
+    for (const std::string op : {"ag-mm", "mm-rs"}) {
+      SCOPED_TRACE(fmt::format("{} fast {}", op, fast));
+      std::vector<std::string> args = {
+          "launch",   "--nproc", "2",         "--no-prefix", "--",      kBin,      "bench",
+          op,         "--shape", "128x64x96", "--scaled",    "rowwise", "--iters", "2",
+          "--warmup", "0",       "--backend", "cpu",         "--json"};
+      if (fast) args.push_back("--fast-accum");
+      const Finished bench = asynctp(args);
+      ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
+      const auto doc = nlohmann::json::parse(bench.out);
+      EXPECT_EQ(doc.at("fast_accum"), fast);
+      ASSERT_EQ(doc.at("results").size(), 1u);
+      const auto& r = doc.at("results")[0];
+      EXPECT_EQ(r.at("fast_accum"), fast);
+      EXPECT_LE(r.at("rel_error_fused_vs_baseline").get<double>(), 1e-2);
+      EXPECT_GT(r.at("fused_ms").get<double>(), 0.0);
+    }
+  }
+  const Finished table =
+      asynctp({"launch", "--nproc", "2", "--no-prefix", "--", kBin, "bench", "mm-rs", "--shape",
+               "128x64x96", "--scaled", "tensorwise", "--fast-accum", "--iters", "2", "--warmup",
+               "0", "--backend", "cpu"});
+  ASSERT_TRUE(table.exited && table.exit_code == 0) << table.describe();
+  EXPECT_THAT(table.out, HasSubstr("fast accumulation"));
+  const Finished lone =
+      asynctp({"bench", "ag-mm", "--shape", "128x64x96", "--fast-accum", "--backend", "cpu"});
+  EXPECT_TRUE(lone.exited && lone.exit_code != 0) << lone.describe();
+  EXPECT_THAT(lone.err, AllOf(HasSubstr("--fast-accum"), HasSubstr("--scaled")));
+  const Finished help = asynctp({"bench", "--help"});
+  EXPECT_THAT(help.out, HasSubstr("--fast-accum"));
+}
+
 TEST(Cli, BadArgumentsFailNamingTheOption) {
   const Finished none = asynctp({});
   EXPECT_TRUE(none.exited && none.exit_code != 0) << none.describe();
