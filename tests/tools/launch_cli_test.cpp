@@ -154,25 +154,33 @@ TEST(Cli, BenchTableHasAColumnPerHeader) {
 }
 
 // The float8 table at two ranks (CPU backend, a tiny shape): both ops validated against the
-// unfused reference and timed with both scalings, the JSON holding every column; a bad scaling
-// is an error naming the option.
+// unfused reference and timed with both scalings, exact and with --fast-accum (fast accumulation
+// allowed in every GEMM), the JSON holding every column and saying which accumulation it timed; a
+// bad scaling is an error naming the option.
 TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
   for (const std::string scaling : {"rowwise", "tensorwise"}) {
     for (const std::string op : {"ag-mm", "mm-rs"}) {
-      SCOPED_TRACE(scaling + " " + op);
-      const Finished bench = asynctp({"launch", "--nproc", "2", "--no-prefix", "--", kBin, "bench",
-                                      op, "--shape", "128x64x96", "--scaled", scaling, "--iters",
-                                      "2", "--warmup", "0", "--backend", "cpu", "--json"});
-      ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
-      const auto doc = nlohmann::json::parse(bench.out);
-      EXPECT_EQ(doc.at("scaling"), scaling);
-      ASSERT_EQ(doc.at("results").size(), 1u);
-      const auto& r = doc.at("results")[0];
-      EXPECT_EQ(r.at("op"), op);
-      EXPECT_LE(r.at("rel_error_fused_vs_baseline").get<double>(), 1e-2);
-      for (const char* key : {"gemm_ms", "baseline_ms", "fused_ms"})
-        EXPECT_GT(r.at(key).get<double>(), 0.0) << key;
-      EXPECT_NE(r.at("path"), "none");
+      for (const bool fast : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} {} fast {}", scaling, op, fast));
+        std::vector<std::string> args = {
+            "launch",   "--nproc", "2",         "--no-prefix", "--",    kBin,      "bench",
+            op,         "--shape", "128x64x96", "--scaled",    scaling, "--iters", "2",
+            "--warmup", "0",       "--backend", "cpu",         "--json"};
+        if (fast) args.push_back("--fast-accum");
+        const Finished bench = asynctp(args);
+        ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
+        const auto doc = nlohmann::json::parse(bench.out);
+        EXPECT_EQ(doc.at("scaling"), scaling);
+        EXPECT_EQ(doc.at("fast_accum"), fast);
+        ASSERT_EQ(doc.at("results").size(), 1u);
+        const auto& r = doc.at("results")[0];
+        EXPECT_EQ(r.at("op"), op);
+        EXPECT_EQ(r.at("fast_accum"), fast);
+        EXPECT_LE(r.at("rel_error_fused_vs_baseline").get<double>(), 1e-2);
+        for (const char* key : {"gemm_ms", "baseline_ms", "fused_ms"})
+          EXPECT_GT(r.at(key).get<double>(), 0.0) << key;
+        EXPECT_NE(r.at("path"), "none");
+      }
     }
   }
   const Finished bad = asynctp(
@@ -181,29 +189,9 @@ TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
   EXPECT_THAT(bad.err, AllOf(HasSubstr("--scaled"), HasSubstr("blockwise")));
 }
 
-// --fast-accum: the float8 table with fast accumulation allowed in every GEMM, validated like the
-// exact one, and saying which it timed (the JSON's fast_accum, the table's title); without
-// --scaled it is an error naming both options.
+// --fast-accum: the table's title says which accumulation was timed; without --scaled the flag
+// is an error naming both options; --help describes it.
 TEST(Cli, ScaledBenchFastAccumSaysWhichItTimed) {
-  for (const bool fast : {false, true}) {
-    for (const std::string op : {"ag-mm", "mm-rs"}) {
-      SCOPED_TRACE(fmt::format("{} fast {}", op, fast));
-      std::vector<std::string> args = {
-          "launch",   "--nproc", "2",         "--no-prefix", "--",      kBin,      "bench",
-          op,         "--shape", "128x64x96", "--scaled",    "rowwise", "--iters", "2",
-          "--warmup", "0",       "--backend", "cpu",         "--json"};
-      if (fast) args.push_back("--fast-accum");
-      const Finished bench = asynctp(args);
-      ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
-      const auto doc = nlohmann::json::parse(bench.out);
-      EXPECT_EQ(doc.at("fast_accum"), fast);
-      ASSERT_EQ(doc.at("results").size(), 1u);
-      const auto& r = doc.at("results")[0];
-      EXPECT_EQ(r.at("fast_accum"), fast);
-      EXPECT_LE(r.at("rel_error_fused_vs_baseline").get<double>(), 1e-2);
-      EXPECT_GT(r.at("fused_ms").get<double>(), 0.0);
-    }
-  }
   const Finished table =
       asynctp({"launch", "--nproc", "2", "--no-prefix", "--", kBin, "bench", "mm-rs", "--shape",
                "128x64x96", "--scaled", "tensorwise", "--fast-accum", "--iters", "2", "--warmup",

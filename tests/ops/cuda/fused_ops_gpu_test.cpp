@@ -350,6 +350,16 @@ INSTANTIATE_TEST_SUITE_P(Cases, MatmulReduceScatterGpu, ::testing::ValuesIn(rs_c
 
 // ---- float8 ---------------------------------------------------------------------------------
 
+// The row-major values of t^T [cols, rows] from those of t [rows, cols] (B [k, n] from its
+// K-major storage [n, k]).
+std::vector<float> rows_of_transpose(const std::vector<float>& t, int64_t rows, int64_t cols) {
+  std::vector<float> out(rows * cols);
+  for (int64_t i = 0; i < cols; ++i)
+    for (int64_t j = 0; j < rows; ++j)
+      out[i * rows + j] = t[j * cols + i];
+  return out;
+}
+
 class ScaledGpu : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(ScaledGpu, BothOpsMatchHostReference) {
@@ -380,11 +390,7 @@ TEST_P(ScaledGpu, BothOpsMatchHostReference) {
         const Tensor outs[] = {out.tensor};
         all_gather_scaled_matmul(ctx, *a, *sa, bs, b_scales, outs);
         // Reference: every rank's shard and scale rebuilt on the host.
-        const auto bt = to_vector(b.host);  // [n, k]
-        std::vector<float> bkn(k * n);
-        for (int64_t i = 0; i < k; ++i)
-          for (int64_t j = 0; j < n; ++j)
-            bkn[i * n + j] = bt[j * k + i];
+        const std::vector<float> bkn = rows_of_transpose(to_vector(b.host), n, k);
         const auto sbv = to_vector(sb.host);
         std::vector<double> expected(ms * ws * n, 0.0);
         for (int q = 0; q < ws; ++q) {
@@ -460,11 +466,7 @@ TEST_P(ScaledGpu, FastAccumulationStaysNearTheExactResult) {
         DeviceTensor sb =
             col_b ? upload_seeded(ctx, {1, n}, DType::kF32, seed_of({33}), Values::kPositive)
                   : upload_seeded(ctx, {}, DType::kF32, seed_of({33}), Values::kPositive);
-        const auto bt = to_vector(b.host);  // [n, k]
-        std::vector<float> bkn(k * n);
-        for (int64_t i = 0; i < k; ++i)
-          for (int64_t j = 0; j < n; ++j)
-            bkn[i * n + j] = bt[j * k + i];
+        const std::vector<float> bkn = rows_of_transpose(to_vector(b.host), n, k);
         const auto sbv = to_vector(sb.host);
         // rows x n of (a @ B) scaled, for rank q's A of `rows` rows (seed `tag`).
         auto product = [&](uint64_t tag, uint64_t q, int64_t rows) {
