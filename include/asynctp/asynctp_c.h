@@ -38,7 +38,7 @@ extern "C" {
 #define ASYNCTP_C_EXPORT
 #endif
 
-#define ASYNCTP_C_API_VERSION 3
+#define ASYNCTP_C_API_VERSION 4
 #define ASYNCTP_MAX_DIMS 8
 #define ASYNCTP_CONTEXT_STREAM ((void*)(intptr_t)-1)
 
@@ -199,6 +199,10 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_synchronize(asynctp_context ctx);
  *                          dim g divided by ws.
  *   scaled forms: float8 A and B with f32 scales, tensor-wise (one element) or row-wise
  *                 (A's shape with the last dim 1; B's [1, N]).
+ *                 fast_accum allows the GEMMs to accumulate faster and less exactly
+ *                 (torch._scaled_mm's use_fast_accum; cuBLASLt's fast float8 accumulation on
+ *                 CUDA; the CPU backend accumulates in f32 either way): 0 or 1, for
+ *                 all_gather_scaled_matmul one per B (NULL: 0 for every B).
  * `path`: asynctp_path. `stream`: see the conventions above. */
 
 ASYNCTP_C_EXPORT asynctp_status asynctp_all_gather_matmul(
@@ -219,8 +223,8 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_all_gather_matmul_swiglu(
 ASYNCTP_C_EXPORT asynctp_status asynctp_all_gather_scaled_matmul(
     asynctp_context ctx, const asynctp_tensor* a_shard, const asynctp_tensor* a_scale,
     const asynctp_tensor* bs, const asynctp_tensor* b_scales, int32_t num_bs,
-    const asynctp_tensor* outs, const asynctp_tensor* a_out, int32_t gather_dim, int32_t path,
-    void* stream);
+    const asynctp_tensor* outs, const asynctp_tensor* a_out, int32_t gather_dim,
+    const int32_t* fast_accum, int32_t path, void* stream);
 
 /* num_products >= 1: the products are summed in f32 before the one reduce-scatter. */
 ASYNCTP_C_EXPORT asynctp_status asynctp_matmul_reduce_scatter(
@@ -230,7 +234,7 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_matmul_reduce_scatter(
 ASYNCTP_C_EXPORT asynctp_status asynctp_scaled_matmul_reduce_scatter(
     asynctp_context ctx, const asynctp_tensor* a, const asynctp_tensor* a_scale,
     const asynctp_tensor* b, const asynctp_tensor* b_scale, const asynctp_tensor* out,
-    int32_t reduce_op, int32_t scatter_dim, int32_t path, void* stream);
+    int32_t reduce_op, int32_t scatter_dim, int32_t fast_accum, int32_t path, void* stream);
 
 /* ---- collectives (any dim, any strides) -------------------------------------------------- */
 

@@ -18,6 +18,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include <asynctp/context.h>
 #include <asynctp/tensor.h>
@@ -38,6 +39,12 @@ struct AllGatherMatmulOptions {
   std::optional<size_t> push_piece_bytes = std::nullopt;
   // The caller's native stream for this call (see Context::set_stream); unset: the context's.
   std::optional<void*> stream = std::nullopt;
+  // all_gather_scaled_matmul only: fast_accum[i] allows the GEMMs of Bs[i] to accumulate faster
+  // and less exactly (torch._scaled_mm's use_fast_accum); one value: the same for every B; empty:
+  // exact f32 accumulation. A permission (see GemmArgs::fast_accum): the CUDA backend lets
+  // cuBLASLt accumulate the float8 products fast; the CPU backend accumulates in f32 either way.
+  // The unscaled forms (all_gather_matmul, all_gather_matmul_swiglu) refuse it.
+  std::vector<bool> fast_accum = {};
 };
 
 struct MatmulReduceScatterOptions {
@@ -46,6 +53,9 @@ struct MatmulReduceScatterOptions {
   std::optional<PathChoice> path;
   // The caller's native stream for this call (see Context::set_stream); unset: the context's.
   std::optional<void*> stream = std::nullopt;
+  // scaled_matmul_reduce_scatter only: allows its GEMMs to accumulate faster and less exactly (as
+  // AllGatherMatmulOptions::fast_accum). The unscaled matmul_reduce_scatter refuses it.
+  bool fast_accum = false;
 };
 
 // The gathered shape of A_shard.

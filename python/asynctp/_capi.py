@@ -20,7 +20,7 @@ import os
 import threading
 from pathlib import Path
 
-API_VERSION = 3
+API_VERSION = 4
 MAX_DIMS = 8
 CONTEXT_STREAM = ctypes.c_void_p(-1)  # ASYNCTP_CONTEXT_STREAM
 
@@ -215,7 +215,7 @@ _PROTOTYPES = {
     ),
     "asynctp_all_gather_scaled_matmul": (
         ctypes.c_int,
-        [_ctx, _tp, _tp, _tp, _tp, _i32, _tp, _tp, _i32, _i32, _vp],
+        [_ctx, _tp, _tp, _tp, _tp, _i32, _tp, _tp, _i32, _P(_i32), _i32, _vp],
     ),
     "asynctp_all_gather_matmul_swiglu": (
         ctypes.c_int,
@@ -228,7 +228,7 @@ _PROTOTYPES = {
     ),
     "asynctp_scaled_matmul_reduce_scatter": (
         ctypes.c_int,
-        [_ctx, _tp, _tp, _tp, _tp, _tp, _i32, _i32, _i32, _vp],
+        [_ctx, _tp, _tp, _tp, _tp, _tp, _i32, _i32, _i32, _i32, _vp],
     ),
     "asynctp_all_gather": (ctypes.c_int, [_ctx, _tp, _tp, _i32, _vp]),
     "asynctp_reduce_scatter": (ctypes.c_int, [_ctx, _tp, _tp, _i32, _i32, _vp]),

@@ -32,6 +32,12 @@ AllGatherMatmulOptions ag_options(int32_t gather_dim, int32_t path, void* stream
   return options;
 }
 
+// A C flag (0 or 1) as a bool; anything else is an invalid argument naming `arg`.
+bool flag_of(int32_t value, ArgName arg) {
+  if (value != 0 && value != 1) invalid("{} is {}, expected 0 or 1", arg, value);
+  return value == 1;
+}
+
 MatmulReduceScatterOptions rs_options(int32_t reduce_op, int32_t scatter_dim, int32_t path,
                                       void* stream) {
   check_dim_arg(scatter_dim, "scatter_dim");
@@ -142,13 +148,11 @@ asynctp_status asynctp_all_gather_matmul_swiglu(asynctp_context ctx, const async
   });
 }
 
-asynctp_status asynctp_all_gather_scaled_matmul(asynctp_context ctx, const asynctp_tensor* a_shard,
-                                                const asynctp_tensor* a_scale,
-                                                const asynctp_tensor* bs,
-                                                const asynctp_tensor* b_scales, int32_t num_bs,
-                                                const asynctp_tensor* outs,
-                                                const asynctp_tensor* a_out, int32_t gather_dim,
-                                                int32_t path, void* stream) {
+asynctp_status asynctp_all_gather_scaled_matmul(
+    asynctp_context ctx, const asynctp_tensor* a_shard, const asynctp_tensor* a_scale,
+    const asynctp_tensor* bs, const asynctp_tensor* b_scales, int32_t num_bs,
+    const asynctp_tensor* outs, const asynctp_tensor* a_out, int32_t gather_dim,
+    const int32_t* fast_accum, int32_t path, void* stream) {
   return guarded(__func__, [&] {
     OpContext& c = *context_of(ctx, "ctx").ctx;
     const HostProfile::Call profiled(c.host_profile());  // from here: the descriptors' checks
@@ -165,7 +169,13 @@ asynctp_status asynctp_all_gather_scaled_matmul(asynctp_context ctx, const async
           "gather_dim {} is a_shard's contraction dim, which the scaled form cannot "
           "gather",
           gather_dim);
-    all_gather_scaled_matmul(c, a, as, b, bsc, o, ao, ag_options(gather_dim, path, stream));
+    AllGatherMatmulOptions options = ag_options(gather_dim, path, stream);
+    if (fast_accum != nullptr) {
+      for (int32_t i = 0; i < num_bs; ++i)
+        options.fast_accum.push_back(
+            flag_of(fast_accum[i], ArgName("fast_accum", static_cast<int64_t>(i))));
+    }
+    all_gather_scaled_matmul(c, a, as, b, bsc, o, ao, options);
   });
 }
 
@@ -186,14 +196,15 @@ asynctp_status asynctp_matmul_reduce_scatter(asynctp_context ctx, const asynctp_
 asynctp_status asynctp_scaled_matmul_reduce_scatter(
     asynctp_context ctx, const asynctp_tensor* a, const asynctp_tensor* a_scale,
     const asynctp_tensor* b, const asynctp_tensor* b_scale, const asynctp_tensor* out,
-    int32_t reduce_op, int32_t scatter_dim, int32_t path, void* stream) {
+    int32_t reduce_op, int32_t scatter_dim, int32_t fast_accum, int32_t path, void* stream) {
   return guarded(__func__, [&] {
     OpContext& c = *context_of(ctx, "ctx").ctx;
     const HostProfile::Call profiled(c.host_profile());  // from here: the descriptors' checks
+    MatmulReduceScatterOptions options = rs_options(reduce_op, scatter_dim, path, stream);
+    options.fast_accum = flag_of(fast_accum, "fast_accum");
     scaled_matmul_reduce_scatter(c, tensor_of(a, "a", c), tensor_of(a_scale, "a_scale", c),
                                  tensor_of(b, "b", c), tensor_of(b_scale, "b_scale", c),
-                                 tensor_of(out, "out", c),
-                                 rs_options(reduce_op, scatter_dim, path, stream));
+                                 tensor_of(out, "out", c), options);
   });
 }
 

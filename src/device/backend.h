@@ -60,6 +60,13 @@ struct GemmArgs {
   bool accumulate = false;
   Tensor a_scale;
   Tensor b_scale;
+  // A permission, as torch._scaled_mm's use_fast_accum: the backend may accumulate float8
+  // products faster and less exactly. CUDA: cuBLASLt's fast accumulation
+  // (CUBLASLT_MATMUL_DESC_FAST_ACCUM: Hopper and Ada keep the running sum in the tensor cores'
+  // narrower accumulator instead of promoting it to f32 every few K steps). The CPU backend, the
+  // reference, accumulates in exact f32 either way, so its results do not depend on the flag.
+  // Without float8 operands it changes nothing.
+  bool fast_accum = false;
 };
 
 // Whether a flag raised to op numbers (counting up through 2^32) is up for op `value`: it holds

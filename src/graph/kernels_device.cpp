@@ -2,6 +2,8 @@
 // the project's fused targets (docs/GRAPH.md gives their signatures). Host tensors are staged to
 // the device and back through Backend::copy; on the CPU backend host memory is the device memory,
 // so nothing is copied.
+#include <algorithm>
+
 #include "core/error.h"
 #include "graph/kernel.h"
 #include "ops/collectives.h"
@@ -77,9 +79,11 @@ DType out_dtype_of(Call& c, size_t index, std::string_view key, DType fallback) 
 }
 
 // GEMM d = a @ b (+ scales); float8 or biased results go through an f32 temporary so that the
-// bias is added before the single rounding, as PyTorch's epilogue does.
+// bias is added before the single rounding, as PyTorch's epilogue does. fast_accum: the
+// permission of GemmArgs::fast_accum (a float8 product may accumulate fast).
 void gemm(Call& c, Staging& st, const HostTensor& a, const HostTensor& b, const HostTensor& out,
-          const HostTensor* sa, const HostTensor* sb, const HostTensor* bias) {
+          const HostTensor* sa, const HostTensor* sb, const HostTensor* bias,
+          bool fast_accum = false) {
   const bool direct = bias == nullptr && !is_float8(out.t.dtype());
   HostTensor acc = direct ? out : host_empty(out.t.shape(), DType::kF32);
   GemmArgs args;
@@ -90,6 +94,7 @@ void gemm(Call& c, Staging& st, const HostTensor& a, const HostTensor& b, const 
     args.a_scale = st.in(*sa);
     args.b_scale = st.in(*sb);
   }
+  args.fast_accum = fast_accum;
   c.ctx().backend().gemm(args, c.ctx().stream());
   st.finish();
   if (!direct) {
@@ -166,9 +171,10 @@ RtValue scaled_mm(Call& c) {
   ASYNCTP_CHECK(!c.has(5, "scale_result"), "{}: scale_result is not supported", c.where());
   const HostTensor* bias = c.has(4, "bias") ? &c.tensor(4, "bias") : nullptr;
   const DType out_dtype = out_dtype_of(c, 6, "out_dtype", a.t.dtype());
+  const bool fast_accum = c.boolean_or(7, "use_fast_accum", false);
   HostTensor out = c.alloc({a.t.size(0), b.t.size(1)}, out_dtype);
   Staging st(c.ctx());
-  gemm(c, st, a, b, out, &c.tensor(2, "scale_a"), &c.tensor(3, "scale_b"), bias);
+  gemm(c, st, a, b, out, &c.tensor(2, "scale_a"), &c.tensor(3, "scale_b"), bias, fast_accum);
   return RtValue::of(out);
 }
 
@@ -217,6 +223,29 @@ RtValue all_reduce(Call& c) {
   return RtValue::of(out);
 }
 
+// The scaled fused targets' keyword use_fast_accum: one bool per B (fused_all_gather_scaled_matmul,
+// count = the number of Bs), or one bool (fused_scaled_matmul_reduce_scatter, count 0). Absent or
+// None: exact accumulation.
+std::vector<bool> fast_accum_kwarg(Call& c, size_t count) {
+  const RtValue* v = c.kwarg("use_fast_accum");
+  if (v == nullptr || v->is_none()) return {};
+  auto is_bool = [](const Value& x) { return x.kind == Value::Kind::kBool; };
+  const bool literal = v->kind == RtValue::Kind::kLiteral;
+  if (count == 0) {
+    ASYNCTP_CHECK(literal && is_bool(v->literal), "{}: use_fast_accum must be a bool, got {}",
+                  c.where(), v->describe());
+    return {v->literal.b};
+  }
+  ASYNCTP_CHECK(literal && v->literal.is_list() && v->literal.list.size() == count &&
+                    std::all_of(v->literal.list.begin(), v->literal.list.end(), is_bool),
+                "{}: use_fast_accum must be a list of {} bools (one per B), got {}", c.where(),
+                count, v->describe());
+  std::vector<bool> flags;
+  for (const Value& x : v->literal.list)
+    flags.push_back(x.b);
+  return flags;
+}
+
 // Result of the fused all-gather ops: (A or None, [out_0, ...]).
 RtValue gather_result(const std::optional<HostTensor>& a, const std::vector<HostTensor>& outs) {
   std::vector<RtValue> items;
@@ -227,7 +256,7 @@ RtValue gather_result(const std::optional<HostTensor>& a, const std::vector<Host
 
 // asynctp.fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A)
 // asynctp.fused_all_gather_scaled_matmul(A_shard, A_scale, Bs, B_scales, gather_dim, group_name,
-//                                        out_dtypes, *, return_A)
+//                                        out_dtypes, *, return_A, use_fast_accum)
 RtValue fused_all_gather(Call& c, bool scaled) {
   const size_t o = scaled ? 2 : 0;  // offset of the arguments after the scales
   const HostTensor& a = c.tensor(0, "A_shard");
@@ -282,6 +311,7 @@ RtValue fused_all_gather(Call& c, bool scaled) {
   const Tensor dev_a_out = a_full ? st.out(*a_full) : Tensor();
   AllGatherMatmulOptions options;
   options.gather_dim = static_cast<int>(gather_dim);
+  if (scaled) options.fast_accum = fast_accum_kwarg(c, bs.size());
   if (scaled) {
     all_gather_scaled_matmul(c.ctx(), st.in(a), st.in(c.tensor(1, "A_scale")), dev_bs, dev_scales,
                              dev_outs, dev_a_out, options);
@@ -329,7 +359,7 @@ RtValue fused_matmul_reduce_scatter(Call& c) {
 }
 
 // asynctp.fused_scaled_matmul_reduce_scatter(A, A_scale, B, B_scale, reduce_op, scatter_dim,
-//                                            group_name, out_dtype)
+//                                            group_name, out_dtype, *, use_fast_accum)
 RtValue fused_scaled_matmul_reduce_scatter(Call& c) {
   const HostTensor& a = c.tensor(0, "A");
   const HostTensor& b = c.tensor(2, "B");
@@ -337,6 +367,8 @@ RtValue fused_scaled_matmul_reduce_scatter(Call& c) {
   options.reduce_op = parse_reduce_op(c.string(4, "reduce_op"));
   options.scatter_dim = static_cast<int>(c.integer(5, "scatter_dim"));
   check_group(c, c.ctx().world_size(), c.string(6, "group_name"));
+  const std::vector<bool> fast_accum = fast_accum_kwarg(c, 0);
+  options.fast_accum = !fast_accum.empty() && fast_accum[0];
   const DType out_dtype = out_dtype_of(c, 7, "out_dtype", DType::kBF16);
   ASYNCTP_CHECK(a.t.dim() >= 2 && b.t.dim() == 2, "{}: A {} and B {} must be [.., K] and [K, N]",
                 c.where(), a.t.describe(), b.t.describe());

@@ -66,7 +66,6 @@
 namespace asynctp {
 
 using detail::align_up;
-using detail::gemm;
 using detail::gemm_view;
 
 namespace {
@@ -90,6 +89,15 @@ void validate(OpContext& ctx, AgMmCall& c, int gather_dim) {
                 c.outs.size());
   const Dims gathered = all_gather_shape(c.a_shard, c.g, ctx.world_size());
   const int64_t k = gathered.back();
+  if (!c.fast_accum.empty()) {
+    ASYNCTP_CHECK(c.scaled,
+                  "{}: fast_accum is for the scaled (float8) form, all_gather_scaled_matmul; got "
+                  "{} values",
+                  op, c.fast_accum.size());
+    ASYNCTP_CHECK(c.fast_accum.size() == 1 || c.fast_accum.size() == c.bs.size(),
+                  "{}: fast_accum holds {} values for {} Bs: give one per B, or one for all", op,
+                  c.fast_accum.size(), c.bs.size());
+  }
   if (c.scaled) {
     ASYNCTP_CHECK(!c.k_gather(),
                   "{}: gathering on the contraction dim (gather_dim {}) is not "
@@ -182,8 +190,9 @@ void run_fallback(OpContext& ctx, const AgMmCall& c) {
   if (c.rowwise()) all_gather(ctx, c.a_scale, scale, c.g);
   ctx.host_profile().stamp("gathered");
   for (size_t i = 0; i < c.bs.size(); ++i) {
-    gemm(ctx, gemm_view(a, 0, "A"), c.bs[i], gemm_view(c.outs[i], 0, "out"), false,
-         c.rowwise() ? scale_view(scale, true, 0) : c.a_scale, c.b_scale(i), ctx.stream());
+    ctx.backend().gemm(c.product(i, gemm_view(a, 0, "A"), gemm_view(c.outs[i], 0, "out"),
+                                 c.rowwise() ? scale_view(scale, true, 0) : c.a_scale),
+                       ctx.stream());
   }
   ctx.host_profile().stamp("gemm");
 }
@@ -251,9 +260,10 @@ void run_split(OpContext& ctx, const AgMmCall& c) {
   };
   auto multiply_rows = [&](int p, Stream& stream) {
     for (size_t j = 0; j < c.bs.size(); ++j) {
-      gemm(ctx, gemm_view(chunk_a(p), c.g, "A chunk"), c.bs[j],
-           gemm_view(slice(c.outs[j], p), c.g, "out chunk"), false,
-           scale_view(chunk_scale(p), rowwise, c.g), c.b_scale(j), stream);
+      be.gemm(c.product(j, gemm_view(chunk_a(p), c.g, "A chunk"),
+                        gemm_view(slice(c.outs[j], p), c.g, "out chunk"),
+                        scale_view(chunk_scale(p), rowwise, c.g)),
+              stream);
     }
   };
   // The first push is enqueued before the first GEMM: enqueueing a GEMM takes longer than a copy,
@@ -294,9 +304,12 @@ void run_split(OpContext& ctx, const AgMmCall& c) {
     for (int p = 0; p < ws; ++p) {
       wait_for(p, compute);
       for (size_t j = 0; j < c.bs.size(); ++j) {
-        gemm(ctx, gemm_view(chunk_a(p), 0, "A chunk"), c.bs[j].narrow(0, p * s, s),
-             gemm_view(acc[j], 0, "accumulator"), /*accumulate=*/p > 0, Tensor(), Tensor(),
-             compute);
+        // (Unscaled: the scaled form cannot gather the contraction dim.)
+        be.gemm({.a = gemm_view(chunk_a(p), 0, "A chunk"),
+                 .b = c.bs[j].narrow(0, p * s, s),
+                 .d = gemm_view(acc[j], 0, "accumulator"),
+                 .accumulate = p > 0},
+                compute);
       }
     }
     for (size_t j = 0; j < c.bs.size(); ++j) {
@@ -367,6 +380,15 @@ std::string problem_key(OpContext& ctx, const AgMmCall& c) {
   if (c.a_out.defined()) variant.push_back("returns A");
   if (c.rowwise()) variant.push_back("row-wise A scale");
   if (c.pre_out.defined()) variant.push_back("returns the products");
+  // Fast accumulation changes the GEMMs' times, so the paths' too.
+  std::vector<size_t> fast;
+  for (size_t i = 0; i < c.bs.size(); ++i)
+    if (c.scaled && c.fast(i)) fast.push_back(i);
+  if (fast.size() == c.bs.size()) {
+    variant.push_back("fast accum");
+  } else if (!fast.empty()) {
+    variant.push_back(fmt::format("fast accum for Bs {}", fmt::join(fast, " ")));
+  }
   return detail::problem_key(ctx, c.op, m, n, k, c.a_shard.dtype(), c.outs[0].dtype(), c.bs[0],
                              fmt::format("{}", fmt::join(variant, ", ")));
 }
@@ -409,12 +431,16 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   ctx.backend().check_errors();
   ctx.forget_flag_streams();
   c.push_piece_bytes = options.push_piece_bytes.value_or(ctx.options().push_piece_bytes);
+  c.fast_accum = options.fast_accum;
   // The call's metadata: a call seen before skips the checks and the choice.
   detail::CallMemos& memos = ctx.call_memos();
   memos.start(c.op);
   memos.add(options.gather_dim);
   memos.add(options.path ? static_cast<int64_t>(*options.path) : -1);
   memos.add(static_cast<int64_t>(c.push_piece_bytes));
+  memos.add(static_cast<int64_t>(c.fast_accum.size()));
+  for (const bool fast : c.fast_accum)
+    memos.add(fast);
   memos.add(c.a_shard);
   memos.add(c.a_scale);
   memos.add(c.bs);

@@ -5,6 +5,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "ops/context.h"
 #include "ops/matmul_common.h"
@@ -28,10 +29,27 @@ struct AgMmCall {
   // pre_out [.., 2N] the products (or undefined).
   bool swiglu = false;
   Tensor pre_out;
+  // The call's option (AllGatherMatmulOptions::fast_accum): empty, one value, or one per B.
+  std::vector<bool> fast_accum;
 
   bool rowwise() const { return scaled && is_rowwise_scale(a_scale, a_shard); }
   bool k_gather() const { return g == a_shard.dim() - 1; }
   Tensor b_scale(size_t i) const { return scaled ? b_scales[i] : Tensor(); }
+  // Whether the GEMMs of Bs[i] may accumulate fast.
+  bool fast(size_t i) const {
+    if (fast_accum.empty()) return false;
+    return fast_accum.size() == 1 ? fast_accum[0] : fast_accum[i];
+  }
+  // The GEMM of one chunk (or all) of the gathered A with Bs[i]: d = a @ Bs[i], scaled for the
+  // scaled form (a_scale: the rows' scale view matching a, or the tensor-wise scale).
+  GemmArgs product(size_t i, const Tensor& a, const Tensor& d, const Tensor& a_scale) const {
+    return {.a = a,
+            .b = bs[i],
+            .d = d,
+            .a_scale = a_scale,
+            .b_scale = b_scale(i),
+            .fast_accum = scaled && fast(i)};
+  }
 };
 
 // ---- The push buffers (see the file comment) ----------------------------------------------------

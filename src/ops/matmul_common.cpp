@@ -138,18 +138,6 @@ Tensor shape_only_matrix(DType dtype, int64_t rows, int64_t cols, Device device)
   return Tensor(dummy_address(), dtype, {rows, cols}, {cols, 1}, device);
 }
 
-void gemm(OpContext& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale,
-          Tensor b_scale, Stream& stream) {
-  GemmArgs args;
-  args.a = std::move(a);
-  args.b = std::move(b);
-  args.d = std::move(d);
-  args.accumulate = accumulate;
-  args.a_scale = std::move(a_scale);
-  args.b_scale = std::move(b_scale);
-  ctx.backend().gemm(args, stream);
-}
-
 void check_on_device(OpContext& ctx, const Tensor& t, const char* op, const std::string& name) {
   ASYNCTP_CHECK(t.defined(), "{}: {} is undefined", op, name);
   ASYNCTP_CHECK(t.device() == ctx.backend().device(), "{}: {} is on {} but the context runs on {}",

@@ -160,8 +160,4 @@ struct OpBuffer {
   size_t offset;    // of this op's part, in every rank's allocation
 };
 
-// Enqueues D (+)= A @ B with optional float8 scales on `stream` (see GemmArgs).
-void gemm(OpContext& ctx, Tensor a, Tensor b, Tensor d, bool accumulate, Tensor a_scale,
-          Tensor b_scale, Stream& stream);
-
 }  // namespace asynctp::detail

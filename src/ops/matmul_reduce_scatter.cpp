@@ -60,7 +60,6 @@
 
 namespace asynctp {
 
-using detail::gemm;
 using detail::gemm_view;
 
 namespace {
@@ -105,6 +104,8 @@ void validate(OpContext& ctx, MmRsCall& c, int scatter_dim) {
                     a.dtype(), c.a().dtype());
     }
   }
+  ASYNCTP_CHECK(c.scaled || !c.fast_accum,
+                "{}: fast_accum is for the scaled (float8) form, scaled_matmul_reduce_scatter", op);
   if (c.scaled) {
     detail::check_on_device(ctx, c.a_scale, op, "A_scale");
     detail::check_on_device(ctx, c.b_scale, op, "B_scale");
@@ -187,15 +188,25 @@ class ProductWriter {
     if (c_.rowwise()) sa = gemm_view(a_part(a_scale_), split, "A_scale");
     Tensor sb = c_.b_scale;
     if (c_.colwise() && !whole && c_.last_dim()) sb = c_.b_scale.narrow(1, d * cols, cols);
+    Backend& be = ctx_.backend();
     if (as_.size() == 1) {
-      gemm(ctx_, gemm_view(a_part(as_[0]), split, "A chunk"), b_part(c_.bs[0]),
-           gemm_view(dst, split, "chunk"), false, sa, sb, stream);
+      be.gemm({.a = gemm_view(a_part(as_[0]), split, "A chunk"),
+               .b = b_part(c_.bs[0]),
+               .d = gemm_view(dst, split, "chunk"),
+               .a_scale = sa,
+               .b_scale = sb,
+               .fast_accum = c_.scaled && c_.fast_accum},
+              stream);
       return;
     }
+    // Several products: unscaled (the scaled form takes one).
     const Tensor acc = ctx_.scratch(Scratch::kAccumulator, dst.shape(), DType::kF32);
     for (size_t i = 0; i < as_.size(); ++i) {
-      gemm(ctx_, gemm_view(a_part(as_[i]), split, "A chunk"), b_part(c_.bs[i]),
-           gemm_view(acc, split, "accumulator"), /*accumulate=*/i > 0, Tensor(), Tensor(), stream);
+      be.gemm({.a = gemm_view(a_part(as_[i]), split, "A chunk"),
+               .b = b_part(c_.bs[i]),
+               .d = gemm_view(acc, split, "accumulator"),
+               .accumulate = i > 0},
+              stream);
     }
     ctx_.backend().copy(dst, acc, stream);
   }
@@ -312,6 +323,8 @@ std::string problem_key(OpContext& ctx, const MmRsCall& c, ReduceOp reduce_op) {
   if (c.as.size() > 1) variant.push_back(fmt::format("{} products", c.as.size()));
   if (c.rowwise()) variant.push_back("row-wise A scale");
   if (reduce_op == ReduceOp::kAvg) variant.push_back("avg");
+  // Fast accumulation changes the GEMMs' times, so the paths' too.
+  if (c.scaled && c.fast_accum) variant.push_back("fast accum");
   return detail::problem_key(ctx, c.op, m, c.n(), k, c.a().dtype(), c.out.dtype(), c.bs[0],
                              fmt::format("{}", fmt::join(variant, ", ")));
 }
@@ -337,10 +350,12 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   // A wait of an earlier op that timed out is reported here (see all_gather_matmul.cpp).
   ctx.backend().check_errors();
   ctx.forget_flag_streams();
+  c.fast_accum = options.fast_accum;
   // The call's metadata: a call seen before skips the checks and the choice.
   detail::CallMemos& memos = ctx.call_memos();
   memos.start(c.op);
   memos.add(options.scatter_dim);
+  memos.add(options.fast_accum);
   memos.add(static_cast<int64_t>(options.reduce_op));
   memos.add(options.path ? static_cast<int64_t>(*options.path) : -1);
   memos.add(c.as);

@@ -31,6 +31,7 @@ struct MmRsCall {
   Tensor out;
   int g = 0;
   bool scaled = false;
+  bool fast_accum = false;  // the call's option (MatmulReduceScatterOptions::fast_accum)
 
   const Tensor& a() const { return as[0]; }
   int64_t n() const { return bs[0].size(1); }

@@ -182,6 +182,10 @@ void fuse_one(Graph& g, const MicroPipelineOptions& options, FusionReport& repor
   Value a_scale;
   std::optional<GatherMatch> scale_gather;
   std::vector<Value> b_scales, out_dtypes;
+  // Each _scaled_mm's use_fast_accum (arg 7), carried into the fused node: absent or None is
+  // False, as in _scaled_mm's schema.
+  std::vector<Value> fast_accum;
+  bool any_fast = false;
   if (is_scaled) {
     if (match->gather_dim == rank - 1)
       return set(Outcome::kBlocked, "a scaled matmul cannot gather the contraction dim");
@@ -201,6 +205,14 @@ void fuse_one(Graph& g, const MicroPipelineOptions& options, FusionReport& repor
       const Value* od = mm.arg(6, "out_dtype");
       out_dtypes.push_back(
           od != nullptr && !od->is_none() ? *od : Value::dtype(tensor_meta(g, mm.name)->dtype));
+      const Value* fa = mm.arg(7, "use_fast_accum");
+      if (fa != nullptr && !fa->is_none() && fa->kind != Value::Kind::kBool) {
+        return set(Outcome::kBlocked,
+                   fmt::format("{}'s use_fast_accum is not a bool: {}", mm.name, fa->describe()));
+      }
+      const bool fast = fa != nullptr && !fa->is_none() && fa->b;
+      fast_accum.push_back(Value::boolean(fast));
+      any_fast |= fast;
     }
     const TensorMeta* sm = tensor_meta(g, sa);
     if (sm == nullptr)
@@ -274,10 +286,13 @@ void fuse_one(Graph& g, const MicroPipelineOptions& options, FusionReport& repor
   args.push_back(Value::integer(match->gather_dim));
   args.push_back(Value::string(match->group));
   if (is_scaled) args.push_back(Value::of_list(out_dtypes));
+  std::vector<std::pair<std::string, Value>> kwargs{{"return_A", Value::boolean(return_a)}};
+  // Only where some matmul allows it: absent means exact for every B.
+  if (any_fast) kwargs.emplace_back("use_fast_accum", Value::of_list(fast_accum));
   g.insert(pos++, make_call(fused_name,
                             is_scaled ? "asynctp.fused_all_gather_scaled_matmul"
                                       : "asynctp.fused_all_gather_matmul",
-                            std::move(args), {{"return_A", Value::boolean(return_a)}}));
+                            std::move(args), std::move(kwargs)));
   std::string a_node;
   if (return_a) {
     a_node = g.unique_name(fused_name + "_A");

@@ -196,10 +196,20 @@ void fuse_one(Graph& g, const MicroPipelineOptions& options, FusionReport& repor
     const Value dt = out_dtype != nullptr && !out_dtype->is_none()
                          ? *out_dtype
                          : Value::dtype(tensor_meta(g, mm0->name)->dtype);
+    // _scaled_mm's use_fast_accum (arg 7; absent or None: False) goes with the product: a keyword
+    // of the fused node where it is True.
+    const Value* fa = mm0->arg(7, "use_fast_accum");
+    if (fa != nullptr && !fa->is_none() && fa->kind != Value::Kind::kBool) {
+      return blocked(
+          fmt::format("{}'s use_fast_accum is not a bool: {}", mm0->name, fa->describe()));
+    }
+    std::vector<std::pair<std::string, Value>> kwargs;
+    if (fa != nullptr && !fa->is_none() && fa->b)
+      kwargs.emplace_back("use_fast_accum", Value::boolean(true));
     fused = make_call(g.unique_name("fused_scaled_matmul_reduce_scatter"),
                       "asynctp.fused_scaled_matmul_reduce_scatter",
                       {as[0], a_scale, bs[0], Value::node(sb), op, dim, Value::string(group), dt},
-                      {}, wait.val);
+                      std::move(kwargs), wait.val);
   }
   const std::string fused_name = fused.name;
   g.insert(pos, std::move(fused));

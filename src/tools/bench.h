@@ -56,6 +56,9 @@ struct ScaledBenchOptions {
   std::string suite, op, shape;  // as select_shapes takes them
   BenchTiming timing;
   bool json = false;
+  // Every GEMM timed (the scaled GEMM alone, the baseline's, the fused ops') may accumulate fast
+  // (GemmArgs::fast_accum): the setting PyTorch's float8 path runs with (use_fast_accum=True).
+  bool fast_accum = false;
 };
 
 // The float8 table (bench_scaled.cpp): per shape, validation of the fused op against the unfused

@@ -114,7 +114,8 @@ struct BenchOptions {
   // all_gather_matmul's native path once more with this push_piece_bytes (a column of its own,
   // timed in the same loop).
   std::optional<size_t> native_pieces;
-  std::string scaled;  // non-empty: the float8 table (bench_scaled.cpp) instead
+  std::string scaled;       // non-empty: the float8 table (bench_scaled.cpp) instead
+  bool fast_accum = false;  // the float8 table's GEMMs accumulate fast
 };
 
 using Shape = BenchShape;
@@ -449,13 +450,16 @@ nlohmann::json to_json(const Result& r) {
 }
 
 int run_bench(const BenchOptions& o) {
+  ASYNCTP_CHECK(!o.fast_accum || !o.scaled.empty(),
+                "--fast-accum is for the float8 table: give --scaled rowwise or tensorwise too");
   if (!o.scaled.empty()) {
     return run_scaled_bench({.scaling = o.scaled,
                              .suite = o.suite,
                              .op = o.op,
                              .shape = o.shape,
                              .timing = o.timing,
-                             .json = o.json},
+                             .json = o.json,
+                             .fast_accum = o.fast_accum},
                             o.backend);
   }
   Session s = Session::join(o.backend);
@@ -562,6 +566,11 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--scaled", o->scaled,
                   "rowwise or tensorwise: time the float8 fused ops (f8e4m3 operands, f32 scales, "
                   "bf16 out) against the scaled GEMM alone and the unfused baseline instead");
+  cmd->add_flag("--fast-accum", o->fast_accum,
+                "with --scaled: let every float8 GEMM timed (alone, in the baseline and in the "
+                "fused ops) accumulate fast, as PyTorch's _scaled_mm with use_fast_accum=True "
+                "(cuBLASLt's fast accumulation; the CPU backend accumulates in f32 either way); "
+                "the table and the JSON (\"fast_accum\") say which was timed");
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
   cmd->add_flag("!--no-graph", o->graph, "skip the CUDA-graph replay");
   cmd->add_flag("--trace", o->trace,

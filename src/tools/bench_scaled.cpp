@@ -9,9 +9,12 @@
 //   graph     the auto op replayed from a CUDA graph (CUDA only)
 //
 // Scales: rowwise, A's one per row ([rows, 1]) and B's one per column ([1, N]); tensorwise, one
-// element each. B is stored K-major ([N, K] viewed as [K, N]), the layout float8 GEMMs take
-// natively. Validation: fused against baseline, both rounded to bf16 from f32 products of the
-// same float8 values, so they differ only by rounding order.
+// element each. --fast-accum lets every column's GEMMs accumulate fast (GemmArgs::fast_accum), as
+// PyTorch's float8 path does (use_fast_accum=True); without it every GEMM accumulates exactly.
+// The table's title and the JSON's "fast_accum" say which was timed. B is stored K-major ([N, K]
+// viewed as [K, N]), the layout float8 GEMMs take natively. Validation: fused against baseline,
+// both rounded to bf16 from f32 products of the same float8 values, so they differ only by rounding
+// order.
 #include <cmath>
 #include <cstdio>
 
@@ -73,8 +76,13 @@ ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const B
     args.d = d;
     args.a_scale = lhs_scale;
     args.b_scale = b_scale;
+    args.fast_accum = o.fast_accum;
     ctx.backend().gemm(args, ctx.stream());
   };
+  AllGatherMatmulOptions ag_options;
+  if (o.fast_accum) ag_options.fast_accum = {true};
+  MatmulReduceScatterOptions rs_options;
+  rs_options.fast_accum = o.fast_accum;
   std::function<void()> gemm_fn, base_fn, fused_fn;
   if (ag) {
     gemm_fn = [&] { scaled_gemm(a_full, a_scale_full, base_out); };
@@ -83,14 +91,18 @@ ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const B
       if (rowwise) all_gather(ctx, a_scale, a_scale_full);
       gemm_fn();
     };
-    fused_fn = [&] { all_gather_scaled_matmul(ctx, a, a_scale, b, b_scale, fused_out); };
+    fused_fn = [&] {
+      all_gather_scaled_matmul(ctx, a, a_scale, b, b_scale, fused_out, {}, ag_options);
+    };
   } else {
     gemm_fn = [&] { scaled_gemm(a, a_scale, product); };
     base_fn = [&] {
       gemm_fn();
       reduce_scatter(ctx, product, base_out, ReduceOp::kSum);
     };
-    fused_fn = [&] { scaled_matmul_reduce_scatter(ctx, a, a_scale, b, b_scale, fused_out); };
+    fused_fn = [&] {
+      scaled_matmul_reduce_scatter(ctx, a, a_scale, b, b_scale, fused_out, rs_options);
+    };
   }
 
   base_fn();
@@ -122,10 +134,10 @@ int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
   OpContext& ctx = *s.ctx;
   if (s.rank() == 0 && !o.json) {
     std::printf(
-        "asynctp bench --scaled %s: %d ranks, backend %s (%s), f8e4m3 in, bf16 out, median of %d "
-        "runs, slowest rank, times in us\n",
+        "asynctp bench --scaled %s: %d ranks, backend %s (%s), f8e4m3 in, bf16 out, %s "
+        "accumulation, median of %d runs, slowest rank, times in us\n",
         o.scaling.c_str(), s.world_size(), std::string(ctx.backend().name()).c_str(),
-        ctx.backend().hardware().c_str(), o.timing.iters);
+        ctx.backend().hardware().c_str(), o.fast_accum ? "fast" : "exact f32", o.timing.iters);
     std::printf("%-6s %-26s %-16s %8s %9s %8s %8s %7s %7s %8s  %s\n", "op", "shape", "MxKxN",
                 "gemm", "baseline", "auto", "graph", "a/gemm", "base/a", "err", "auto took");
     std::fflush(stdout);
@@ -140,6 +152,7 @@ int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
                     {"K", shape.k},
                     {"N", shape.n},
                     {"scaling", o.scaling},
+                    {"fast_accum", o.fast_accum},
                     {"path", r.path},
                     {"rel_error_fused_vs_baseline", r.err},
                     {"gemm_ms", r.gemm_ms},
@@ -165,6 +178,7 @@ int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
                              {"backend", std::string(ctx.backend().name())},
                              {"hardware", ctx.backend().hardware()},
                              {"scaling", o.scaling},
+                             {"fast_accum", o.fast_accum},
                              {"iters", o.timing.iters},
                              {"pace", o.timing.pace},
                              {"results", rows}};

@@ -159,8 +159,18 @@ TEST(CapiErrors, StatusesAndMessages) {
     const asynctp_tensor f8od = f8out.desc();
     EXPECT_STATUS(
         asynctp_all_gather_scaled_matmul(ctx, &f8ad, &sd, &f8bd, &sd, 1, &f8od, nullptr, -1,
-                                         ASYNCTP_PATH_DEFAULT, ASYNCTP_CONTEXT_STREAM),
+                                         nullptr, ASYNCTP_PATH_DEFAULT, ASYNCTP_CONTEXT_STREAM),
         ASYNCTP_ERROR_UNSUPPORTED, "gather_dim -1 is a_shard's contraction dim");
+    // fast_accum flags are 0 or 1, each named.
+    const int32_t bad_fast[] = {2};
+    EXPECT_STATUS(
+        asynctp_all_gather_scaled_matmul(ctx, &f8ad, &sd, &f8bd, &sd, 1, &f8od, nullptr, 0,
+                                         bad_fast, ASYNCTP_PATH_DEFAULT, ASYNCTP_CONTEXT_STREAM),
+        ASYNCTP_ERROR_INVALID_ARGUMENT, "fast_accum[0] is 2, expected 0 or 1");
+    EXPECT_STATUS(
+        asynctp_scaled_matmul_reduce_scatter(ctx, &f8ad, &sd, &f8bd, &sd, &f8od, ASYNCTP_REDUCE_SUM,
+                                             0, -1, ASYNCTP_PATH_DEFAULT, ASYNCTP_CONTEXT_STREAM),
+        ASYNCTP_ERROR_INVALID_ARGUMENT, "fast_accum is -1, expected 0 or 1");
     // An op's own precondition: B's K does not match A's.
     const HostTensor b_bad = host_of(seeded_values({5, 2}, 2), {5, 2}, ASYNCTP_F32);
     const asynctp_tensor bbd = b_bad.desc();

@@ -352,7 +352,8 @@ TEST_P(CapiOps, MatmulReduceScatter) {
   });
 }
 
-// float8 (e4m3fn) A and B of exact small values, tensor-wise scales.
+// float8 (e4m3fn) A and B of exact small values, tensor-wise scales; exact and with fast
+// accumulation allowed (the f32 sums of these values are exact either way).
 TEST_P(CapiOps, ScaledOps) {
   const auto [ws, how] = GetParam();
   run_c(ws, how, [](asynctp_context ctx, int rank, int ws) {
@@ -380,11 +381,15 @@ TEST_P(CapiOps, ScaledOps) {
     HostTensor out({ws * s, n}, ASYNCTP_F32);
     const asynctp_tensor a_d = shards[rank].desc(), b_d = b.desc(), out_d = out.desc();
     const asynctp_tensor none = no_tensor();
-    C_ASSERT_OK(asynctp_all_gather_scaled_matmul(ctx, &a_d, &a_scale_d, &b_d, &b_scale_d, 1, &out_d,
-                                                 &none, 0, ASYNCTP_PATH_SPLIT,
-                                                 ASYNCTP_CONTEXT_STREAM));
-    C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
-    EXPECT_EQ(values_of(out), matmul(concat(shard_values, {s, k}, 0), b_values, k, n));
+    const int32_t fast[] = {1};
+    for (const int32_t* fast_accum : {static_cast<const int32_t*>(nullptr), fast}) {
+      C_ASSERT_OK(asynctp_all_gather_scaled_matmul(ctx, &a_d, &a_scale_d, &b_d, &b_scale_d, 1,
+                                                   &out_d, &none, 0, fast_accum, ASYNCTP_PATH_SPLIT,
+                                                   ASYNCTP_CONTEXT_STREAM));
+      C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
+      EXPECT_EQ(values_of(out), matmul(concat(shard_values, {s, k}, 0), b_values, k, n))
+          << "fast_accum " << (fast_accum != nullptr);
+    }
     // scaled_matmul_reduce_scatter: A [ws*s, k] on every rank, scattered on 0.
     std::vector<float> sum(ws * s * n, 0.0f);
     HostTensor my_a, my_b;
@@ -403,11 +408,14 @@ TEST_P(CapiOps, ScaledOps) {
     HostTensor rs_out({s, n}, ASYNCTP_F32);
     const asynctp_tensor ma = my_a.desc(), mb = my_b.desc(), ro = rs_out.desc();
     for (int32_t path : {ASYNCTP_PATH_SPLIT, ASYNCTP_PATH_FALLBACK}) {
-      C_ASSERT_OK(asynctp_scaled_matmul_reduce_scatter(ctx, &ma, &a_scale_d, &mb, &b_scale_d, &ro,
-                                                       ASYNCTP_REDUCE_SUM, 0, path,
-                                                       ASYNCTP_CONTEXT_STREAM));
-      C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
-      EXPECT_EQ(values_of(rs_out), slice(sum, {ws * s, n}, 0, rank, ws)) << "path " << path;
+      for (int32_t fast_accum : {0, 1}) {
+        C_ASSERT_OK(asynctp_scaled_matmul_reduce_scatter(ctx, &ma, &a_scale_d, &mb, &b_scale_d, &ro,
+                                                         ASYNCTP_REDUCE_SUM, 0, fast_accum, path,
+                                                         ASYNCTP_CONTEXT_STREAM));
+        C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
+        EXPECT_EQ(values_of(rs_out), slice(sum, {ws * s, n}, 0, rank, ws))
+            << "path " << path << ", fast_accum " << fast_accum;
+      }
     }
   });
 }

@@ -258,41 +258,70 @@ void PrintTo(const Float8Case& c, std::ostream* os) {
                      c.colwise ? "column-wise" : "tensor-wise", c.batched ? ", batched" : "");
 }
 
+// A case's operands: a [batch, m, k] or [m, k] and b [k, n] column-major (as cuBLASLt wants) of
+// `values`, the scales (row-/column-wise or one element) positive.
+struct ScaledOperands {
+  OwnedTensor a, b, sa, sb;
+  Dims d_shape;
+
+  ScaledOperands(const Float8Case& c, int64_t batch, int64_t m, int64_t k, int64_t n, Values values,
+                 uint64_t seed) {
+    const Dims a_shape = c.batched ? Dims{batch, m, k} : Dims{m, k};
+    d_shape = c.batched ? Dims{batch, m, n} : Dims{m, n};
+    a = empty_host(a_shape, c.a_dtype);
+    b = testing::empty_transposed({k, n}, c.b_dtype);
+    fill_seeded(a, seed_of({seed}), values);
+    fill_seeded(b, seed_of({seed + 1}), values);
+    Dims sa_shape = a_shape;
+    sa_shape[sa_shape.size() - 1] = 1;
+    sa = empty_host(c.rowwise ? sa_shape : Dims{1}, DType::kF32);
+    sb = empty_host(c.colwise ? Dims{1, n} : Dims{}, DType::kF32);
+    fill_seeded(sa, seed_of({seed + 2}), Values::kPositive);
+    fill_seeded(sb, seed_of({seed + 3}), Values::kPositive);
+  }
+  GemmArgs args(const Tensor& d) const {
+    GemmArgs args{a, b, d};
+    args.a_scale = sa;
+    args.b_scale = sb;
+    return args;
+  }
+};
+
 class CpuScaledGemmTest : public CpuGemmTest, public ::testing::WithParamInterface<Float8Case> {};
 
 TEST_P(CpuScaledGemmTest, MatchesReferenceScaledInDocumentedOrder) {
   const Float8Case c = GetParam();
   const int64_t batch = c.batched ? 2 : 1, m = 3, k = 8, n = 5;
-  const Dims a_shape = c.batched ? Dims{batch, m, k} : Dims{m, k};
-  const Dims d_shape = c.batched ? Dims{batch, m, n} : Dims{m, n};
-  OwnedTensor a = empty_host(a_shape, c.a_dtype);
-  OwnedTensor b = testing::empty_transposed({k, n}, c.b_dtype);  // column-major, as cuBLASLt wants
-  OwnedTensor d = empty_host(d_shape, c.out);
-  fill_seeded(a, seed_of({16}), Values::kQuarters);
-  fill_seeded(b, seed_of({17}), Values::kQuarters);
-  Dims sa_shape = a_shape;
-  sa_shape[sa_shape.size() - 1] = 1;
-  OwnedTensor sa = empty_host(c.rowwise ? sa_shape : Dims{1}, DType::kF32);
-  OwnedTensor sb = empty_host(c.colwise ? Dims{1, n} : Dims{}, DType::kF32);
-  fill_seeded(sa, seed_of({18}), Values::kPositive);
-  fill_seeded(sb, seed_of({19}), Values::kPositive);
-  GemmArgs args{a, b, d};
-  args.a_scale = sa;
-  args.b_scale = sb;
-  gemm(args);
+  const ScaledOperands in(c, batch, m, k, n, Values::kQuarters, 16);
+  OwnedTensor d = empty_host(in.d_shape, c.out);
+  gemm(in.args(d));
   for (int64_t bi = 0; bi < batch; ++bi) {
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t j = 0; j < n; ++j) {
         // Products of quarters are exact, and so is their f32 sum; then the two scale
         // multiplications, in f32 and in this order, and one rounding into the output dtype.
-        float expected = static_cast<float>(dot(a, b, bi, i, j));
-        expected = expected * get(sa, c.rowwise ? bi * m + i : 0);
-        expected = expected * get(sb, c.colwise ? j : 0);
+        float expected = static_cast<float>(dot(in.a, in.b, bi, i, j));
+        expected = expected * get(in.sa, c.rowwise ? bi * m + i : 0);
+        expected = expected * get(in.sb, c.colwise ? j : 0);
         EXPECT_EQ(at(d, bi, i, j), round_to(c.out, expected))
             << "at [" << bi << ", " << i << ", " << j << "]";
       }
     }
   }
+}
+
+// fast_accum is a permission the reference leaves unused: random float8 values (whose f32 sums
+// round), a fast call gives the exact call's bits.
+TEST_P(CpuScaledGemmTest, FastAccumulationGivesTheExactBits) {
+  const Float8Case c = GetParam();
+  const ScaledOperands in(c, c.batched ? 2 : 1, 4, 96, 6, Values::kRandom, 21);
+  OwnedTensor exact = empty_host(in.d_shape, c.out);
+  OwnedTensor fast = empty_host(in.d_shape, c.out);
+  gemm(in.args(exact));
+  GemmArgs args = in.args(fast);
+  args.fast_accum = true;
+  gemm(args);
+  EXPECT_TRUE(same_bits(fast, exact));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -31,16 +31,17 @@ struct AgCase {
   bool rowwise = false;  // A_scale per row (else one element)
   bool colwise = false;  // B_scales per column (else one element)
   Layout scale_layout = Layout::kContiguous;
-
+  std::vector<bool> fast_accum;  // AllGatherMatmulOptions::fast_accum
+  Values float8_values = Values::kQuarters;
   bool scaled() const { return is_float8(dtype); }
   std::string describe() const {
     std::string s = fmt::format("A_shard {}{} ({}), gather_dim {}, Ns [{}], B {}, out {}{}", dtype,
                                 shard, layout_name(a_layout), gather_dim, fmt::join(ns, ", "),
                                 layout_name(b_layout), out_dtype, return_a ? ", returning A" : "");
     if (scaled()) {
-      s += fmt::format(", B {}, A_scale {} ({}), B_scales {}", b_dtype,
+      s += fmt::format(", B {}, A_scale {} ({}), B_scales {}, fast_accum [{}]", b_dtype,
                        rowwise ? "row-wise" : "tensor-wise", layout_name(scale_layout),
-                       colwise ? "column-wise" : "tensor-wise");
+                       colwise ? "column-wise" : "tensor-wise", fmt::join(fast_accum, ", "));
     }
     return s;
   }
@@ -52,7 +53,7 @@ void check_case(OpContext& ctx, const AgCase& c, uint64_t id) {
   Backend& be = ctx.backend();
   const int ws = ctx.world_size(), rank = ctx.rank();
   const int g = c.gather_dim < 0 ? c.gather_dim + c.shard.size() : c.gather_dim;
-  const Values values = c.scaled() ? Values::kQuarters : Values::kRandom;
+  const Values values = c.scaled() ? c.float8_values : Values::kRandom;
 
   std::vector<OwnedTensor> shards, scales;
   for (int r = 0; r < ws; ++r) {
@@ -109,6 +110,7 @@ void check_case(OpContext& ctx, const AgCase& c, uint64_t id) {
     AllGatherMatmulOptions options;
     options.gather_dim = c.gather_dim;
     options.path = path;
+    options.fast_accum = c.fast_accum;
     const char* op = c.scaled() ? "all_gather_scaled_matmul" : "all_gather_matmul";
     if (c.scaled()) {
       all_gather_scaled_matmul(ctx, a_shard, a_scale, bs, b_scales, outs, a_out.tensor, options);
@@ -247,6 +249,11 @@ TEST_P(AllGatherMatmulTest, Float8ScaledMatchesUnfused) {
           c.out_dtype = outs[i % 3];
           c.ns = i % 2 == 0 ? std::vector<int64_t>{5} : std::vector<int64_t>{5, 2};
           c.return_a = i % 4 == 1;
+          // Exact, fast for every B, or per B.
+          if (i % 3 == 1) c.fast_accum = {true};
+          if (i % 3 == 2)
+            c.fast_accum =
+                c.ns.size() == 1 ? std::vector<bool>{false} : std::vector<bool>{true, false};
           cases.push_back(c);
           ++i;
         }
@@ -269,6 +276,28 @@ TEST_P(AllGatherMatmulTest, Float8ScaledMatchesUnfused) {
   mixed.a_layout = Layout::kTransposed;
   mixed.return_a = true;
   cases.push_back(mixed);
+  run_cases(cases);
+}
+
+// fast_accum is a permission the CPU backend leaves unused: on random float8 values (whose f32
+// sums round) both paths still give the exact reference's bits, for every B, per B or none.
+TEST_P(AllGatherMatmulTest, Float8FastAccumulationGivesTheExactBits) {
+  std::vector<AgCase> cases;
+  for (const std::vector<bool>& fast :
+       {std::vector<bool>{}, std::vector<bool>{true}, std::vector<bool>{false, true}}) {
+    for (bool rowwise : {false, true}) {
+      AgCase c;
+      c.shard = {2, 3, 40};
+      c.gather_dim = 1;
+      c.dtype = c.b_dtype = DType::kF8E4M3;
+      c.rowwise = c.colwise = rowwise;
+      c.out_dtype = DType::kF32;
+      c.ns = {5, 3};
+      c.fast_accum = fast;
+      c.float8_values = Values::kRandom;
+      cases.push_back(c);
+    }
+  }
   run_cases(cases);
 }
 

@@ -74,6 +74,13 @@ TEST(AllGatherMatmulErrorsTest, NameTheArgumentAndValue) {
     EXPECT_THAT(
         call(a, {b}, {out}, f32({3, 4})->t()),
         HasSubstr(op + "A_out must be a contiguous f32[4, 3], got f32[4, 3] strides [1, 4]"));
+    EXPECT_THAT(error_of([&] {
+                  AllGatherMatmulOptions options;
+                  options.fast_accum = {true};
+                  all_gather_matmul(ctx, a, b, out, {}, options);
+                }),
+                HasSubstr(op + "fast_accum is for the scaled (float8) form, "
+                               "all_gather_scaled_matmul; got 1 values"));
     EXPECT_EQ(ctx.usage().count("all_gather_matmul", Path::kSplit) +
                   ctx.usage().count("all_gather_matmul", Path::kFallback),
               0);
@@ -93,11 +100,13 @@ TEST(AllGatherScaledMatmulErrorsTest, NameTheArgumentAndValue) {
                       b = empty_host({3, 4}, DType::kF8E4M3);
     const OwnedTensor out = empty_host({4, 4}, DType::kBF16), one = f32({1});
     auto call = [&](const Tensor& a_shard, const Tensor& a_scale, std::vector<Tensor> bs,
-                    std::vector<Tensor> b_scales, int gather_dim = 0) {
+                    std::vector<Tensor> b_scales, int gather_dim = 0,
+                    std::vector<bool> fast_accum = {}) {
       return error_of([&] {
         std::vector<Tensor> outs(bs.size(), out.tensor);
         AllGatherMatmulOptions options;
         options.gather_dim = gather_dim;
+        options.fast_accum = std::move(fast_accum);
         all_gather_scaled_matmul(ctx, a_shard, a_scale, bs, b_scales, outs, {}, options);
       });
     };
@@ -125,6 +134,9 @@ TEST(AllGatherScaledMatmulErrorsTest, NameTheArgumentAndValue) {
     EXPECT_THAT(call(a, one, {b}, {empty_host({1, 4}, DType::kF16)}),
                 HasSubstr(op + "B_scales[0] must be f32, got f16"));
     EXPECT_THAT(call(a, one, {b}, {Tensor()}), HasSubstr(op + "B_scales[0] is undefined"));
+    EXPECT_THAT(call(a, one, {b, b, b}, {one, one, one}, 0, {true, false}),
+                HasSubstr(op + "fast_accum holds 2 values for 3 Bs: give one per B, or one for "
+                               "all"));
   });
   EXPECT_RANKS_OK(statuses);
 }
@@ -182,6 +194,13 @@ TEST(MatmulReduceScatterErrorsTest, NameTheArgumentAndValue) {
     EXPECT_THAT(
         call_sum({a, empty_host({4, 5}, DType::kBF16)}, {b, empty_host({5, 2}, DType::kBF16)}),
         HasSubstr(op + "As[1] is bf16 but As[0] is f32"));
+    EXPECT_THAT(error_of([&] {
+                  MatmulReduceScatterOptions options;
+                  options.fast_accum = true;
+                  matmul_reduce_scatter(ctx, a, b, out, options);
+                }),
+                HasSubstr(op + "fast_accum is for the scaled (float8) form, "
+                               "scaled_matmul_reduce_scatter"));
     EXPECT_EQ(ctx.usage().count("matmul_reduce_scatter", Path::kSplit), 0);
     EXPECT_EQ(call(a, b, out), "<no error thrown>");
     ctx.stream().synchronize();  // the op ran on the stream; its operands go with this scope

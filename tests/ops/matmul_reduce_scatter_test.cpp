@@ -32,6 +32,8 @@ struct RsCase {
   bool rowwise = false;
   bool colwise = false;
   Layout scale_layout = Layout::kContiguous;  // of a row-wise A_scale
+  bool fast_accum = false;                    // MatmulReduceScatterOptions::fast_accum
+  Values float8_values = Values::kQuarters;
 
   bool scaled() const { return is_float8(dtype); }
   std::string describe() const {
@@ -40,9 +42,9 @@ struct RsCase {
         layout_name(out_layout), scatter_dim, fmt::join(ks, ", "), reduce_op_name(op), dtype,
         layout_name(a_layout), layout_name(b_layout), out_dtype);
     if (scaled()) {
-      s += fmt::format(", B {}, A_scale {} ({}), B_scale {}", b_dtype,
+      s += fmt::format(", B {}, A_scale {} ({}), B_scale {}{}", b_dtype,
                        rowwise ? "row-wise" : "tensor-wise", layout_name(scale_layout),
-                       colwise ? "column-wise" : "tensor-wise");
+                       colwise ? "column-wise" : "tensor-wise", fast_accum ? ", fast_accum" : "");
     }
     return s;
   }
@@ -55,7 +57,7 @@ struct RankInputs {
 
 RankInputs inputs_of(const RsCase& c, uint64_t id, int rank, const Dims& product) {
   RankInputs in;
-  const Values values = c.scaled() ? Values::kQuarters : Values::kRandom;
+  const Values values = c.scaled() ? c.float8_values : Values::kRandom;
   const uint64_t r = static_cast<uint64_t>(rank);
   for (size_t i = 0; i < c.ks.size(); ++i) {
     in.as.push_back(
@@ -118,6 +120,7 @@ void check_case(OpContext& ctx, const RsCase& c, uint64_t id) {
   MatmulReduceScatterOptions options;
   options.reduce_op = c.op;
   options.scatter_dim = c.scatter_dim;
+  options.fast_accum = c.fast_accum;
   OwnedTensor fused;
   for (PathChoice path : {PathChoice::kSplit, PathChoice::kFallback}) {
     SCOPED_TRACE(path_choice_name(path));
@@ -285,10 +288,32 @@ TEST_P(MatmulReduceScatterTest, Float8ScaledMatchesUnfused) {
           c.a_layout = i % 5 == 4 ? Layout::kTransposed : Layout::kContiguous;
           c.b_layout = i % 2 == 1 ? Layout::kTransposed : Layout::kContiguous;
           c.scale_layout = i % 3 == 0 ? Layout::kPadded : Layout::kContiguous;
+          c.fast_accum = i % 4 >= 2;
           cases.push_back(c);
           ++i;
         }
       }
+    }
+  }
+  run_cases(cases);
+}
+
+// fast_accum is a permission the CPU backend leaves unused: on random float8 values (whose f32
+// sums round) both paths still give the exact reference's bits.
+TEST_P(MatmulReduceScatterTest, Float8FastAccumulationGivesTheExactBits) {
+  std::vector<RsCase> cases;
+  for (const auto& [chunk, g] : std::vector<std::pair<Dims, int>>{{{2, 6}, 0}, {{2, 3, 2}, 2}}) {
+    for (bool fast : {false, true}) {
+      RsCase c;
+      c.out_chunk = chunk;
+      c.scatter_dim = g;
+      c.dtype = c.b_dtype = DType::kF8E4M3;
+      c.rowwise = c.colwise = g == 0;
+      c.out_dtype = DType::kBF16;
+      c.ks = {48};
+      c.fast_accum = fast;
+      c.float8_values = Values::kRandom;
+      cases.push_back(c);
     }
   }
   run_cases(cases);

@@ -209,6 +209,58 @@ TEST(Patterns, Float8TensorwiseAndRowwise) {
   }
 }
 
+// Each _scaled_mm's use_fast_accum (positional or keyword) goes into the fused node that replaces
+// it: one per B for the gather (two Bs: one fast, one not), one for the scatter. The outputs are
+// unchanged (the CPU backend accumulates in f32 either way).
+TEST(Patterns, Float8UseFastAccumGoesIntoTheFusedOps) {
+  GraphBuilder b(kWs);
+  const auto x = b.input("x", {2, 8}, "float8_e4m3fn");
+  const auto w = b.input("w", {6, 8}, "float8_e4m3fn");
+  const auto w1 = b.input("w1", {6, 8}, "float8_e4m3fn");
+  const auto w2 = b.input("w2", {8, 6}, "float8_e4m3fn");
+  std::string ag, rs;
+  const auto gx = b.all_gather(x, 0, &ag);
+  const auto sa = b.input("x_scale", {}), sb = b.input("w_scale", {});
+  const auto h = b.call("_scaled_mm", "aten._scaled_mm.default",
+                        {node(gx), node(b.permute2d(w)), node(sa), node(sb), Value::none(),
+                         Value::none(), Value::dtype("bfloat16"), Value::boolean(true)},
+                        {8, 6}, "bfloat16");
+  const auto h1 = b.call("_scaled_mm", "aten._scaled_mm.default",
+                         {node(gx), node(b.permute2d(w1)), node(sa), node(sb), Value::none(),
+                          Value::none(), Value::dtype("bfloat16")},
+                         {8, 6}, "bfloat16");
+  const auto sum = b.call("add", "aten.add.Tensor", {node(h), node(h1)}, {8, 6}, "bfloat16");
+  const auto hq = b.call("convert", "prims.convert_element_type.default",
+                         {node(sum), Value::dtype("float8_e4m3fn")}, {8, 6}, "float8_e4m3fn");
+  const auto y = b.call(
+      "_scaled_mm", "aten._scaled_mm.default",
+      {node(hq), node(b.permute2d(w2)), node(b.input("h_scale", {})), node(b.input("w2_scale", {})),
+       Value::none(), Value::none(), Value::dtype("bfloat16")},
+      {8, 8}, "bfloat16", {{"use_fast_accum", Value::boolean(true)}});
+  b.output({b.reduce_scatter(y, 0, &rs)});
+  const Result res = run(b.build());
+  ASSERT_EQ(outcome(res, ag), passes::Outcome::kFused) << detail(res, ag);
+  ASSERT_EQ(outcome(res, rs), passes::Outcome::kFused) << detail(res, rs);
+  for (const auto& n : res.g.nodes()) {
+    if (n.target == kAgScaledMm) {
+      const Value* fast = n.kwarg("use_fast_accum");
+      ASSERT_NE(fast, nullptr);
+      ASSERT_TRUE(fast->is_list() && fast->list.size() == 2) << fast->describe();
+      // The Bs in the order of the matmuls: h (fast), then h1 (not).
+      EXPECT_TRUE(fast->list[0].kind == Value::Kind::kBool && fast->list[0].b);
+      EXPECT_TRUE(fast->list[1].kind == Value::Kind::kBool && !fast->list[1].b);
+    }
+    if (n.target == kScaledMmRs) {
+      const Value* fast = n.kwarg("use_fast_accum");
+      ASSERT_NE(fast, nullptr);
+      EXPECT_TRUE(fast->kind == Value::Kind::kBool && fast->b) << fast->describe();
+    }
+  }
+  EXPECT_EQ(count_target(res.g, kAgScaledMm), 1);
+  EXPECT_EQ(count_target(res.g, kScaledMmRs), 1);
+  expect_same_outputs(b.build(), res.g, 0.0);
+}
+
 // A row-wise scale computed on the gathered rows (not gathered itself) cannot go with the shard:
 // the report says so.
 TEST(Patterns, RowwiseScaleThatIsNotGatheredBlocksTheFusion) {

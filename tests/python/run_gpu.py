@@ -105,26 +105,29 @@ def correctness(name: str) -> None:
             close(OPS.fused_matmuls_reduce_scatter([A, A2], [B, B2], op, g, name),
                   reduce_scatter(A.float() @ B.float() + A2.float() @ B2.float(), g, op),
                   f"{what} (two products)")
-    # float8, tensor-wise and row-wise scales.
+    # float8, tensor-wise and row-wise scales; exact, and with fast accumulation allowed (against
+    # _scaled_mm with the same use_fast_accum).
     f8 = torch.float8_e4m3fn
-    for rowwise in (False, True):
+    for rowwise, fast in itertools.product((False, True), (False, True)):
         A = randn((128, 128), torch.float32, 70 + rank).mul(4).to(f8)
         B = randn((96, 128), torch.float32, 80).mul(4).to(f8).t()
         sa = randn((128, 1), torch.float32, 90 + rank).abs() + 0.5 if rowwise else torch.tensor(0.5, device="cuda")
         sb = randn((1, 96), torch.float32, 91).abs() + 0.5 if rowwise else torch.tensor(0.25, device="cuda")
         A_out, (o,) = OPS.fused_all_gather_scaled_matmul(A, [B], sa, [sb], 0, name, [None], [None],
-                                                         [torch.bfloat16], [False])
+                                                         [torch.bfloat16], [fast])
         A_ref = all_gather(A, 0)
         sa_ref = all_gather(sa, 0) if rowwise else sa
         # Row-wise scaling in _scaled_mm wants a bf16 output on CUDA: the reference is bf16 too.
-        close(o, torch._scaled_mm(A_ref, B, sa_ref, sb, out_dtype=torch.bfloat16),
-              f"ag_scaled_mm rowwise {rowwise}")
+        close(o, torch._scaled_mm(A_ref, B, sa_ref, sb, out_dtype=torch.bfloat16,
+                                  use_fast_accum=fast),
+              f"ag_scaled_mm rowwise {rowwise} fast {fast}")
         Bs = randn((96 * ws, 128), torch.float32, 92 + rank).mul(4).to(f8).t()
         sbs = randn((1, 96 * ws), torch.float32, 93 + rank).abs() + 0.5 if rowwise else sb
         o = OPS.fused_scaled_matmul_reduce_scatter(A, Bs, sa, sbs, "sum", 0, 0, name, [128, 96 * ws],
-                                                   out_dtype=torch.bfloat16)
-        close(o, reduce_scatter(torch._scaled_mm(A, Bs, sa, sbs, out_dtype=torch.bfloat16), 0, "sum"),
-              f"scaled_mm_rs rowwise {rowwise}")
+                                                   out_dtype=torch.bfloat16, use_fast_accum=fast)
+        close(o, reduce_scatter(torch._scaled_mm(A, Bs, sa, sbs, out_dtype=torch.bfloat16,
+                                                 use_fast_accum=fast), 0, "sum"),
+              f"scaled_mm_rs rowwise {rowwise} fast {fast}")
     # A wrong device is a named error.
     A = randn((64, 64), torch.bfloat16, 1)
     try:

@@ -365,13 +365,15 @@ def _cases(ws, name):
 
     # float8 row-wise: reshape -> _scaled_mm -> reshape, the row scale gathered with its tensor;
     # then a tensor-wise scaled matmul reduce-scattered. gloo cannot gather float8, so the
-    # reference gathers its bytes.
-    def float8(gather):
+    # reference gathers its bytes. fast: both _scaled_mms with use_fast_accum=True.
+    def float8(gather, fast=False):
         def fn(x, x_scale, w, w_scale, h, h_scale, w2, w2_scale):
             g = gather(x, 0, name, ws).reshape(4 * ws, 8)
             gs = _ag(x_scale, 0, name, ws).reshape(4 * ws, 1)
-            y = torch._scaled_mm(g, w.t(), gs, w_scale.t(), out_dtype=torch.bfloat16)
-            z = torch._scaled_mm(h, w2.t(), h_scale, w2_scale, out_dtype=torch.bfloat16)
+            y = torch._scaled_mm(g, w.t(), gs, w_scale.t(), out_dtype=torch.bfloat16,
+                                 use_fast_accum=fast)
+            z = torch._scaled_mm(h, w2.t(), h_scale, w2_scale, out_dtype=torch.bfloat16,
+                                 use_fast_accum=fast)
             return y.reshape(2 * ws, 2, 6), _rs(z, 0, name, ws)
 
         return fn
@@ -385,7 +387,24 @@ def _cases(ws, name):
          _f8(2 * ws, 8), torch.tensor(0.75), _f8(4, 8), torch.tensor(1.25)),
         ["fused_all_gather_scaled_matmul", "fused_scaled_matmul_reduce_scatter"],
         float8(gather_bytes))
+    cases["float8_fast_accum"] = (
+        float8(_ag, True),
+        (_f8(2, 2, 8), torch.rand(2, 2, 1) + 0.5, _f8(6, 8), torch.rand(6, 1) + 0.5,
+         _f8(2 * ws, 8), torch.tensor(0.75), _f8(4, 8), torch.tensor(1.25)),
+        ["fused_all_gather_scaled_matmul", "fused_scaled_matmul_reduce_scatter"],
+        float8(gather_bytes, True))
     return cases
+
+
+def _fast_accum_flags(graph):
+    """The use_fast_accum of the rewritten graph's scaled fused ops: (each all-gather's list, each
+    reduce-scatter's bool)."""
+    ops = torch.ops.asynctp
+    ag = [list(n.args[9]) for n in graph.nodes
+          if n.target is ops.fused_all_gather_scaled_matmul.default]
+    rs = [n.kwargs.get("use_fast_accum", False) for n in graph.nodes
+          if n.target is ops.fused_scaled_matmul_reduce_scatter.default]
+    return ag, rs
 
 
 def _check_rewrite(fusion_pass, case, fn, inputs, reference=None):
@@ -402,7 +421,7 @@ def _check_rewrite(fusion_pass, case, fn, inputs, reference=None):
     for i, (a, b) in enumerate(zip(got, want)):
         tol = {"rtol": 1.6e-2, "atol": 1e-2} if b.dtype == torch.bfloat16 else {}
         torch.testing.assert_close(a, b, **tol, msg=f"{case}: output {i}")
-    return atp.fusion_report(), [str(n.target) for n in gm.graph.nodes]
+    return atp.fusion_report(), [str(n.target) for n in gm.graph.nodes], gm.graph
 
 
 def every_pattern():
@@ -412,18 +431,22 @@ def every_pattern():
     fusion_pass = atp.enable(enable_last_dim=True, enable_transpose=True)
     try:
         for case, (fn, inputs, fused, *reference) in _cases(ws, name).items():
-            report, targets = _check_rewrite(fusion_pass, case, fn, inputs, *reference)
+            report, targets, graph = _check_rewrite(fusion_pass, case, fn, inputs, *reference)
             assert report and all(e["fused"] for e in report), f"{case}: {report}"
             assert not any("c10d" in t for t in targets), f"{case}: {targets}"
             got_ops = sorted({t.split(".")[1] for t in targets if t.startswith("asynctp.")})
             assert got_ops == sorted(fused), f"{case}: {got_ops}"
+            if case.startswith("float8"):
+                # Each _scaled_mm's use_fast_accum is carried into the op that replaced it.
+                fast = case == "float8_fast_accum"
+                assert _fast_accum_flags(graph) == ([[fast]], [fast]), (case, graph)
     finally:
         atp.disable()
 
     # Bucketing alone: two small gathers that feed no matmul become one gather of a flat buffer.
     fusion_pass = atp.enable(no_fuse=True, bucket_mb=[1])
     try:
-        report, targets = _check_rewrite(
+        report, targets, _ = _check_rewrite(
             fusion_pass, "bucketing",
             lambda a, b: (_ag(a, 0, name, ws).exp(), _ag(b, 0, name, ws).exp()),
             (torch.randn(2, 4), torch.randn(3, 4)))

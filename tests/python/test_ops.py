@@ -233,6 +233,52 @@ def case_scaled_matmul_reduce_scatter(scaling):
     return True
 
 
+def case_scaled_fast_accum():
+    """use_fast_accum reaches the ops (per B for the all-gather form): accepted, and the results
+    match PyTorch's unfused _scaled_mm with the same use_fast_accum (the CPU backend accumulates
+    in f32 whatever it says)."""
+    rank, ws = _world()
+    name = _group_name()
+    shape = (4, 3, 16)
+    A = _f8(shape, 110 + rank)
+    Bs = [_f8((N, 16), 120).t(), _f8((N + 2, 16), 121).t()]
+    A_scale = _randn((*shape[:-1], 1), torch.float32, 130 + rank).abs() + 0.5
+    B_scales = [_randn((1, B.shape[1]), torch.float32, 140 + i).abs() + 0.5
+                for i, B in enumerate(Bs)]
+    A_ref = _all_gather(A, 0)
+    scale_ref = _all_gather(A_scale, 0).flatten(0, -2)
+    for fast in ([True, True], [True, False], [False, True]):
+        what = f"all_gather use_fast_accum {fast}"
+        _, outs = OPS.fused_all_gather_scaled_matmul(
+            A, Bs, A_scale, B_scales, 0, name, [None, None], [None, None],
+            [torch.bfloat16, torch.float32], fast)
+        for i, (B, B_scale, f, out) in enumerate(zip(Bs, B_scales, fast, outs)):
+            ref = torch._scaled_mm(A_ref.flatten(0, -2), B, scale_ref, B_scale,
+                                   out_dtype=torch.float32, use_fast_accum=f)
+            _assert_close(out, ref.view(*A_ref.shape[:-1], B.shape[1]), f"{what} B {i}")
+    with pytest.raises(asynctp.InvalidArgumentError, match="use_fast_accum"):
+        OPS.fused_all_gather_scaled_matmul(
+            A, Bs, A_scale, B_scales, 0, name, [None, None], [None, None], [None, None], [True])
+    full = [2 * ws, 3, 16]
+    A3 = _f8(full, 150 + rank)
+    B = _f8((N, 16), 160 + rank).t()
+    A_scale3 = _randn((*full[:-1], 1), torch.float32, 170 + rank).abs() + 0.5
+    B_scale = _randn((1, N), torch.float32, 180 + rank).abs() + 0.5
+    for fast in (True, False):
+        out = OPS.fused_scaled_matmul_reduce_scatter(
+            A3, B, A_scale3, B_scale, "sum", 0, 0, name, [*full[:-1], N],
+            out_dtype=torch.bfloat16, use_fast_accum=fast)
+        product = torch._scaled_mm(A3.flatten(0, -2), B, A_scale3.flatten(0, -2), B_scale,
+                                   out_dtype=torch.float32, use_fast_accum=fast)
+        ref = _reduce_scatter(product.view(*full[:-1], N), 0, "sum")
+        _assert_close(out, ref, f"reduce_scatter use_fast_accum {fast}")
+    return True
+
+
+def test_scaled_fast_accum(pool):
+    pool.run(case_scaled_fast_accum)
+
+
 @pytest.mark.parametrize("scaling", ["tensor", "row"])
 def test_all_gather_scaled_matmul(pool, scaling):
     pool.run(case_all_gather_scaled_matmul, scaling)

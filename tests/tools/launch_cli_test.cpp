@@ -154,31 +154,56 @@ TEST(Cli, BenchTableHasAColumnPerHeader) {
 }
 
 // The float8 table at two ranks (CPU backend, a tiny shape): both ops validated against the
-// unfused reference and timed with both scalings, the JSON holding every column; a bad scaling
-// is an error naming the option.
+// unfused reference and timed with both scalings, exact and with --fast-accum (fast accumulation
+// allowed in every GEMM), the JSON holding every column and saying which accumulation it timed; a
+// bad scaling is an error naming the option.
 TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
   for (const std::string scaling : {"rowwise", "tensorwise"}) {
     for (const std::string op : {"ag-mm", "mm-rs"}) {
-      SCOPED_TRACE(scaling + " " + op);
-      const Finished bench = asynctp({"launch", "--nproc", "2", "--no-prefix", "--", kBin, "bench",
-                                      op, "--shape", "128x64x96", "--scaled", scaling, "--iters",
-                                      "2", "--warmup", "0", "--backend", "cpu", "--json"});
-      ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
-      const auto doc = nlohmann::json::parse(bench.out);
-      EXPECT_EQ(doc.at("scaling"), scaling);
-      ASSERT_EQ(doc.at("results").size(), 1u);
-      const auto& r = doc.at("results")[0];
-      EXPECT_EQ(r.at("op"), op);
-      EXPECT_LE(r.at("rel_error_fused_vs_baseline").get<double>(), 1e-2);
-      for (const char* key : {"gemm_ms", "baseline_ms", "fused_ms"})
-        EXPECT_GT(r.at(key).get<double>(), 0.0) << key;
-      EXPECT_NE(r.at("path"), "none");
+      for (const bool fast : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} {} fast {}", scaling, op, fast));
+        std::vector<std::string> args = {
+            "launch",   "--nproc", "2",         "--no-prefix", "--",    kBin,      "bench",
+            op,         "--shape", "128x64x96", "--scaled",    scaling, "--iters", "2",
+            "--warmup", "0",       "--backend", "cpu",         "--json"};
+        if (fast) args.push_back("--fast-accum");
+        const Finished bench = asynctp(args);
+        ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
+        const auto doc = nlohmann::json::parse(bench.out);
+        EXPECT_EQ(doc.at("scaling"), scaling);
+        EXPECT_EQ(doc.at("fast_accum"), fast);
+        ASSERT_EQ(doc.at("results").size(), 1u);
+        const auto& r = doc.at("results")[0];
+        EXPECT_EQ(r.at("op"), op);
+        EXPECT_EQ(r.at("fast_accum"), fast);
+        EXPECT_LE(r.at("rel_error_fused_vs_baseline").get<double>(), 1e-2);
+        for (const char* key : {"gemm_ms", "baseline_ms", "fused_ms"})
+          EXPECT_GT(r.at(key).get<double>(), 0.0) << key;
+        EXPECT_NE(r.at("path"), "none");
+      }
     }
   }
   const Finished bad = asynctp(
       {"bench", "ag-mm", "--shape", "128x64x96", "--scaled", "blockwise", "--backend", "cpu"});
   EXPECT_TRUE(bad.exited && bad.exit_code != 0) << bad.describe();
   EXPECT_THAT(bad.err, AllOf(HasSubstr("--scaled"), HasSubstr("blockwise")));
+}
+
+// --fast-accum: the table's title says which accumulation was timed; without --scaled the flag
+// is an error naming both options; --help describes it.
+TEST(Cli, ScaledBenchFastAccumSaysWhichItTimed) {
+  const Finished table =
+      asynctp({"launch", "--nproc", "2", "--no-prefix", "--", kBin, "bench", "mm-rs", "--shape",
+               "128x64x96", "--scaled", "tensorwise", "--fast-accum", "--iters", "2", "--warmup",
+               "0", "--backend", "cpu"});
+  ASSERT_TRUE(table.exited && table.exit_code == 0) << table.describe();
+  EXPECT_THAT(table.out, HasSubstr("fast accumulation"));
+  const Finished lone =
+      asynctp({"bench", "ag-mm", "--shape", "128x64x96", "--fast-accum", "--backend", "cpu"});
+  EXPECT_TRUE(lone.exited && lone.exit_code != 0) << lone.describe();
+  EXPECT_THAT(lone.err, AllOf(HasSubstr("--fast-accum"), HasSubstr("--scaled")));
+  const Finished help = asynctp({"bench", "--help"});
+  EXPECT_THAT(help.out, HasSubstr("--fast-accum"));
 }
 
 TEST(Cli, BadArgumentsFailNamingTheOption) {

@@ -13,8 +13,9 @@ a CUDA graph's pool) and enqueues the op on torch's current stream through the C
 the kernel waits for the op (asynctp_synchronize) before handing the outputs to torch.
 
 Arguments asynctp cannot honour raise a named error: a bias or a result scale
-(UnsupportedError). use_fast_accum is a permission, and asynctp always accumulates in f32,
-which honours both values.
+(UnsupportedError). use_fast_accum is passed through, per B for the all-gather form: a
+permission to accumulate the float8 products fast, as torch._scaled_mm's. On CUDA the GEMMs
+then use cuBLASLt's fast accumulation; the CPU backend accumulates in f32 whatever it says.
 """
 
 from __future__ import annotations
@@ -479,8 +480,6 @@ def _ag_scaled_check(A, Bs, A_scale, B_scales, gather_dim, ws, rank, biases, res
         if len(seq) != n:
             raise InvalidArgumentError(f"asynctp: len({name}) is {len(seq)}, len(Bs) is {n}")
     _unsupported_extras(biases, result_scales, "fused_all_gather_scaled_matmul")
-    # use_fast_accum: asynctp always accumulates in f32, which honours True (a permission to be
-    # fast) and False alike.
     g, full, out_shapes = _ag_shapes(A, Bs, gather_dim, ws)
     dtypes = [_dtype(d) or B.dtype for d, B in zip(out_dtypes, Bs)]
     # The scale of A: tensor-wise (one element), row-wise of the shard (the shard's shape with
@@ -510,8 +509,12 @@ def _all_gather_scaled_matmul(A, Bs, A_scale, B_scales, gather_dim, group_name, 
     d_outs = _descs(e, "ags.outs", outs)
     d_a_out = e.tensors("ags.a_out", 1)
     fill(d_a_out[0], a_out)
+    # One flag per B; NULL where every B is exact.
+    fast = None
+    if any(use_fast_accum):
+        fast = (ctypes.c_int32 * len(Bs))(*(1 if f else 0 for f in use_fast_accum))
     status = _capi.lib().asynctp_all_gather_scaled_matmul(
-        e.handle, d_a, d_as, d_bs, d_bss, len(Bs), d_outs, d_a_out, g, _capi.PATH_DEFAULT,
+        e.handle, d_a, d_as, d_bs, d_bss, len(Bs), d_outs, d_a_out, g, fast, _capi.PATH_DEFAULT,
         _stream_on(A.is_cuda, A.get_device()))
     _complete(e, status, A.is_cuda)
     return a_out, outs
@@ -588,8 +591,8 @@ def _scaled_matmul_reduce_scatter(A, B, A_scale, B_scale, reduce_op, orig_scatte
     T = ctypes.POINTER(_capi.Tensor)
     status = _capi.lib().asynctp_scaled_matmul_reduce_scatter(
         e.handle, ctypes.cast(p, T), ctypes.cast(p + size, T), ctypes.cast(p + 2 * size, T),
-        ctypes.cast(p + 3 * size, T), ctypes.cast(p + 4 * size, T), op, g, _capi.PATH_DEFAULT,
-        _stream_on(A.is_cuda, A.get_device()))
+        ctypes.cast(p + 3 * size, T), ctypes.cast(p + 4 * size, T), op, g,
+        1 if use_fast_accum else 0, _capi.PATH_DEFAULT, _stream_on(A.is_cuda, A.get_device()))
     _complete(e, status, A.is_cuda)
     return out
 

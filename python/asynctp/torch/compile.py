@@ -132,10 +132,12 @@ def _fused_call(target: str, args: list, kwargs: dict):
     if target == "asynctp.fused_all_gather_scaled_matmul":
         a, a_scale, bs, b_scales, dim, group, out_dtypes = args
         n = len(bs)
+        # The fused _scaled_mms' own use_fast_accum, one per B (absent: all False).
+        fast = [bool(f) for f in (kwargs.get("use_fast_accum") or [False] * n)]
         # Always returns A (torch's schema has no return_A); an unused A is simply not read.
         return (ops.fused_all_gather_scaled_matmul.default,
-                (a, bs, a_scale, b_scales, dim, group, [None] * n, [None] * n, out_dtypes,
-                 [False] * n), {})
+                (a, bs, a_scale, b_scales, dim, group, [None] * n, [None] * n, out_dtypes, fast),
+                {})
     if target == "asynctp.fused_matmul_reduce_scatter":
         As, Bs, reduce_op, dim, group = args
         if len(As) == 1:
@@ -146,7 +148,8 @@ def _fused_call(target: str, args: list, kwargs: dict):
         # A arrives viewed with the product's leading dims, so no reshape is left to undo.
         return (ops.fused_scaled_matmul_reduce_scatter.default,
                 (a, b, a_scale, b_scale, reduce_op, dim, dim, group, None),
-                {"out_dtype": out_dtype})
+                {"out_dtype": out_dtype,
+                 "use_fast_accum": bool(kwargs.get("use_fast_accum") or False)})
     raise InvalidArgumentError(f"asynctp: unknown fused target {target!r}")
 
 

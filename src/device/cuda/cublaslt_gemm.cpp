@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <unordered_map>
 #include <vector>
 
@@ -10,6 +9,7 @@
 #include "core/log.h"
 #include "device/cuda/cuda_check.h"
 #include "device/cuda/ktensor.h"
+#include "device/gemm_plan_key.h"
 
 namespace asynctp::cuda {
 
@@ -66,19 +66,6 @@ Tensor batched(const Tensor& t) {
   return t.dim() == 3 ? t : t.unsqueeze(0);
 }
 
-struct Key {
-  int64_t v[24];
-  bool operator==(const Key& o) const { return std::memcmp(v, o.v, sizeof(v)) == 0; }
-};
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    size_t h = 1469598103934665603ull;
-    for (int64_t x : k.v)
-      h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
-    return h;
-  }
-};
-
 enum class ScaleMode : int { kNone = 0, kScalar = 1, kVector = 2 };
 
 struct Plan {
@@ -108,14 +95,6 @@ cublasLtMatrixLayout_t make_layout(DType dtype, int64_t rows, int64_t cols, int6
   return layout;
 }
 
-int alignment_of(const void* p) {
-  const auto v = reinterpret_cast<uintptr_t>(p);
-  for (int a : {256, 128, 64, 32, 16, 8, 4, 2}) {
-    if (v % a == 0) return a;
-  }
-  return 1;
-}
-
 }  // namespace
 
 struct LtGemm::Impl {
@@ -123,7 +102,8 @@ struct LtGemm::Impl {
   size_t workspace_bytes = size_t{64} << 20;
   bool autotune = envvars::kGemmAutotune.flag();
   bool allow_tf32 = envvars::kAllowTf32.flag();
-  std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
+  // Keyed by gemm_plan_key: the descriptors (fast accumulation included), the tuned algorithm.
+  std::unordered_map<GemmPlanKey, std::unique_ptr<Plan>, GemmPlanKeyHash> plans;
   // Per workspace key (LtGemm::run; GEMMs under different keys may run at the same time):
   // cuBLASLt's workspace and grow-only scratch for float8 operands staged into cuBLASLt's layout
   // and for the unscaled f32 product of a row-/column-wise scaled GEMM.
@@ -200,12 +180,13 @@ struct LtGemm::Impl {
     return st.scratch[slot];
   }
 
-  // Picks (and caches) the algorithm for this problem; times the candidates once.
-  Plan& plan(const Key& key, DType a_dt, DType b_dt, DType d_dt, const Operand& la,
+  // Picks (and caches) the algorithm for this problem; times the candidates once. fast_accum:
+  // the descriptor lets float8 products accumulate fast (part of `key`).
+  Plan& plan(const GemmPlanKey& key, DType a_dt, DType b_dt, DType d_dt, const Operand& la,
              const Operand& lb, int64_t m_rows, int64_t n_cols, int64_t ldd, int64_t batch,
-             int64_t d_batch_stride, ScaleMode scale_a, ScaleMode scale_b, const GemmArgs& args,
-             cudaStream_t stream, const void* ws_key, bool capturing, const void* lt_a,
-             const void* lt_b, void* d_ptr, bool* found) {
+             int64_t d_batch_stride, ScaleMode scale_a, ScaleMode scale_b, bool fast_accum,
+             const GemmArgs& args, cudaStream_t stream, const void* ws_key, bool capturing,
+             const void* lt_a, const void* lt_b, void* d_ptr, bool* found) {
     auto it = plans.find(key);
     if (it != plans.end()) {
       *found = true;
@@ -222,6 +203,11 @@ struct LtGemm::Impl {
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     ASYNCTP_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (fast_accum) {
+      const int8_t fast = 1;
+      ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                          &fast, sizeof(fast)));
+    }
     if (scale_a == ScaleMode::kVector || scale_b == ScaleMode::kVector) {
       const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
       ASYNCTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
@@ -251,7 +237,7 @@ struct LtGemm::Impl {
           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, lt_b},
           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<const void*>(d_ptr)},
           std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<const void*>(d_ptr)}}) {
-      const uint32_t align = static_cast<uint32_t>(alignment_of(ptr));
+      const uint32_t align = static_cast<uint32_t>(pointer_alignment(ptr));
       ASYNCTP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
     }
     constexpr int kCandidates = 16;
@@ -397,6 +383,7 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, const void* ws_key, 
       unscaled.d = Tensor(acc, DType::kF32, {1, m, n}, d.device());
       unscaled.a_scale = Tensor(impl_->one, DType::kF32, {}, d.device());
       unscaled.b_scale = unscaled.a_scale;
+      unscaled.fast_accum = args.fast_accum;  // the product is the whole K-sum: the same permission
       run(unscaled, stream, ws_key, capturing);
       const float* row = static_cast<const float*>(sa.data()) + (rowwise ? bi * sa.stride(0) : 0);
       void* d_i = static_cast<char*>(d.data()) + bi * d.stride(0) * d.element_size();
@@ -419,36 +406,13 @@ void LtGemm::run(const GemmArgs& args, cudaStream_t stream, const void* ws_key, 
   const int64_t d_batch_stride = batch > 1 ? d.stride(0) : 0;
   const ScaleMode sa =
       !f8 ? ScaleMode::kNone : (outer_vec ? ScaleMode::kVector : ScaleMode::kScalar);
-  Key key{};
-  const int64_t fields[] = {static_cast<int64_t>(a.dtype()),
-                            static_cast<int64_t>(b.dtype()),
-                            static_cast<int64_t>(d.dtype()),
-                            la.transposed,
-                            lb.transposed,
-                            la.rows,
-                            la.cols,
-                            la.ld,
-                            la.batch_stride,
-                            lb.rows,
-                            lb.cols,
-                            lb.ld,
-                            lb.batch_stride,
-                            m,
-                            n,
-                            ldd,
-                            batch,
-                            d_batch_stride,
-                            args.accumulate,
-                            static_cast<int64_t>(sa),
-                            alignment_of(a.data()),
-                            alignment_of(b.data()),
-                            alignment_of(d.data()),
-                            0};
-  std::copy(std::begin(fields), std::end(fields), key.v);
+  // Fast accumulation is cuBLASLt's for float8 operands only: other calls share one plan.
+  const bool fast = f8 && args.fast_accum;
+  const GemmPlanKey key = gemm_plan_key(a, b, d, args.accumulate, static_cast<int>(sa), fast);
   bool found = false;
-  Plan& p =
-      impl_->plan(key, a.dtype(), b.dtype(), d.dtype(), la, lb, m, n, ldd, batch, d_batch_stride,
-                  sa, sa, args, stream, ws_key, capturing, b.data(), a.data(), d.data(), &found);
+  Plan& p = impl_->plan(key, a.dtype(), b.dtype(), d.dtype(), la, lb, m, n, ldd, batch,
+                        d_batch_stride, sa, sa, fast, args, stream, ws_key, capturing, b.data(),
+                        a.data(), d.data(), &found);
   if (!found && outer_vec) {
     scale_after();
     return;

@@ -2,9 +2,11 @@
 // the column-major D^T = B^T A^T (cuBLASLt's "A" is our B and its "B" our A), so no operand is
 // ever copied for its layout, except float8 operands whose layout cuBLASLt cannot take (it wants
 // our A row-major and our B column-major; others are staged). For each distinct problem
-// (dtypes, layouts, sizes, strides, scale modes) the heuristic's candidates are timed once on
-// first use and the fastest is cached; under CUDA-graph capture an uncached problem takes the
-// heuristic's first choice without timing.
+// (dtypes, layouts, sizes, strides, scale modes, fast accumulation: device/gemm_plan_key.h) the
+// heuristic's candidates are timed once on first use and the fastest is cached; under CUDA-graph
+// capture an uncached problem takes the heuristic's first choice without timing. A float8 call
+// with GemmArgs::fast_accum gets a descriptor with CUBLASLT_MATMUL_DESC_FAST_ACCUM set, also for
+// its unscaled f32 product where the scales are applied afterwards.
 #pragma once
 
 #include <cuda_runtime_api.h>
