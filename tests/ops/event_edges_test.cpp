@@ -449,7 +449,9 @@ TEST_F(EventEdgesTest, NativeAllGatherMatmulJoinKeepsTheFlagsInOrder) {
             ok = false;
           }
           const bool all_right = all_ranks_right(ctx, finish(be, ok, its, outs));
-          if (ctx.rank() == 0) EXPECT_EQ(all_right, !drop);
+          if (ctx.rank() == 0) {
+            EXPECT_EQ(all_right, !drop);
+          }
         },
         options);
     EXPECT_RANKS_OK(statuses);
