@@ -127,8 +127,9 @@ std::vector<SwigluCase> native_cases() {
        .return_a = true},
       // 3-D, gathered on dim 1 after a batch dim of 1; bf16 products of an f32 output.
       {.shard = {1, 72, 16}, .gather_dim = 1, .n = 8, .out_dtype = DType::kF32, .return_pre = true},
-      // N not a multiple of 8 (B's rows still 16-byte multiples, as the native GEMM needs).
-      {.shard = {17, 8}, .n = 12},
+      // N not a multiple of 8, with a column-major B (its up half starts on a row of B, which
+      // TMA addresses at any N; a row-major B's would start off a 16-byte boundary).
+      {.shard = {17, 8}, .n = 12, .b_layout = Layout::kTransposed},
       // 300 rows pushed in pieces of 128 rows: the tiles wait for the pieces they overlap.
       {.shard = {300, 16}, .n = 8, .return_pre = true, .piece_bytes = 128 * 16 * 2},
   };
@@ -148,11 +149,13 @@ TEST_P(SwigluTest, EveryPathMatchesTheUnfusedReferenceBitForBit) {
 }
 
 // What only the split and fallback paths take: f32 inputs, the contraction-dim gather, gathers
-// past a batch dim, B rows that are no multiple of 16 bytes (odd N).
+// past a batch dim, B rows that are no multiple of 16 bytes (odd N), a row-major B whose up half
+// starts off a 16-byte boundary (N % 8 != 0).
 TEST_P(SwigluTest, SplitAndFallbackTakeWhatTheNativeGemmCannot) {
   auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
     const std::vector<SwigluCase> cases = {
         {.shard = {17, 8}, .n = 3, .return_pre = true},
+        {.shard = {17, 8}, .n = 12},
         {.shard = {24, 16}, .n = 20, .dtype = DType::kF32, .out_dtype = DType::kF32},
         {.shard = {16, 8}, .gather_dim = 1, .n = 12, .return_pre = true, .return_a = true},
         {.shard = {2, 8, 8},
@@ -180,7 +183,8 @@ TEST_P(SwigluTest, AutoTakesTheNativePathWhereItCan) {
     EXPECT_EQ(ctx.usage().count("all_gather_matmul_swiglu", Path::kNative), 2);
     check_swiglu(ctx, {.shard = {16, 8}, .gather_dim = 1, .n = 8}, 301, PathChoice::kAuto,
                  Path::kSplit);
-    EXPECT_EQ(ctx.usage().count("all_gather_matmul_swiglu", Path::kSplit), 1);
+    check_swiglu(ctx, {.shard = {16, 8}, .n = 12}, 302, PathChoice::kAuto, Path::kSplit);
+    EXPECT_EQ(ctx.usage().count("all_gather_matmul_swiglu", Path::kSplit), 2);
   });
   EXPECT_RANKS_OK(statuses);
 }

@@ -46,6 +46,11 @@ inline const char* swiglu_unsupported(const NativeGemmParams& a) {
     return "the SwiGLU epilogue does not count done rows or reduce (MM+RS only)";
   // Pairs of columns are stored together, the up half's from column N on.
   if (a.n % 2 != 0) return "the SwiGLU epilogue needs an even N";
+  // A row-major B's up half is TMA-loaded from column N on: a box must start on a 16-byte
+  // boundary (an unaligned start is an illegal instruction on the GPU).
+  if (!a.b_k_major && a.n % 8 != 0)
+    return "the SwiGLU epilogue with a row-major B needs N % 8 == 0 (TMA loads the up half from "
+           "column N, a 16-byte boundary)";
   if (2 * a.n > (1ll << 31) - kBN) return "the SwiGLU epilogue's 2N is over 2^31";
   if (a.pre != nullptr) {
     if (a.pre_dtype != DType::kF32 && a.pre_dtype != DType::kBF16 && a.pre_dtype != DType::kF16)

@@ -52,6 +52,11 @@ TEST_P(NativeSwigluTest, MatchesTheReferenceProductsThenTheSwigluKernel) {
       args.d = d;
       args.swiglu = true;
       args.pre_out = pre;
+      if (!k_major && shape.n % 8 != 0) {
+        // A row-major B's up half starts at column N: TMA needs it on a 16-byte boundary.
+        EXPECT_NE(gpu.be().native_gemm_unsupported(args).find("N % 8 == 0"), std::string::npos);
+        return;
+      }
       ASSERT_EQ(gpu.be().native_gemm_unsupported(args), "");
       gpu.be().native_gemm(args, gpu.stream());
       // f32 accumulators in another order than the reference's: f32 results agree to rounding
