@@ -19,8 +19,7 @@ Millis default_timeout() {
   const double seconds = envvars::kTimeout.number();
   // "inf" (or anything huge) means no practical limit: cap it so that a Deadline's end time
   // cannot overflow the clock. A tiny positive value still gets 1 ms, not an expired deadline.
-  constexpr double kMaxSeconds = 1e7;  // about 116 days
-  return Millis(std::max<int64_t>(1, std::llround(std::min(seconds, kMaxSeconds) * 1000.0)));
+  return Millis(std::max<int64_t>(1, std::llround(std::min(seconds, kMaxTimeoutSeconds) * 1000.0)));
 }
 
 void pause_host(std::chrono::duration<double, std::micro> length, HostPause how) {

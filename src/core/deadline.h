@@ -12,6 +12,11 @@ namespace asynctp {
 
 using Clock = std::chrono::steady_clock;
 
+// The longest timeout in seconds (about 116 days): a deadline beyond it would overflow the
+// clock's milliseconds, and it means no practical limit. ASYNCTP_TIMEOUT caps at it, --timeout
+// and launch() refuse more.
+inline constexpr double kMaxTimeoutSeconds = 1e7;
+
 class Deadline {
  public:
   explicit Deadline(Millis timeout) : timeout_(timeout), end_(Clock::now() + timeout) {}

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/deadline.h"
 #include "core/error.h"
 #include "runtime/hmac.h"
 #include "runtime/rank_guardian.h"
@@ -121,10 +122,9 @@ int remove_shm_of_run(const std::string& run_id) {
 int launch(const LaunchOptions& options) {
   ASYNCTP_CHECK(options.nproc >= 1, "--nproc must be at least 1, got {}", options.nproc);
   ASYNCTP_CHECK(!options.command.empty(), "no command to launch (give it after --)");
-  // The bound ASYNCTP_TIMEOUT has too (1e7 s, 116 days): beyond it the milliseconds overflow.
-  ASYNCTP_CHECK(!options.timeout_s || (*options.timeout_s > 0 && *options.timeout_s <= 1e7),
-                "--timeout must be positive and at most 1e7 s, got {}",
-                options.timeout_s.value_or(0));
+  ASYNCTP_CHECK(
+      !options.timeout_s || (*options.timeout_s > 0 && *options.timeout_s <= kMaxTimeoutSeconds),
+      "--timeout must be positive and at most 1e7 s, got {}", options.timeout_s.value_or(0));
   check_descriptor_limit(options.nproc);
   const int port = options.master_port > 0 ? options.master_port : net::pick_free_port();
   const std::string run_id = random_run_id();

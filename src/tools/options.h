@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/deadline.h"
 #include "core/env.h"
 
 namespace asynctp::tools {
@@ -28,14 +29,13 @@ inline constexpr EnvVar kNproc{.name = "--nproc",
                                .doc = "ranks",
                                .min = 1,
                                .max = 4096};
-// A deadline beyond 1e7 s (116 days) overflows no clock and means no practical limit.
 inline constexpr EnvVar kTimeout{.name = "--timeout",
                                  .kind = EnvVar::Kind::kNumber,
                                  .default_value = "",
                                  .doc = "whole-job limit",
                                  .unit = "seconds",
                                  .min = 0,
-                                 .max = 1e7,
+                                 .max = kMaxTimeoutSeconds,
                                  .min_exclusive = true};
 inline constexpr EnvVar kGrace{.name = "--grace",
                                .kind = EnvVar::Kind::kNumber,
