@@ -82,7 +82,7 @@ def summarize(events, steps: int, top: int = 12) -> dict:
     }
 
 
-def profile_steps(step, steps: int, device: torch.device, trace_path: str | None = None) -> dict:
+def profile_steps(step, steps: int, device: torch.device) -> dict:
     """Runs `step` `steps` times under torch.profiler; the summary above (CUDA only)."""
     if device.type != "cuda":
         return {"skipped": "the kernel profile needs CUDA"}
@@ -95,7 +95,7 @@ def profile_steps(step, steps: int, device: torch.device, trace_path: str | None
             step()
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
-        path = trace_path or os.path.join(tmp, "trace.json")
+        path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as f:
             trace = json.load(f)
