@@ -246,4 +246,5 @@ def test_profile_summary_splits_busy_idle_and_kinds():
     assert profile.kind_of("void asynctp::kernels::async_gemm_kernel<...>") == "native"
     assert profile.kind_of("pytorch_flash::flash_fwd_kernel") == "attention"
     assert profile.kind_of("vectorized_elementwise_kernel") == "elementwise"
+    assert profile.kind_of("triton_poi_fused__to_copy_add_cos_0") == "triton"
     assert profile.summarize([], steps=3) == {"steps": 3, "kernels": 0}

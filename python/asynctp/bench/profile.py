@@ -29,8 +29,9 @@ _KINDS = (
     ("nccl", re.compile(r"nccl", re.I)),
     ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)),
     ("gemm", re.compile(r"gemm|nvjet|xmma|cutlass|sm90_|sm80_|cublas", re.I)),
-    ("copy", re.compile(r"copy|memcpy|memset|put_signal|wait_signal|wait_flags|barrier", re.I)),
+    # Before copy: Inductor's fused kernels are named after their ops ("triton_poi_fused__to_copy").
     ("triton", re.compile(r"triton", re.I)),
+    ("copy", re.compile(r"copy|memcpy|memset|put_signal|wait_signal|wait_flags|barrier", re.I)),
 )
 
 
