@@ -115,6 +115,7 @@ class Run {
         consume(tile.m0, tile.n0, tile.m0 + 64 * half, sums);
     }
     if (!timeout_.empty()) ASYNCTP_TIMEOUT("{}", timeout_);
+    if (!stale_.empty()) ASYNCTP_FAIL("{}", stale_);
   }
 
  private:
@@ -181,8 +182,19 @@ class Run {
     }
     if (counter != nullptr) {
       // Counted once stored (release): the stream waits on it then read the rows.
-      std::atomic_ref<uint32_t>(*counter).fetch_add(1, std::memory_order_release);
+      const uint32_t before =
+          std::atomic_ref<uint32_t>(*counter).fetch_add(1, std::memory_order_release);
       futex_wake(counter);
+      // A counter starts every GEMM at 0 (its push resets it, and the next op's GEMM starts
+      // behind that reset): a count on top of an earlier one lets the push that waits on it pass
+      // before these rows are stored. On a GPU that is a race on the data; here it is an error.
+      if (counted_.insert(counter).second && before != 0 && stale_.empty()) {
+        stale_ = fmt::format(
+            "rank {}: the native GEMM's done counter {} read {} as it started counting (the "
+            "previous op's count: its reset had not landed, so the push that waits on it could "
+            "pass before the rows are stored)",
+            p_.rank, counter - p_.done, before);
+      }
     }
   }
 
@@ -278,7 +290,9 @@ class Run {
   int64_t b_cols_;  // B's columns: n, or 2n with the SwiGLU epilogue
   std::vector<float> b_, a_row_, acc_, part_row_;
   bool waiting_ = true, sum_waiting_ = true;
-  std::string timeout_;  // the first wait that timed out
+  std::string timeout_;                // the first wait that timed out
+  std::set<const uint32_t*> counted_;  // the done counters counted in so far
+  std::string stale_;                  // the first counter that did not start at 0
   EarlyReads early_;
   int64_t early_row0_ = -1;
   int early_n0_ = -1;

@@ -80,6 +80,25 @@ class HeldBack {
   bool released_ = false;
 };
 
+// The stall of held-back work once released (see HeldBack): kFaultStall during which the streams
+// run. Where the host closes a gate in the meantime (its reset for the next op), the stall starts
+// again once that gate opens: the held work then lands behind the next op's first items however
+// slowly the host enqueues that op, as a held item on a GPU would (the host runs ahead there).
+// The gates a stall waits through are bounded (each by kHoldLimit).
+static void stall_while_the_streams_run() {
+  constexpr int kMostGates = 4;
+  for (int gates = 0;; ++gates) {
+    std::this_thread::sleep_for(kFaultStall);
+    std::shared_ptr<HeldBack> gate;
+    {
+      const std::lock_guard lock(g_gate_mu);
+      gate = g_gate;
+    }
+    if (!gate || gates == kMostGates) return;
+    gate->wait_released();
+  }
+}
+
 // How far a worker has got, shared with the events recorded on it (they outlive neither the
 // worker's thread nor need it: an event wait holds this, never the worker).
 struct Progress {
@@ -231,7 +250,7 @@ class Worker {
       }
       if (held) {
         held->wait_released();
-        std::this_thread::sleep_for(kFaultStall);
+        stall_while_the_streams_run();
       }
       if (!skip) {
         if (item.jitter && jitter_) {

@@ -105,11 +105,12 @@ std::unique_ptr<Event> make_cpu_event();
 // counted from 0 since the last reset, and the one numbered `drop` (if any) does not wait; instead
 // the recorded work it stood for is held back: the `hold` part of it waits until the blocked
 // stream reaches the point of the dropped wait (a marker item there; at most kHoldLimit), then
-// kFaultStall more: the schedule in which a missing wait shows. So that this work has not run
-// already (the host enqueues an op slower than the workers run it, where a GPU's host runs
-// ahead), no stream starts an item enqueued after a reset with a wait to drop until the host has
-// reached that wait (at most kHoldLimit; a reset opens the streams too). The tests that prove
-// each event wait of an op necessary drop them one at a time.
+// kFaultStall more, of the streams' running time (a stall that the next reset's gate, below,
+// interrupts starts again when it opens): the schedule in which a missing wait shows. So that this
+// work has not run already (the host enqueues an op slower than the workers run it, where a GPU's
+// host runs ahead), no stream starts an item enqueued after a reset with a wait to drop until the
+// host has reached that wait (at most kHoldLimit; a reset opens the streams too). The tests that
+// prove each event wait of an op necessary drop them one at a time.
 namespace testing {
 enum class HoldBack {
   kLastItem,  // the last item of the recorded work

@@ -407,8 +407,9 @@ TEST(Launch, FailedSpawnStopsTheRanksAlreadyStartedAtOnce) {
   EXPECT_EQ(m[1], m[2]);
   EXPECT_GE(std::stoi(m[1]), 1) << message;
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0);
-  EXPECT_EQ(live_processes_with(token), std::vector<pid_t>{}) << "a started rank is left";
-  EXPECT_EQ(wait_gone(token, Millis(2000)), std::vector<pid_t>{});
+  // The ranks are reaped before launch() returns; their children got the same SIGKILL but die on
+  // their own time, which a loaded machine stretches.
+  EXPECT_EQ(wait_gone(token, Millis(2000)), std::vector<pid_t>{}) << "a started rank is left";
 }
 
 TEST(Launch, TimeoutCountsWhileTheRanksAreStarted) {
