@@ -154,7 +154,9 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
     const Tensor to = slots.at(d, rank).view({rows, plan.n});
     be.wait_flag(done + index, count,
                  {.rank = rank, .peer = d, .channel = q, .timeout = ctx.group().timeout()}, push);
+    ctx.host_profile().stamp("push waits");
     be.copy(piece_of(to, q), piece_of(from, q), push);
+    ctx.host_profile().stamp("push copies");
     // The flag and the reset beside the push stream, which goes on to its next piece at once;
     // after a stream's last piece, on the push stream itself (nothing follows there that they
     // could hold up), which saves the flag stream's event edge and its join.
@@ -166,6 +168,7 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
     const Backend::FlagWrite writes[] = {{landed_of(d) + q * ws + rank, slots.number},
                                          {done + index, 0}};
     be.write_flags(writes, flags);
+    ctx.host_profile().stamp("push flags");
     if (ctx.tracing()) ctx.mark(fmt::format("pushed piece {} to {}", q, d), flags);
   }
   ctx.host_profile().stamp("pushes");

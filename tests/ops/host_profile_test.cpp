@@ -162,6 +162,14 @@ TEST(HostProfileTest, TheOpsFileEachPathsSteps) {
                 ::testing::IsSupersetOf({"memo > checks", "checks > start", "memo > start",
                                          "start > launch", "launch > gemm", "gemm > pushes",
                                          "pushes > joined", "joined > end", "end > return"}));
+    // The native matmul_reduce_scatter's push of its one piece, a step per enqueueing.
+    const HostProfile::Summary& native_rs = all[1];
+    EXPECT_EQ(native_rs.op, "matmul_reduce_scatter");
+    EXPECT_EQ(native_rs.path, Path::kNative);
+    EXPECT_THAT(phase_names(native_rs),
+                ::testing::IsSupersetOf({"forked > gemm", "gemm > push waits",
+                                         "push waits > push copies", "push copies > push flags",
+                                         "push flags > pushes", "pushes > end"}));
   });
   EXPECT_TRUE(testing::all_ranks_ok(statuses));
 }
