@@ -1,11 +1,13 @@
 // Every event wait of the fused ops, and every flag wait of their native paths, is needed: with
 // the CPU streams' jitter on (NOTE [cpu streams]), dropping any one of them on one rank
 // (cpu::testing::reset_event_waits, cpu::testing::reset_flag_waits) makes some rank compute a
-// wrong result or fail, but for the split paths' two closing event waits, which cover each other,
-// the native all_gather_matmul's join of its flag stream, which guards no data between like calls
-// (a test of its own shows it between unlike ones), and its ready waits on the own chunk, which
-// stream order covers (see the tests). A test of the emulation as much as of the ops: a dropped
-// wait that goes unnoticed is either redundant or guards a race the emulation does not show.
+// wrong result or fail, but for the split paths' two closing event waits, which cover each other
+// in a run of like calls (the split all_gather_matmul's join of its flag stream is needed before a
+// native call: a test of its own shows it), the native all_gather_matmul's join of its flag
+// stream, which guards no data between like calls (a test of its own shows it between unlike
+// ones), and its ready waits on the own chunk, which stream order covers (see the tests). A test of
+// the emulation as much as of the ops: a dropped wait that goes unnoticed is either redundant or
+// guards a race the emulation does not show.
 //
 // Each run writes the op's input on the op's stream (behind a garbage fill), runs the op, and
 // overwrites the input on that stream again at once (the caller may reuse it once the op is
@@ -356,8 +358,12 @@ TEST_P(EventEdgesTest, DroppingAnyEventWaitFails) {
     // A or the staging again) and for the flag streams (OpContext::join_flag_streams). Each
     // covers the other's data: every push has its flag behind it on a flag stream, so the join
     // orders the stream after the pushes, and the flags the push wait leaves unjoined are raised
-    // on their own streams, in order, only later. Either alone keeps an eager run right; both
-    // stay, for a CUDA graph, which must join every stream it forked.
+    // on their own streams, in order, only later, where the next call raises them on the same
+    // streams. Either alone keeps a run of like calls right. The all-gather's flag-stream join
+    // is needed where a native call follows, which raises the same ready flags on another stream
+    // (SplitAllGatherMatmulJoinKeepsTheFlagsInOrder); the reduce-scatter's landed flags are the
+    // split path's alone. Both waits stay, for a CUDA graph, which must join every stream it
+    // forked.
     EXPECT_GE(waits, 4);
     redundant = {waits - 2, waits - 1};
   } else if (c.op == Op::kAllGatherMatmul) {
@@ -394,54 +400,61 @@ INSTANTIATE_TEST_SUITE_P(Ops, EventEdgesTest,
                                                          {PathChoice::kNative, {2, 3, 4}}})),
                          case_name);
 
-// The native all_gather_matmul's join of its flag stream, which like calls do not need (see
-// DroppingAnyEventWaitFails), where consecutive calls raise a flag on different streams: at ws 3 a
-// call that returns A raises the flag of its push to r-2 on flag stream 0, one that does not, on
-// the copy stream. Two calls, the first returning A; rank 0 drops the first's join (its last
-// event wait): the second's flag then lands before the first's, held back, which steps it back
-// to the first's op number, and the peer, whose calls start 2 x kPeerDelay late, waits for the
-// second's flag until its timeout (a third call's flag, one op ahead, would let it through).
-// Without the drop every result is right.
-TEST_F(EventEdgesTest, NativeAllGatherMatmulJoinKeepsTheFlagsInOrder) {
-  constexpr int kWs = 3;
-  const EdgeCase c{Op::kAllGatherMatmul, PathChoice::kNative, kWs};
-  constexpr int64_t kJoin = 4;  // the last of a call's 5 event waits (returning A) at ws 3
-  constexpr int kCalls = 2;
+// One all_gather_matmul call of a two-call sequence: its path, whether it returns A, and the
+// event waits it makes.
+struct AgCall {
+  PathChoice path;
+  bool returns_a;
+  int64_t waits;
+};
+
+// Two all_gather_matmul calls (bf16 shards of the native path's shape at ws `ws`); rank 0 drops
+// the first call's join of its flag stream (its last event wait) where `drop`. The first call
+// raises its flag to each peer on flag stream 0, the second on the copy stream (the native path,
+// not returning A: its last flag goes there, see the op): without the join, the second's flag
+// lands before the first's, held back, which steps it back to the first's op number, and a peer,
+// whose calls start 2 x kPeerDelay late, waits for the second's flag until its timeout (a third
+// call's flag, one op ahead, would let it through). Whether every rank's results were right.
+void expect_join_keeps_the_flags_in_order(int ws, const AgCall& first, const AgCall& second) {
+  const EdgeCase c{Op::kAllGatherMatmul, PathChoice::kNative, ws};
+  const AgCall calls[] = {first, second};
   for (const bool drop : {false, true}) {
     SCOPED_TRACE(drop ? "join dropped" : "nothing dropped");
     HarnessOptions options;
     options.group_timeout = Millis(2000);
     options.run_timeout = Millis(60'000);
     auto statuses = run_ranks(
-        kWs,
+        ws,
         [&](OpContext& ctx) {
           Backend& be = ctx.backend();
           const OwnedTensor b = seeded({c.k(), c.n()}, c.dtype(), {72}, Values::kSmallInts);
-          OwnedTensor a_out = empty_host({kWs * c.rows(), c.k()}, c.dtype());
+          OwnedTensor a_out = empty_host({ws * c.rows(), c.k()}, c.dtype());
           // Made before the calls, and compared after them: the references and the comparisons
           // synchronize every stream.
           std::vector<Iteration> its;
           std::vector<OwnedTensor> outs;
-          for (int it = 0; it < kCalls; ++it) {
+          for (int it = 0; it < 2; ++it) {
             its.push_back(make_iteration(be, c, ctx.rank(), it, b));
             outs.push_back(empty_host(its.back().expected->shape(), c.out_dtype()));
           }
           bool ok = true;
           try {
-            for (int it = 0; it < kCalls; ++it) {
-              const bool returns_a = it == 0;
-              const Iteration& expected = its[it];
-              const OwnedTensor& out = outs[it];
+            for (int it = 0; it < 2; ++it) {
+              const AgCall& call = calls[it];
               if (ctx.rank() != 0) std::this_thread::sleep_for(2 * kPeerDelay);
-              cpu::testing::reset_event_waits(drop && returns_a && ctx.rank() == 0 ? kJoin : -1,
+              const bool dropping = drop && it == 0 && ctx.rank() == 0;
+              cpu::testing::reset_event_waits(dropping ? call.waits - 1 : -1,
                                               cpu::testing::HoldBack::kLastItem);
               AllGatherMatmulOptions agmm;
-              agmm.path = PathChoice::kNative;
+              agmm.path = call.path;
               const Tensor bs[] = {b.tensor};
-              const Tensor out_views[] = {out.tensor};
-              all_gather_matmul(ctx, expected.a, bs, out_views, returns_a ? a_out.tensor : Tensor(),
-                                agmm);
-              EXPECT_EQ(cpu::testing::event_waits(), returns_a ? 5 : 4);
+              const Tensor out_views[] = {outs[it].tensor};
+              all_gather_matmul(ctx, its[it].a, bs, out_views,
+                                call.returns_a ? a_out.tensor : Tensor(), agmm);
+              EXPECT_EQ(cpu::testing::event_waits(), call.waits) << "call " << it;
+              if (dropping) {
+                EXPECT_TRUE(cpu::testing::dropped_event_wait());
+              }
               cpu::testing::reset_event_waits();
               ctx.stream().synchronize();
             }
@@ -456,6 +469,24 @@ TEST_F(EventEdgesTest, NativeAllGatherMatmulJoinKeepsTheFlagsInOrder) {
         options);
     EXPECT_RANKS_OK(statuses);
   }
+}
+
+// The native all_gather_matmul's join of its flag stream, which like calls do not need (see
+// DroppingAnyEventWaitFails), where consecutive calls raise a flag on different streams: at ws 3 a
+// call that returns A raises the flag of its push to r-2 on flag stream 0, one that does not, on
+// the copy stream.
+TEST_F(EventEdgesTest, NativeAllGatherMatmulJoinKeepsTheFlagsInOrder) {
+  expect_join_keeps_the_flags_in_order(3, {PathChoice::kNative, true, 5},
+                                       {PathChoice::kNative, false, 4});
+}
+
+// The split all_gather_matmul's join of its flag stream, which like calls do not need (see
+// DroppingAnyEventWaitFails), before a native call: both raise the same ready flags (the push
+// workspace's eager channel, numbered by one op count), the split path on flag stream 0, the
+// native one (at ws 2, not returning A) on its copy stream.
+TEST_F(EventEdgesTest, SplitAllGatherMatmulJoinKeepsTheFlagsInOrder) {
+  expect_join_keeps_the_flags_in_order(2, {PathChoice::kSplit, false, 4},
+                                       {PathChoice::kNative, false, 2});
 }
 
 class FlagEdgesTest : public EventEdgesTest {};
