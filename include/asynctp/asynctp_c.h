@@ -203,6 +203,9 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_synchronize(asynctp_context ctx);
  *                 (torch._scaled_mm's use_fast_accum; cuBLASLt's fast float8 accumulation on
  *                 CUDA; the CPU backend accumulates in f32 either way): 0 or 1, for
  *                 all_gather_scaled_matmul one per B (NULL: 0 for every B).
+ * No output may share a byte with an input or another output (nor may the collectives' out with
+ * in): ASYNCTP_ERROR_INVALID_ARGUMENT, the message naming both operands and their byte ranges
+ * (asynctp/ops.h, Aliasing).
  * `path`: asynctp_path. `stream`: see the conventions above. */
 
 ASYNCTP_C_EXPORT asynctp_status asynctp_all_gather_matmul(

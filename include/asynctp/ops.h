@@ -4,6 +4,14 @@
 // Outputs are written into tensors the caller allocates (so that the ops can be captured in a
 // CUDA graph); the *_shape helpers give their shapes.
 //
+// Aliasing: no output may share a byte with an input or with another output, since the
+// overlapped paths read the inputs and write the outputs on several streams at once. Every op
+// checks this on every call (from the data pointers, shapes and strides: a few comparisons) and
+// throws an argument error naming both operands, their descriptions and byte ranges. None works in
+// place, not even with an output exactly over an input (no output has its input's shape; all_reduce
+// takes its one tensor in place). Inputs may overlap each other, and broadcast (stride 0) inputs
+// are fine.
+//
 // Shape algebra (ws = world size, g = gather/scatter dim):
 //   all_gather_matmul:     A_shard [.., s@g, .., k]  -AG(g)->  A [.., ws*s@g, .., K]
 //                          out_i = A @ B_i : A's shape with the last dim N_i
@@ -70,7 +78,8 @@ Dims matmul_reduce_scatter_out_shape(const Tensor& a, const Tensor& b, int scatt
 // outs[i] = all_gather(A_shard, gather_dim) @ Bs[i], for one or several Bs sharing the gathered
 // A (Q/K/V, gate/up). A_shard: f32/bf16/f16, rank >= 2, any strides. Bs[i]: [K, N_i], A's
 // dtype. outs[i]: contiguous, f32/bf16/f16. a_out: where to return the gathered A (contiguous,
-// A's dtype), or undefined to not return it.
+// A's dtype), or undefined to not return it. outs and a_out overlap no input and each other (see
+// Aliasing above).
 void all_gather_matmul(Context& ctx, const Tensor& a_shard, std::span<const Tensor> bs,
                        std::span<const Tensor> outs, const Tensor& a_out = {},
                        const AllGatherMatmulOptions& options = {});
@@ -89,7 +98,8 @@ void all_gather_matmul(Context& ctx, const Tensor& a_shard, const Tensor& b, con
 // into an f32 workspace first (so that every path, on the CPU backend, gives the same bits).
 // pre_out: where to return the products [g | u] themselves (A's shape with the last dim 2N,
 // contiguous, f32/bf16/f16, each rounded once), for a backward that needs them; undefined: not
-// written. a_out as in all_gather_matmul. The usage counters name it "all_gather_matmul_swiglu".
+// written. a_out as in all_gather_matmul. out, pre_out and a_out overlap no input and each other.
+// The usage counters name it "all_gather_matmul_swiglu".
 void all_gather_matmul_swiglu(Context& ctx, const Tensor& a_shard, const Tensor& b_gate_up,
                               const Tensor& out, const Tensor& pre_out = {},
                               const Tensor& a_out = {}, const AllGatherMatmulOptions& options = {});
@@ -97,7 +107,8 @@ void all_gather_matmul_swiglu(Context& ctx, const Tensor& a_shard, const Tensor&
 // float8 form: A_shard and Bs in f8e4m3/f8e5m2. a_scale (f32): one element (tensor-wise; the
 // same on every rank) or A_shard's shape with the last dim 1 (row-wise; gathered with A).
 // b_scales[i] (f32): one element or [1, N_i]. Gathering on the contraction dim is not supported
-// here, since each shard would carry its own scale.
+// here, since each shard would carry its own scale. outs and a_out overlap no input (scales
+// included) and each other.
 void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor& a_scale,
                               std::span<const Tensor> bs, std::span<const Tensor> b_scales,
                               std::span<const Tensor> outs, const Tensor& a_out = {},
@@ -110,18 +121,19 @@ void all_gather_scaled_matmul(Context& ctx, const Tensor& a_shard, const Tensor&
 
 // out = reduce_scatter(A @ B, reduce_op, scatter_dim). Partial products are added in f32 in rank
 // order and rounded once, so every run (and every path on the CPU backend) gives the same bits.
-// A: rank >= 2, any strides; B: [K, N]; out: any strides, f32/bf16/f16.
+// A: rank >= 2, any strides; B: [K, N]; out: any strides, f32/bf16/f16, overlapping neither A
+// nor B.
 void matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& out,
                            const MatmulReduceScatterOptions& options = {});
 
 // out = reduce_scatter(sum_i as[i] @ bs[i]): several products of the same output shape (the
 // backward of Q/K/V or gate/up projections) accumulated in f32 before one scatter. The as[i]
-// share every dim but the last (K_i); bs[i] is [K_i, N].
+// share every dim but the last (K_i); bs[i] is [K_i, N]. out overlaps no as[i] or bs[i].
 void matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as, std::span<const Tensor> bs,
                            const Tensor& out, const MatmulReduceScatterOptions& options = {});
 
 // float8 form: a_scale one element or A's shape with the last dim 1; b_scale one element or
-// [1, N]. The output dtype is out's.
+// [1, N]. The output dtype is out's. out overlaps no input, scales included.
 void scaled_matmul_reduce_scatter(Context& ctx, const Tensor& a, const Tensor& a_scale,
                                   const Tensor& b, const Tensor& b_scale, const Tensor& out,
                                   const MatmulReduceScatterOptions& options = {});
@@ -156,11 +168,12 @@ void reserve_matmul_reduce_scatter(Context& ctx, std::span<const Tensor> as,
 // store on CPU). Inputs first, then outputs, as in the fused ops. `stream`: the caller's native
 // stream for this call (see Context::set_stream); unset: the context's.
 //
-// out: in's shape with `dim` multiplied by the world size; rank r's input lands at slice r.
+// out: in's shape with `dim` multiplied by the world size; rank r's input lands at slice r. out
+// may not hold `in`, not even as its own slice r (no in-place gather).
 void all_gather(Context& ctx, const Tensor& in, const Tensor& out, int dim = 0,
                 std::optional<void*> stream = {});
 // out: in's shape with `dim` divided by the world size; rank r receives op over every rank's
-// slice r.
+// slice r. out overlaps no byte of `in`.
 void reduce_scatter(Context& ctx, const Tensor& in, const Tensor& out, ReduceOp op, int dim = 0,
                     std::optional<void*> stream = {});
 void all_reduce(Context& ctx, const Tensor& inout, ReduceOp op, std::optional<void*> stream = {});

@@ -1,6 +1,7 @@
 #include "ops/collectives.h"
 
 #include "device/nvtx.h"
+#include "ops/operand_overlap.h"
 
 namespace asynctp {
 
@@ -92,6 +93,7 @@ void all_gather(OpContext& ctx, const Tensor& in, const Tensor& out, int dim,
       out.shape() == expected && out.dtype() == in.dtype(),
       "all_gather: output must be {}{} for input {} gathered on dim {} over {} ranks, got {}",
       in.dtype(), expected, in.describe(), dim, ws, out.describe());
+  detail::check_no_overlap("all_gather", {{"input", in}}, {{"output", out}});
   const Tensor src = contiguous(ctx, in, Scratch::kCollectiveIn);
   if (!ag_staged(out.is_contiguous(), dim)) {
     ctx.communicator().all_gather(out, src, ctx.stream());
@@ -128,6 +130,7 @@ void reduce_scatter(OpContext& ctx, const Tensor& in, const Tensor& out, ReduceO
   ASYNCTP_CHECK(out.shape() == chunk && out.dtype() == in.dtype(),
                 "reduce_scatter: output must be {}{} for input {} scattered on dim {}, got {}",
                 in.dtype(), chunk, in.describe(), dim, out.describe());
+  detail::check_no_overlap("reduce_scatter", {{"input", in}}, {{"output", out}});
   Tensor src;
   if (dim == 0) {
     src = contiguous(ctx, in, Scratch::kCollectiveIn);

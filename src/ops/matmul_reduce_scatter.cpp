@@ -57,6 +57,7 @@
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
 #include "ops/matmul_reduce_scatter_paths.h"
+#include "ops/operand_overlap.h"
 
 namespace asynctp {
 
@@ -370,6 +371,14 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   } else {
     validate(ctx, c, options.scatter_dim);
   }
+  // On every call: the memos leave the data pointers out.
+  detail::check_no_overlap(
+      c.op,
+      {c.as.size() > 1 ? detail::Operands("As", c.as) : detail::Operands("A", c.as[0]),
+       c.bs.size() > 1 ? detail::Operands("Bs", c.bs) : detail::Operands("B", c.bs[0]),
+       {"A_scale", c.a_scale},
+       {"B_scale", c.b_scale}},
+      {{"out", c.out}});
   std::vector<Tensor> as = contiguous_as(ctx, c.as);
   Tensor a_scale = c.a_scale;
   if (c.rowwise() && !a_scale.is_contiguous()) {

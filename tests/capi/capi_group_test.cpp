@@ -189,6 +189,61 @@ TEST(CapiErrors, StatusesAndMessages) {
   EXPECT_RANKS_OK(statuses);
 }
 
+// Operands that share memory: an output over an input or over another output is an invalid
+// argument whose message names both (the op's own check), at ws 1 and 2; descriptors that only
+// touch pass.
+TEST(CapiErrors, OverlappingOperands) {
+  for (const int ws : {1, 2}) {
+    auto statuses = run_env_ranks(ws, 20'000, [&](const RendezvousInfo&, asynctp_group group) {
+      asynctp_context ctx = cpu_context(group);
+      ASSERT_NE(ctx, nullptr);
+      // Every operand a view of one buffer of 256 f32, at an element offset.
+      HostTensor pool({256}, ASYNCTP_F32);
+      auto at = [&](int64_t offset, const Shape& shape) {
+        asynctp_tensor t = HostTensor(shape, ASYNCTP_F32).desc();
+        t.data = pool.bytes.data() + offset * 4;
+        return t;
+      };
+      // A_shard [3, 4] at 0, B [4, 2] at 16, outs [3ws, 2] at 32, A_out [3ws, 4] at 64.
+      const asynctp_tensor a = at(0, {3, 4}), b = at(16, {4, 2}), out = at(32, {3 * ws, 2});
+      const asynctp_tensor a_out = at(64, {3 * ws, 4});
+      auto agmm = [&](const asynctp_tensor& out_desc, const asynctp_tensor* a_out_desc) {
+        return asynctp_all_gather_matmul(ctx, &a, &b, 1, &out_desc, a_out_desc, 0,
+                                         ASYNCTP_PATH_DEFAULT, ASYNCTP_CONTEXT_STREAM);
+      };
+      C_ASSERT_OK(agmm(out, &a_out));
+      C_ASSERT_OK(asynctp_synchronize(ctx));
+      EXPECT_STATUS(agmm(at(2, {3 * ws, 2}), &a_out), ASYNCTP_ERROR_INVALID_ARGUMENT,
+                    "asynctp_all_gather_matmul: all_gather_matmul: outs[0] (f32[");
+      EXPECT_NE(last_error().find(") overlaps A_shard (f32[3, 4] strides [4, 1] on cpu, bytes ["),
+                std::string::npos)
+          << last_error();
+      // A_out's first row is out's last.
+      const asynctp_tensor a_out_on_out = at(32 + 6 * ws - 2, {3 * ws, 4});
+      EXPECT_STATUS(agmm(out, &a_out_on_out), ASYNCTP_ERROR_INVALID_ARGUMENT,
+                    ") overlaps A_out (f32[");
+      // matmul_reduce_scatter: out over B; then the output right after B.
+      const asynctp_tensor rs_a = at(0, {2 * ws, 4});
+      auto mmrs = [&](const asynctp_tensor& out_desc) {
+        return asynctp_matmul_reduce_scatter(ctx, &rs_a, &b, 1, &out_desc, ASYNCTP_REDUCE_SUM, 0,
+                                             ASYNCTP_PATH_DEFAULT, ASYNCTP_CONTEXT_STREAM);
+      };
+      EXPECT_STATUS(mmrs(at(20, {2, 2})), ASYNCTP_ERROR_INVALID_ARGUMENT,
+                    "matmul_reduce_scatter: out (f32[2, 2] strides [2, 1] on cpu, bytes [");
+      EXPECT_NE(last_error().find(") overlaps B (f32[4, 2]"), std::string::npos) << last_error();
+      C_EXPECT_OK(mmrs(at(24, {2, 2})));
+      // all_gather into memory that holds its input.
+      const asynctp_tensor in = at(0, {2, 4}), gathered = at(4, {2 * ws, 4});
+      EXPECT_STATUS(asynctp_all_gather(ctx, &in, &gathered, 0, ASYNCTP_CONTEXT_STREAM),
+                    ASYNCTP_ERROR_INVALID_ARGUMENT, "all_gather: output (f32[");
+      C_EXPECT_OK(asynctp_synchronize(ctx));
+      C_EXPECT_OK(asynctp_context_destroy(ctx));
+      C_EXPECT_OK(asynctp_group_destroy(group));
+    });
+    EXPECT_RANKS_OK(statuses) << "ws " << ws;
+  }
+}
+
 // A peer that never joins the collective: the waiting rank gets ASYNCTP_ERROR_TIMEOUT naming
 // the wait.
 TEST(CapiErrors, TimeoutStatus) {

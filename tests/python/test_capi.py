@@ -106,6 +106,28 @@ def test_all_gather_matmul_numpy(ctx):
     assert path.value in _capi.PATH_NAMES
 
 
+def test_overlapping_output_is_an_invalid_argument(ctx):
+    # The ctypes binding takes the caller's outputs (the torch ops allocate theirs): an output
+    # over the input is refused with both operands named; an output right after it passes.
+    lib = _capi.lib()
+    buf = np.zeros(8 * 16 + 8 * 4, np.float32)
+    a = buf[:128].reshape(8, 16)
+    a[:] = np.arange(128).reshape(8, 16) % 5
+    b = np.ones((16, 4), np.float32)
+    overlapping = buf[124:156].reshape(8, 4)  # its first row is A's last
+    status = lib.asynctp_all_gather_matmul(
+        ctx, _desc(a), _desc(b), 1, _desc(overlapping), None, 0, _capi.PATH_DEFAULT, None)
+    assert status == _capi.ERROR_INVALID_ARGUMENT
+    with pytest.raises(asynctp.InvalidArgumentError, match=r"outs\[0\] \(f32\[8, 4\].* overlaps "
+                       r"A_shard \(f32\[8, 16\]"):
+        _capi.raise_status(status)
+    after = buf[128:].reshape(8, 4)
+    _capi.check(lib.asynctp_all_gather_matmul(
+        ctx, _desc(a), _desc(b), 1, _desc(after), None, 0, _capi.PATH_DEFAULT, None))
+    _capi.check(lib.asynctp_synchronize(ctx))
+    np.testing.assert_array_equal(after, a @ b)
+
+
 def test_errors_carry_the_library_message(ctx):
     lib = _capi.lib()
     a = np.zeros((8, 16), np.float32)
