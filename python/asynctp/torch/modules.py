@@ -65,10 +65,8 @@ class _AllReduceGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        funcol = torch.ops._c10d_functional
         # Summed in f32 and rounded once, as the fused reduce-scatter sums its partials.
-        summed = funcol.wait_tensor(funcol.all_reduce(grad.float(), "sum", ctx.group_name))
-        return summed.to(grad.dtype), None
+        return _autograd.all_reduce_sum(grad.float(), ctx.group_name).to(grad.dtype), None
 
 
 class _SequenceParallelLinear(nn.Module):
