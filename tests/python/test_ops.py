@@ -488,6 +488,30 @@ def test_timeout(pool2):
     assert skipped == "skipped" and message
 
 
+def case_destroyed_by_torchs_own_function():
+    """A group destroyed by torch's destroy_process_group as bound before asynctp.torch was
+    imported (`from torch.distributed import destroy_process_group` at the top of a script)
+    takes its contexts with it: its name is refused afterwards, never served by a context of
+    the destroyed group (a later group can reuse the name, with other ranks)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    torchs_own = c10d.destroy_process_group.__wrapped__
+    A, B = _randn((4, 16), torch.float32, 1), _randn((16, 8), torch.float32, 2)
+    for call in (OPS.fused_all_gather_matmul, atp.fused_all_gather_matmul):
+        group = dist.new_group(list(range(dist.get_world_size())))
+        name = group.group_name
+        call(A, [B], 0, name)
+        assert atp.memory_stats(name)["contexts"] == 1
+        torchs_own(group)
+        assert atp.memory_stats(name)["contexts"] == 0
+        _raises(asynctp.InvalidArgumentError, call, A, [B], 0, name)
+    return True
+
+
+def test_destroyed_by_torchs_own_function(pool2):
+    pool2.run(case_destroyed_by_torchs_own_function)
+
+
 def case_reserve():
     name = _group_name()
     A, B = _randn((8, 16), torch.float32, 1), _randn((16, 8), torch.float32, 2)
