@@ -116,6 +116,39 @@ def case_construction():
         ColumnParallelLinear(16, 8 * ws, group, seq_dim=5)(torch.randn(2, 2, 16))
 
 
+def case_copies():
+    """deepcopy, a pickled module, .to(dtype) of a copy and a state_dict round trip: the copies
+    share the group (it is named, not copied) and compute what the original computes."""
+    import copy
+    import io
+
+    group = dist.group.WORLD
+    ws = group.size()
+    torch.manual_seed(7)
+    x, h = torch.randn(2, 3, 16), torch.randn(2, 3 * ws, 8)
+    for bias in (True, False):
+        col = ColumnParallelLinear(16, 8 * ws, group, bias=bias)
+        row = RowParallelLinear(8 * ws, 16, group, bias=bias)
+        for layer, inp in ((col, x), (row, h)):
+            what = f"{type(layer).__name__} bias={bias}"
+            twin = copy.deepcopy(layer)
+            assert twin.group_name == layer.group_name and twin.process_group is layer.process_group
+            assert twin.weight.data_ptr() != layer.weight.data_ptr(), what
+            assert torch.equal(twin(inp), layer(inp)), f"deepcopy of {what}"
+            buf = io.BytesIO()
+            torch.save(layer, buf)
+            buf.seek(0)
+            assert torch.equal(torch.load(buf, weights_only=False)(inp), layer(inp)), f"pickled {what}"
+            low = copy.deepcopy(layer).to(torch.bfloat16)
+            close(low(inp.bfloat16()), layer(inp), torch.bfloat16, f".to(bf16) of {what}")
+            buf = io.BytesIO()
+            torch.save(layer.state_dict(), buf)
+            buf.seek(0)
+            fresh = type(layer)(layer.in_features, layer.out_features, group.group_name, bias=bias)
+            fresh.load_state_dict(torch.load(buf))
+            assert torch.equal(fresh(inp), layer(inp)), f"state_dict round trip of {what}"
+
+
 def case_mlp_training(dtype_name, combos):
     for seq_dim, bias, keep in combos:
         one_mlp_training(dist.group.WORLD, dtype_name, seq_dim, bias, keep, seed=1234)
@@ -143,6 +176,10 @@ def test_mlp_training_bf16(pool):
 
 def test_mlp_training_tp_subgroups(pool4):
     pool4.run(case_mlp_training_tp_subgroups)
+
+
+def test_copies(pool2):
+    pool2.run(case_copies)
 
 
 def test_construction(pool):
