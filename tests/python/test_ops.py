@@ -414,6 +414,13 @@ def case_errors():
         _raises(Bad, rs, A[:3], B, "sum", 0, name)  # 3 rows do not split over the ranks
     _raises(Bad, rs, A, B, "max", 0, name)
     _raises(Bad, OPS.fused_matmuls_reduce_scatter, [A], [B, B], "sum", 0, name)
+    # devices: the dispatcher sends a call with one meta tensor to the fake kernel, which must
+    # not answer a CPU A with meta outputs
+    _raises(Bad, ag, A, [B.to("meta")], 0, name)
+    _raises(Bad, ag, A.to("meta"), [B], 0, name)
+    _raises(Bad, rs, A, B.to("meta"), "sum", 0, name)
+    _raises(Bad, OPS.fused_matmuls_reduce_scatter, [A, A.to("meta")], [B, B], "sum", 0, name)
+    _raises(Bad, OPS.fused_all_gather_matmul_swiglu, A, B.to("meta"), 0, name)
     # group
     _raises(Bad, ag, A, [B], 0, "no-such-group")
     # unsupported arguments
@@ -432,6 +439,9 @@ def case_errors():
             A8, [B8], s, [s, s], 0, name, [None], [None], [torch.bfloat16], [False])
     _raises(Bad, OPS.fused_scaled_matmul_reduce_scatter,
             A8, B8, s, s, "sum", 0, 1, name, [4, 8], out_dtype=torch.bfloat16)
+    # output_shape's leading dims hold as many rows as A's: [2, 3] is 6 rows, A has 4
+    _raises(Bad, OPS.fused_scaled_matmul_reduce_scatter,
+            A8, B8, s, s, "sum", 0, 0, name, [2, 3, 8], out_dtype=torch.bfloat16)
     # Nothing above broke the group: the ops still run.
     OPS.fused_all_gather_matmul(A, [B], 0, name)
     return True
