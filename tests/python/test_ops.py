@@ -114,6 +114,30 @@ def test_all_gather_matmul_ws8(pool8):
     pool8.run(case_all_gather_matmul, "bf16")
 
 
+def case_empty_shards():
+    """Shards with no rows, every dtype and gather dim: empty outputs of the right shapes (a
+    16-bit gather on the contraction dim has an empty f32 accumulator)."""
+    _, ws = _world()
+    name = _group_name()
+    for dtype, (shape, dim) in itertools.product(
+            DTYPES.values(), [((0, 8), 1), ((0, 8), -1), ((0, 3, 8), 2), ((2, 0, 8), 2),
+                              ((0, 3, 8), 0), ((0, 3, 8), 1)]):
+        what = f"{dtype} shape {shape} gather_dim {dim}"
+        A = torch.zeros(shape, dtype=dtype)
+        k = shape[-1] * (ws if dim % len(shape) == len(shape) - 1 else 1)
+        B = _randn((k, N), dtype, 3)
+        A_out, (out,) = OPS.fused_all_gather_matmul(A, [B], dim, name)
+        A_ref = _all_gather(A, dim % len(shape))
+        assert A_out.shape == A_ref.shape and out.shape == (*A_ref.shape[:-1], N), what
+        _, pre, act = OPS.fused_all_gather_matmul_swiglu(A, B, dim, name, return_pre=True)
+        assert pre.shape == out.shape and act.shape == (*A_ref.shape[:-1], N // 2), what
+    return True
+
+
+def test_empty_shards(pool):
+    pool.run(case_empty_shards)
+
+
 # ---- matmul_reduce_scatter and the sum of products -------------------------------------------
 
 RS_SHAPES = [((8, 16), (0, 1, -1)), ((4, 6, 8), (0, 1, 2))]
