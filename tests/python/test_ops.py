@@ -466,6 +466,11 @@ def case_errors():
     # output_shape's leading dims hold as many rows as A's: [2, 3] is 6 rows, A has 4
     _raises(Bad, OPS.fused_scaled_matmul_reduce_scatter,
             A8, B8, s, s, "sum", 0, 0, name, [2, 3, 8], out_dtype=torch.bfloat16)
+    # reserve refuses what the op would refuse
+    _raises(Bad, atp.reserve, ag, A, [B.bfloat16()], 0, name)
+    _raises(Bad, atp.reserve, OPS.fused_all_gather_matmul_swiglu, A, B.bfloat16(), 0, name)
+    _raises(Bad, atp.reserve, rs, A, B, "max", 0, name)
+    _raises(Bad, atp.reserve, OPS.fused_matmuls_reduce_scatter, [A], [B], "min", 0, name)
     # Nothing above broke the group: the ops still run.
     OPS.fused_all_gather_matmul(A, [B], 0, name)
     return True
@@ -587,3 +592,33 @@ def case_stats_and_release():
 
 def test_stats_and_release(pool2):
     pool2.run(case_stats_and_release)
+
+
+def test_set_options_refuses_bad_values():
+    """set_options names a bad value when it is given, and keeps the options as they were: not
+    at the next group's first op, where a str timeout times 1000 is a repeated string, a NaN
+    has no int, and a negative one would reach the library."""
+    from asynctp.torch._contexts import OPTIONS
+
+    before = dict(vars(OPTIONS))
+    bad = [{"timeout_s": -1}, {"timeout_s": 0}, {"timeout_s": float("nan")},
+           {"timeout_s": float("inf")}, {"timeout_s": "5"}, {"timeout_s": True},
+           {"max_workspace_mb": -1}, {"max_workspace_mb": 1.5}, {"max_workspace_mb": "64"},
+           {"dispatch_cache": 3}, {"path": "fastest"}]
+    for kwargs in bad:
+        with pytest.raises(asynctp.InvalidArgumentError):
+            atp.set_options(**kwargs)
+        assert dict(vars(OPTIONS)) == before, kwargs
+    from asynctp.torch import _contexts
+
+    # Any positive timeout is at least a millisecond (never 0 ms, which means the default).
+    try:
+        atp.set_options(timeout_s=1e-4)
+        assert _contexts.timeout_ms() == 1
+        atp.set_options(timeout_s=2.5)
+        assert _contexts.timeout_ms() == 2500
+        atp.set_options()
+        assert _contexts.timeout_ms() == 0
+    finally:
+        for key, value in before.items():
+            setattr(OPTIONS, key, value)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import threading
 from dataclasses import dataclass, field
 
@@ -89,6 +90,12 @@ class Options:
 OPTIONS = Options()
 
 
+def timeout_ms() -> int:
+    """OPTIONS.timeout_s in whole milliseconds, rounded up (0, the library's default, for None):
+    a positive timeout is never 0 ms."""
+    return math.ceil(OPTIONS.timeout_s * 1000) if OPTIONS.timeout_s is not None else 0
+
+
 @dataclass
 class Entry:
     """A context and what must outlive it; `descs` holds reusable descriptors per call site."""
@@ -159,10 +166,10 @@ def _create(group_name: str, device: torch.device) -> Entry:
         bridge = StoreBridge(store)
         rank, world_size = pg.rank(), pg.size()
         local = device.index if device.type == "cuda" else rank
-        timeout_ms = int(OPTIONS.timeout_s * 1000) if OPTIONS.timeout_s else 0
+        wait_ms = timeout_ms()
         group = ctypes.c_void_p()
         status = lib.asynctp_group_from_store(
-            ctypes.byref(bridge.callbacks), rank, world_size, local, timeout_ms, ctypes.byref(group)
+            ctypes.byref(bridge.callbacks), rank, world_size, local, wait_ms, ctypes.byref(group)
         )
         if status != _capi.OK:
             _raise_with_store(status, bridge)
