@@ -168,7 +168,8 @@ def case_copies():
             buf = io.BytesIO()
             torch.save(layer, buf)
             buf.seek(0)
-            assert torch.equal(torch.load(buf, weights_only=False)(inp), layer(inp)), f"pickled {what}"
+            loaded = torch.load(buf, weights_only=False)
+            assert torch.equal(loaded(inp), layer(inp)), f"pickled {what}"
             low = copy.deepcopy(layer).to(torch.bfloat16)
             close(low(inp.bfloat16()), layer(inp), torch.bfloat16, f".to(bf16) of {what}")
             buf = io.BytesIO()
