@@ -304,7 +304,9 @@ void run_split(OpContext& ctx, const AgMmCall& c) {
         acc_elems > 0 ? ctx.scratch(Scratch::kAccumulator, {acc_elems}, DType::kF32) : Tensor();
     int64_t offset = 0;
     for (size_t j = 0; j < c.bs.size(); ++j) {
-      if (c.outs[j].dtype() == DType::kF32) {
+      // An empty output has nothing to accumulate (and no room in an accumulator of 0
+      // elements): its GEMMs write nothing, so they may as well write it.
+      if (c.outs[j].dtype() == DType::kF32 || c.outs[j].numel() == 0) {
         acc[j] = c.outs[j];
       } else {
         acc[j] = acc_buf.narrow(0, offset, c.outs[j].numel()).view(c.outs[j].shape());

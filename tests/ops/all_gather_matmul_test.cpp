@@ -303,13 +303,15 @@ TEST_P(AllGatherMatmulTest, Float8FastAccumulationGivesTheExactBits) {
 
 TEST_P(AllGatherMatmulTest, EdgeShapes) {
   std::vector<AgCase> cases;
-  auto add = [&](Dims shard, int g, std::vector<int64_t> ns, DType dtype, bool rowwise = false) {
+  auto add = [&](Dims shard, int g, std::vector<int64_t> ns, DType dtype, bool rowwise = false,
+                 DType out_dtype = DType::kF32) {
     AgCase c;
     c.shard = shard;
     c.gather_dim = g;
     c.ns = ns;
     c.dtype = dtype;
     c.b_dtype = dtype;
+    c.out_dtype = out_dtype;
     c.rowwise = rowwise;
     c.return_a = true;
     cases.push_back(c);
@@ -323,6 +325,11 @@ TEST_P(AllGatherMatmulTest, EdgeShapes) {
   add({0, 4}, 0, {2}, DType::kF32);                          // empty shards
   add({2, 0, 4}, 1, {2}, DType::kF32);
   add({2, 3}, 0, {0, 2}, DType::kF32);  // a B with no columns
+  // A 16-bit contraction-dim gather into 16-bit outputs with nothing to accumulate (the f32
+  // accumulator of the outputs would be empty): no rows, or no columns in the only B.
+  add({0, 4}, -1, {2}, DType::kBF16, false, DType::kBF16);
+  add({2, 0, 4}, 2, {2}, DType::kF16, false, DType::kF16);
+  add({2, 3}, -1, {0}, DType::kBF16, false, DType::kBF16);
   run_cases(cases);
 }
 

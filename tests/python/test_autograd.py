@@ -175,6 +175,53 @@ def case_one_side_grads(seed):
             assert_close(B2.grad, dB_rs, torch.float32, f"dB (matmul reduce-scatter) {what}")
 
 
+def case_double_backward(seed):
+    """Gradients of gradients (torch.autograd.grad(..., create_graph=True), then a second grad)
+    of every op and every subset of leaves, against the one-process emulation: the backward
+    formulas' own gathers and reduce-scatters are differentiable where a graph is recorded."""
+    group = dist.group.WORLD
+    ws, rank, name = group.size(), group.rank(), group.group_name
+    gen = torch.Generator().manual_seed(seed)
+    shards = [randn(gen, [2, 5], torch.float32) for _ in range(ws)]
+    As = [randn(gen, [2 * ws, 5], torch.float32) for _ in range(ws)]
+    Bs = [randn(gen, [5, 3], torch.float32) for _ in range(ws)]
+    ops = {
+        # op: (rank r's inputs, the fused op on them, the emulation on every rank's inputs)
+        "all_gather_matmul": (shards, lambda a, b: torch.ops.asynctp.fused_all_gather_matmul(
+            a, [b], 0, name, return_A=False)[1][0],
+            lambda a, b: [torch.cat(a) @ b[r] for r in range(ws)]),
+        "all_gather_matmul returning A": (shards, lambda a, b: sum(
+            (o * o).sum() for o in torch.ops.asynctp.fused_all_gather_matmul(
+                a, [b], 0, name, return_A=True)[1]) + torch.ops.asynctp.fused_all_gather_matmul(
+                a, [b], 0, name, return_A=True)[0].pow(3).sum(),
+            lambda a, b: [((torch.cat(a) @ b[r]) ** 2).sum() + torch.cat(a).pow(3).sum()
+                          for r in range(ws)]),
+        "matmul_reduce_scatter": (As, lambda a, b: torch.ops.asynctp.fused_matmul_reduce_scatter(
+            a, b, "sum", 0, name),
+            lambda a, b: list(sum(a[r] @ b[r] for r in range(ws)).chunk(ws))),
+    }
+    for (op, (inputs, fused, emulated)), sides in zip(
+            [(k, v) for k, v in ops.items() for _ in range(3)], ["A", "B", "AB"] * len(ops)):
+        what = f"ws={ws} rank={rank} {op}, grads of {sides}"
+        ref_a = [x.double().requires_grad_("A" in sides) for x in inputs]
+        ref_b = [b.double().requires_grad_("B" in sides) for b in Bs]
+        leaves = [t for t in (*ref_a, *ref_b) if t.requires_grad]
+        loss = sum(torch.tanh(o).mul(o).sum() for o in emulated(ref_a, ref_b))
+        first = torch.autograd.grad(loss, leaves, create_graph=True)
+        second = torch.autograd.grad(sum(g.pow(2).sum() for g in first), leaves)
+        mine = dict(zip([id(t) for t in leaves], second))
+        expected = [mine[id(t)] for t in (ref_a[rank], ref_b[rank]) if t.requires_grad]
+
+        a = inputs[rank].clone().requires_grad_("A" in sides)
+        b = Bs[rank].clone().requires_grad_("B" in sides)
+        my_leaves = [t for t in (a, b) if t.requires_grad]
+        out = fused(a, b)
+        first = torch.autograd.grad(torch.tanh(out).mul(out).sum(), my_leaves, create_graph=True)
+        got = torch.autograd.grad(sum(g.pow(2).sum() for g in first), my_leaves)
+        for g, e, leaf in zip(got, expected, "AB" if sides == "AB" else sides):
+            assert_close(g, e.float(), torch.float32, f"d(|grad|^2)/d{leaf}: {what}")
+
+
 # ---- fused_matmul_reduce_scatter and the sum of products ------------------------------------
 
 
@@ -319,6 +366,10 @@ def test_all_gather_matmul_unused_outputs(pool):
 
 def test_one_side_grads(pool):
     pool.run(case_one_side_grads, 11)
+
+
+def test_double_backward(pool):
+    pool.run(case_double_backward, 13)
 
 
 def test_backward_runs_the_fused_ops(pool):

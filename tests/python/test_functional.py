@@ -55,6 +55,32 @@ def test_same_results(pool):
     pool.run(case_same_results)
 
 
+def case_negative_views():
+    """A real view with torch's negative bit (the imaginary part of a conjugate, which reads its
+    storage negated) gives torch.ops's results: its storage holds the values' negatives, which
+    asynctp's kernel cannot know, so such a call takes the dispatcher (which materializes it)."""
+    name = _group_name()
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    z = torch.complex(_randn((2 * ws, 8), 40 + rank), _randn((2 * ws, 8), 41 + rank))
+    a = z.conj().imag  # f32 [2 ws, 8], strides (16, 2), is_neg()
+    w = _randn((8, 6), 42)
+    assert a.is_neg()
+    _, (out,) = functional.fused_all_gather_matmul(a, [w], 0, name)
+    assert torch.equal(out, OPS.fused_all_gather_matmul(a.clone(), [w], 0, name)[1][0])
+    # Negative views with a unit stride (torch._neg_view makes them) as GEMM operands.
+    h, v = _randn((2 * ws, 8), 43 + rank), _randn((8, 6), 44)
+    got = functional.fused_matmul_reduce_scatter(h, torch._neg_view(v), "sum", 0, name)
+    assert torch.equal(got, OPS.fused_matmul_reduce_scatter(h, -v, "sum", 0, name))
+    assert torch.equal(
+        functional.fused_matmuls_reduce_scatter([torch._neg_view(h), h], [v, v], "sum", 0, name),
+        OPS.fused_matmuls_reduce_scatter([-h, h], [v, v], "sum", 0, name))
+    return True
+
+
+def test_negative_views(pool2):
+    pool2.run(case_negative_views)
+
+
 def case_routes():
     """Which calls skip the dispatcher: the eager, no-grad ones on plain tensors only."""
     name = _group_name()

@@ -116,6 +116,70 @@ def case_construction():
         ColumnParallelLinear(16, 8 * ws, group, seq_dim=5)(torch.randn(2, 2, 16))
 
 
+def case_gradient_penalty():
+    """A loss on the input's gradient (a gradient penalty: backward with create_graph=True,
+    then backward again) gives the full model's shard of every parameter's gradient, the
+    replicated row bias's included (its all-reduce is recorded too)."""
+    group = dist.group.WORLD
+    ws, rank = group.size(), group.rank()
+    torch.manual_seed(3)
+    H, F, S = 8, 4 * ws, 2 * ws
+    up, down = nn.Linear(H, F), nn.Linear(F, H)
+    col = ColumnParallelLinear.from_linear(up, group)
+    row = RowParallelLinear.from_linear(down, group)
+    rows = slice(rank * F // ws, (rank + 1) * F // ws)
+    x = torch.randn(2, S, H)
+
+    x_full = x.clone().requires_grad_()
+    y_full = down(torch.tanh(up(x_full)))
+    (g_full,) = torch.autograd.grad(y_full.square().sum(), x_full, create_graph=True)
+    (y_full.sum() + g_full.square().sum()).backward()
+
+    x_shard = x.chunk(ws, dim=1)[rank].clone().requires_grad_()
+    y = row(torch.tanh(col(x_shard)))
+    (g,) = torch.autograd.grad(y.square().sum(), x_shard, create_graph=True)
+    close(g, g_full.chunk(ws, dim=1)[rank], torch.float32, "the input's gradient")
+    (y.sum() + g.square().sum()).backward()
+    close(col.weight.grad, up.weight.grad[rows], torch.float32, "up.weight grad")
+    close(col.bias.grad, up.bias.grad[rows], torch.float32, "up.bias grad")
+    close(row.weight.grad, down.weight.grad[:, rows], torch.float32, "down.weight grad")
+    close(row.bias.grad, down.bias.grad, torch.float32, "down.bias grad")
+
+
+def case_copies():
+    """deepcopy, a pickled module, .to(dtype) of a copy and a state_dict round trip: the copies
+    share the group (it is named, not copied) and compute what the original computes."""
+    import copy
+    import io
+
+    group = dist.group.WORLD
+    ws = group.size()
+    torch.manual_seed(7)
+    x, h = torch.randn(2, 3, 16), torch.randn(2, 3 * ws, 8)
+    for bias in (True, False):
+        col = ColumnParallelLinear(16, 8 * ws, group, bias=bias)
+        row = RowParallelLinear(8 * ws, 16, group, bias=bias)
+        for layer, inp in ((col, x), (row, h)):
+            what = f"{type(layer).__name__} bias={bias}"
+            twin = copy.deepcopy(layer)
+            assert twin.group_name == layer.group_name and twin.process_group is layer.process_group
+            assert twin.weight.data_ptr() != layer.weight.data_ptr(), what
+            assert torch.equal(twin(inp), layer(inp)), f"deepcopy of {what}"
+            buf = io.BytesIO()
+            torch.save(layer, buf)
+            buf.seek(0)
+            loaded = torch.load(buf, weights_only=False)
+            assert torch.equal(loaded(inp), layer(inp)), f"pickled {what}"
+            low = copy.deepcopy(layer).to(torch.bfloat16)
+            close(low(inp.bfloat16()), layer(inp), torch.bfloat16, f".to(bf16) of {what}")
+            buf = io.BytesIO()
+            torch.save(layer.state_dict(), buf)
+            buf.seek(0)
+            fresh = type(layer)(layer.in_features, layer.out_features, group.group_name, bias=bias)
+            fresh.load_state_dict(torch.load(buf))
+            assert torch.equal(fresh(inp), layer(inp)), f"state_dict round trip of {what}"
+
+
 def case_mlp_training(dtype_name, combos):
     for seq_dim, bias, keep in combos:
         one_mlp_training(dist.group.WORLD, dtype_name, seq_dim, bias, keep, seed=1234)
@@ -143,6 +207,14 @@ def test_mlp_training_bf16(pool):
 
 def test_mlp_training_tp_subgroups(pool4):
     pool4.run(case_mlp_training_tp_subgroups)
+
+
+def test_gradient_penalty(pool):
+    pool.run(case_gradient_penalty)
+
+
+def test_copies(pool2):
+    pool2.run(case_copies)
 
 
 def test_construction(pool):

@@ -114,6 +114,30 @@ def test_all_gather_matmul_ws8(pool8):
     pool8.run(case_all_gather_matmul, "bf16")
 
 
+def case_empty_shards():
+    """Shards with no rows, every dtype and gather dim: empty outputs of the right shapes (a
+    16-bit gather on the contraction dim has an empty f32 accumulator)."""
+    _, ws = _world()
+    name = _group_name()
+    for dtype, (shape, dim) in itertools.product(
+            DTYPES.values(), [((0, 8), 1), ((0, 8), -1), ((0, 3, 8), 2), ((2, 0, 8), 2),
+                              ((0, 3, 8), 0), ((0, 3, 8), 1)]):
+        what = f"{dtype} shape {shape} gather_dim {dim}"
+        A = torch.zeros(shape, dtype=dtype)
+        k = shape[-1] * (ws if dim % len(shape) == len(shape) - 1 else 1)
+        B = _randn((k, N), dtype, 3)
+        A_out, (out,) = OPS.fused_all_gather_matmul(A, [B], dim, name)
+        A_ref = _all_gather(A, dim % len(shape))
+        assert A_out.shape == A_ref.shape and out.shape == (*A_ref.shape[:-1], N), what
+        _, pre, act = OPS.fused_all_gather_matmul_swiglu(A, B, dim, name, return_pre=True)
+        assert pre.shape == out.shape and act.shape == (*A_ref.shape[:-1], N // 2), what
+    return True
+
+
+def test_empty_shards(pool):
+    pool.run(case_empty_shards)
+
+
 # ---- matmul_reduce_scatter and the sum of products -------------------------------------------
 
 RS_SHAPES = [((8, 16), (0, 1, -1)), ((4, 6, 8), (0, 1, 2))]
@@ -414,6 +438,13 @@ def case_errors():
         _raises(Bad, rs, A[:3], B, "sum", 0, name)  # 3 rows do not split over the ranks
     _raises(Bad, rs, A, B, "max", 0, name)
     _raises(Bad, OPS.fused_matmuls_reduce_scatter, [A], [B, B], "sum", 0, name)
+    # devices: the dispatcher sends a call with one meta tensor to the fake kernel, which must
+    # not answer a CPU A with meta outputs
+    _raises(Bad, ag, A, [B.to("meta")], 0, name)
+    _raises(Bad, ag, A.to("meta"), [B], 0, name)
+    _raises(Bad, rs, A, B.to("meta"), "sum", 0, name)
+    _raises(Bad, OPS.fused_matmuls_reduce_scatter, [A, A.to("meta")], [B, B], "sum", 0, name)
+    _raises(Bad, OPS.fused_all_gather_matmul_swiglu, A, B.to("meta"), 0, name)
     # group
     _raises(Bad, ag, A, [B], 0, "no-such-group")
     # unsupported arguments
@@ -432,6 +463,14 @@ def case_errors():
             A8, [B8], s, [s, s], 0, name, [None], [None], [torch.bfloat16], [False])
     _raises(Bad, OPS.fused_scaled_matmul_reduce_scatter,
             A8, B8, s, s, "sum", 0, 1, name, [4, 8], out_dtype=torch.bfloat16)
+    # output_shape's leading dims hold as many rows as A's: [2, 3] is 6 rows, A has 4
+    _raises(Bad, OPS.fused_scaled_matmul_reduce_scatter,
+            A8, B8, s, s, "sum", 0, 0, name, [2, 3, 8], out_dtype=torch.bfloat16)
+    # reserve refuses what the op would refuse
+    _raises(Bad, atp.reserve, ag, A, [B.bfloat16()], 0, name)
+    _raises(Bad, atp.reserve, OPS.fused_all_gather_matmul_swiglu, A, B.bfloat16(), 0, name)
+    _raises(Bad, atp.reserve, rs, A, B, "max", 0, name)
+    _raises(Bad, atp.reserve, OPS.fused_matmuls_reduce_scatter, [A], [B], "min", 0, name)
     # Nothing above broke the group: the ops still run.
     OPS.fused_all_gather_matmul(A, [B], 0, name)
     return True
@@ -488,6 +527,30 @@ def test_timeout(pool2):
     assert skipped == "skipped" and message
 
 
+def case_destroyed_by_torchs_own_function():
+    """A group destroyed by torch's destroy_process_group as bound before asynctp.torch was
+    imported (`from torch.distributed import destroy_process_group` at the top of a script)
+    takes its contexts with it: its name is refused afterwards, never served by a context of
+    the destroyed group (a later group can reuse the name, with other ranks)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    torchs_own = c10d.destroy_process_group.__wrapped__
+    A, B = _randn((4, 16), torch.float32, 1), _randn((16, 8), torch.float32, 2)
+    for call in (OPS.fused_all_gather_matmul, atp.fused_all_gather_matmul):
+        group = dist.new_group(list(range(dist.get_world_size())))
+        name = group.group_name
+        call(A, [B], 0, name)
+        assert atp.memory_stats(name)["contexts"] == 1
+        torchs_own(group)
+        assert atp.memory_stats(name)["contexts"] == 0
+        _raises(asynctp.InvalidArgumentError, call, A, [B], 0, name)
+    return True
+
+
+def test_destroyed_by_torchs_own_function(pool2):
+    pool2.run(case_destroyed_by_torchs_own_function)
+
+
 def case_reserve():
     name = _group_name()
     A, B = _randn((8, 16), torch.float32, 1), _randn((16, 8), torch.float32, 2)
@@ -529,3 +592,33 @@ def case_stats_and_release():
 
 def test_stats_and_release(pool2):
     pool2.run(case_stats_and_release)
+
+
+def test_set_options_refuses_bad_values():
+    """set_options names a bad value when it is given, and keeps the options as they were: not
+    at the next group's first op, where a str timeout times 1000 is a repeated string, a NaN
+    has no int, and a negative one would reach the library."""
+    from asynctp.torch._contexts import OPTIONS
+
+    before = dict(vars(OPTIONS))
+    bad = [{"timeout_s": -1}, {"timeout_s": 0}, {"timeout_s": float("nan")},
+           {"timeout_s": float("inf")}, {"timeout_s": "5"}, {"timeout_s": True},
+           {"max_workspace_mb": -1}, {"max_workspace_mb": 1.5}, {"max_workspace_mb": "64"},
+           {"dispatch_cache": 3}, {"path": "fastest"}]
+    for kwargs in bad:
+        with pytest.raises(asynctp.InvalidArgumentError):
+            atp.set_options(**kwargs)
+        assert dict(vars(OPTIONS)) == before, kwargs
+    from asynctp.torch import _contexts
+
+    # Any positive timeout is at least a millisecond (never 0 ms, which means the default).
+    try:
+        atp.set_options(timeout_s=1e-4)
+        assert _contexts.timeout_ms() == 1
+        atp.set_options(timeout_s=2.5)
+        assert _contexts.timeout_ms() == 2500
+        atp.set_options()
+        assert _contexts.timeout_ms() == 0
+    finally:
+        for key, value in before.items():
+            setattr(OPTIONS, key, value)

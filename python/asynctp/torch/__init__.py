@@ -24,6 +24,7 @@ and matmuls into these ops (asynctp.torch.compile); fusion_report() says what be
 from __future__ import annotations
 
 import ctypes
+import numbers
 
 import torch
 
@@ -86,6 +87,22 @@ def set_options(*, timeout_s=None, path=None, max_workspace_mb=None, dispatch_ca
     where measured path choices are kept ("off": in memory). None keeps the library's default."""
     if path is not None:
         _contexts.path_value(path)
+    if timeout_s is not None and (
+            isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real)
+            or not 0 < timeout_s < float("inf")):
+        raise InvalidArgumentError(
+            f"asynctp: set_options: timeout_s must be a positive number of seconds or None, got "
+            f"{timeout_s!r}")
+    if max_workspace_mb is not None and (
+            isinstance(max_workspace_mb, bool) or not isinstance(max_workspace_mb, numbers.Integral)
+            or max_workspace_mb < 0):
+        raise InvalidArgumentError(
+            f"asynctp: set_options: max_workspace_mb must be an int >= 0 or None, got "
+            f"{max_workspace_mb!r}")
+    if dispatch_cache is not None and not isinstance(dispatch_cache, str):
+        raise InvalidArgumentError(
+            f"asynctp: set_options: dispatch_cache must be a path, \"off\" or None, got "
+            f"{dispatch_cache!r}")
     OPTIONS.timeout_s = timeout_s
     OPTIONS.path = path
     OPTIONS.max_workspace_mb = max_workspace_mb
@@ -122,6 +139,8 @@ def reserve(op, *args, **kwargs) -> None:
         A, Bs = bound["A"], list(bound["Bs"])
         e = _contexts.entry(bound["group_name"], A)
         g, _, _ = _ops._ag_shapes(A, Bs, bound["gather_dim"], e.world_size)
+        if name == "fused_all_gather_matmul":
+            _ops._same_dtype(A, Bs, "Bs")
         d_a = (_capi.Tensor * 1)()
         _contexts.fill(d_a[0], A)
         d_bs = (_capi.Tensor * len(Bs))()
@@ -141,6 +160,7 @@ def reserve(op, *args, **kwargs) -> None:
             e.handle, ctypes.byref(d[0]), ctypes.byref(d[1]), g, 1 if bound["return_A"] else 0,
             _ops._stream_on(A.is_cuda, A.get_device()))
     else:
+        _ops._reduce_op(bound["reduce_op"])
         if name == "fused_matmuls_reduce_scatter":
             As, Bs, scatter_dim = list(bound["As"]), list(bound["Bs"]), bound["scatter_dim"]
         elif name == "fused_matmul_reduce_scatter":

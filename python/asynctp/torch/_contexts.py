@@ -6,13 +6,15 @@ a prefix of ours, through the C store callbacks: no second port, no extra enviro
 GPU is the tensor's device.
 
 `release(group_name)` destroys the contexts of one group (all of them for None);
-torch.distributed.destroy_process_group is wrapped so that it releases them first.
+torch.distributed.destroy_process_group is wrapped so that it releases them first, and c10d's
+unregistering of a group's name so that no context outlives its group however it was destroyed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import math
 import threading
 from dataclasses import dataclass, field
 
@@ -88,6 +90,12 @@ class Options:
 OPTIONS = Options()
 
 
+def timeout_ms() -> int:
+    """OPTIONS.timeout_s in whole milliseconds, rounded up (0, the library's default, for None):
+    a positive timeout is never 0 ms."""
+    return math.ceil(OPTIONS.timeout_s * 1000) if OPTIONS.timeout_s is not None else 0
+
+
 @dataclass
 class Entry:
     """A context and what must outlive it; `descs` holds reusable descriptors per call site."""
@@ -158,10 +166,10 @@ def _create(group_name: str, device: torch.device) -> Entry:
         bridge = StoreBridge(store)
         rank, world_size = pg.rank(), pg.size()
         local = device.index if device.type == "cuda" else rank
-        timeout_ms = int(OPTIONS.timeout_s * 1000) if OPTIONS.timeout_s else 0
+        wait_ms = timeout_ms()
         group = ctypes.c_void_p()
         status = lib.asynctp_group_from_store(
-            ctypes.byref(bridge.callbacks), rank, world_size, local, timeout_ms, ctypes.byref(group)
+            ctypes.byref(bridge.callbacks), rank, world_size, local, wait_ms, ctypes.byref(group)
         )
         if status != _capi.OK:
             _raise_with_store(status, bridge)
@@ -290,4 +298,34 @@ def _wrap_destroy_process_group() -> None:
     dist.destroy_process_group = destroy_process_group
 
 
+def _wrap_unregister() -> None:
+    """torch's destroy_process_group and _abort_process_group end by unregistering the group's
+    name (every name for the default group), through these two c10d module functions: wrapped,
+    they release the name's contexts even where destroy_process_group was bound before this
+    module wrapped it (`from torch.distributed import destroy_process_group` first). A name
+    torch has unregistered may name a later group of other ranks: no context outlives it."""
+    one, every = c10d._unregister_process_group, c10d._unregister_all_process_groups
+    if getattr(one, "_asynctp_wrapped", False):
+        return
+
+    def _unregister_process_group(group_name):
+        try:
+            release(group_name)
+        finally:
+            one(group_name)
+
+    def _unregister_all_process_groups():
+        try:
+            release(None)
+        finally:
+            every()
+
+    for wrapper, original in ((_unregister_process_group, one),
+                              (_unregister_all_process_groups, every)):
+        wrapper._asynctp_wrapped = True
+        wrapper.__wrapped__ = original
+        setattr(c10d, original.__name__, wrapper)
+
+
 _wrap_destroy_process_group()
+_wrap_unregister()

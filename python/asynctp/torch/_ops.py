@@ -21,6 +21,7 @@ then use cuBLASLt's fast accumulation; the CPU backend accumulates in f32 whatev
 from __future__ import annotations
 
 import ctypes
+import math
 
 import torch
 import torch.distributed.distributed_c10d as c10d
@@ -106,6 +107,15 @@ def _matrix(B: torch.Tensor, what: str) -> None:
         raise InvalidArgumentError(f"asynctp: {what} must be a matrix, got shape {tuple(B.shape)}")
 
 
+def _same_device(A: torch.Tensor, tensors, what: str) -> None:
+    """Every tensor on A's device. The dispatcher runs the fake kernel for a call with one meta
+    tensor among CPU ones; without this it would answer with meta outputs."""
+    for i, t in enumerate(tensors):
+        if t.device != A.device:
+            raise InvalidArgumentError(
+                f"asynctp: {what}[{i}] is on {t.device}, A on {A.device} (they must match)")
+
+
 def _ag_shapes(A: torch.Tensor, Bs, gather_dim: int, ws: int):
     """A_shard [.., s@g, .., K] -> A [.., ws*s@g, .., K]; outs[i] [.., ws*s@g, .., N_i]."""
     if A.dim() < 2:
@@ -117,6 +127,7 @@ def _ag_shapes(A: torch.Tensor, Bs, gather_dim: int, ws: int):
     full[g] = full[g] * ws
     for i, B in enumerate(Bs):
         _matrix(B, f"Bs[{i}]")
+    _same_device(A, Bs, "Bs")
     return g, full, [full[:-1] + [B.shape[1]] for B in Bs]
 
 
@@ -396,6 +407,8 @@ def _rs_check(As, Bs, scatter_dim, ws):
     A0 = As[0]
     if A0.dim() < 2:
         raise InvalidArgumentError(f"asynctp: A must have 2 dims or more, got {tuple(A0.shape)}")
+    _same_device(A0, As, "As")
+    _same_device(A0, Bs, "Bs")
     for i, (A, B) in enumerate(zip(As, Bs)):
         _matrix(B, f"Bs[{i}]")
         if A.dtype != A0.dtype or B.dtype != A0.dtype:
@@ -543,6 +556,7 @@ def _rs_scaled_check(A, B, A_scale, orig_scatter_dim, scatter_dim_after_maybe_re
     if A.dim() < 2:
         raise InvalidArgumentError(f"asynctp: A must have 2 dims or more, got {tuple(A.shape)}")
     _matrix(B, "B")
+    _same_device(A, [B, A_scale], "[B, A_scale]")
     _dim(scatter_dim_after_maybe_reshape, A.dim(), "scatter_dim_after_maybe_reshape")
     if output_shape is None:
         output_shape = list(A.shape[:-1]) + [B.shape[1]]
@@ -559,6 +573,15 @@ def _rs_scaled_check(A, B, A_scale, orig_scatter_dim, scatter_dim_after_maybe_re
             raise InvalidArgumentError(
                 f"asynctp: scatter_dim_after_maybe_reshape {scatter_dim_after_maybe_reshape} and "
                 f"orig_scatter_dim {orig_scatter_dim} differ, but A is not reshaped")
+    rows, a_rows = math.prod(lead), math.prod(A.shape[:-1])
+    if isinstance(rows, int) and isinstance(a_rows, int):
+        if rows != a_rows:
+            raise InvalidArgumentError(
+                f"asynctp: output_shape {output_shape} holds {rows} rows, A {tuple(A.shape)} "
+                f"{a_rows}")
+    else:
+        torch._check(rows == a_rows, lambda: f"asynctp: output_shape {output_shape} does not "
+                     f"hold A {tuple(A.shape)}'s rows")
     A_view = A.reshape(lead + [A.shape[-1]])
     if A_scale.numel() != 1:
         if list(A_scale.shape[:-1]) != list(A.shape[:-1]) or A_scale.shape[-1] != 1:

@@ -60,23 +60,59 @@ def _group_size(group_name: str) -> int:
 
 
 def _all_gather(x: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
-    """[.., s@dim, ..] -> [.., ws*s@dim, ..], rank-major along dim."""
+    """[.., s@dim, ..] -> [.., ws*s@dim, ..], rank-major along dim; differentiable where a graph
+    is recorded (a backward run with create_graph=True: see _Recorded)."""
     ws = _group_size(group_name)
     if ws == 1:
         return x
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Recorded.apply(x, _all_gather, _reduce_scatter_sum, dim, group_name)
     x0 = x.movedim(dim, 0).contiguous()
     out = _ATEN_FUNCOL.wait_tensor(_ATEN_FUNCOL.all_gather_into_tensor(x0, ws, group_name))
     return out.movedim(0, dim)
 
 
 def _reduce_scatter_sum(x: torch.Tensor, dim: int, group_name: str) -> torch.Tensor:
-    """[.., ws*s@dim, ..] -> [.., s@dim, ..], summed over the group."""
+    """[.., ws*s@dim, ..] -> [.., s@dim, ..], summed over the group; differentiable where a
+    graph is recorded (see _Recorded)."""
     ws = _group_size(group_name)
     if ws == 1:
         return x
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Recorded.apply(x, _reduce_scatter_sum, _all_gather, dim, group_name)
     x0 = x.movedim(dim, 0).contiguous()
     out = _ATEN_FUNCOL.reduce_scatter_tensor(x0, "sum", ws, group_name)
     return _ATEN_FUNCOL.wait_tensor(out).movedim(0, dim)
+
+
+def all_reduce_sum(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """x summed over the group; differentiable where a graph is recorded (see _Recorded)."""
+    if _group_size(group_name) == 1:
+        return x
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Recorded.apply(x, all_reduce_sum, all_reduce_sum, group_name)
+    return _ATEN_FUNCOL.wait_tensor(_ATEN_FUNCOL.all_reduce(x, "sum", group_name))
+
+
+# The backward formulas call the collectives above on gradients. Under create_graph=True (a
+# double backward) those gradients require grad, and torch's functional collectives cannot be
+# recorded in eager mode (wait_tensor on their output raises, or not, depending on whether the
+# collective has completed). _Recorded records them instead, each with its adjoint:
+# AG(dim) <-> RS_sum(dim), all-reduce sum <-> itself. Its forward runs with grad mode off, so
+# the collective takes the plain path.
+
+
+class _Recorded(torch.autograd.Function):
+    """collective(x, *args) forward, adjoint(grad, *args) backward."""
+
+    @staticmethod
+    def forward(ctx, x, collective, adjoint, *args):
+        ctx.adjoint, ctx.args = adjoint, args
+        return collective(x, *args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (ctx.adjoint(grad, *ctx.args), None, None) + (None,) * len(ctx.args)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

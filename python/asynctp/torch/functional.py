@@ -46,14 +46,17 @@ _Tensor = torch.Tensor
 
 def _plain(tensors) -> bool:
     """Whether a call with these tensor arguments can skip the dispatcher: plain tensors, none
-    needing a gradient while grad mode is on, no mode, transform, trace or profiler active."""
+    needing a gradient while grad mode is on or a negative view, no mode, transform, trace or
+    profiler active."""
     # (is_compiling first: under torch.compile it is a constant, and the rest is not traced.)
     if (_compiling() or _profiler._is_profiler_enabled or _dispatch_modes() or _function_modes()
             or _functorch()):
         return False
     grad = _grad_enabled()
     for t in tensors:
-        if type(t) is not _Tensor or (grad and t.requires_grad):
+        # A negative view (x.conj().imag) reads its storage negated: the kernel, which reads the
+        # storage, would see the wrong sign; the dispatcher materializes it first.
+        if type(t) is not _Tensor or (grad and t.requires_grad) or t.is_neg():
             return False
     return True
 

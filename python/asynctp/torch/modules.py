@@ -65,22 +65,27 @@ class _AllReduceGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        funcol = torch.ops._c10d_functional
         # Summed in f32 and rounded once, as the fused reduce-scatter sums its partials.
-        summed = funcol.wait_tensor(funcol.all_reduce(grad.float(), "sum", ctx.group_name))
-        return summed.to(grad.dtype), None
+        return _autograd.all_reduce_sum(grad.float(), ctx.group_name).to(grad.dtype), None
 
 
 class _SequenceParallelLinear(nn.Module):
     def __init__(self, in_features, out_features, group, seq_dim, device, dtype):
         super().__init__()
-        self.process_group, self.group_name = _resolve(group)
-        self.world_size = self.process_group.size()
-        self.rank = self.process_group.rank()
+        process_group, self.group_name = _resolve(group)
+        self.world_size = process_group.size()
+        self.rank = process_group.rank()
         self.in_features = in_features
         self.out_features = out_features
         self.seq_dim = seq_dim
         self._device_dtype = {"device": device, "dtype": dtype}
+
+    @property
+    def process_group(self) -> dist.ProcessGroup:
+        """The group, looked up by its name: the layer holds the name only, so that deepcopy,
+        pickling (torch.save of the module) and their copies (.to(dtype) of a deepcopy) work,
+        and a copy shares the group, as a DTensor's copy shares its mesh."""
+        return c10d._resolve_process_group(self.group_name)
 
     def _seq_dim_of(self, x: torch.Tensor) -> int:
         if x.dim() < 2:
