@@ -33,6 +33,14 @@ void copy_out(std::string_view text, char* buf, size_t len) {
   buf[n] = '\0';
 }
 
+// A JSON document returned as the C ABI's *_json functions return it: *needed its size with the
+// NUL, and as much of it as fits into buf.
+void return_json(const std::string& text, char* buf, size_t len, size_t* needed) {
+  if (buf == nullptr && len > 0) invalid("buf is NULL but len is {}", len);
+  if (needed != nullptr) *needed = text.size() + 1;
+  copy_out(text, buf, len);
+}
+
 }  // namespace
 
 extern "C" {
@@ -127,13 +135,10 @@ asynctp_status asynctp_last_path(asynctp_context ctx, const char* op, int32_t* p
 asynctp_status asynctp_usage_json(asynctp_context ctx, char* buf, size_t len, size_t* needed) {
   return guarded(__func__, [&] {
     OpContext& c = *context_of(ctx, "ctx").ctx;
-    if (buf == nullptr && len > 0) invalid("buf is NULL but len is {}", len);
     nlohmann::json j = nlohmann::json::object();
     for (const auto& [key, count] : c.usage().counts())
       j[key.first][std::string(path_name(key.second))] = count;
-    const std::string text = j.dump();
-    if (needed != nullptr) *needed = text.size() + 1;
-    copy_out(text, buf, len);
+    return_json(j.dump(), buf, len, needed);
   });
 }
 
@@ -148,11 +153,7 @@ asynctp_status asynctp_host_profile_set(asynctp_context ctx, int32_t enabled) {
 asynctp_status asynctp_host_profile_json(asynctp_context ctx, char* buf, size_t len,
                                          size_t* needed) {
   return guarded(__func__, [&] {
-    OpContext& c = *context_of(ctx, "ctx").ctx;
-    if (buf == nullptr && len > 0) invalid("buf is NULL but len is {}", len);
-    const std::string text = c.host_profile().json();
-    if (needed != nullptr) *needed = text.size() + 1;
-    copy_out(text, buf, len);
+    return_json(context_of(ctx, "ctx").ctx->host_profile().json(), buf, len, needed);
   });
 }
 
