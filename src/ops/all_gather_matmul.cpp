@@ -158,15 +158,6 @@ void validate(OpContext& ctx, AgMmCall& c, int gather_dim) {
   }
 }
 
-// No output over an input or another output (ops/operand_overlap.h). On every call: the memos
-// leave the data pointers out.
-void check_disjoint(const AgMmCall& c) {
-  detail::check_no_overlap(
-      c.op,
-      {{"A_shard", c.a_shard}, {"A_scale", c.a_scale}, {"Bs", c.bs}, {"B_scales", c.b_scales}},
-      {{"outs", c.outs}, {"pre_out", c.pre_out}, {"A_out", c.a_out}});
-}
-
 // A row-wise scale's view matching a GEMM operand view of `split`.
 Tensor scale_view(const Tensor& scale, bool rowwise, int split) {
   return rowwise ? gemm_view(scale, split, "A_scale") : scale;
@@ -462,18 +453,22 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   memos.add(c.pre_out);
   const detail::CallMemo* memo = memos.find();
   ctx.host_profile().stamp("memo");
+  if (memo == nullptr) validate(ctx, c, options.gather_dim);
+  // No output over an input or another output (ops/operand_overlap.h). On every call: the memos
+  // leave the data pointers out.
+  detail::check_no_overlap(
+      c.op,
+      {{"A_shard", c.a_shard}, {"A_scale", c.a_scale}, {"Bs", c.bs}, {"B_scales", c.b_scales}},
+      {{"outs", c.outs}, {"pre_out", c.pre_out}, {"A_out", c.a_out}});
   if (memo != nullptr) {
     c.g = memo->dim;
     std::optional<NativePlan> plan;
     if (memo->has_plan) plan = NativePlan{memo->plan[0], memo->plan[1]};
     ctx.usage().record(c.op, memo->decision.path, memo->decision.reason, memo->decision.warns());
     ctx.host_profile().set_path(c.op, memo->decision.path);
-    check_disjoint(c);
     run_path(ctx, c, memo->decision.path, plan);
     return;
   }
-  validate(ctx, c, options.gather_dim);
-  check_disjoint(c);
   const size_t symm_bytes =
       push_symm_bytes(ctx.world_size(), c.a_shard.nbytes(), c.rowwise() ? c.a_scale.nbytes() : 0);
   detail::CallPaths paths;
