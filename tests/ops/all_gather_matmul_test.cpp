@@ -117,7 +117,7 @@ void check_case(OpContext& ctx, const AgCase& c, uint64_t id) {
     } else {
       all_gather_matmul(ctx, a_shard, bs, outs, a_out.tensor, options);
     }
-    expect_path(ctx, op, path == PathChoice::kSplit ? Path::kSplit : Path::kFallback);
+    expect_path(ctx, op, path_of(path));
     for (size_t i = 0; i < bs.size(); ++i) {
       EXPECT_TRUE(same_bits(outs[i], expected[i])) << "outs[" << i << "] against the reference";
       if (path == PathChoice::kFallback) {

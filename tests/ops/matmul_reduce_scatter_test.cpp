@@ -128,7 +128,7 @@ void check_case(OpContext& ctx, const RsCase& c, uint64_t id) {
     OwnedTensor out = empty_with_layout(c.out_chunk, c.out_dtype, c.out_layout);
     fill_value(out, kSentinel);
     run_op(ctx, c, mine, out, options);
-    expect_path(ctx, op, path == PathChoice::kSplit ? Path::kSplit : Path::kFallback);
+    expect_path(ctx, op, path_of(path));
     EXPECT_TRUE(same_bits(out, expected)) << "against the reference";
     if (path == PathChoice::kSplit) {
       fused = std::move(out);

@@ -149,6 +149,21 @@ inline void reference_reduce_scatter(Backend& backend, const Tensor& out,
   backend.compute_stream().synchronize();
 }
 
+// The path a forced choice runs (auto names none).
+inline Path path_of(PathChoice choice) {
+  switch (choice) {
+    case PathChoice::kNative:
+      return Path::kNative;
+    case PathChoice::kFallback:
+      return Path::kFallback;
+    case PathChoice::kSplit:
+      return Path::kSplit;
+    case PathChoice::kAuto:
+      break;
+  }
+  ASYNCTP_FAIL("auto names no path");
+}
+
 inline void expect_path(OpContext& ctx, std::string_view op, Path path,
                         std::string_view reason_part = "") {
   const auto last = ctx.usage().last(op);

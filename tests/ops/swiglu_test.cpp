@@ -36,20 +36,6 @@ struct SwigluCase {
   }
 };
 
-Path path_of(PathChoice choice) {
-  switch (choice) {
-    case PathChoice::kNative:
-      return Path::kNative;
-    case PathChoice::kFallback:
-      return Path::kFallback;
-    case PathChoice::kSplit:
-      return Path::kSplit;
-    case PathChoice::kAuto:
-      break;
-  }
-  ASYNCTP_FAIL("auto names no path");
-}
-
 // Runs one case on `path` (auto: expecting `expected`) and compares every output with the
 // reference, bit for bit.
 void check_swiglu(OpContext& ctx, const SwigluCase& c, uint64_t id, PathChoice path,
