@@ -200,7 +200,14 @@ bool run_once(OpContext& ctx, const EdgeCase& c, const Drop& drop, std::string* 
       be.fill(a, kGarbage, stream);
       be.fill(outs[it], kGarbage, stream);
       be.copy(a, its[it].a, stream);
-      if (waits == Waits::kFlag && ctx.rank() != 0) std::this_thread::sleep_for(kPeerDelay);
+      if (waits == Waits::kFlag && ctx.rank() != 0) {
+        // From the second call on (the first allocates the workspaces, a rendezvous of all
+        // ranks), behind rank 0's enqueueing of the call too: a slow host there (ASan, a loaded
+        // machine) would otherwise let this rank's data of the call land before rank 0's GEMM
+        // reads it early.
+        if (it > 0) ctx.group().store().get(fmt::format("enqueued/{}", it), Millis(30'000));
+        std::this_thread::sleep_for(kPeerDelay);
+      }
       if (c.op == Op::kAllGatherMatmul) {
         AllGatherMatmulOptions options;
         options.path = c.path;
@@ -215,6 +222,8 @@ bool run_once(OpContext& ctx, const EdgeCase& c, const Drop& drop, std::string* 
       if (waits == Waits::kEvent && cpu::testing::dropped_event_wait()) *dropped = "an event wait";
       if (waits == Waits::kFlag && cpu::testing::dropped_flag_wait())
         *dropped = cpu::testing::dropped_flag_wait_name();
+      if (waits == Waits::kFlag && ctx.rank() == 0)
+        ctx.group().store().set(fmt::format("enqueued/{}", it), "1");
       reset(-1);
       be.fill(a, kGarbage, stream);  // the caller writes its input again
     }
