@@ -200,12 +200,21 @@ bool run_once(OpContext& ctx, const EdgeCase& c, const Drop& drop, std::string* 
       be.fill(a, kGarbage, stream);
       be.fill(outs[it], kGarbage, stream);
       be.copy(a, its[it].a, stream);
+      if (waits == Waits::kFlag && ctx.rank() == 0 && it > 0) {
+        // Rank 0's stream says when it reaches the call (its GEMM, which reads what a dropped
+        // wait guarded, comes next), for the peers below.
+        Store& store = ctx.group().store();
+        cpu::as_cpu(stream, "publish")
+            .enqueue(
+                "publish", [&store, it] { store.set(fmt::format("reached/{}", it), "1"); },
+                /*jitter=*/false);
+      }
       if (waits == Waits::kFlag && ctx.rank() != 0) {
         // From the second call on (the first allocates the workspaces, a rendezvous of all
-        // ranks), behind rank 0's enqueueing of the call too: a slow host there (ASan, a loaded
-        // machine) would otherwise let this rank's data of the call land before rank 0's GEMM
-        // reads it early.
-        if (it > 0) ctx.group().store().get(fmt::format("enqueued/{}", it), Millis(30'000));
+        // ranks), kPeerDelay behind rank 0's stream reaching the call: rank 0's stream lags its
+        // host, and more so on a slow machine (ASan, load), so a delay from this rank's own
+        // start let its data of the call land before rank 0's GEMM read it early.
+        if (it > 0) ctx.group().store().get(fmt::format("reached/{}", it), Millis(30'000));
         std::this_thread::sleep_for(kPeerDelay);
       }
       if (c.op == Op::kAllGatherMatmul) {
@@ -222,8 +231,6 @@ bool run_once(OpContext& ctx, const EdgeCase& c, const Drop& drop, std::string* 
       if (waits == Waits::kEvent && cpu::testing::dropped_event_wait()) *dropped = "an event wait";
       if (waits == Waits::kFlag && cpu::testing::dropped_flag_wait())
         *dropped = cpu::testing::dropped_flag_wait_name();
-      if (waits == Waits::kFlag && ctx.rank() == 0)
-        ctx.group().store().set(fmt::format("enqueued/{}", it), "1");
       reset(-1);
       be.fill(a, kGarbage, stream);  // the caller writes its input again
     }
