@@ -294,9 +294,9 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
       native_signalled.own_a = a;
       native_signalled.own_chunk = s.rank();
     } else {
-      // As the path runs it: done counted per piece (only ever incremented: no reset between
-      // runs needed), the own chunk last, adding the parts (here P's other chunks, every flag
-      // up) and storing the reduced chunk (into the baseline's output).
+      // As the path runs it: done counted per piece (from 0: each run zeroes them first, as the
+      // path's pushes reset them), the own chunk last, adding the parts (here P's other chunks,
+      // every flag up) and storing the reduced chunk (into the baseline's output).
       const detail::RsPieces pieces =
           detail::native_rs_pieces(n, static_cast<size_t>(rows * n) * element_size(dtype));
       uint32_t* landed = flags + ws * detail::kMaxPushPieces;
@@ -398,8 +398,16 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
                 "native_gemm");
   }
   if (native_signalled_ok) {
-    columns.add([&] { ctx.backend().native_gemm(native_signalled, ctx.stream()); },
-                &r.native_gemm_signalled_ms, "native_gemm_signalled");
+    columns.add(
+        [&] {
+          // (mm-rs: the done counters back to 0, one batched stream write; the CPU backend's
+          // GEMM refuses a count left over from the run before)
+          if (!ag)
+            ctx.backend().zero_flags(native_signalled.done, ws * detail::kMaxPushPieces,
+                                     ctx.stream());
+          ctx.backend().native_gemm(native_signalled, ctx.stream());
+        },
+        &r.native_gemm_signalled_ms, "native_gemm_signalled");
   }
   time_columns(s, std::move(columns), o.timing, o.graph ? &fused_fn : nullptr, &r.graph_ms,
                &r.host_us);

@@ -189,6 +189,27 @@ TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
   EXPECT_THAT(bad.err, AllOf(HasSubstr("--scaled"), HasSubstr("blockwise")));
 }
 
+// The 16-bit table at two ranks (CPU backend) on a shape the native paths take: every column
+// timed, the native GEMM with its flags ("ngsig") included, whose done counters each run starts
+// from 0 (the CPU backend's GEMM refuses a count left over from the run before).
+TEST(Cli, BenchTimesEveryColumnOnNativeShapes) {
+  for (const std::string op : {"ag-mm", "mm-rs"}) {
+    SCOPED_TRACE(op);
+    const Finished bench =
+        asynctp({"launch", "--nproc", "2", "--no-prefix", "--", kBin, "bench", op, "--shape",
+                 "256x64x256", "--iters", "3", "--warmup", "1", "--backend", "cpu", "--json"});
+    ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
+    const auto doc = nlohmann::json::parse(bench.out);
+    ASSERT_EQ(doc.at("results").size(), 1u);
+    const auto& r = doc.at("results")[0];
+    EXPECT_EQ(r.at("path"), "native");
+    for (const char* key : {"gemm_ms", "native_gemm_ms", "native_gemm_signalled_ms",
+                            "native_path_ms", "split_path_ms", "fused_ms"})
+      EXPECT_GT(r.at(key).get<double>(), 0.0) << key;
+    EXPECT_LE(r.at("rel_error_native_path").get<double>(), 1e-2);
+  }
+}
+
 // --fast-accum: the table's title says which accumulation was timed; without --scaled the flag
 // is an error naming both options; --help describes it.
 TEST(Cli, ScaledBenchFastAccumSaysWhichItTimed) {
