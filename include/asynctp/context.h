@@ -98,6 +98,14 @@ struct ContextOptions {
   // wait overlaps the other's copy. Default 2 (see docs/DECISIONS.md D5). ASYNCTP_PUSH_STREAMS
   // sets it.
   int push_streams = default_push_streams();
+  // An eager native matmul_reduce_scatter whose K (the product's inner dim) is at least this
+  // pushes each finished chunk in at most 2 pieces on one copy stream, each piece's flags on that
+  // stream behind its copy, in one driver call with the next piece's counter wait: a third of the
+  // host calls of the schedule above (push_streams, up to 4 pieces, flags beside), which every
+  // call of a smaller K and every CUDA graph takes. 0 (the default): every eager call, which
+  // measured as fast or faster on every shape tried, push-bound ones (K = 1024) included (see
+  // docs/DECISIONS.md D27). ASYNCTP_PUSH_INLINE_MIN_K sets it.
+  int64_t push_inline_min_k = default_push_inline_min_k();
   // Where the measured path choices of PathChoice::kAuto are kept between runs: "" the default
   // location ($ASYNCTP_CACHE_DIR/dispatch.json), "off" none.
   std::string dispatch_cache;
@@ -107,6 +115,7 @@ struct ContextOptions {
   static int default_gemm_streams();
   static size_t default_push_piece_bytes();
   static int default_push_streams();
+  static int64_t default_push_inline_min_k();
   static constexpr int kMaxPushStreams = 4;
 };
 

@@ -187,9 +187,23 @@ inline constexpr EnvVar kPushStreams{
     .name = "ASYNCTP_PUSH_STREAMS",
     .kind = EnvVar::Kind::kInteger,
     .default_value = "2",
-    .doc = "The copy streams the native matmul_reduce_scatter pushes its pieces on.",
+    .doc =
+        "The copy streams the native matmul_reduce_scatter pushes its pieces on, where it pushes "
+        "them beside (CUDA graphs, eager calls below ASYNCTP_PUSH_INLINE_MIN_K).",
     .min = 1,
     .max = 4,
+};
+
+inline constexpr EnvVar kPushInlineMinK{
+    .name = "ASYNCTP_PUSH_INLINE_MIN_K",
+    .kind = EnvVar::Kind::kInteger,
+    .default_value = "0",
+    .doc =
+        "An eager native matmul_reduce_scatter with K at least this pushes each chunk in at most "
+        "2 pieces on one copy stream, its flags inline (a third of the host calls); below it, in "
+        "up to 4 pieces on ASYNCTP_PUSH_STREAMS streams, flags beside.",
+    .min = 0,
+    .max = 1099511627776.0,
 };
 
 inline constexpr EnvVar kGemmAutotune{
@@ -273,11 +287,12 @@ inline constexpr EnvVar kBuildTests{
 
 // Every variable, in the order `asynctp env` and the README list them.
 inline constexpr const EnvVar* kAll[] = {
-    &kTimeout,        &kMaxWorkspaceMb,  &kPath,         &kCacheDir,    &kLogLevel,
-    &kHostId,         &kRunId,           &kStorePort,    &kStoreSecret, &kGemmStreams,
-    &kPushPieceBytes, &kPushStreams,     &kGemmAutotune, &kAllowTf32,   &kHostProfile,
-    &kSharedGpus,     &kCpuStreamJitter, &kLibrary,      &kSharedDir,   &kSkipAsan,
-    &kBuildTests,
+    &kTimeout,        &kMaxWorkspaceMb,  &kPath,           &kCacheDir,
+    &kLogLevel,       &kHostId,          &kRunId,          &kStorePort,
+    &kStoreSecret,    &kGemmStreams,     &kPushPieceBytes, &kPushStreams,
+    &kPushInlineMinK, &kGemmAutotune,    &kAllowTf32,      &kHostProfile,
+    &kSharedGpus,     &kCpuStreamJitter, &kLibrary,        &kSharedDir,
+    &kSkipAsan,       &kBuildTests,
 };
 
 // The registered variable of that name; nullptr when there is none.

@@ -210,6 +210,12 @@ class Backend {
   }
   virtual void wait_flag(const uint32_t* flag, uint32_t value, const FlagSite& site,
                          Stream& stream) = 0;
+  // write_flags(writes), then wait_flag(flag, value, site) behind them: one driver call on CUDA.
+  virtual void write_flags_then_wait(std::span<const FlagWrite> writes, const uint32_t* flag,
+                                     uint32_t value, const FlagSite& site, Stream& stream) {
+    write_flags(writes, stream);
+    wait_flag(flag, value, site, stream);
+  }
   virtual void zero_flags(uint32_t* flags, size_t count, Stream& stream) = 0;
   // reduce(), once flags[i] is up for op `value` for every i in [first, count) but `skip`
   // (flag_raised: 0/1 flags with value 1, or op numbers counting up through 2^32)

@@ -40,6 +40,10 @@ int ContextOptions::default_push_streams() {
   return static_cast<int>(envvars::kPushStreams.integer());
 }
 
+int64_t ContextOptions::default_push_inline_min_k() {
+  return static_cast<int64_t>(envvars::kPushInlineMinK.integer());
+}
+
 std::unique_ptr<OpContext> OpContext::create(std::shared_ptr<Group> group, ContextOptions options) {
   ASYNCTP_CHECK(group != nullptr, "OpContext::create needs a group");
   return std::unique_ptr<OpContext>(new OpContext(std::move(group), std::move(options)));
@@ -56,6 +60,9 @@ OpContext::OpContext(std::shared_ptr<Group> group, ContextOptions options)
       options_.push_streams >= 1 && options_.push_streams <= ContextOptions::kMaxPushStreams,
       "ContextOptions::push_streams must be from 1 to {}, got {}", ContextOptions::kMaxPushStreams,
       options_.push_streams);
+  ASYNCTP_CHECK(options_.push_inline_min_k >= 0,
+                "ContextOptions::push_inline_min_k must be 0 or more, got {}",
+                options_.push_inline_min_k);
   // The side streams, by role and rank ("asynctp copy rank 0"): how nsys lists them
   // (device/nvtx.h).
   auto side_stream = [&](std::string_view role) {

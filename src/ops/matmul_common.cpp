@@ -207,9 +207,9 @@ PushPieces push_pieces(int64_t rows, size_t bytes, size_t piece_bytes) {
   return p;
 }
 
-RsPieces native_rs_pieces(int64_t n, size_t bytes) {
+RsPieces native_rs_pieces(int64_t n, size_t bytes, int max_pieces) {
   constexpr int64_t kTileCols = 256;
-  for (int wanted = kMaxPushPieces; wanted > 1; --wanted) {
+  for (int wanted = std::min(max_pieces, kMaxPushPieces); wanted > 1; --wanted) {
     const int64_t cols = (n + kTileCols * wanted - 1) / (kTileCols * wanted) * kTileCols;
     const int count = static_cast<int>((n + cols - 1) / cols);
     if (count > 1 && bytes / count >= kRsPieceBytes) return {count, cols};

@@ -108,18 +108,18 @@ PushPieces push_pieces(int64_t rows, size_t bytes, size_t piece_bytes);
 // How the native matmul_reduce_scatter pushes a finished chunk of `n` columns and `bytes`
 // bytes: `count` pieces of `cols` columns each (the last may be narrower; cols 0: one piece of
 // all n), a multiple of 256 (the native GEMM's tile width, so a tile counts in one piece), at
-// least kRsPieceBytes a piece on average, at most kMaxPushPieces. By columns, not rows: the GEMM's
-// walk may then take up to 16 m-tiles of the chunk per group (see kernels/native/schedule.h on
-// group heights) and still finish the pieces one after the other, within each group. (A chunk of
-// more than 16 m-tiles finishes all its pieces in its last group: its pushes come nearer the
-// chunk's end than with groups of the whole chunk. Of the anchor shapes only those at ws 2 have
-// such chunks, and there the native path got faster with groups of 16.)
+// least kRsPieceBytes a piece on average, at most max_pieces (<= kMaxPushPieces). By columns, not
+// rows: the GEMM's walk may then take up to 16 m-tiles of the chunk per group (see
+// kernels/native/schedule.h on group heights) and still finish the pieces one after the other,
+// within each group. (A chunk of more than 16 m-tiles finishes all its pieces in its last group:
+// its pushes come nearer the chunk's end than with groups of the whole chunk. Of the anchor shapes
+// only those at ws 2 have such chunks, and there the native path got faster with groups of 16.)
 inline constexpr size_t kRsPieceBytes = size_t{4} << 20;
 struct RsPieces {
   int count = 1;
   int64_t cols = 0;
 };
-RsPieces native_rs_pieces(int64_t n, size_t bytes);
+RsPieces native_rs_pieces(int64_t n, size_t bytes, int max_pieces = kMaxPushPieces);
 
 // The native matmul_reduce_scatter's part of its GEMM's arguments (args: the plain GEMM, with
 // chunk_rows): stored tiles counted in `done` per piece of `pieces` (done[c * count + q]: piece q

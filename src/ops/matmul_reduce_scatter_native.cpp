@@ -20,6 +20,19 @@ namespace asynctp::detail::mmrs {
 //   so that the push stream's next copy does not wait for them; a stream's last piece, which
 //   no copy follows, has them on the push stream itself)
 //
+// That is the schedule "beside": up to kMaxPushPieces pieces a chunk, for a push-bound GEMM (a
+// small K: the chunk's push outlasts its GEMM, and each piece's copy should follow the one
+// before at once) and in CUDA graphs. An eager call whose K is at least
+// ContextOptions::push_inline_min_k pushes "inline", in about half the host calls:
+//
+//   push 0:            | wait done[r+1][0], push piece 0, landed + reset + wait done[r+1][1]
+//                        (one call), push piece 1, landed + reset + wait done[r+2][0], ...
+//
+// at most kInlinePushPieces pieces a chunk, on one copy stream. Its flags hold the next copy
+// for a few us (D4), which waits for its count longer anyway where the GEMM outlasts the push;
+// and with two pieces, piece q of chunk r lands on r by the time r's GEMM reaches its columns
+// (it is stored on r+1 half a chunk's GEMM earlier, and pushing it takes less than that).
+//
 // The GEMM counts the stored tiles of each piece (up to kMaxPushPieces per chunk, at least
 // kRsPieceBytes on average, column ranges of whole 256-column tiles: the GEMM's walk takes up
 // to 16 m-tiles of the chunk's rows per group and its columns in order, so the pieces finish one
@@ -102,7 +115,11 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
   SymmetricMemory& sm = slots.sm;
   const bool captured = slots.captured;
   const int channel = captured ? kNativeLandedChannel : kEagerNativeLandedChannel;
-  const detail::RsPieces pieces = detail::native_rs_pieces(plan.n, slots.bytes);
+  // The push schedule (file comment): inline where the chunk's GEMM outlasts its push and the
+  // host's calls count (eager); else beside.
+  const bool inline_pushes = !captured && plan.k >= ctx.options().push_inline_min_k;
+  const detail::RsPieces pieces = detail::native_rs_pieces(
+      plan.n, slots.bytes, inline_pushes ? kInlinePushPieces : kMaxPushPieces);
   auto landed_of = [&](int owner) { return sm.signal_pad_ptr(owner) + channel * ws; };
   auto piece_of = [&](const Tensor& m, int q) {
     if (pieces.count == 1) return m;
@@ -132,7 +149,9 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
   for (const Backend::DoneCounter& counter : be.native_gemm_done_order(args))
     if (counter.index / pieces.count != rank) to_push.push_back(counter);
   const int streams =
-      static_cast<int>(std::min<size_t>(ctx.options().push_streams, to_push.size()));
+      inline_pushes
+          ? 1
+          : static_cast<int>(std::min<size_t>(ctx.options().push_streams, to_push.size()));
   // The push streams start behind the op's stream, where the first op zeroes its fresh done
   // counters (ctx.flags) and, through the previous op's join, a counter reset on a flag stream
   // lands: a push's wait would otherwise pass on garbage or on the previous op's count.
@@ -145,31 +164,69 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
   ctx.mark("gemm", compute);
   // The push streams' waits for the counters (stream memory waits, no SM needed) are bounded by
   // the GEMM: its tiles of other chunks wait for nothing, so every count is reached.
-  for (size_t t = 0; t < to_push.size(); ++t) {
-    const auto [index, count] = to_push[t];
-    const int d = index / pieces.count;
-    const int q = index % pieces.count;
+  auto site_of = [&](const Backend::DoneCounter& counter) {
+    return Backend::FlagSite{.rank = rank,
+                             .peer = counter.index / pieces.count,
+                             .channel = counter.index % pieces.count,
+                             .timeout = ctx.group().timeout()};
+  };
+  // A piece's landed flag on its owner, then its counter, counted in full, back to 0 for the next
+  // op: here beside the GEMM (stream writes after the GEMM would add up; see docs/DECISIONS.md
+  // D4), and both in one enqueueing.
+  auto flag_writes = [&](const Backend::DoneCounter& counter) {
+    const int d = counter.index / pieces.count;
+    const int q = counter.index % pieces.count;
+    return std::array<Backend::FlagWrite, 2>{
+        {{landed_of(d) + q * ws + rank, slots.number}, {done + counter.index, 0}}};
+  };
+  auto push_piece = [&](const Backend::DoneCounter& counter, Stream& push) {
+    const int d = counter.index / pieces.count;
+    const int q = counter.index % pieces.count;
+    be.copy(piece_of(slots.at(d, rank).view({rows, plan.n}), q),
+            piece_of(product.narrow(0, d * rows, rows), q), push);
+  };
+  if (inline_pushes) {
+    // One copy stream: wait, copy, then the flags and the next piece's wait in one call.
+    Stream& push = ctx.push_stream(0);
+    if (!to_push.empty())
+      be.wait_flag(done + to_push[0].index, to_push[0].count, site_of(to_push[0]), push);
+    for (size_t t = 0; t < to_push.size(); ++t) {
+      push_piece(to_push[t], push);
+      ctx.host_profile().stamp("push copies");
+      const auto writes = flag_writes(to_push[t]);
+      if (t + 1 < to_push.size()) {
+        const Backend::DoneCounter& next = to_push[t + 1];
+        be.write_flags_then_wait(writes, done + next.index, next.count, site_of(next), push);
+      } else {
+        be.write_flags(writes, push);
+      }
+      ctx.host_profile().stamp("push flags");
+      if (ctx.tracing()) {
+        ctx.mark(fmt::format("pushed piece {} to {}", to_push[t].index % pieces.count,
+                             to_push[t].index / pieces.count),
+                 push);
+      }
+    }
+  }
+  for (size_t t = 0; t < to_push.size() && !inline_pushes; ++t) {
+    const Backend::DoneCounter& counter = to_push[t];
     Stream& push = ctx.push_stream(static_cast<int>(t));
-    const Tensor from = product.narrow(0, d * rows, rows);
-    const Tensor to = slots.at(d, rank).view({rows, plan.n});
-    be.wait_flag(done + index, count,
-                 {.rank = rank, .peer = d, .channel = q, .timeout = ctx.group().timeout()}, push);
+    be.wait_flag(done + counter.index, counter.count, site_of(counter), push);
     ctx.host_profile().stamp("push waits");
-    be.copy(piece_of(to, q), piece_of(from, q), push);
+    push_piece(counter, push);
     ctx.host_profile().stamp("push copies");
     // The flag and the reset beside the push stream, which goes on to its next piece at once;
     // after a stream's last piece, on the push stream itself (nothing follows there that they
     // could hold up), which saves the flag stream's event edge and its join.
     const bool last_on_stream = t + streams >= to_push.size();
     Stream& flags = last_on_stream ? push : ctx.flags_behind(static_cast<int>(t));
-    // The landed flag, then the counter, counted in full, back to 0 for the next op: here beside
-    // the GEMM (stream writes after the GEMM would add up; see docs/DECISIONS.md D4), and both
-    // in one enqueueing.
-    const Backend::FlagWrite writes[] = {{landed_of(d) + q * ws + rank, slots.number},
-                                         {done + index, 0}};
-    be.write_flags(writes, flags);
+    be.write_flags(flag_writes(counter), flags);
     ctx.host_profile().stamp("push flags");
-    if (ctx.tracing()) ctx.mark(fmt::format("pushed piece {} to {}", q, d), flags);
+    if (ctx.tracing()) {
+      ctx.mark(fmt::format("pushed piece {} to {}", counter.index % pieces.count,
+                           counter.index / pieces.count),
+               flags);
+    }
   }
   ctx.host_profile().stamp("pushes");
   // The next op's GEMM overwrites the product the pushes read and counts in the counters they

@@ -22,6 +22,9 @@ static_assert(kEagerLandedChannel < kNumChannels);
 static_assert(kEagerNativeLandedChannel + kMaxPushPieces <= kNativeLandedChannel &&
               kNativeLandedChannel + kMaxPushPieces <= kNumChannels);
 
+// Pieces a chunk at most where the native path pushes inline (ContextOptions::push_inline_min_k).
+constexpr int kInlinePushPieces = 2;
+
 struct MmRsCall {
   const char* op;
   std::vector<Tensor> as;  // one or more products sum_i as[i] @ bs[i]

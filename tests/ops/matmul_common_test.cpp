@@ -101,6 +101,30 @@ TEST(RsPieces, ColumnRangesOfWholeTilesOfAtLeast4MiB) {
   }
 }
 
+// At most max_pieces where asked (the inline pushes' 2), with the same rules.
+TEST(RsPieces, AtMostTheAskedForCount) {
+  using detail::native_rs_pieces;
+  EXPECT_EQ(native_rs_pieces(8192, 32 * kMiB, 2).count, 2);
+  EXPECT_EQ(native_rs_pieces(8192, 32 * kMiB, 2).cols, 4096);
+  EXPECT_EQ(native_rs_pieces(4096, 16 * kMiB, 2).count, 2);
+  EXPECT_EQ(native_rs_pieces(8192, 7 * kMiB, 2).count, 1);  // too small to cut
+  EXPECT_EQ(native_rs_pieces(8192, 32 * kMiB, 1).count, 1);
+  EXPECT_EQ(native_rs_pieces(8192, 32 * kMiB, 9).count, kMaxPushPieces);
+  EXPECT_EQ(native_rs_pieces(1000, 1024 * kMiB, 2).cols, 512);  // 512 + 488
+}
+
+TEST(PushInlineMinK, SettingComesFromTheEnvironment) {
+  const asynctp::testing::ScopedUnsetEnv unset("ASYNCTP_PUSH_INLINE_MIN_K");
+  EXPECT_EQ(ContextOptions::default_push_inline_min_k(), 0);
+  ::setenv("ASYNCTP_PUSH_INLINE_MIN_K", "4096", 1);
+  EXPECT_EQ(ContextOptions::default_push_inline_min_k(), 4096);
+  for (const char* bad : {"-1", "2k", "x"}) {
+    ::setenv("ASYNCTP_PUSH_INLINE_MIN_K", bad, 1);
+    EXPECT_THAT([] { ContextOptions::default_push_inline_min_k(); },
+                ::testing::ThrowsMessage<Error>(::testing::HasSubstr("ASYNCTP_PUSH_INLINE_MIN_K")));
+  }
+}
+
 TEST(PushPieces, SettingComesFromTheEnvironment) {
   const asynctp::testing::ScopedUnsetEnv unset("ASYNCTP_PUSH_PIECE_BYTES");
   EXPECT_EQ(ContextOptions::default_push_piece_bytes(), 0u);
@@ -145,6 +169,11 @@ TEST(PushStreams, SettingComesFromTheEnvironmentAndIsChecked) {
                           fmt::format("ContextOptions::push_streams must be from 1 to {}, got {}",
                                       ContextOptions::kMaxPushStreams, bad))));
         }
+        ContextOptions options;
+        options.push_inline_min_k = -3;
+        EXPECT_THAT([&] { OpContext::create(group, options); },
+                    ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
+                        "ContextOptions::push_inline_min_k must be 0 or more, got -3")));
       },
       harness);
   EXPECT_RANKS_OK(statuses);

@@ -392,6 +392,32 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     }
   }
 
+  // One batch: the writes, then the wait (ops of a batch take effect in order, as separate
+  // stream memory operations would).
+  void write_flags_then_wait(std::span<const FlagWrite> writes, const uint32_t* flag,
+                             uint32_t value, const FlagSite& site, Stream& stream) override {
+    constexpr size_t kBatch = 16;
+    if (writes.size() >= kBatch) {
+      CudaBackend::write_flags(writes, stream);
+      wait_flag(flag, value, site, stream);
+      return;
+    }
+    std::array<CUstreamBatchMemOpParams, kBatch> ops{};
+    for (size_t j = 0; j < writes.size(); ++j) {
+      ops[j].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+      ops[j].writeValue.address = reinterpret_cast<CUdeviceptr>(writes[j].flag);
+      ops[j].writeValue.value = writes[j].value;
+      ops[j].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    }
+    CUstreamBatchMemOpParams& wait = ops[writes.size()];
+    wait.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    wait.waitValue.address = reinterpret_cast<CUdeviceptr>(flag);
+    wait.waitValue.value = value;
+    wait.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    ASYNCTP_CU_CHECK(cuda::driver().stream_batch_mem_op(
+        raw(stream), static_cast<unsigned>(writes.size() + 1), ops.data(), 0));
+  }
+
   // Unbounded (site unused): a stream memory wait has no timeout. The ops wait this way only for
   // what their own GEMM produces (done counters), which a timed-out GEMM still completes.
   void wait_flag(const uint32_t* flag, uint32_t value, const FlagSite&, Stream& stream) override {

@@ -991,7 +991,9 @@ TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
 // two replayed from one CUDA graph (output poisoned before each replay), each against the split
 // path's result for the same A: a flag that came before its piece's data would leave another
 // op's partial in the sum. The bits are the same on every number of streams (the pieces' sums do
-// not depend on which stream landed them).
+// not depend on which stream landed them). "Streams" 0: the eager ops push inline
+// (ContextOptions::push_inline_min_k 0: 2 pieces a chunk on one copy stream, the flags and the
+// next counter wait in one batch); the others keep the schedule beside.
 TEST(FusedOpsGpu, NativeReduceScatterPushesOnSeveralStreams) {
   SKIP_UNLESS_GPUS(2);
   constexpr int kOps = 4;
@@ -1003,10 +1005,11 @@ TEST(FusedOpsGpu, NativeReduceScatterPushesOnSeveralStreams) {
   };
   for (const int ws : {2, 4}) {
     if (gpu_rank_slots() < ws) continue;
-    for (const int streams : {1, 2, 3}) {
+    for (const int streams : {1, 2, 3, 0}) {
       SCOPED_TRACE(fmt::format("world size {}, push_streams {}", ws, streams));
       HarnessOptions options = gpu_options();
-      options.context.push_streams = streams;
+      options.context.push_streams = std::max(streams, 1);
+      options.context.push_inline_min_k = streams == 0 ? 0 : std::numeric_limits<int64_t>::max();
       auto statuses = run_ranks(
           ws,
           [&](OpContext& ctx) {
@@ -1069,7 +1072,8 @@ TEST(FusedOpsGpu, NativeReduceScatterPushesOnSeveralStreams) {
         EXPECT_EQ(one.size(), size_t{1024} * 8192 * 2) << "rank " << r << ", op " << i;
         EXPECT_TRUE(bytes_of(2) == one) << "rank " << r << ", op " << i << ": 2 streams differ";
         EXPECT_TRUE(bytes_of(3) == one) << "rank " << r << ", op " << i << ": 3 streams differ";
-        for (const int streams : {1, 2, 3})
+        EXPECT_TRUE(bytes_of(0) == one) << "rank " << r << ", op " << i << ": inline differs";
+        for (const int streams : {1, 2, 3, 0})
           std::filesystem::remove(file_of(ws, streams, r, i));
       }
     }
