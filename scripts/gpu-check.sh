@@ -139,6 +139,13 @@ if step sanitize; then
             extra=(--kernel-name-exclude kns=nccl) ;;
           synccheck) extra=(--kernel-name-exclude kns=nccl) ;;
           initcheck)
+            # test_ops_gpu: its op tests run ranks whose kernels wait for their peers' pushes
+            # and flags, on every path, which one kernel at a time can only time out (2 x H100,
+            # the native tests left out: 2 passed, every other test that ran failed so). Only
+            # the two that passed run, unless SANITIZE_FILTER names others.
+            if [ "$t" = test_ops_gpu ] && [ -z "${SANITIZE_FILTER:-}" ]; then
+              filter='*CaptureRefuses*:*FallbackThroughNccl*'
+            fi
             serial='NativeGemm.ConsumesChunks*:NativeGemm.OpNumberedFlagsWrapAround:CudaReduce.WhenFlagged*:CudaWaitFlags.*'
             filter=${filter:-*}-$serial ;;
         esac

@@ -188,8 +188,10 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
   if (inline_pushes) {
     // One copy stream: wait, copy, then the flags and the next piece's wait in one call.
     Stream& push = ctx.push_stream(0);
-    if (!to_push.empty())
+    if (!to_push.empty()) {
       be.wait_flag(done + to_push[0].index, to_push[0].count, site_of(to_push[0]), push);
+      ctx.host_profile().stamp("push waits");
+    }
     for (size_t t = 0; t < to_push.size(); ++t) {
       push_piece(to_push[t], push);
       ctx.host_profile().stamp("push copies");

@@ -188,6 +188,12 @@ def spin(seconds: float) -> None:
         pass
 
 
+# Device cycles each timed run's start waits behind its barrier (--hide-launch; 0: none): time
+# for the host to enqueue the run before the GPU reaches it, so that the run's time holds no host
+# time (the barrier's end to the run's first kernel), only the device's.
+HIDE_LAUNCH_CYCLES = 0
+
+
 def bench(fns: dict, iters: int, pace: float, warmup_ms: float = 300.0) -> dict:
     """Median microseconds by CUDA events, the slowest rank's, of each of `fns`, timed the way
     `asynctp bench` times (src/tools/session.cpp): rounds of every variant in alternating orders
@@ -213,6 +219,8 @@ def bench(fns: dict, iters: int, pace: float, warmup_ms: float = 300.0) -> dict:
     for i in range(iters):
         for n in (names if i % 2 == 0 else names[::-1]):
             dist.all_reduce(token)
+            if HIDE_LAUNCH_CYCLES:
+                torch.cuda._sleep(HIDE_LAUNCH_CYCLES)
             start.record()
             fns[n]()
             stop.record()
@@ -318,7 +326,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--hide-launch", type=int, default=0, metavar="CYCLES",
+                        help="each timed run starts this many device cycles behind its barrier "
+                        "(torch.cuda._sleep), so that its time holds no host time; 0: off, as "
+                        "asynctp bench times")
     args = parser.parse_args()
+    global HIDE_LAUNCH_CYCLES
+    HIDE_LAUNCH_CYCLES = args.hide_launch
     dist.init_process_group("nccl")
     local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
     torch.cuda.set_device(local % torch.cuda.device_count())
