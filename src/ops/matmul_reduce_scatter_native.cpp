@@ -20,10 +20,10 @@ namespace asynctp::detail::mmrs {
 //   so that the push stream's next copy does not wait for them; a stream's last piece, which
 //   no copy follows, has them on the push stream itself)
 //
-// That is the schedule "beside": up to kMaxPushPieces pieces a chunk, for a push-bound GEMM (a
-// small K: the chunk's push outlasts its GEMM, and each piece's copy should follow the one
-// before at once) and in CUDA graphs. An eager call whose K is at least
-// ContextOptions::push_inline_min_k pushes "inline", in about half the host calls:
+// That is the schedule "beside": up to kMaxPushPieces pieces a chunk, so that each piece's copy
+// follows the one before at once, in CUDA graphs (where host calls cost nothing) and in eager
+// calls whose K is below ContextOptions::push_inline_min_k. Every other eager call (all of them
+// by default) pushes "inline", in about a third of the host calls (docs/DECISIONS.md D27):
 //
 //   push 0:            | wait done[r+1][0], push piece 0, landed + reset + wait done[r+1][1]
 //                        (one call), push piece 1, landed + reset + wait done[r+2][0], ...
@@ -185,8 +185,14 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
     be.copy(piece_of(slots.at(d, rank).view({rows, plan.n}), q),
             piece_of(product.narrow(0, d * rows, rows), q), push);
   };
+  auto mark_pushed = [&](const Backend::DoneCounter& counter, Stream& stream) {
+    ctx.mark(fmt::format("pushed piece {} to {}", counter.index % pieces.count,
+                         counter.index / pieces.count),
+             stream);
+  };
   if (inline_pushes) {
-    // One copy stream: wait, copy, then the flags and the next piece's wait in one call.
+    // One copy stream: wait, copy, then the flags and the next piece's wait in one call (two,
+    // and the mark between them, when tracing).
     Stream& push = ctx.push_stream(0);
     if (!to_push.empty()) {
       be.wait_flag(done + to_push[0].index, to_push[0].count, site_of(to_push[0]), push);
@@ -196,21 +202,18 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
       push_piece(to_push[t], push);
       ctx.host_profile().stamp("push copies");
       const auto writes = flag_writes(to_push[t]);
-      if (t + 1 < to_push.size()) {
-        const Backend::DoneCounter& next = to_push[t + 1];
-        be.write_flags_then_wait(writes, done + next.index, next.count, site_of(next), push);
+      const Backend::DoneCounter* next = t + 1 < to_push.size() ? &to_push[t + 1] : nullptr;
+      if (next != nullptr && !ctx.tracing()) {
+        be.write_flags_then_wait(writes, done + next->index, next->count, site_of(*next), push);
       } else {
         be.write_flags(writes, push);
+        if (ctx.tracing()) mark_pushed(to_push[t], push);
+        if (next != nullptr) be.wait_flag(done + next->index, next->count, site_of(*next), push);
       }
       ctx.host_profile().stamp("push flags");
-      if (ctx.tracing()) {
-        ctx.mark(fmt::format("pushed piece {} to {}", to_push[t].index % pieces.count,
-                             to_push[t].index / pieces.count),
-                 push);
-      }
     }
   }
-  for (size_t t = 0; t < to_push.size() && !inline_pushes; ++t) {
+  for (size_t t = 0; !inline_pushes && t < to_push.size(); ++t) {
     const Backend::DoneCounter& counter = to_push[t];
     Stream& push = ctx.push_stream(static_cast<int>(t));
     be.wait_flag(done + counter.index, counter.count, site_of(counter), push);
@@ -224,11 +227,7 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
     Stream& flags = last_on_stream ? push : ctx.flags_behind(static_cast<int>(t));
     be.write_flags(flag_writes(counter), flags);
     ctx.host_profile().stamp("push flags");
-    if (ctx.tracing()) {
-      ctx.mark(fmt::format("pushed piece {} to {}", counter.index % pieces.count,
-                           counter.index / pieces.count),
-               flags);
-    }
+    if (ctx.tracing()) mark_pushed(counter, flags);
   }
   ctx.host_profile().stamp("pushes");
   // The next op's GEMM overwrites the product the pushes read and counts in the counters they
