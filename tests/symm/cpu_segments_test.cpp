@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -151,25 +152,40 @@ TEST(SymmSegmentTest, PlantedPeerSegmentsAreRefusedBeforeTheyAreMapped) {
   EXPECT_RANKS_OK(statuses);
 }
 
-// A child that creates its segment for `rank` of run `run_id` and exits; reaped unless `zombie`.
-// Returns the segment's name (no leading '/').
+// A child that creates its segment for `rank` of run `run_id`, tells its name through a pipe and
+// exits; reaped unless `zombie`. Returns the segment's name (no leading '/'). The name comes from
+// the child, not from /dev/shm: a test running beside this one sweeps too, and may remove the
+// segment of a dead child before this process looks.
 std::string plant_from_child(const std::string& run_id, int rank, bool zombie, pid_t* pid_out) {
+  int fds[2];
+  if (::pipe(fds) != 0) {
+    ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return "";
+  }
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t pid = ::fork();
   if (pid == 0) {
+    ::close(fds[0]);
     const std::string name = cpu_segment_name(run_id, "0", rank);
     const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    ::_exit(fd >= 0 ? 0 : 1);
+    const bool told =
+        ::write(fds[1], name.data(), name.size()) == static_cast<ssize_t>(name.size());
+    ::_exit(fd >= 0 && told ? 0 : 1);
   }
+  ::close(fds[1]);
   *pid_out = pid;
+  std::string name;
+  char buf[256];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;)
+    name.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
   siginfo_t info{};
   // Exited, and (for the zombie) not reaped: WNOWAIT leaves it for the caller.
   ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | (zombie ? WNOWAIT : 0));
   EXPECT_EQ(info.si_status, 0) << "the child could not create its segment";
-  const auto found = shm_starting_with(fmt::format("asynctp-{}-0-r{}-p{}-", run_id, rank, pid));
-  EXPECT_EQ(found.size(), 1u);
-  return found.empty() ? "" : found[0];
+  EXPECT_TRUE(name.starts_with(fmt::format("/asynctp-{}-0-r{}-p{}-", run_id, rank, pid))) << name;
+  return name.empty() ? "" : name.substr(1);
 }
 
 TEST(SymmSegmentTest, SweepRemovesOnlySegmentsWhoseCreatorIsProvablyDead) {
