@@ -250,6 +250,9 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_reduce_scatter(asynctp_context ctx,
                                                        int32_t dim, void* stream);
 ASYNCTP_C_EXPORT asynctp_status asynctp_all_reduce(asynctp_context ctx, const asynctp_tensor* inout,
                                                    int32_t reduce_op, void* stream);
+/* A device barrier on `stream`: what follows it on any rank's stream runs after every rank's
+ * stream has reached it; the host does not wait (asynctp::barrier). */
+ASYNCTP_C_EXPORT asynctp_status asynctp_barrier(asynctp_context ctx, void* stream);
 
 /* ---- what ran, and what is held ---------------------------------------------------------- */
 

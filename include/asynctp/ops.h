@@ -177,6 +177,12 @@ void all_gather(Context& ctx, const Tensor& in, const Tensor& out, int dim = 0,
 void reduce_scatter(Context& ctx, const Tensor& in, const Tensor& out, ReduceOp op, int dim = 0,
                     std::optional<void*> stream = {});
 void all_reduce(Context& ctx, const Tensor& inout, ReduceOp op, std::optional<void*> stream = {});
+// A device barrier: what follows it on any rank's stream runs after every rank's stream has
+// reached it; the host does not wait. Through the symmetric workspace's signal pads (the
+// smallest workspace is made, collectively, where no op made one yet; not while the stream is
+// captured into a CUDA graph), else through the communicator (a one-element all-reduce). What
+// `asynctp bench` and the dispatcher line the ranks up with before each timed run.
+void barrier(Context& ctx, std::optional<void*> stream = {});
 
 // The local scratch all_gather / reduce_scatter would take for an input like `in` (a descriptor:
 // only its shape, strides and dtype are read) on `dim`, into a contiguous output or not: grown

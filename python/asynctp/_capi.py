@@ -233,6 +233,7 @@ _PROTOTYPES = {
     "asynctp_all_gather": (ctypes.c_int, [_ctx, _tp, _tp, _i32, _vp]),
     "asynctp_reduce_scatter": (ctypes.c_int, [_ctx, _tp, _tp, _i32, _i32, _vp]),
     "asynctp_all_reduce": (ctypes.c_int, [_ctx, _tp, _i32, _vp]),
+    "asynctp_barrier": (ctypes.c_int, [_ctx, _vp]),
     "asynctp_last_path": (
         ctypes.c_int,
         [_ctx, ctypes.c_char_p, _P(_i32), ctypes.c_char_p, ctypes.c_size_t],

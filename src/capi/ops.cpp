@@ -237,6 +237,10 @@ asynctp_status asynctp_all_reduce(asynctp_context ctx, const asynctp_tensor* ino
   });
 }
 
+asynctp_status asynctp_barrier(asynctp_context ctx, void* stream) {
+  return guarded(__func__, [&] { barrier(*context_of(ctx, "ctx").ctx, stream_of(stream)); });
+}
+
 asynctp_status asynctp_memory_stats_get(asynctp_context ctx, asynctp_memory_stats* out) {
   return guarded(__func__, [&] {
     OpContext& c = *context_of(ctx, "ctx").ctx;

@@ -159,4 +159,10 @@ void all_reduce(OpContext& ctx, const Tensor& inout, ReduceOp op, std::optional<
   if (t.data() != inout.data()) ctx.backend().copy(inout, t, ctx.stream());
 }
 
+void barrier(OpContext& ctx, std::optional<void*> stream) {
+  const nvtx::Range range(nvtx::kCollectiveColor, [] { return std::string("barrier"); });
+  const OpContext::StreamScope scope(ctx, stream);
+  ctx.align_ranks();
+}
+
 }  // namespace asynctp

@@ -18,6 +18,7 @@ void all_gather(OpContext& ctx, const Tensor& in, const Tensor& out, int dim = 0
 void reduce_scatter(OpContext& ctx, const Tensor& in, const Tensor& out, ReduceOp op, int dim = 0,
                     std::optional<void*> stream = {});
 void all_reduce(OpContext& ctx, const Tensor& inout, ReduceOp op, std::optional<void*> stream = {});
+void barrier(OpContext& ctx, std::optional<void*> stream = {});
 
 void reserve_all_gather(OpContext& ctx, const Tensor& in, bool out_contiguous, int dim);
 void reserve_reduce_scatter(OpContext& ctx, const Tensor& in, bool out_contiguous, int dim);

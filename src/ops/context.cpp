@@ -166,10 +166,17 @@ OpContext::~OpContext() {
 
 void OpContext::align_ranks() {
   SymmWorkspace& symm = workspace();
-  if (symm.unavailable_reason().empty() && symm.capacity() > 0) {
-    symm.get(symm.capacity(), stream()).barrier(0, stream());
+  // The barrier needs the signal pads only: any workspace will do, the smallest where none was
+  // made (a collective allocation, which a capture may not make).
+  const size_t bytes = std::max<size_t>(symm.capacity(), 1);
+  if (symm.unavailable_reason().empty() && symm.fits(bytes) &&
+      (symm.capacity() > 0 || !capturing())) {
+    symm.get(bytes, stream()).barrier(0, stream());
   } else {
-    group().barrier("align");
+    // (Zeroed: a sanitizer would see an all-reduce of uninitialized memory.)
+    const Tensor token = scratch(Scratch::kCollectiveIn, {1}, DType::kF32);
+    backend().fill(token, 0.f, stream());
+    communicator().all_reduce(token, ReduceOp::kSum, stream());
   }
 }
 

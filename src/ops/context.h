@@ -159,9 +159,11 @@ class OpContext {
   // later scratch() calls within it allocate nothing.
   void reserve_scratch(Scratch purpose, size_t bytes);
 
-  // Lines the ranks up on the device: a barrier on the symmetric workspace's pad (channel 0),
-  // or the group's host barrier where there is no symmetric memory yet. For measurements that
-  // must start together on every rank (the dispatcher's tuning runs, the bench).
+  // Lines the ranks up on the device, on stream(): what follows on any rank's stream runs after
+  // every rank's stream has reached this point. A barrier on the symmetric workspace's pad
+  // (channel 0; the smallest workspace is made where no op made one yet, outside capture), else
+  // a one-element all-reduce through the communicator. For measurements that must start together
+  // on every rank (the dispatcher's tuning runs, the bench) and the public barrier().
   void align_ranks();
 
   // Diagnosis (ops/trace.h): while a trace is attached, ops mark their steps in it. A literal

@@ -140,6 +140,10 @@ void all_reduce(Context& ctx, const Tensor& inout, ReduceOp op, std::optional<vo
   all_reduce(engine(ctx), inout, op, stream);
 }
 
+void barrier(Context& ctx, std::optional<void*> stream) {
+  barrier(engine(ctx), stream);
+}
+
 void reserve_all_gather(Context& ctx, const Tensor& in, bool out_contiguous, int dim) {
   reserve_all_gather(engine(ctx), in, out_contiguous, dim);
 }

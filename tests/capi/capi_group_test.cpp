@@ -151,6 +151,8 @@ TEST(CapiErrors, StatusesAndMessages) {
         ASYNCTP_ERROR_INVALID_ARGUMENT, "path is 17");
     EXPECT_STATUS(asynctp_all_reduce(ctx, &od, 4, ASYNCTP_CONTEXT_STREAM),
                   ASYNCTP_ERROR_INVALID_ARGUMENT, "reduce_op is 4");
+    EXPECT_STATUS(asynctp_barrier(nullptr, ASYNCTP_CONTEXT_STREAM), ASYNCTP_ERROR_INVALID_ARGUMENT,
+                  "ctx");
     // Valid, but not served: the scaled form gathering the contraction dim.
     const HostTensor f8a({3, 4}, ASYNCTP_F8E4M3), f8b({8, 2}, ASYNCTP_F8E4M3);
     const HostTensor scale = host_of({1.0f}, {1}, ASYNCTP_F32);

@@ -466,6 +466,8 @@ TEST_P(CapiOps, Collectives) {
         asynctp_reduce_scatter(ctx, &in_d, &out2_d, ASYNCTP_REDUCE_SUM, 1, ASYNCTP_CONTEXT_STREAM));
     C_ASSERT_OK(asynctp_synchronize(ctx));  // the host reads the result
     EXPECT_EQ(values_of(out2), slice(sum, big, 1, rank, ws));
+    C_ASSERT_OK(asynctp_barrier(ctx, ASYNCTP_CONTEXT_STREAM));
+    C_ASSERT_OK(asynctp_barrier(ctx, nullptr));
     C_ASSERT_OK(asynctp_synchronize(ctx));
   });
 }

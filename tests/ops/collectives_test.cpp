@@ -70,6 +70,14 @@ void check_all(OpContext& ctx) {
 
 class CollectivesTest : public ::testing::TestWithParam<int> {};
 
+// Even and odd ranks on two "nodes": no symmetric memory spans the group, and the communicator
+// goes through the store.
+HarnessOptions across_two_nodes() {
+  HarnessOptions options;
+  options.host_id = [](int rank) { return rank % 2 == 0 ? "node-even" : "node-odd"; };
+  return options;
+}
+
 TEST_P(CollectivesTest, EveryDimThroughSymmetricMemory) {
   auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
     EXPECT_EQ(ctx.communicator().name(), "symm");
@@ -80,15 +88,36 @@ TEST_P(CollectivesTest, EveryDimThroughSymmetricMemory) {
 
 TEST_P(CollectivesTest, EveryDimThroughTheStoreAcrossNodes) {
   if (GetParam() == 1) GTEST_SKIP() << "one rank is always on one node";
-  HarnessOptions options;
-  options.host_id = [](int rank) { return rank % 2 == 0 ? "node-even" : "node-odd"; };
   auto statuses = run_ranks(
       GetParam(),
       [](OpContext& ctx) {
         EXPECT_EQ(ctx.communicator().name(), "store");
         check_all(ctx);
       },
-      options);
+      across_two_nodes());
+  EXPECT_RANKS_OK(statuses);
+}
+
+TEST_P(CollectivesTest, BarrierHoldsEveryStreamUntilTheLastRankArrives) {
+  auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
+    // The first barrier of a context makes the smallest symmetric workspace (collectively).
+    EXPECT_EQ(ctx.workspace().capacity(), 0u);
+    barrier(ctx);
+    EXPECT_GT(ctx.workspace().capacity(), 0u);
+    check_barrier_waits_for_the_last(ctx, /*host_free=*/true);
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
+TEST_P(CollectivesTest, BarrierThroughTheCommunicatorWithoutSymmetricMemory) {
+  if (GetParam() == 1) GTEST_SKIP() << "one rank is always on one node";
+  auto statuses = run_ranks(
+      GetParam(),
+      [](OpContext& ctx) {
+        check_barrier_waits_for_the_last(ctx, /*host_free=*/false);
+        EXPECT_EQ(ctx.workspace().capacity(), 0u);
+      },
+      across_two_nodes());
   EXPECT_RANKS_OK(statuses);
 }
 

@@ -9,7 +9,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ops/collectives.h"
@@ -20,6 +22,26 @@
 namespace asynctp::testing {
 
 inline constexpr int kWorldSizes[] = {1, 2, 3, 4, 8};
+
+// The barrier (ops/collectives.h) with the last rank coming kLate after the others: every other
+// rank's stream is held until then. `host_free`: the others' barrier() calls also return at once
+// (the wait is the stream's, not the host's).
+inline void check_barrier_waits_for_the_last(OpContext& ctx, bool host_free) {
+  constexpr auto kLate = std::chrono::milliseconds(300);
+  const bool last = ctx.rank() == ctx.world_size() - 1;
+  if (last) std::this_thread::sleep_for(kLate);
+  const auto t0 = std::chrono::steady_clock::now();
+  barrier(ctx);
+  const auto called = std::chrono::steady_clock::now() - t0;
+  ctx.stream().synchronize();
+  const auto passed = std::chrono::steady_clock::now() - t0;
+  if (last) return;
+  EXPECT_GE(passed, kLate / 2) << "rank " << ctx.rank()
+                               << "'s stream passed the barrier before the last rank reached it";
+  if (host_free) {
+    EXPECT_LT(called, kLate / 2) << "rank " << ctx.rank() << "'s host waited";
+  }
+}
 
 // What outputs start with (filled), so that elements an op leaves unwritten show.
 inline constexpr float kSentinel = -12345.0f;

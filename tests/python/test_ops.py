@@ -570,6 +570,34 @@ def test_reserve(pool2):
     pool2.run(case_reserve)
 
 
+def case_barrier():
+    """asynctp.torch.barrier: the first call makes the group's context; the last rank comes
+    0.3 s late and every other rank's barrier holds until it is there (on the CPU backend the
+    call returns once the barrier is passed)."""
+    import time
+
+    rank, ws = _world()
+    group = dist.new_group(list(range(ws)))
+    name = group.group_name
+    atp.barrier(name, "cpu")
+    assert atp.memory_stats(name)["contexts"] == 1
+    if rank == ws - 1:
+        time.sleep(0.3)
+    t0 = time.perf_counter()
+    atp.barrier(name, "cpu")
+    waited = time.perf_counter() - t0
+    bad = _raises(asynctp.InvalidArgumentError, atp.barrier, 7, "cpu")
+    dist.destroy_process_group(group)
+    return rank == ws - 1 or waited >= 0.15, bad
+
+
+def test_barrier(pool2, pool4):
+    for pool in (pool2, pool4):
+        for held, message in pool.run(case_barrier):
+            assert held, "a rank passed the barrier before the last one reached it"
+            assert "group_name must be a str" in message, message
+
+
 def case_stats_and_release():
     from asynctp.torch import _contexts
 

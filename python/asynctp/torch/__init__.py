@@ -46,6 +46,7 @@ __all__ = [
     "ColumnParallelLinear",
     "FusionError",
     "RowParallelLinear",
+    "barrier",
     "disable",
     "enable",
     "fusion_report",
@@ -221,6 +222,23 @@ def usage(group_name: str, device=None) -> dict:
     """Every (op, path) call count of group_name's context: {"all_gather_matmul": {"split": 3}}."""
     return _contexts.usage(_entry(group_name, device))
 
+
+def barrier(group_name: str, device=None) -> None:
+    """A device barrier over group_name, on torch's current stream (collective): what follows it
+    on any rank's stream runs after every rank's stream has reached it, and the host does not
+    wait for it. device: the context's device (default: the current CUDA device where torch sees
+    one, else the CPU; on the CPU backend the call returns once the barrier is passed). What
+    `asynctp bench` lines the ranks up with before each timed run."""
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    e = _contexts.entry_on(group_name, device)
+    cuda = device.type == "cuda"
+    _ops._complete(e, _capi.lib().asynctp_barrier(e.handle, _ops._stream_on(cuda, device.index)),
+                   cuda)
 
 
 def set_host_profile(group_name: str, enabled: bool, device=None) -> None:

@@ -130,6 +130,12 @@ def entry(group_name: str, t: torch.Tensor) -> Entry:
     return _create(group_name, t.device)
 
 
+def entry_on(group_name: str, device: torch.device) -> Entry:
+    """The context of (group_name, device), made (collectively) on first use."""
+    e = _entries.get((group_name, device.index if device.type == "cuda" else -1))
+    return e if e is not None else _create(group_name, device)
+
+
 def _resolve(group_name: str):
     if not isinstance(group_name, str):
         raise InvalidArgumentError(f"asynctp: group_name must be a str, got {group_name!r}")

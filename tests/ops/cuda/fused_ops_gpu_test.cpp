@@ -20,6 +20,7 @@
 #include "ops/cuda/gpu_testing.h"
 #include "ops/fused_matmul.h"
 #include "ops/matmul_common.h"
+#include "ops/op_testing.h"
 #include "support/multiprocess.h"
 
 namespace asynctp::testing {
@@ -1320,6 +1321,26 @@ TEST(FusedOpsGpu, NativeAllGatherNamesTheChunkThatNeverLands) {
 // ---- the unfused paths on CUDA (NCCL + cuBLASLt) ----------------------------------------------
 
 // Through NCCL; where ranks share GPUs (no NCCL there), through symmetric memory.
+// The device barrier: through the symmetric workspace, and through the communicator (NCCL with
+// a GPU per rank) where the workspace limit leaves no symmetric memory.
+TEST(FusedOpsGpu, BarrierHoldsEveryStreamUntilTheLastRankArrives) {
+  SKIP_UNLESS_GPUS(2);
+  for (const size_t limit : {ContextOptions::default_max_workspace_bytes(), size_t{0}}) {
+    SCOPED_TRACE(fmt::format("workspace limit {}", limit));
+    HarnessOptions options = gpu_options();
+    options.context.max_workspace_bytes = limit;
+    auto statuses = run_ranks(
+        2,
+        [&](OpContext& ctx) {
+          barrier(ctx);  // (the first one may make the workspace, collectively)
+          check_barrier_waits_for_the_last(ctx, /*host_free=*/true);
+          EXPECT_EQ(ctx.workspace().capacity() > 0, limit > 0);
+        },
+        options);
+    EXPECT_RANKS_OK(statuses);
+  }
+}
+
 TEST(FusedOpsGpu, FallbackThroughNcclMatchesReference) {
   SKIP_UNLESS_GPUS(2);
   auto statuses = run_ranks(
