@@ -198,6 +198,10 @@ class Backend {
     std::chrono::milliseconds timeout{60'000};
   };
   virtual void write_flag(uint32_t* flag, uint32_t value, Stream& stream) = 0;
+  // Holds `stream` for `cycles` (>= 0) device clock cycles: a measurement's delay, during which
+  // the host enqueues what follows (asynctp bench --hide-launch). A one-thread kernel on CUDA
+  // (SM clock); a nanosecond a cycle on the CPU backend.
+  virtual void spin(int64_t cycles, Stream& stream) = 0;
   // write_flag() of each, in order, in one enqueueing where the backend can (one driver call on
   // CUDA: every host call counts in an eager op's host time).
   struct FlagWrite {

@@ -1,6 +1,7 @@
 #include "device/cpu_backend.h"
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -93,6 +94,15 @@ class CpuBackend final : public Backend {
         .enqueue("reduce", [out, ins = std::vector<Tensor>(inputs.begin(), inputs.end()), op] {
           run_reduce(out, ins, op);
         });
+  }
+
+  void spin(int64_t cycles, Stream& stream) override {
+    ASYNCTP_CHECK(cycles >= 0, "spin: cycles is {}, must be >= 0", cycles);
+    as_cpu(stream, "spin").enqueue("spin", [cycles] {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(cycles);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+    });
   }
 
   // Flags in host memory that other processes (the ranks) map too: atomic accesses, as the CPU

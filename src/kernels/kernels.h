@@ -65,6 +65,9 @@ cudaError_t put_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, Dev
 // *flag: 1 -> 0 once it is 1 (acquire, system scope).
 cudaError_t wait_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, DeviceErrorSlot* slot,
                         cudaStream_t stream);
+// One thread that holds the stream for `cycles` SM clock cycles (clock64), as torch.cuda._sleep
+// does: a measurement's device delay (asynctp bench --hide-launch).
+cudaError_t spin(int64_t cycles, cudaStream_t stream);
 // pads: device array of every rank's signal pad (kNumChannels x world_size u32 flags each).
 // reset (optional): `reset_count` u32 flags set to 0 first, visible to every peer past the barrier.
 cudaError_t barrier(uint32_t* const* pads, int rank, int world_size, int channel,

@@ -63,7 +63,19 @@ __global__ void barrier_kernel(uint32_t* const* pads, int rank, int world_size, 
   __threadfence_system();
 }
 
+__global__ void spin_kernel(int64_t cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
 }  // namespace
+
+cudaError_t spin(int64_t cycles, cudaStream_t stream) {
+  if (cycles < 0) return cudaErrorInvalidValue;
+  spin_kernel<<<1, 1, 0, stream>>>(cycles);
+  return cudaGetLastError();
+}
 
 cudaError_t put_signal(uint32_t* flag, SignalSite site, uint64_t timeout_ns, DeviceErrorSlot* slot,
                        cudaStream_t stream) {

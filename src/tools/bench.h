@@ -42,6 +42,9 @@ struct BenchTiming {
   double warmup_ms = 0;
   double pace = 1;
   bool pace_sleep = false;
+  // Device clock cycles each timed run starts behind its barrier (GPU only; 0: none): its host
+  // enqueueing then falls in that delay, and the time is the device's alone.
+  int64_t hide_launch = 0;
 };
 
 // Adds, where `graphed` is given and the backend is CUDA, a column replaying it from a CUDA graph

@@ -92,7 +92,8 @@ void time_columns(Session& s, BenchColumns columns, const BenchTiming& timing,
   std::vector<double> host_ms;
   const std::vector<double> medians = median_ms_interleaved(
       ctx, columns.fns, timing.warmup, timing.iters, &host_ms, gpu ? timing.warmup_ms : 0.0,
-      gpu ? timing.pace : 0.0, timing.pace_sleep ? HostPause::kSleep : HostPause::kSpin);
+      gpu ? timing.pace : 0.0, timing.pace_sleep ? HostPause::kSleep : HostPause::kSpin,
+      gpu ? timing.hide_launch : 0);
   for (size_t i = 0; i < columns.slots.size(); ++i) {
     *columns.slots[i] = max_over_ranks(*s.group, medians[i]);
     (*host_us)[columns.names[i]] = max_over_ranks(*s.group, host_ms[i]) * 1e3;
@@ -522,6 +523,7 @@ int run_bench(const BenchOptions& o) {
                        {"iters", o.timing.iters},
                        {"pace", o.timing.pace},
                        {"pace_host", o.timing.pace_sleep ? "sleep" : "spin"},
+                       {"hide_launch_cycles", o.timing.hide_launch},
                        {"warmup_ms", o.timing.warmup_ms},
                        {"peer_bandwidth_GBps", bandwidth},
                        {"results", rows}};
@@ -566,6 +568,11 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_flag("--pace-sleep", o->timing.pace_sleep,
                 "sleep through the pace instead of spinning (a core that idled enqueues the next "
                 "run more slowly, as the JSON's host_us shows)");
+  add_integer_option(cmd, "--hide-launch", options::kHideLaunch, &o->timing.hide_launch,
+                     "on a GPU, start each timed run this many device clock cycles behind its "
+                     "barrier (a one-thread spin, as torch.cuda._sleep), so that its time holds "
+                     "none of the host's enqueueing, only the device's (0: off)")
+      ->default_str("0");
   add_integer_option(
       cmd, "--native-pieces", options::kNativePieces, &o->native_pieces,
       "also time all_gather_matmul's native path with its shards pushed in pieces of "

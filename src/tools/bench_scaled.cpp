@@ -181,6 +181,7 @@ int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
                              {"fast_accum", o.fast_accum},
                              {"iters", o.timing.iters},
                              {"pace", o.timing.pace},
+                             {"hide_launch_cycles", o.timing.hide_launch},
                              {"results", rows}};
     std::printf("%s\n", doc.dump().c_str());
     std::fflush(stdout);

@@ -96,6 +96,13 @@ inline constexpr EnvVar kPace{.name = "--pace",
                               .doc = "idle time per run",
                               .min = 0,
                               .max = 1000};
+inline constexpr EnvVar kHideLaunch{.name = "--hide-launch",
+                                    .kind = EnvVar::Kind::kInteger,
+                                    .default_value = "",
+                                    .doc = "device delay per run",
+                                    .unit = "cycles",
+                                    .min = 0,
+                                    .max = 1e12};
 inline constexpr EnvVar kNativePieces{
     .name = "--native-pieces",
     .kind = EnvVar::Kind::kInteger,

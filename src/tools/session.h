@@ -57,7 +57,8 @@ std::vector<double> median_ms_interleaved(OpContext& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
                                           int iters, std::vector<double>* host_ms = nullptr,
                                           double warmup_ms = 0, double pace = 0,
-                                          HostPause pause = HostPause::kSpin);
+                                          HostPause pause = HostPause::kSpin,
+                                          int64_t hide_cycles = 0);
 
 // The largest of every rank's value (each rank passes its own); the same result on every rank.
 double max_over_ranks(Group& group, double value);

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -39,6 +40,19 @@ TEST_F(CpuBackendTest, IdentifiesItself) {
   EXPECT_EQ(buf.size(), 100u);
   EXPECT_TRUE(buf.device().is_cpu());
   std::memset(buf.data(), 0xAB, buf.size());  // writable (ASan checks the bounds)
+}
+
+// spin holds the stream, not the host: a cycle is a nanosecond on the CPU backend.
+TEST_F(CpuBackendTest, SpinHoldsTheStreamNotTheHost) {
+  const auto t0 = std::chrono::steady_clock::now();
+  backend_->spin(50'000'000, stream());
+  const auto called = std::chrono::steady_clock::now() - t0;
+  stream().synchronize();
+  const auto passed = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(passed, std::chrono::milliseconds(50));
+  EXPECT_LT(called, std::chrono::milliseconds(25));
+  EXPECT_THAT([&] { backend_->spin(-1, stream()); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("spin: cycles is -1")));
 }
 
 TEST(BackendFactoryTest, MakesCpuAndNamesUnknownBackends) {

@@ -196,6 +196,7 @@ class CapturingCpuBackend final : public Backend {
     return cpu_->native_gemm_unsupported(args);
   }
   void native_gemm(const ChunkedGemmArgs& args, Stream& s) override { cpu_->native_gemm(args, s); }
+  void spin(int64_t cycles, Stream& s) override { cpu_->spin(cycles, s); }
   void write_flag(uint32_t* flag, uint32_t value, Stream& s) override {
     cpu_->write_flag(flag, value, s);
   }

@@ -210,6 +210,16 @@ TEST(Cli, BenchTimesEveryColumnOnNativeShapes) {
   }
 }
 
+// --hide-launch: taken and recorded in the JSON (on the CPU backend the timing ignores it, as it
+// does --pace).
+TEST(Cli, BenchRecordsTheLaunchDelay) {
+  const Finished bench = asynctp({"launch", "--nproc", "2", "--no-prefix", "--", kBin, "bench",
+                                  "ag-mm", "--shape", "128x64x96", "--iters", "2", "--warmup", "0",
+                                  "--backend", "cpu", "--hide-launch", "200000", "--json"});
+  ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
+  EXPECT_EQ(nlohmann::json::parse(bench.out).at("hide_launch_cycles"), 200000);
+}
+
 // --fast-accum: the table's title says which accumulation was timed; without --scaled the flag
 // is an error naming both options; --help describes it.
 TEST(Cli, ScaledBenchFastAccumSaysWhichItTimed) {
@@ -278,6 +288,7 @@ TEST(Cli, NumericOptionsAreCheckedNamedAndBoundedInWords) {
        "--bucket-mb '0' is out of range; allowed: a number > 0, or inf, in MiB"},
       {{"demo", "--tokens", "0"}, "--tokens '0' is out of range"},
       {{"bench", "ag-mm", "--iters", "1.5"}, "--iters '1.5' is not an integer"},
+      {{"bench", "ag-mm", "--hide-launch", "-1"}, "--hide-launch '-1' is out of range"},
   };
   for (const auto& [args, message] : cases) {
     const Finished f = asynctp(args, Millis(30'000));

@@ -364,6 +364,11 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     ASYNCTP_CUDA_CHECK(kernels::async_gemm(k, raw(stream)));
   }
 
+  void spin(int64_t cycles, Stream& stream) override {
+    ASYNCTP_CHECK(cycles >= 0, "spin: cycles is {}, must be >= 0", cycles);
+    ASYNCTP_CUDA_CHECK(kernels::spin(cycles, raw(stream)));
+  }
+
   void write_flag(uint32_t* flag, uint32_t value, Stream& stream) override {
     ASYNCTP_CU_CHECK(cuda::driver().stream_write_value32(
         raw(stream), reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT));

@@ -33,6 +33,20 @@ void expect_same_bits(Gpu& gpu, const Tensor& a, const Tensor& b, const std::str
   EXPECT_EQ(std::memcmp(ha->data(), hb->data(), ha->nbytes()), 0) << what;
 }
 
+// spin holds the stream for at least its cycles at the SM clock's highest rate (H100: under
+// 2 GHz), and refuses a negative count.
+TEST(CudaSpin, HoldsTheStream) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  auto start = gpu.be().create_event(true), stop = gpu.be().create_event(true);
+  start->record(gpu.stream());
+  gpu.be().spin(40'000'000, gpu.stream());
+  stop->record(gpu.stream());
+  stop->synchronize();
+  EXPECT_GE(stop->elapsed_ms(*start), 40e6 / 2.5e9 * 1e3);
+  EXPECT_THROW(gpu.be().spin(-1, gpu.stream()), Error);
+}
+
 class CudaElementwiseTest : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
 
 TEST_P(CudaElementwiseTest, VectorPathsMatchTheGenericOnesAndTheCpuBackend) {
