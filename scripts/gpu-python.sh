@@ -12,6 +12,9 @@
 #   NGPU=2                        (default: every visible GPU)
 #   STEPS="torch bench host"      (default: all three)
 #   ITERS=30                      (timed runs per measurement)
+#   HIDE_LAUNCH=0                 (device cycles each timed run starts behind its barrier, in
+#                                  run_gpu.py and the bench alike: the host's enqueueing then
+#                                  falls in that delay and both time the device alone; 0: off)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NVLink multicast off in every library of the run (asynctp itself never uses it).
@@ -23,6 +26,7 @@ BIN=${BIN:-build/bin}
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
 STEPS=${STEPS:-torch bench host}
 ITERS=${ITERS:-30}
+HIDE_LAUNCH=${HIDE_LAUNCH:-0}
 export ASYNCTP_LIBRARY=$PWD/$LIB PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 export ASYNCTP_CACHE_DIR=${ASYNCTP_CACHE_DIR:-$OUT/cache} PYTHONUNBUFFERED=1
 status=0
@@ -40,7 +44,7 @@ done
 
 if step torch; then
   echo "== torch.ops.asynctp on $NGPU GPUs (tests/python/run_gpu.py)"
-  torchrun --nproc-per-node "$NGPU" tests/python/run_gpu.py --iters "$ITERS" \
+  torchrun --nproc-per-node "$NGPU" tests/python/run_gpu.py --iters "$ITERS" --hide-launch "$HIDE_LAUNCH" \
     > "$OUT/run_gpu.log" 2>&1 || { status=1; echo "run_gpu.py failed"; }
   grep -E '"kind": "(env|capture|ag_mm|mm_rs|host_us|done)"' "$OUT/run_gpu.log" | head -40
   grep -E "FAIL|Error|Traceback" "$OUT/run_gpu.log" | head -20
@@ -48,7 +52,7 @@ fi
 
 if step bench; then
   for pace in paced sustained; do
-    args=(--suite anchors --iters "$ITERS" --warmup-ms 300)
+    args=(--suite anchors --iters "$ITERS" --warmup-ms 300 --hide-launch "$HIDE_LAUNCH")
     [ "$pace" = sustained ] && args+=(--pace 0)
     echo "== asynctp bench ${args[*]} ($pace)"
     "$BIN/asynctp" launch --nproc "$NGPU" -- "$BIN/asynctp" bench "${args[@]}" \

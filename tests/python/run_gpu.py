@@ -192,18 +192,23 @@ def spin(seconds: float) -> None:
 # for the host to enqueue the run before the GPU reaches it, so that the run's time holds no host
 # time (the barrier's end to the run's first kernel), only the device's.
 HIDE_LAUNCH_CYCLES = 0
+# What lines the ranks up before each timed run (--align): "asynctp", asynctp.torch.barrier on the
+# current stream (asynctp bench's own alignment), or "nccl", a one-element NCCL all-reduce.
+ALIGN = "asynctp"
 
 
 def bench(fns: dict, iters: int, pace: float, warmup_ms: float = 300.0) -> dict:
     """Median microseconds by CUDA events, the slowest rank's, of each of `fns`, timed the way
     `asynctp bench` times (src/tools/session.cpp): rounds of every variant in alternating orders
-    (each variant follows the other about equally often), each run after a device barrier (a
-    one-element NCCL all-reduce on the current stream, which lines the ranks up on the GPU), timed
-    from an event recorded behind the barrier to one recorded behind the run, then an idle spin
+    (each variant follows the other about equally often), each run after a device barrier
+    (asynctp.torch.barrier on the current stream, as the bench's; with --align nccl a one-element
+    NCCL all-reduce), timed from an event recorded behind the barrier to one recorded behind the
+    run, then an idle spin
     of `pace` times the run (1: paced, below the power cap; 0: sustained, back to back). Warmed
     up until warmup_ms have passed."""
     names = list(fns)
     token = torch.zeros(1, device="cuda")
+    group_name = dist.group.WORLD.group_name
     began = time.perf_counter()
     for r in itertools.count():
         for n in names:
@@ -218,7 +223,10 @@ def bench(fns: dict, iters: int, pace: float, warmup_ms: float = 300.0) -> dict:
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for i in range(iters):
         for n in (names if i % 2 == 0 else names[::-1]):
-            dist.all_reduce(token)
+            if ALIGN == "asynctp":
+                atp.barrier(group_name)
+            else:
+                dist.all_reduce(token)
             if HIDE_LAUNCH_CYCLES:
                 torch.cuda._sleep(HIDE_LAUNCH_CYCLES)
             start.record()
@@ -254,6 +262,12 @@ def side_by_side(rec: dict, ours, ours_func, theirs, iters: int) -> None:
             rec[f"{mode}_{pace_name}"] = t
 
 
+def uniform(shape, scale: float) -> torch.Tensor:
+    """bf16 values uniform in (-scale, scale): the distribution `asynctp bench` times with (its
+    fill_random), so that both time the same op on alike data."""
+    return ((torch.rand(shape, device="cuda") * 2 - 1) * scale).to(torch.bfloat16)
+
+
 def timings(name: str, iters: int) -> None:
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -269,8 +283,7 @@ def timings(name: str, iters: int) -> None:
                  ("l3-70b-qkv", 8192, 8192, (8192 + 2 * 1024) // ws)]
     for label, M, K, N in ag_shapes:
         torch.manual_seed(rank)
-        A = torch.randn(M // ws, K, dtype=dt, device="cuda")
-        B = torch.randn(K, N, dtype=dt, device="cuda") / K**0.5
+        A, B = uniform((M // ws, K), 1.0), uniform((K, N), K**-0.5)
         ours = lambda: OPS.fused_all_gather_matmul(A, [B], 0, name, return_A=False)  # noqa: E731
         ours_func = lambda: atp.fused_all_gather_matmul(A, [B], 0, name, return_A=False)  # noqa: E731
         theirs = lambda: torch.ops.symm_mem.fused_all_gather_matmul(A, [B], 0, name, return_A=False)  # noqa: E731
@@ -283,8 +296,7 @@ def timings(name: str, iters: int) -> None:
                  ("l3-70b-ffn-down", 8192, 28672 // ws, 8192), ("l3-70b-attn-out", 8192, 8192 // ws, 8192)]
     for label, M, K, N in rs_shapes:
         torch.manual_seed(rank)
-        A = torch.randn(M, K, dtype=dt, device="cuda")
-        B = torch.randn(K, N, dtype=dt, device="cuda") / K**0.5
+        A, B = uniform((M, K), 1.0), uniform((K, N), K**-0.5)
         ours = lambda: OPS.fused_matmul_reduce_scatter(A, B, "sum", 0, name)  # noqa: E731
         ours_func = lambda: atp.fused_matmul_reduce_scatter(A, B, "sum", 0, name)  # noqa: E731
         theirs = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B, "sum", 0, name)  # noqa: E731
@@ -330,9 +342,13 @@ def main() -> int:
                         help="each timed run starts this many device cycles behind its barrier "
                         "(torch.cuda._sleep), so that its time holds no host time; 0: off, as "
                         "asynctp bench times")
+    parser.add_argument("--align", choices=("asynctp", "nccl"), default="asynctp",
+                        help="the device barrier before each timed run: asynctp.torch.barrier "
+                        "(what asynctp bench aligns with) or a one-element NCCL all-reduce")
     args = parser.parse_args()
-    global HIDE_LAUNCH_CYCLES
+    global HIDE_LAUNCH_CYCLES, ALIGN
     HIDE_LAUNCH_CYCLES = args.hide_launch
+    ALIGN = args.align
     dist.init_process_group("nccl")
     local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
     torch.cuda.set_device(local % torch.cuda.device_count())
