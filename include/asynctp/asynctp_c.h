@@ -38,7 +38,7 @@ extern "C" {
 #define ASYNCTP_C_EXPORT
 #endif
 
-#define ASYNCTP_C_API_VERSION 4
+#define ASYNCTP_C_API_VERSION 5
 #define ASYNCTP_MAX_DIMS 8
 #define ASYNCTP_CONTEXT_STREAM ((void*)(intptr_t)-1)
 
@@ -251,7 +251,7 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_reduce_scatter(asynctp_context ctx,
 ASYNCTP_C_EXPORT asynctp_status asynctp_all_reduce(asynctp_context ctx, const asynctp_tensor* inout,
                                                    int32_t reduce_op, void* stream);
 /* A device barrier on `stream`: what follows it on any rank's stream runs after every rank's
- * stream has reached it; the host does not wait (asynctp::barrier). */
+ * stream has reached it (asynctp::barrier in asynctp/ops.h says when the host waits too). */
 ASYNCTP_C_EXPORT asynctp_status asynctp_barrier(asynctp_context ctx, void* stream);
 
 /* ---- what ran, and what is held ---------------------------------------------------------- */

@@ -178,9 +178,12 @@ void reduce_scatter(Context& ctx, const Tensor& in, const Tensor& out, ReduceOp 
                     std::optional<void*> stream = {});
 void all_reduce(Context& ctx, const Tensor& inout, ReduceOp op, std::optional<void*> stream = {});
 // A device barrier: what follows it on any rank's stream runs after every rank's stream has
-// reached it; the host does not wait. Through the symmetric workspace's signal pads (the
-// smallest workspace is made, collectively, where no op made one yet; not while the stream is
-// captured into a CUDA graph), else through the communicator (a one-element all-reduce). What
+// reached it. Through the symmetric workspace's signal pads, where the host does not wait; a
+// context's first call without a workspace makes one (the smaller of 1 MiB and the limit),
+// collectively, which does wait for every rank. Without symmetric memory, a one-element
+// all-reduce through the communicator: with NCCL the host does not wait, with the store's
+// communicator (CPU ranks on several nodes) it does. It can be captured into a CUDA graph once
+// an earlier call outside capture has made what it needs (else CaptureError). What
 // `asynctp bench` and the dispatcher line the ranks up with before each timed run.
 void barrier(Context& ctx, std::optional<void*> stream = {});
 

@@ -20,7 +20,7 @@ import os
 import threading
 from pathlib import Path
 
-API_VERSION = 4
+API_VERSION = 5
 MAX_DIMS = 8
 CONTEXT_STREAM = ctypes.c_void_p(-1)  # ASYNCTP_CONTEXT_STREAM
 
@@ -279,16 +279,19 @@ def lib() -> ctypes.CDLL:
     with _lock:
         if _lib is None:
             loaded = ctypes.CDLL(str(library_path()))
-            for name, (restype, argtypes) in _PROTOTYPES.items():
-                fn = getattr(loaded, name)
-                fn.restype = restype
-                fn.argtypes = argtypes
+            # The version first: a library of another version may lack functions bound below.
+            loaded.asynctp_api_version.restype = _i32
+            loaded.asynctp_api_version.argtypes = []
             version = loaded.asynctp_api_version()
             if version != API_VERSION:
                 raise ImportError(
                     f"asynctp: {library_path()} implements C API version {version}, this "
                     f"package binds version {API_VERSION}"
                 )
+            for name, (restype, argtypes) in _PROTOTYPES.items():
+                fn = getattr(loaded, name)
+                fn.restype = restype
+                fn.argtypes = argtypes
             _lib = loaded
     return _lib
 

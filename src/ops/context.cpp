@@ -129,7 +129,7 @@ MemoryStats OpContext::memory_stats() const {
   stats.symmetric_bytes =
       static_cast<int64_t>(workspace_->capacity() + push_workspace_->capacity());
   stats.symmetric_limit = static_cast<int64_t>(options_.max_workspace_bytes);
-  size_t local = flags_.size();
+  size_t local = flags_.size() + barrier_token_.size();
   for (const Buffer& b : scratch_)
     local += b.size();
   stats.local_bytes = static_cast<int64_t>(local);
@@ -173,10 +173,18 @@ void OpContext::align_ranks() {
       (symm.capacity() > 0 || !capturing())) {
     symm.get(bytes, stream()).barrier(0, stream());
   } else {
-    // (Zeroed: a sanitizer would see an all-reduce of uninitialized memory.)
-    const Tensor token = scratch(Scratch::kCollectiveIn, {1}, DType::kF32);
-    backend().fill(token, 0.f, stream());
-    communicator().all_reduce(token, ReduceOp::kSum, stream());
+    // A one-element f32 sum of zeros (zeroed once: it stays zero), its own buffer.
+    if (barrier_token_.empty()) {
+      ASYNCTP_CAPTURE_CHECK(!capturing(),
+                            "barrier: its first call without symmetric memory makes a 4-byte "
+                            "buffer, which a CUDA-graph capture may not; call it once before "
+                            "capturing it");
+      barrier_token_ = backend_->allocate(sizeof(float));
+      backend_->fill(Tensor(barrier_token_.data(), DType::kF32, {1}, backend_->device()), 0.f,
+                     stream());
+    }
+    communicator().all_reduce(Tensor(barrier_token_.data(), DType::kF32, {1}, backend_->device()),
+                              ReduceOp::kSum, stream());
   }
 }
 

@@ -161,9 +161,10 @@ class OpContext {
 
   // Lines the ranks up on the device, on stream(): what follows on any rank's stream runs after
   // every rank's stream has reached this point. A barrier on the symmetric workspace's pad
-  // (channel 0; the smallest workspace is made where no op made one yet, outside capture), else
-  // a one-element all-reduce through the communicator. For measurements that must start together
-  // on every rank (the dispatcher's tuning runs, the bench) and the public barrier().
+  // (channel 0; where no op made a workspace yet, one of the smaller of 1 MiB and the limit is
+  // made, collectively, outside capture), else a one-element all-reduce through the
+  // communicator. For measurements that must start together on every rank (the dispatcher's
+  // tuning runs, the bench) and the public barrier().
   void align_ranks();
 
   // Diagnosis (ops/trace.h): while a trace is attached, ops mark their steps in it. A literal
@@ -208,6 +209,7 @@ class OpContext {
   std::unique_ptr<Communicator> communicator_;
   std::array<Buffer, static_cast<size_t>(Scratch::kCount)> scratch_;
   Buffer flags_;
+  Buffer barrier_token_;  // align_ranks' all-reduce without symmetric memory: one f32 zero
   Usage usage_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<detail::CallMemos> call_memos_;

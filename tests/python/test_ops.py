@@ -586,6 +586,8 @@ def case_barrier():
     t0 = time.perf_counter()
     atp.barrier(name, "cpu")
     waited = time.perf_counter() - t0
+    atp.barrier(name)  # the group's one context, on the CPU
+    assert atp.memory_stats(name)["contexts"] == 1
     bad = _raises(asynctp.InvalidArgumentError, atp.barrier, 7, "cpu")
     dist.destroy_process_group(group)
     return rank == ws - 1 or waited >= 0.15, bad

@@ -200,11 +200,17 @@ def memory_stats(group_name: str | None = None) -> dict:
     return out
 
 
+def _device(device) -> torch.device:
+    """A device argument as a torch.device, "cuda" as the current CUDA device."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _entry(group_name: str, device) -> "_contexts.Entry":
     if device is not None:
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = _device(device)
     for e in _contexts.entries(group_name):
         if device is None or e.device == device:
             return e
@@ -225,16 +231,17 @@ def usage(group_name: str, device=None) -> dict:
 
 def barrier(group_name: str, device=None) -> None:
     """A device barrier over group_name, on torch's current stream (collective): what follows it
-    on any rank's stream runs after every rank's stream has reached it, and the host does not
-    wait for it. device: the context's device (default: the current CUDA device where torch sees
-    one, else the CPU; on the CPU backend the call returns once the barrier is passed). What
-    `asynctp bench` lines the ranks up with before each timed run."""
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-            else torch.device("cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    on any rank's stream runs after every rank's stream has reached it. On CUDA the host does
+    not wait, except in a context's first call, which may allocate (collectively); on the CPU
+    backend the call returns once the barrier is passed. device: the context's device (default:
+    the group's one context, else the current CUDA device where torch sees one, else the CPU).
+    What `asynctp bench` lines the ranks up with before each timed run."""
+    if device is not None:
+        device = _device(device)
+    else:
+        made = _contexts.entries(group_name)
+        device = made[0].device if len(made) == 1 else _device(
+            "cuda" if torch.cuda.is_available() else "cpu")
     e = _contexts.entry_on(group_name, device)
     cuda = device.type == "cuda"
     _ops._complete(e, _capi.lib().asynctp_barrier(e.handle, _ops._stream_on(cuda, device.index)),

@@ -125,9 +125,7 @@ _lock = threading.Lock()
 def entry(group_name: str, t: torch.Tensor) -> Entry:
     """The context of (group_name, t's device), made (collectively) on first use."""
     e = _entries.get((group_name, t.get_device()))
-    if e is not None:
-        return e
-    return _create(group_name, t.device)
+    return e if e is not None else _create(group_name, t.device)
 
 
 def entry_on(group_name: str, device: torch.device) -> Entry:

@@ -1318,29 +1318,45 @@ TEST(FusedOpsGpu, NativeAllGatherNamesTheChunkThatNeverLands) {
   expect_missing_rank_times_out(PathChoice::kNative, 128, {"rank 0", "chunk 1"});
 }
 
-// ---- the unfused paths on CUDA (NCCL + cuBLASLt) ----------------------------------------------
-
-// Through NCCL; where ranks share GPUs (no NCCL there), through symmetric memory.
 // The device barrier: through the symmetric workspace, and through the communicator (NCCL with
-// a GPU per rank) where the workspace limit leaves no symmetric memory.
+// a GPU per rank) where the workspace limit leaves no symmetric memory. Captured into a CUDA
+// graph it replays; a first call during capture, which would have to allocate, is refused.
 TEST(FusedOpsGpu, BarrierHoldsEveryStreamUntilTheLastRankArrives) {
   SKIP_UNLESS_GPUS(2);
   for (const size_t limit : {ContextOptions::default_max_workspace_bytes(), size_t{0}}) {
+    // Ranks sharing a GPU have no NCCL, and the store's communicator takes host memory only.
+    if (limit == 0 && cuda_ranks_per_gpu() > 1) continue;
     SCOPED_TRACE(fmt::format("workspace limit {}", limit));
     HarnessOptions options = gpu_options();
     options.context.max_workspace_bytes = limit;
     auto statuses = run_ranks(
         2,
         [&](OpContext& ctx) {
-          barrier(ctx);  // (the first one may make the workspace, collectively)
+          {
+            cuda::Graph refused;
+            refused.begin_capture(ctx.stream());
+            EXPECT_THAT(error_of([&] { barrier(ctx); }),
+                        ::testing::HasSubstr("call it once before capturing it"));
+          }
+          barrier(ctx);  // (the first one makes the workspace or the token, collectively)
           check_barrier_waits_for_the_last(ctx, /*host_free=*/true);
           EXPECT_EQ(ctx.workspace().capacity() > 0, limit > 0);
+          cuda::Graph graph;
+          graph.begin_capture(ctx.stream());
+          barrier(ctx);
+          graph.end_capture();
+          for (int i = 0; i < 3; ++i)
+            graph.replay(ctx.stream());
+          ctx.stream().synchronize();
         },
         options);
     EXPECT_RANKS_OK(statuses);
   }
 }
 
+// ---- the unfused paths on CUDA (NCCL + cuBLASLt) ----------------------------------------------
+
+// Through NCCL; where ranks share GPUs (no NCCL there), through symmetric memory.
 TEST(FusedOpsGpu, FallbackThroughNcclMatchesReference) {
   SKIP_UNLESS_GPUS(2);
   auto statuses = run_ranks(
