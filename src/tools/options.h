@@ -102,7 +102,7 @@ inline constexpr EnvVar kHideLaunch{.name = "--hide-launch",
                                     .doc = "device delay per run",
                                     .unit = "cycles",
                                     .min = 0,
-                                    .max = 1e12};
+                                    .max = 1e10};
 inline constexpr EnvVar kNativePieces{
     .name = "--native-pieces",
     .kind = EnvVar::Kind::kInteger,

@@ -43,9 +43,10 @@ double median_ms(OpContext& ctx, const std::function<void()>& fn, int warmup, in
 // drifts of the GPU's clocks (power, heat) hit every variant alike, and within whole blocks of
 // rounds (iters a multiple of the rows: n for even n, 2n for odd) every variant follows every
 // other one about equally often (what ran just before leaves its data in L2 and sets the
-// clocks). Before each timed run the ranks are aligned on the device (a symmetric-memory
-// barrier, or the group's barrier without symmetric memory), so that a variant with communication
-// does not pay for how far apart the ranks finished the previous one. host_ms (optional): the
+// clocks). Before each timed run the ranks are aligned on the device (OpContext::align_ranks),
+// so that a variant with communication does not pay for how far apart the ranks finished the
+// previous one; then, with hide_cycles > 0, the stream spins that many device cycles
+// (Backend::spin) while the host enqueues the run, so that its time is the device's alone. host_ms (optional): the
 // median host time each variant's call took to return (its enqueueing, on an asynchronous backend).
 // warmup_ms: after the `warmup` rounds, more rounds until that much time has passed (the same
 // number on every rank). pace: after each timed run the host pauses pace x that run's time, so

@@ -340,8 +340,8 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--hide-launch", type=int, default=0, metavar="CYCLES",
                         help="each timed run starts this many device cycles behind its barrier "
-                        "(torch.cuda._sleep), so that its time holds no host time; 0: off, as "
-                        "asynctp bench times")
+                        "(torch.cuda._sleep), so that its time holds no host time, as "
+                        "asynctp bench --hide-launch does; 0: off, the bench's default")
     parser.add_argument("--align", choices=("asynctp", "nccl"), default="asynctp",
                         help="the device barrier before each timed run: asynctp.torch.barrier "
                         "(what asynctp bench aligns with) or a one-element NCCL all-reduce")
