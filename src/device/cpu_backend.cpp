@@ -99,9 +99,7 @@ class CpuBackend final : public Backend {
   void spin(int64_t cycles, Stream& stream) override {
     ASYNCTP_CHECK(cycles >= 0, "spin: cycles is {}, must be >= 0", cycles);
     as_cpu(stream, "spin").enqueue("spin", [cycles] {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(cycles);
-      while (std::chrono::steady_clock::now() < until) {
-      }
+      pause_host(std::chrono::nanoseconds(cycles), HostPause::kSpin);
     });
   }
 

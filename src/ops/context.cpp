@@ -180,11 +180,9 @@ void OpContext::align_ranks() {
                             "buffer, which a CUDA-graph capture may not; call it once before "
                             "capturing it");
       barrier_token_ = backend_->allocate(sizeof(float));
-      backend_->fill(Tensor(barrier_token_.data(), DType::kF32, {1}, backend_->device()), 0.f,
-                     stream());
+      backend_->fill(barrier_token(), 0.f, stream());
     }
-    communicator().all_reduce(Tensor(barrier_token_.data(), DType::kF32, {1}, backend_->device()),
-                              ReduceOp::kSum, stream());
+    communicator().all_reduce(barrier_token(), ReduceOp::kSum, stream());
   }
 }
 

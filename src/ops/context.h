@@ -210,6 +210,9 @@ class OpContext {
   std::array<Buffer, static_cast<size_t>(Scratch::kCount)> scratch_;
   Buffer flags_;
   Buffer barrier_token_;  // align_ranks' all-reduce without symmetric memory: one f32 zero
+  Tensor barrier_token() {
+    return Tensor(barrier_token_.data(), DType::kF32, {1}, backend_->device());
+  }
   Usage usage_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<detail::CallMemos> call_memos_;

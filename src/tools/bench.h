@@ -45,6 +45,10 @@ struct BenchTiming {
   // Device clock cycles each timed run starts behind its barrier (GPU only; 0: none): its host
   // enqueueing then falls in that delay, and the time is the device's alone.
   int64_t hide_launch = 0;
+  // The delay the timing applies on `ctx`'s backend (none on the CPU backend), as the JSON says.
+  int64_t hide_launch_on(OpContext& ctx) const {
+    return ctx.backend().device().is_cuda() ? hide_launch : 0;
+  }
 };
 
 // Adds, where `graphed` is given and the backend is CUDA, a column replaying it from a CUDA graph

@@ -93,7 +93,7 @@ void time_columns(Session& s, BenchColumns columns, const BenchTiming& timing,
   const std::vector<double> medians = median_ms_interleaved(
       ctx, columns.fns, timing.warmup, timing.iters, &host_ms, gpu ? timing.warmup_ms : 0.0,
       gpu ? timing.pace : 0.0, timing.pace_sleep ? HostPause::kSleep : HostPause::kSpin,
-      gpu ? timing.hide_launch : 0);
+      timing.hide_launch_on(ctx));
   for (size_t i = 0; i < columns.slots.size(); ++i) {
     *columns.slots[i] = max_over_ranks(*s.group, medians[i]);
     (*host_us)[columns.names[i]] = max_over_ranks(*s.group, host_ms[i]) * 1e3;
@@ -516,18 +516,17 @@ int run_bench(const BenchOptions& o) {
     }
   }
   if (s.rank() == 0 && o.json) {
-    nlohmann::json doc{
-        {"world_size", s.world_size()},
-        {"backend", std::string(ctx.backend().name())},
-        {"hardware", ctx.backend().hardware()},
-        {"dtype", std::string(dtype_name(dtype))},
-        {"iters", o.timing.iters},
-        {"pace", o.timing.pace},
-        {"pace_host", o.timing.pace_sleep ? "sleep" : "spin"},
-        {"hide_launch_cycles", ctx.backend().device().is_cuda() ? o.timing.hide_launch : 0},
-        {"warmup_ms", o.timing.warmup_ms},
-        {"peer_bandwidth_GBps", bandwidth},
-        {"results", rows}};
+    nlohmann::json doc{{"world_size", s.world_size()},
+                       {"backend", std::string(ctx.backend().name())},
+                       {"hardware", ctx.backend().hardware()},
+                       {"dtype", std::string(dtype_name(dtype))},
+                       {"iters", o.timing.iters},
+                       {"pace", o.timing.pace},
+                       {"pace_host", o.timing.pace_sleep ? "sleep" : "spin"},
+                       {"hide_launch_cycles", o.timing.hide_launch_on(ctx)},
+                       {"warmup_ms", o.timing.warmup_ms},
+                       {"peer_bandwidth_GBps", bandwidth},
+                       {"results", rows}};
     std::printf("%s\n", doc.dump().c_str());
     std::fflush(stdout);
   }

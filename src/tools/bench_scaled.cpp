@@ -174,16 +174,15 @@ int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
     }
   }
   if (s.rank() == 0 && o.json) {
-    const nlohmann::json doc{
-        {"world_size", s.world_size()},
-        {"backend", std::string(ctx.backend().name())},
-        {"hardware", ctx.backend().hardware()},
-        {"scaling", o.scaling},
-        {"fast_accum", o.fast_accum},
-        {"iters", o.timing.iters},
-        {"pace", o.timing.pace},
-        {"hide_launch_cycles", ctx.backend().device().is_cuda() ? o.timing.hide_launch : 0},
-        {"results", rows}};
+    const nlohmann::json doc{{"world_size", s.world_size()},
+                             {"backend", std::string(ctx.backend().name())},
+                             {"hardware", ctx.backend().hardware()},
+                             {"scaling", o.scaling},
+                             {"fast_accum", o.fast_accum},
+                             {"iters", o.timing.iters},
+                             {"pace", o.timing.pace},
+                             {"hide_launch_cycles", o.timing.hide_launch_on(ctx)},
+                             {"results", rows}};
     std::printf("%s\n", doc.dump().c_str());
     std::fflush(stdout);
   }

@@ -46,8 +46,9 @@ double median_ms(OpContext& ctx, const std::function<void()>& fn, int warmup, in
 // clocks). Before each timed run the ranks are aligned on the device (OpContext::align_ranks),
 // so that a variant with communication does not pay for how far apart the ranks finished the
 // previous one; then, with hide_cycles > 0, the stream spins that many device cycles
-// (Backend::spin) while the host enqueues the run, so that its time is the device's alone. host_ms (optional): the
-// median host time each variant's call took to return (its enqueueing, on an asynchronous backend).
+// (Backend::spin) while the host enqueues the run, so that its time is the device's alone.
+// host_ms (optional): the median host time each variant's call took to return (its enqueueing,
+// on an asynchronous backend).
 // warmup_ms: after the `warmup` rounds, more rounds until that much time has passed (the same
 // number on every rank). pace: after each timed run the host pauses pace x that run's time, so
 // the GPU works at most 1/(1+pace) of the time: back to back (pace 0) a GPU reaches its power

@@ -203,9 +203,8 @@ def bench(fns: dict, iters: int, pace: float, warmup_ms: float = 300.0) -> dict:
     (each variant follows the other about equally often), each run after a device barrier
     (asynctp.torch.barrier on the current stream, as the bench's; with --align nccl a one-element
     NCCL all-reduce), timed from an event recorded behind the barrier to one recorded behind the
-    run, then an idle spin
-    of `pace` times the run (1: paced, below the power cap; 0: sustained, back to back). Warmed
-    up until warmup_ms have passed."""
+    run, then an idle spin of `pace` times the run (1: paced, below the power cap; 0: sustained,
+    back to back). Warmed up until warmup_ms have passed."""
     names = list(fns)
     token = torch.zeros(1, device="cuda")
     group_name = dist.group.WORLD.group_name
