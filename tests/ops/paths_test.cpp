@@ -248,14 +248,22 @@ void on_ranks_without_cache(int ranks, const std::function<void(OpContext&)>& bo
   EXPECT_RANKS_OK(statuses);
 }
 
-// A run for Dispatcher::pick that counts its calls per path in `runs` and sleeps the path's
-// milliseconds.
-std::function<void(Path)> counting_sleeper(std::map<Path, int>& runs, int native_ms, int split_ms,
-                                           int fallback_ms) {
-  return [&runs, native_ms, split_ms, fallback_ms](Path p) {
+// A measured run that takes `length` on the host: first it waits until its stream has passed the
+// dispatcher's device barrier (asynchronous on the CPU backend too), where the run's start event
+// fires, so that the time measured holds all of the sleep.
+void host_run(OpContext& ctx, std::chrono::duration<double, std::milli> length) {
+  ctx.stream().synchronize();
+  std::this_thread::sleep_for(length);
+}
+
+// A run for Dispatcher::pick that counts its calls per path in `runs` and takes the path's
+// milliseconds (host_run).
+std::function<void(Path)> counting_sleeper(OpContext& ctx, std::map<Path, int>& runs, int native_ms,
+                                           int split_ms, int fallback_ms) {
+  return [&ctx, &runs, native_ms, split_ms, fallback_ms](Path p) {
     ++runs[p];
     const int ms = p == Path::kNative ? native_ms : p == Path::kSplit ? split_ms : fallback_ms;
-    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    host_run(ctx, std::chrono::milliseconds(ms));
   };
 }
 
@@ -281,7 +289,7 @@ TEST(DispatcherTest, ChoosesByTheSlowestRank) {
     int runs = 0;
     const Path path = ctx.dispatcher().pick("test|slowest", kOverlapped, [&](Path p) {
       ++runs;
-      std::this_thread::sleep_for(Ms(p == Path::kNative ? native_ms : split_ms));
+      host_run(ctx, Ms(p == Path::kNative ? native_ms : split_ms));
     });
     EXPECT_EQ(path, Path::kSplit);
     EXPECT_EQ(runs, 2 + 2 * Dispatcher::tuning_rounds(2));  // no close call
@@ -313,7 +321,7 @@ TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
   auto pick = [](OpContext& ctx, int* runs) {
     return ctx.dispatcher().pick("test|stale", kOverlapped, [&](Path p) {
       ++*runs;
-      std::this_thread::sleep_for(std::chrono::milliseconds(p == Path::kNative ? 12 : 1));
+      host_run(ctx, std::chrono::milliseconds(p == Path::kNative ? 12 : 1));
     });
   };
   // Every rank picks; `measured`: the choice was measured (else taken from the file).
@@ -360,7 +368,7 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
         std::map<Path, int> runs;
         // Margins of 10 ms and more (see ChoosesByTheSlowestRank).
         const Path path =
-            ctx.dispatcher().pick("test|three", kAllPaths, counting_sleeper(runs, 15, 30, 2));
+            ctx.dispatcher().pick("test|three", kAllPaths, counting_sleeper(ctx, runs, 15, 30, 2));
         EXPECT_EQ(path, Path::kFallback);
         for (Path p : kAllPaths)
           EXPECT_EQ(runs[p], 1 + Dispatcher::tuning_rounds(3)) << path_name(p);
@@ -402,7 +410,7 @@ TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
         const Path path = ctx.dispatcher().pick("test|gone", candidates, [&](Path p) {
           ++runs;
           EXPECT_NE(p, Path::kNative);
-          std::this_thread::sleep_for(std::chrono::milliseconds(p == Path::kSplit ? 1 : 12));
+          host_run(ctx, std::chrono::milliseconds(p == Path::kSplit ? 1 : 12));
         });
         EXPECT_EQ(path, Path::kSplit);
         EXPECT_GT(runs, 0);
@@ -467,7 +475,8 @@ TEST(DispatcherTest, ChoosesAmongThePathsEveryRankCanRun) {
         ctx.rank() == 0 ? std::vector<Path>{Path::kNative, Path::kSplit, Path::kFallback}
                         : std::vector<Path>{Path::kSplit, Path::kFallback};
     std::map<Path, int> runs;
-    const Path path = ctx.dispatcher().pick("test|some", offered, counting_sleeper(runs, 1, 20, 5));
+    const Path path =
+        ctx.dispatcher().pick("test|some", offered, counting_sleeper(ctx, runs, 1, 20, 5));
     EXPECT_EQ(path, Path::kFallback);
     EXPECT_EQ(runs[Path::kNative], 0);
     EXPECT_EQ(runs[Path::kSplit], 1 + Dispatcher::tuning_rounds(2));
