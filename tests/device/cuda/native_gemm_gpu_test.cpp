@@ -16,6 +16,7 @@
 #include "core/deadline.h"
 #include "device/backend.h"
 #include "device/cuda/cuda_backend.h"
+#include "device/cuda/cuda_graph.h"
 #include "device/cuda/one_gpu.h"
 #include "kernels/kernels.h"
 #include "ops/cuda/gpu_testing.h"
@@ -382,7 +383,8 @@ TEST(NativeGemm, ChunkThatNeverLandsTimesOutNamingIt) {
 // range adds in a fixed order. Same result as the unsplit GEMM to f32 rounding, the same bits
 // on every run, and every output dtype; the parts chosen follow the rule in kernels.h. Shapes:
 // fewer tiles than SMs (every part on its own CTA, 4 parts) and a last wave 45% full (2 parts).
-// The backend's workspace is per stream: on another stream the same bits.
+// The backend's workspace is per stream: on another stream the same bits, and captured into a
+// CUDA graph on a stream never used outside capture too.
 TEST(NativeGemm, TailSplitMatchesUnsplitAndRepeatsBitForBit) {
   SKIP_UNLESS_GPUS(1);
   Gpu gpu;
@@ -421,6 +423,28 @@ TEST(NativeGemm, TailSplitMatchesUnsplitAndRepeatsBitForBit) {
       {
         auto other = gpu.be().create_stream("test other");  // its own workspace, freed with it
         EXPECT_TRUE(same_bits(split, run(0, other.get()))) << "another stream differs";
+      }
+      {
+        // Captured on a stream that never ran a native GEMM outside capture, as
+        // torch.cuda.graph's own capture stream: the replays split the tail too (the backend's
+        // captured workspace), the same bits as eager, replay after replay.
+        auto fresh = gpu.be().create_stream("test capture");
+        OwnedTensor d = gpu.empty({m, n}, out);
+        ChunkedGemmArgs args;
+        args.a = a;
+        args.b = b;
+        args.d = d;
+        gpu.be().synchronize();
+        cuda::Graph graph;
+        graph.begin_capture(*fresh);
+        gpu.be().native_gemm(args, *fresh);
+        graph.end_capture();
+        for (int replay = 0; replay < 2; ++replay) {
+          gpu.be().fill(d, std::nanf(""), *fresh);
+          graph.replay(*fresh);
+          fresh->synchronize();
+          EXPECT_TRUE(same_bits(split, gpu.download(d))) << "replay " << replay << " differs";
+        }
       }
       EXPECT_LT(rel_diff(run(2), whole), out == DType::kF32 ? 1e-5 : 4e-3);
     }
