@@ -13,6 +13,9 @@
 #                                            gtest shards run at once (default 6); the
 #                                            ASYNCTP_TIMEOUT of the run, default 120 s; the
 #                                            limit of one run, default 600 s)
+#   SANITIZE_SHARD_INDICES="0 1 ... 15"     (sanitize: which of the SANITIZE_SHARDS shards this run
+#                                            takes, default all: a binary too slow for one call
+#                                            goes in several, e.g. shards 0-15 of 32, then 16-31)
 #   BENCH_ARGS="--pace 0 ..."               (more options for asynctp bench)
 #   BUNDLE=1                                (write the logs elsewhere and leave in $OUT only one
 #                                            archive of them, gpu-check.tgz, and the summaries
@@ -156,8 +159,9 @@ if step sanitize; then
         # GPUs shared: under a sanitizer the host's instrumentation, not the GPU, bounds a test).
         t0=$(date +%s)
         shards=${SANITIZE_SHARDS:-6}
+        indices=${SANITIZE_SHARD_INDICES:-$(seq 0 $((shards - 1)))}
         pids=()
-        for ((i = 0; i < shards; i++)); do
+        for i in $indices; do
           GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i ASYNCTP_TIMEOUT=${SANITIZE_TIMEOUT:-120} \
             timeout "${SANITIZE_LIMIT:-600}" "$CS" --tool "$tool" --target-processes all \
             --error-exitcode 9 --report-api-errors no "${extra[@]}" "$BIN/$t" \
@@ -166,7 +170,7 @@ if step sanitize; then
         done
         rc=0
         for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-        echo "== compute-sanitizer --tool $tool $t ($shards shards): rc $rc, $(($(date +%s) - t0)) s"
+        echo "== compute-sanitizer --tool $tool $t (shards $(echo $indices) of $shards): rc $rc, $(($(date +%s) - t0)) s"
         cat "$OUT"/sanitize_${t}_${tool}_*.log > "$OUT/sanitize_${t}_$tool.log"
         rm -f "$OUT"/sanitize_${t}_${tool}_*.log
         grep -E "ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY|FAILED  \]" "$OUT/sanitize_${t}_$tool.log" \
