@@ -546,11 +546,11 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   // freed with the stream. A CUDA graph keeps using the workspace of the stream it was captured
   // on: replays must not overlap native GEMMs launched on that stream (replaying on it does
   // that). A stream first seen during capture (torch.cuda.graph's own capture stream, which
-  // never ran anything eagerly) takes the captured workspace, made beside the first stream's:
-  // the replays of graphs that hold native GEMMs do not overlap each other, as for gemm()'s
-  // captured key. Without it such a GEMM ran without the split (10% slower replays of a
-  // 4096 x 8192 x 3584 all_gather_matmul on 2 x H200). Null only when captured before any
-  // native GEMM ran outside capture.
+  // never ran anything eagerly) takes the captured workspace, made beside the first stream's, so
+  // that its replays keep the tail split (without it, replays of a 4096 x 8192 x 3584
+  // all_gather_matmul take 10% longer than the eager call on 2 x H200): the replays of graphs
+  // that hold native GEMMs must not overlap each other, as gemm()'s captured key requires. Null
+  // only when captured before any native GEMM ran outside capture.
   void prepare_caller_workspaces() {
     if (caller_workspaces_ready_) return;
     gemm_->prepare(this);
