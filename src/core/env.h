@@ -113,6 +113,19 @@ inline constexpr EnvVar kPath{
     .choices = kPathChoices,
 };
 
+inline constexpr EnvVar kTunePace{
+    .name = "ASYNCTP_TUNE_PACE",
+    .kind = EnvVar::Kind::kNumber,
+    .default_value = "1",
+    .doc =
+        "How `auto` times the paths of a new problem: each run followed by an idle pause this "
+        "many times its length (1: paced, the clocks of short bursts); 0: back to back, after "
+        "warming up at that load for 300 ms (the power-capped clocks of a training step). "
+        "Choices are cached per pace.",
+    .min = 0,
+    .max = 10,
+};
+
 inline constexpr EnvVar kCacheDir{
     .name = "ASYNCTP_CACHE_DIR",
     .kind = EnvVar::Kind::kText,
@@ -287,12 +300,11 @@ inline constexpr EnvVar kBuildTests{
 
 // Every variable, in the order `asynctp env` and the README list them.
 inline constexpr const EnvVar* kAll[] = {
-    &kTimeout,        &kMaxWorkspaceMb,  &kPath,           &kCacheDir,
-    &kLogLevel,       &kHostId,          &kRunId,          &kStorePort,
-    &kStoreSecret,    &kGemmStreams,     &kPushPieceBytes, &kPushStreams,
-    &kPushInlineMinK, &kGemmAutotune,    &kAllowTf32,      &kHostProfile,
-    &kSharedGpus,     &kCpuStreamJitter, &kLibrary,        &kSharedDir,
-    &kSkipAsan,       &kBuildTests,
+    &kTimeout,     &kMaxWorkspaceMb, &kPath,        &kTunePace,        &kCacheDir,
+    &kLogLevel,    &kHostId,         &kRunId,       &kStorePort,       &kStoreSecret,
+    &kGemmStreams, &kPushPieceBytes, &kPushStreams, &kPushInlineMinK,  &kGemmAutotune,
+    &kAllowTf32,   &kHostProfile,    &kSharedGpus,  &kCpuStreamJitter, &kLibrary,
+    &kSharedDir,   &kSkipAsan,       &kBuildTests,
 };
 
 // The registered variable of that name; nullptr when there is none.

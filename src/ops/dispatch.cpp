@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -88,7 +89,7 @@ std::string Dispatcher::default_cache_path() {
 }
 
 Dispatcher::Dispatcher(OpContext& ctx, std::string cache_path)
-    : ctx_(ctx), cache_path_(std::move(cache_path)) {
+    : ctx_(ctx), cache_path_(std::move(cache_path)), pace_(envvars::kTunePace.number()) {
   if (cache_path_.empty()) cache_path_ = default_cache_path();
   if (cache_path_ == "off") cache_path_.clear();
 }
@@ -113,6 +114,13 @@ std::optional<Path> Dispatcher::disk_lookup(const std::string& key) {
                 entry.is_object()
                     ? fmt::format(" with a \"path\" of type {}", entry["path"].type_name())
                     : "");
+  ASYNCTP_CHECK(!entry.contains("pace") || entry["pace"].is_number(),
+                "dispatch cache {}: entry '{}' has a \"pace\" of type {}, not a number; remove "
+                "the entry (or the file) to measure it again",
+                cache_path_, key, entry.contains("pace") ? entry["pace"].type_name() : "");
+  // Measured at another pace (ASYNCTP_TUNE_PACE; entries without one were paced): not this
+  // choice, measured anew and replaced.
+  if (entry.value("pace", 1.0) != pace_) return std::nullopt;
   const std::string path = entry.value("path", "");
   for (Path p : {Path::kNative, Path::kSplit, Path::kFallback})
     if (path == path_name(p)) return p;
@@ -127,7 +135,7 @@ void Dispatcher::disk_store(const std::string& key, const DispatchTiming& timing
     if (path.has_parent_path()) fs::create_directories(path.parent_path());
     nlohmann::json j = read_cache(cache_path_, cache_warned_);
     j["version"] = Dispatcher::kCacheVersion;
-    nlohmann::json entry = {{"path", std::string(path_name(timing.path))}};
+    nlohmann::json entry = {{"path", std::string(path_name(timing.path))}, {"pace", timing.pace}};
     for (Path p : {Path::kNative, Path::kSplit, Path::kFallback})
       if (timing.us(p) > 0) entry[fmt::format("{}_us", path_name(p))] = timing.us(p);
     j["entries"][key] = std::move(entry);
@@ -211,6 +219,7 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
     DispatchTiming t;
     t.path = path_of_code(code);
     t.from_disk = true;
+    t.pace = pace_;
     decisions_[key] = t;
     ASYNCTP_LOG_DEBUG("{}: {} (from {})", key, path_name(t.path), cache_path_);
     return t.path;
@@ -235,6 +244,37 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   for (Path p : candidates)
     run(p);
   Stream& s = ctx_.stream();
+  // At pace 0: rounds back to back until every rank has run them for kSustainedWarmupMs, in
+  // batches with no synchronization inside (the first batch one round, which times a round);
+  // after each, the ranks agree on the least time run so far and the longest round, and from
+  // them on the next batch's length, so that all run the same rounds.
+  double warmup_ms = 0.0;
+  if (pace_ == 0.0) {
+    const auto warm_start = std::chrono::steady_clock::now();
+    auto elapsed_ms = [&] {
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                       warm_start)
+          .count();
+    };
+    for (int64_t rounds = 1;;) {
+      const double before = elapsed_ms();
+      for (int64_t r = 0; r < rounds; ++r)
+        for (Path p : candidates)
+          run(p);
+      s.synchronize();
+      const double now_ms = elapsed_ms();
+      double least = std::numeric_limits<double>::infinity(), round_ms = 0.0;
+      for (const std::vector<double>& theirs :
+           over_ranks({now_ms, (now_ms - before) / static_cast<double>(rounds)})) {
+        least = std::min(least, theirs[0]);
+        round_ms = std::max(round_ms, theirs[1]);
+      }
+      if (least >= kSustainedWarmupMs) break;
+      rounds = static_cast<int64_t>(
+          std::clamp(std::ceil((kSustainedWarmupMs - least) / std::max(round_ms, 1e-3)), 1.0, 1e6));
+    }
+    warmup_ms = elapsed_ms();
+  }
   auto start = be.create_event(true);
   auto stop = be.create_event(true);
   std::vector<std::vector<double>> times(n);
@@ -249,8 +289,10 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
         stop->synchronize();
         const double us = 1000.0 * stop->elapsed_ms(*start);
         times[c].push_back(us);
-        // Idle as long as the run took (see kTunePace), spinning: the bench's default.
-        pause_host(std::chrono::duration<double, std::micro>(kTunePace * us), HostPause::kSpin);
+        // Idle pace() times as long as the run took (see pace()), spinning: the bench's
+        // default.
+        if (pace_ > 0)
+          pause_host(std::chrono::duration<double, std::micro>(pace_ * us), HostPause::kSpin);
       }
     }
   };
@@ -290,6 +332,8 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   for (size_t c = 0; c < n; ++c)
     t.us(candidates[c]) = us[c];
   t.path = candidates[fastest(us).first];
+  t.pace = pace_;
+  t.warmup_ms = warmup_ms;
   decisions_[key] = t;
   disk_store(key, t);
   std::string times_text;
@@ -297,8 +341,11 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
     times_text +=
         fmt::format("{}{} {:.1f} us", c == 0 ? "" : ", ", path_name(candidates[c]), us[c]);
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - tuning_start;
-  ASYNCTP_LOG_INFO("{}: {} ({}, slowest of {} ranks; {} rounds in {:.2f} s)", key,
-                   path_name(t.path), times_text, ws, round, took.count());
+  ASYNCTP_LOG_INFO("{}: {} ({}, slowest of {} ranks; {} rounds {} in {:.2f} s)", key,
+                   path_name(t.path), times_text, ws, round,
+                   pace_ > 0 ? fmt::format("at pace {:g}", pace_)
+                             : fmt::format("back to back after {:.0f} ms of warm-up", warmup_ms),
+                   took.count());
   return t.path;
 }
 

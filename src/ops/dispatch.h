@@ -10,10 +10,11 @@
 //      the cached path if they all found the same one and it is still a candidate;
 //   2. otherwise every rank runs every candidate (one warm-up each, then tuning_rounds() rounds,
 //      each running every candidate once in a balanced order, each run after a device barrier and
-//      followed by an idle pause as long as the run (kTunePace); kCloseCallRuns more rounds when
-//      the two fastest are within kCloseCall), each path's time is its slowest rank's median,
+//      followed by an idle pause as long as the run (pace(): ASYNCTP_TUNE_PACE, default 1; at 0
+//      back to back, after kSustainedWarmupMs of back-to-back rounds); kCloseCallRuns more rounds
+//      when the two fastest are within kCloseCall), each path's time is its slowest rank's median,
 //      and the fastest path is taken (ties: the earlier candidate; local rank 0 writes it to the
-//      cache).
+//      cache, with the pace it was measured at: an entry of another pace is measured anew).
 // Later calls reuse the decision without any communication. Under CUDA-graph capture nothing can
 // be measured or agreed on: an unknown problem then takes the first candidate and says so in the
 // log (run the op once before capturing it to have the choice measured). On a backend whose
@@ -43,6 +44,8 @@ struct DispatchTiming {
   double native_us = 0;
   double fallback_us = 0;
   bool from_disk = false;
+  double pace = 1.0;       // the tuning's pace (Dispatcher::pace())
+  double warmup_ms = 0.0;  // how long its back-to-back warm-up took on this rank (pace 0)
 
   double& us(Path p) {
     return p == Path::kSplit ? split_us : p == Path::kNative ? native_us : fallback_us;
@@ -64,11 +67,15 @@ class Dispatcher {
   // more rounds.
   static constexpr double kCloseCall = 0.03;
   static constexpr int kCloseCallRuns = 30;
-  // After each tuning run the host idles kTunePace x that run's time: back to back the GPU
-  // reaches its power cap and the ranking of the paths can flip, so they are ranked at the clocks
-  // the bench (paced the same way) and PyTorch's anchor script measure at (see
-  // docs/DECISIONS.md D22).
-  static constexpr double kTunePace = 1.0;
+  // After each tuning run the host idles pace() x that run's time (ASYNCTP_TUNE_PACE, 1 by
+  // default): back to back the GPU reaches its power cap and the ranking of the paths can flip,
+  // so by default they are ranked at the clocks the bench (paced the same way) and PyTorch's
+  // anchor script measure at (see docs/DECISIONS.md D22). At pace 0 they are ranked at the
+  // clocks of that load instead: every rank first runs rounds of the candidates back to back
+  // until it has done so for kSustainedWarmupMs (the GPU's power cap is reached within a few
+  // hundred ms), then times the rounds with no pause.
+  static constexpr double kSustainedWarmupMs = 300.0;
+  double pace() const { return pace_; }
 
   Dispatcher(OpContext& ctx, std::string cache_path);
 
@@ -92,6 +99,7 @@ class Dispatcher {
 
   OpContext& ctx_;
   std::string cache_path_;
+  const double pace_;
   std::map<std::string, DispatchTiming> decisions_;
   bool cache_warned_ = false;  // an unusable cache file was reported
 };

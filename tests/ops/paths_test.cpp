@@ -388,6 +388,64 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
   fs::remove(file);
 }
 
+// ASYNCTP_TUNE_PACE=0: every rank first runs rounds back to back for kSustainedWarmupMs, then
+// times them with no pause; the choice is cached with its pace. A later process at that pace
+// takes it from the file; one at another pace (1, the default: paced) measures the problem anew
+// and replaces the entry.
+TEST(DispatcherTest, TunesBackToBackAtPaceZeroAndCachesPerPace) {
+  namespace fs = std::filesystem;
+  const fs::path file =
+      fs::temp_directory_path() / fmt::format("asynctp_dispatch_pace_{}.json", ::getpid());
+  fs::remove(file);
+  HarnessOptions options;
+  options.context.dispatch_cache = file.string();
+  auto pick_on_ranks = [&](double pace, bool measured) {
+    SCOPED_TRACE(fmt::format("pace {}, measured {}", pace, measured));
+    ::setenv("ASYNCTP_TUNE_PACE", fmt::format("{}", pace).c_str(), 1);
+    auto statuses = run_ranks(
+        2,
+        [&](OpContext& ctx) {
+          EXPECT_EQ(ctx.dispatcher().pace(), pace);
+          std::map<Path, int> runs;
+          // Margins of 10 ms (see ChoosesByTheSlowestRank): no close call.
+          EXPECT_EQ(ctx.dispatcher().pick("test|pace", kOverlapped,
+                                          counting_sleeper(ctx, runs, 2, 12, 0)),
+                    Path::kNative);
+          const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|pace");
+          ASSERT_TRUE(t.has_value());
+          EXPECT_EQ(t->pace, pace);
+          EXPECT_EQ(t->from_disk, !measured);
+          if (!measured) {
+            EXPECT_TRUE(runs.empty());
+            return;
+          }
+          const int tuning = 1 + Dispatcher::tuning_rounds(2);
+          if (pace == 0) {
+            EXPECT_GE(t->warmup_ms, Dispatcher::kSustainedWarmupMs);
+            // The warm-up's rounds (14 ms each: some 20 of them) beside the tuning's.
+            EXPECT_GT(runs[Path::kNative], tuning);
+            EXPECT_EQ(runs[Path::kNative], runs[Path::kSplit]);
+          } else {
+            EXPECT_EQ(t->warmup_ms, 0.0);
+            EXPECT_EQ(runs[Path::kNative], tuning);
+            EXPECT_EQ(runs[Path::kSplit], tuning);
+          }
+        },
+        options);
+    ::unsetenv("ASYNCTP_TUNE_PACE");
+    EXPECT_RANKS_OK(statuses);
+    std::ifstream in(file);
+    const nlohmann::json entry = nlohmann::json::parse(in)["entries"]["test|pace"];
+    EXPECT_EQ(entry.value("path", ""), "native");
+    EXPECT_EQ(entry.value("pace", -1.0), pace);
+  };
+  pick_on_ranks(0, /*measured=*/true);
+  pick_on_ranks(0, /*measured=*/false);
+  pick_on_ranks(1, /*measured=*/true);
+  pick_on_ranks(1, /*measured=*/false);
+  fs::remove(file);
+}
+
 // A cached path that is no longer a candidate (here: native, where only split and the fallback
 // can run now, e.g. under a smaller workspace limit) is measured again, not taken.
 TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
@@ -451,6 +509,26 @@ TEST(DispatcherTest, MalformedCacheEntryIsANamedError) {
         options);
     EXPECT_RANKS_OK(statuses);
   }
+  // A "pace" that is not a number.
+  {
+    std::ofstream out(file);
+    out << nlohmann::json{{"version", Dispatcher::kCacheVersion},
+                          {"entries", {{"test|bad", {{"path", "native"}, {"pace", "fast"}}}}}}
+               .dump();
+  }
+  HarnessOptions options;
+  options.context.dispatch_cache = file.string();
+  auto statuses = run_ranks(
+      1,
+      [&](OpContext& ctx) {
+        EXPECT_THAT([&] { ctx.dispatcher().pick("test|bad", kOverlapped, [](Path) {}); },
+                    ThrowsMessage<Error>(HasSubstr(fmt::format(
+                        "dispatch cache {}: entry 'test|bad' has a \"pace\" of type string, not "
+                        "a number",
+                        file.string()))));
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
   fs::remove(file);
 }
 
