@@ -468,8 +468,13 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     // later GEMMs of this backend start clean.
     for (auto& [stream, buf] : split_workspaces_)
       cudaMemsetAsync(buf.data(), 0, buf.size(), stream);
-    if (!captured_split_.empty())
+    if (!captured_split_.empty()) {
+      // Replayed on streams this backend does not know: after the whole device (every wait is
+      // bounded), and done before any later replay.
+      cudaDeviceSynchronize();
       cudaMemsetAsync(captured_split_.data(), 0, captured_split_.size(), raw(*stream_));
+      cudaStreamSynchronize(raw(*stream_));
+    }
     if (slot.what == 4) {
       ASYNCTP_TIMEOUT(
           "rank {}: the native GEMM on cuda:{} waited {:g} s for the partial sums of its own "
@@ -546,11 +551,12 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   // freed with the stream. A CUDA graph keeps using the workspace of the stream it was captured
   // on: replays must not overlap native GEMMs launched on that stream (replaying on it does
   // that). A stream first seen during capture (torch.cuda.graph's own capture stream, which
-  // never ran anything eagerly) takes the captured workspace, made beside the first stream's, so
-  // that its replays keep the tail split (without it, replays of a 4096 x 8192 x 3584
-  // all_gather_matmul take 10% longer than the eager call on 2 x H200): the replays of graphs
-  // that hold native GEMMs must not overlap each other, as gemm()'s captured key requires. Null
-  // only when captured before any native GEMM ran outside capture.
+  // never ran anything eagerly) takes the captured workspace, made and zeroed (the host waiting,
+  // since its replays go on streams not ordered after this one) beside the first stream's, so
+  // that its replays keep the tail split (docs/PERFORMANCE.md, "From torch" on 2 x H200): the
+  // replays of graphs that hold native GEMMs must not overlap each other, as gemm()'s captured
+  // key requires. Null, the GEMM then running without the split, only when captured before any
+  // native GEMM ran outside capture (a reserve alone does not make it).
   void prepare_caller_workspaces() {
     if (caller_workspaces_ready_) return;
     gemm_->prepare(this);
@@ -569,6 +575,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     if (captured_split_.empty()) {
       captured_split_ = allocate(bytes);
       ASYNCTP_CUDA_CHECK(cudaMemsetAsync(captured_split_.data(), 0, bytes, stream));
+      ASYNCTP_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
     Buffer buf = allocate(bytes);
     ASYNCTP_CUDA_CHECK(cudaMemsetAsync(buf.data(), 0, buf.size(), stream));
