@@ -115,9 +115,10 @@ std::optional<Path> Dispatcher::disk_lookup(const std::string& key) {
                     ? fmt::format(" with a \"path\" of type {}", entry["path"].type_name())
                     : "");
   ASYNCTP_CHECK(!entry.contains("pace") || entry["pace"].is_number(),
-                "dispatch cache {}: entry '{}' has a \"pace\" of type {}, not a number; remove "
-                "the entry (or the file) to measure it again",
-                cache_path_, key, entry.contains("pace") ? entry["pace"].type_name() : "");
+                "dispatch cache {}: entry '{}' has a \"pace\" of type {} ({}), not a number; "
+                "remove the entry (or the file) to measure it again",
+                cache_path_, key, entry.contains("pace") ? entry["pace"].type_name() : "",
+                entry.contains("pace") ? entry["pace"].dump() : "");
   // Measured at another pace (ASYNCTP_TUNE_PACE; entries without one were paced): not this
   // choice, measured anew and replaced.
   if (entry.value("pace", 1.0) != pace_) return std::nullopt;
@@ -199,17 +200,24 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   const int ws = ctx_.world_size();
   // 1. The disk cache, if every rank found the same entry and it can run on every rank. One
   //    exchange carries each rank's cached path and the paths it can run: the ranks measure and
-  //    choose among the paths they all can run, so that they all choose alike.
+  //    choose among the paths they all can run, so that they all choose alike. It carries each
+  //    rank's pace too: ranks at different paces would run different numbers of rounds.
   int mask = 0;
   for (Path p : offered)
     mask |= 1 << path_code(p);
   const int code = path_code(disk_lookup(key));
   bool agree = code != 0;
   int shared = mask;
-  for (const std::vector<double>& theirs :
-       over_ranks({static_cast<double>(code), static_cast<double>(mask)})) {
+  const std::vector<std::vector<double>> exchanged =
+      over_ranks({static_cast<double>(code), static_cast<double>(mask), pace_});
+  for (size_t r = 0; r < exchanged.size(); ++r) {
+    const std::vector<double>& theirs = exchanged[r];
     agree = agree && theirs[0] == code;
     shared &= static_cast<int>(theirs[1]);
+    ASYNCTP_CHECK(theirs[2] == exchanged[0][2],
+                  "dispatcher: {}: rank {} tunes at ASYNCTP_TUNE_PACE={:g}, rank 0 at {:g}; set "
+                  "the same value on every rank",
+                  key, r, theirs[2], exchanged[0][2]);
   }
   std::vector<Path> candidates;
   for (Path p : offered)
@@ -227,6 +235,7 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   if (candidates.size() == 1) {
     DispatchTiming t;
     t.path = candidates[0];
+    t.pace = pace_;
     decisions_[key] = t;
     ASYNCTP_LOG_INFO("{}: {}, the only path every rank can run", key, path_name(t.path));
     return t.path;
@@ -289,8 +298,7 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
         stop->synchronize();
         const double us = 1000.0 * stop->elapsed_ms(*start);
         times[c].push_back(us);
-        // Idle pace() times as long as the run took (see pace()), spinning: the bench's
-        // default.
+        // Idle pace() times the run's length (see pace()), spinning: the bench's default.
         if (pace_ > 0)
           pause_host(std::chrono::duration<double, std::micro>(pace_ * us), HostPause::kSpin);
       }

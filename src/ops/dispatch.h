@@ -10,11 +10,12 @@
 //      the cached path if they all found the same one and it is still a candidate;
 //   2. otherwise every rank runs every candidate (one warm-up each, then tuning_rounds() rounds,
 //      each running every candidate once in a balanced order, each run after a device barrier and
-//      followed by an idle pause as long as the run (pace(): ASYNCTP_TUNE_PACE, default 1; at 0
-//      back to back, after kSustainedWarmupMs of back-to-back rounds); kCloseCallRuns more rounds
-//      when the two fastest are within kCloseCall), each path's time is its slowest rank's median,
-//      and the fastest path is taken (ties: the earlier candidate; local rank 0 writes it to the
-//      cache, with the pace it was measured at: an entry of another pace is measured anew).
+//      followed by an idle pause of pace() times its length (ASYNCTP_TUNE_PACE, the same on every
+//      rank, default 1; at 0 back to back, after kSustainedWarmupMs of back-to-back rounds);
+//      kCloseCallRuns more rounds when the two fastest are within kCloseCall), each path's time
+//      is its slowest rank's median, and the fastest path is taken (ties: the earlier candidate;
+//      local rank 0 writes it to the cache, with the pace it was measured at: an entry of another
+//      pace is measured anew).
 // Later calls reuse the decision without any communication. Under CUDA-graph capture nothing can
 // be measured or agreed on: an unknown problem then takes the first candidate and says so in the
 // log (run the op once before capturing it to have the choice measured). On a backend whose

@@ -388,15 +388,22 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
   fs::remove(file);
 }
 
-// ASYNCTP_TUNE_PACE=0: every rank first runs rounds back to back for kSustainedWarmupMs, then
-// times them with no pause; the choice is cached with its pace. A later process at that pace
-// takes it from the file; one at another pace (1, the default: paced) measures the problem anew
-// and replaces the entry.
+// ASYNCTP_TUNE_PACE=0: every rank first runs rounds back to back for kSustainedWarmupMs (the
+// same rounds on every rank: each run is a collective op), then times them with no pause; the
+// choice is cached with its pace. An entry without a pace was paced: measured anew at pace 0. A
+// later process at the entry's pace takes it from the file; one at another pace (1, the default:
+// paced) measures the problem anew and replaces the entry.
 TEST(DispatcherTest, TunesBackToBackAtPaceZeroAndCachesPerPace) {
   namespace fs = std::filesystem;
   const fs::path file =
       fs::temp_directory_path() / fmt::format("asynctp_dispatch_pace_{}.json", ::getpid());
-  fs::remove(file);
+  auto write_unpaced_entry = [&] {
+    std::ofstream out(file);
+    out << nlohmann::json{{"version", Dispatcher::kCacheVersion},
+                          {"entries", {{"test|pace", {{"path", "native"}}}}}}
+               .dump();
+  };
+  write_unpaced_entry();
   HarnessOptions options;
   options.context.dispatch_cache = file.string();
   auto pick_on_ranks = [&](double pace, bool measured) {
@@ -422,9 +429,18 @@ TEST(DispatcherTest, TunesBackToBackAtPaceZeroAndCachesPerPace) {
           const int tuning = 1 + Dispatcher::tuning_rounds(2);
           if (pace == 0) {
             EXPECT_GE(t->warmup_ms, Dispatcher::kSustainedWarmupMs);
-            // The warm-up's rounds (14 ms each: some 20 of them) beside the tuning's.
+            // The warm-up's rounds (14 ms each: some 20 of them) beside the tuning's, alike on
+            // every rank.
             EXPECT_GT(runs[Path::kNative], tuning);
             EXPECT_EQ(runs[Path::kNative], runs[Path::kSplit]);
+            Store& store = ctx.group().store();
+            store.set(fmt::format("test/pace_runs/{}", ctx.rank()),
+                      std::to_string(runs[Path::kNative]));
+            for (int r = 0; r < ctx.world_size(); ++r) {
+              EXPECT_EQ(store.get(fmt::format("test/pace_runs/{}", r)),
+                        std::to_string(runs[Path::kNative]))
+                  << "rank " << r;
+            }
           } else {
             EXPECT_EQ(t->warmup_ms, 0.0);
             EXPECT_EQ(runs[Path::kNative], tuning);
@@ -437,13 +453,32 @@ TEST(DispatcherTest, TunesBackToBackAtPaceZeroAndCachesPerPace) {
     std::ifstream in(file);
     const nlohmann::json entry = nlohmann::json::parse(in)["entries"]["test|pace"];
     EXPECT_EQ(entry.value("path", ""), "native");
-    EXPECT_EQ(entry.value("pace", -1.0), pace);
+    EXPECT_EQ(entry.value("pace", 1.0), pace);  // none: paced
   };
   pick_on_ranks(0, /*measured=*/true);
   pick_on_ranks(0, /*measured=*/false);
   pick_on_ranks(1, /*measured=*/true);
   pick_on_ranks(1, /*measured=*/false);
+  write_unpaced_entry();
+  pick_on_ranks(1, /*measured=*/false);
   fs::remove(file);
+}
+
+// Ranks at different paces would run different rounds of collective ops: a named error on every
+// rank, before anything runs.
+TEST(DispatcherTest, RanksAtDifferentPacesAreANamedError) {
+  auto statuses = run_ranks(2, [](OpContext& ctx) {
+    ::setenv("ASYNCTP_TUNE_PACE", ctx.rank() == 0 ? "1" : "0", 1);
+    Dispatcher dispatcher(ctx, "off");
+    ::unsetenv("ASYNCTP_TUNE_PACE");
+    int runs = 0;
+    EXPECT_THAT([&] { dispatcher.pick("test|paces", kOverlapped, [&](Path) { ++runs; }); },
+                ThrowsMessage<Error>(HasSubstr("dispatcher: test|paces: rank 1 tunes at "
+                                               "ASYNCTP_TUNE_PACE=0, rank 0 at 1; set the same "
+                                               "value on every rank")));
+    EXPECT_EQ(runs, 0);
+  });
+  EXPECT_RANKS_OK(statuses);
 }
 
 // A cached path that is no longer a candidate (here: native, where only split and the fallback
@@ -479,8 +514,9 @@ TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
   fs::remove(file);
 }
 
-// A cache entry this program did not write (not an object, or a "path" that is not a string) is
-// an error that names the file and the entry, not nlohmann's type_error escaping the op.
+// A cache entry this program did not write (not an object, a "path" that is not a string, a
+// "pace" that is not a number) is an error that names the file and the entry, not nlohmann's
+// type_error escaping the op.
 TEST(DispatcherTest, MalformedCacheEntryIsANamedError) {
   namespace fs = std::filesystem;
   const fs::path file =
@@ -523,8 +559,8 @@ TEST(DispatcherTest, MalformedCacheEntryIsANamedError) {
       [&](OpContext& ctx) {
         EXPECT_THAT([&] { ctx.dispatcher().pick("test|bad", kOverlapped, [](Path) {}); },
                     ThrowsMessage<Error>(HasSubstr(fmt::format(
-                        "dispatch cache {}: entry 'test|bad' has a \"pace\" of type string, not "
-                        "a number",
+                        "dispatch cache {}: entry 'test|bad' has a \"pace\" of type string "
+                        "(\"fast\"), not a number",
                         file.string()))));
       },
       options);
