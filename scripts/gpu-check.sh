@@ -10,12 +10,14 @@
 #   GTEST_FILTER=...                        (passed to the GPU test binary)
 #   SANITIZE_BINARIES / SANITIZE_TOOLS / SANITIZE_FILTER / SANITIZE_SHARDS / SANITIZE_TIMEOUT /
 #   SANITIZE_LIMIT                          (sanitize: which binaries, tools, tests; how many
-#                                            gtest shards run at once (default 6); the
+#                                            gtest shards the tests are cut into, all of them
+#                                            run at once (default 6); the
 #                                            ASYNCTP_TIMEOUT of the run, default 120 s; the
 #                                            limit of one run, default 600 s)
 #   SANITIZE_SHARD_INDICES="0 1 ... 15"     (sanitize: which of the SANITIZE_SHARDS shards this run
-#                                            takes, default all: a binary too slow for one call
-#                                            goes in several, e.g. shards 0-15 of 32, then 16-31)
+#                                            takes, all at once, default all: a binary too slow
+#                                            for one call goes in several, e.g. shards 0-15 of
+#                                            32, then 16-31; gtest refuses an index out of range)
 #   BENCH_ARGS="--pace 0 ..."               (more options for asynctp bench)
 #   BUNDLE=1                                (write the logs elsewhere and leave in $OUT only one
 #                                            archive of them, gpu-check.tgz, and the summaries
