@@ -19,6 +19,7 @@
 #include "core/env.h"
 #include "core/log.h"
 #include "ops/context.h"
+#include "ops/warm_up.h"
 
 namespace asynctp {
 
@@ -253,36 +254,20 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   for (Path p : candidates)
     run(p);
   Stream& s = ctx_.stream();
-  // At pace 0: rounds back to back until every rank has run them for kSustainedWarmupMs, in
-  // batches with no synchronization inside (the first batch one round, which times a round);
-  // after each, the ranks agree on the least time run so far and the longest round, and from
-  // them on the next batch's length, so that all run the same rounds.
+  // At pace 0: rounds back to back until every rank has run them for kSustainedWarmupMs.
   double warmup_ms = 0.0;
   if (pace_ == 0.0) {
     const auto warm_start = std::chrono::steady_clock::now();
-    auto elapsed_ms = [&] {
-      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                       warm_start)
-          .count();
-    };
-    for (int64_t rounds = 1;;) {
-      const double before = elapsed_ms();
-      for (int64_t r = 0; r < rounds; ++r)
-        for (Path p : candidates)
-          run(p);
-      s.synchronize();
-      const double now_ms = elapsed_ms();
-      double least = std::numeric_limits<double>::infinity(), round_ms = 0.0;
-      for (const std::vector<double>& theirs :
-           over_ranks({now_ms, (now_ms - before) / static_cast<double>(rounds)})) {
-        least = std::min(least, theirs[0]);
-        round_ms = std::max(round_ms, theirs[1]);
-      }
-      if (least >= kSustainedWarmupMs) break;
-      rounds = static_cast<int64_t>(
-          std::clamp(std::ceil((kSustainedWarmupMs - least) / std::max(round_ms, 1e-3)), 1.0, 1e6));
-    }
-    warmup_ms = elapsed_ms();
+    warm_up_for(
+        ctx_,
+        [&] {
+          for (Path p : candidates)
+            run(p);
+        },
+        kSustainedWarmupMs, warm_start);
+    warmup_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - warm_start)
+            .count();
   }
   auto start = be.create_event(true);
   auto stop = be.create_event(true);

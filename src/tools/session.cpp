@@ -105,23 +105,10 @@ std::vector<double> round_robin_medians(OpContext& ctx,
   for (int i = 0; i < warmup; ++i)
     round();
   ctx.backend().synchronize();
-  if (warmup_ms > 0) {
-    // Keep the GPU busy for warmup_ms in all: a GPU that comes out of a pause (validation, the
-    // previous shape's set-up) runs its first few hundred milliseconds of heavy work at reduced
-    // clocks (see docs/DECISIONS.md D23).
-    // The ranks agree on the number of rounds: every round is collective.
-    const auto t0 = std::chrono::steady_clock::now();
-    round();
-    ctx.backend().synchronize();
-    const auto t1 = std::chrono::steady_clock::now();
-    const double per_round = std::chrono::duration<double, std::milli>(t1 - t0).count();
-    const double left = warmup_ms - std::chrono::duration<double, std::milli>(t1 - began).count();
-    const double mine = left <= 0 ? 0.0 : std::min(10000.0, std::ceil(left / per_round));
-    const int more = static_cast<int>(max_over_ranks(ctx.group(), mine));
-    for (int i = 0; i < more; ++i)
-      round();
-    ctx.backend().synchronize();
-  }
+  // Keep the GPU busy for warmup_ms in all: a GPU that comes out of a pause (validation, the
+  // previous shape's set-up) runs its first few hundred milliseconds of heavy work at reduced
+  // clocks (see docs/DECISIONS.md D23).
+  if (warmup_ms > 0) warm_up_for(ctx, round, warmup_ms, began);
   ctx.group().barrier("bench");
   std::vector<std::vector<double>> times(fns.size()), host(fns.size());
   // Each round runs the variants in the next order of a balanced design, the same on every rank
@@ -175,16 +162,6 @@ std::vector<double> median_ms_interleaved(OpContext& ctx,
   return round_robin_medians(
       ctx, fns, warmup, iters, [&] { ctx.align_ranks(); }, host_ms, warmup_ms, pace, pause,
       hide_cycles);
-}
-
-double max_over_ranks(Group& group, double value) {
-  const std::string key = group.next_key("tools/max");
-  group.store().set(fmt::format("{}/{}", key, group.rank()), fmt::format("{:.17g}", value));
-  double result = value;
-  for (int r = 0; r < group.world_size(); ++r) {
-    result = std::max(result, std::stod(group.store().get(fmt::format("{}/{}", key, r))));
-  }
-  return result;
 }
 
 std::vector<int64_t> parse_shape(const std::string& text) {

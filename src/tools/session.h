@@ -9,6 +9,7 @@
 
 #include "core/deadline.h"
 #include "ops/context.h"
+#include "ops/warm_up.h"  // max_over_ranks
 
 namespace asynctp::tools {
 
@@ -61,9 +62,6 @@ std::vector<double> median_ms_interleaved(OpContext& ctx,
                                           double warmup_ms = 0, double pace = 0,
                                           HostPause pause = HostPause::kSpin,
                                           int64_t hide_cycles = 0);
-
-// The largest of every rank's value (each rank passes its own); the same result on every rank.
-double max_over_ranks(Group& group, double value);
 
 // "MxKxN" -> {M, K, N}; throws naming the text.
 std::vector<int64_t> parse_shape(const std::string& text);
