@@ -38,7 +38,7 @@ extern "C" {
 #define ASYNCTP_C_EXPORT
 #endif
 
-#define ASYNCTP_C_API_VERSION 5
+#define ASYNCTP_C_API_VERSION 6
 #define ASYNCTP_MAX_DIMS 8
 #define ASYNCTP_CONTEXT_STREAM ((void*)(intptr_t)-1)
 
@@ -222,6 +222,16 @@ ASYNCTP_C_EXPORT asynctp_status asynctp_all_gather_matmul_swiglu(
     asynctp_context ctx, const asynctp_tensor* a_shard, const asynctp_tensor* b_gate_up,
     const asynctp_tensor* out, const asynctp_tensor* pre_out, const asynctp_tensor* a_out,
     int32_t gather_dim, int32_t path, void* stream);
+
+/* asynctp_all_gather_matmul_swiglu's backward, on this rank alone (asynctp/ops.h,
+ * swiglu_backward): grad_gate_up ([.., 2N]) = [dG | dU] of out = silu(G) * U from
+ * gate_up = P = [G | U] ([.., 2N]) and grad_out ([.., N]), in f32, rounded once, in one pass.
+ * grad_gate_up overlaps neither input. */
+ASYNCTP_C_EXPORT asynctp_status asynctp_swiglu_backward(asynctp_context ctx,
+                                                        const asynctp_tensor* grad_out,
+                                                        const asynctp_tensor* gate_up,
+                                                        const asynctp_tensor* grad_gate_up,
+                                                        void* stream);
 
 ASYNCTP_C_EXPORT asynctp_status asynctp_all_gather_scaled_matmul(
     asynctp_context ctx, const asynctp_tensor* a_shard, const asynctp_tensor* a_scale,

@@ -104,6 +104,16 @@ void all_gather_matmul_swiglu(Context& ctx, const Tensor& a_shard, const Tensor&
                               const Tensor& out, const Tensor& pre_out = {},
                               const Tensor& a_out = {}, const AllGatherMatmulOptions& options = {});
 
+// all_gather_matmul_swiglu's backward, elementwise on this rank alone (nothing is exchanged):
+// from the products P = [g | u] (gate_up, [.., 2N], as pre_out returns them) and out's gradient
+// (grad_out, [.., N], the same leading dims), grad_gate_up ([.., 2N]) receives
+// [d * u * s * (1 + g * (1 - s)) | d * silu(g)], s = sigmoid(g), computed in f32 and rounded
+// once. One pass: it reads P and grad_out once and writes grad_gate_up once. Any strides; f32,
+// bf16 or f16, each operand its own. grad_gate_up overlaps neither input. `stream` as in the
+// collectives below.
+void swiglu_backward(Context& ctx, const Tensor& grad_out, const Tensor& gate_up,
+                     const Tensor& grad_gate_up, std::optional<void*> stream = {});
+
 // float8 form: A_shard and Bs in f8e4m3/f8e5m2. a_scale (f32): one element (tensor-wise; the
 // same on every rank) or A_shard's shape with the last dim 1 (row-wise; gathered with A).
 // b_scales[i] (f32): one element or [1, N_i]. Gathering on the contraction dim is not supported

@@ -148,6 +148,16 @@ asynctp_status asynctp_all_gather_matmul_swiglu(asynctp_context ctx, const async
   });
 }
 
+asynctp_status asynctp_swiglu_backward(asynctp_context ctx, const asynctp_tensor* grad_out,
+                                       const asynctp_tensor* gate_up,
+                                       const asynctp_tensor* grad_gate_up, void* stream) {
+  return guarded(__func__, [&] {
+    OpContext& c = *context_of(ctx, "ctx").ctx;
+    swiglu_backward(c, tensor_of(grad_out, "grad_out", c), tensor_of(gate_up, "gate_up", c),
+                    tensor_of(grad_gate_up, "grad_gate_up", c), stream_of(stream));
+  });
+}
+
 asynctp_status asynctp_all_gather_scaled_matmul(
     asynctp_context ctx, const asynctp_tensor* a_shard, const asynctp_tensor* a_scale,
     const asynctp_tensor* bs, const asynctp_tensor* b_scales, int32_t num_bs,

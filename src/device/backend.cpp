@@ -124,6 +124,18 @@ void Backend::check_swiglu(const Tensor& out, const Tensor& gate_up) {
   }
 }
 
+void Backend::check_swiglu_backward(const Tensor& grad_gate_up, const Tensor& grad_out,
+                                    const Tensor& gate_up) {
+  check_swiglu(grad_out, gate_up);
+  ASYNCTP_CHECK(grad_gate_up.defined() && grad_gate_up.shape() == gate_up.shape(),
+                "swiglu_backward: grad_gate_up must be {} like gate_up, got {}", gate_up.shape(),
+                grad_gate_up.describe());
+  const DType d = grad_gate_up.dtype();
+  ASYNCTP_CHECK(d == DType::kF32 || d == DType::kBF16 || d == DType::kF16,
+                "swiglu_backward: grad_gate_up {} is not f32, bf16 or f16",
+                grad_gate_up.describe());
+}
+
 std::unique_ptr<Backend> make_backend(std::string_view name, int local_rank, int device_index) {
   ASYNCTP_CHECK(device_index >= -1,
                 "device_index must be -1 (by local rank) or a GPU's index, got {}", device_index);

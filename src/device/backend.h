@@ -154,6 +154,12 @@ class Backend {
   // (kernels::swiglu_f32), rounded once. gate_up: [.., 2N] (the gate's columns, then the up
   // projection's); out: [.., N], the same leading dims; any strides, f32, bf16 or f16.
   virtual void swiglu(const Tensor& out, const Tensor& gate_up, Stream& stream) = 0;
+  // swiglu's backward, in one pass: grad_gate_up[.., j] = d_gate and grad_gate_up[.., N + j] =
+  // d_up of (g, u) = (gate_up[.., j], gate_up[.., N + j]) and d = grad_out[.., j], in f32
+  // (kernels::swiglu_backward_f32), each rounded once. grad_gate_up and gate_up: [.., 2N];
+  // grad_out: [.., N], the same leading dims; any strides, f32, bf16 or f16.
+  virtual void swiglu_backward(const Tensor& grad_gate_up, const Tensor& grad_out,
+                               const Tensor& gate_up, Stream& stream) = 0;
   // Waits for all work on all streams of this backend.
   virtual void synchronize() = 0;
   // Throws the TimeoutError of a bounded device-side wait that gave up since the last check (a
@@ -253,6 +259,9 @@ class Backend {
   static void check_flag_wait(const FlagWait& wait);
   // swiglu's shapes and dtypes.
   static void check_swiglu(const Tensor& out, const Tensor& gate_up);
+  // swiglu_backward's: grad_out as swiglu's out, grad_gate_up as gate_up.
+  static void check_swiglu_backward(const Tensor& grad_gate_up, const Tensor& grad_out,
+                                    const Tensor& gate_up);
 };
 
 // "cpu", "cuda" when built with the CUDA backend, or "auto": cuda where built and a GPU is

@@ -209,6 +209,16 @@ class CpuBackend final : public Backend {
     as_cpu(stream, "unary").enqueue("unary", [op, out, in] { run_unary(op, out, in); });
   }
 
+  void swiglu_backward(const Tensor& grad_gate_up, const Tensor& grad_out, const Tensor& gate_up,
+                       Stream& stream) override {
+    check_host(grad_gate_up, "swiglu_backward output");
+    check_host(grad_out, "swiglu_backward grad_out");
+    check_host(gate_up, "swiglu_backward input");
+    check_swiglu_backward(grad_gate_up, grad_out, gate_up);
+    as_cpu(stream, "swiglu_backward").enqueue("swiglu_backward", [grad_gate_up, grad_out, gate_up] {
+      run_swiglu_backward(grad_gate_up, grad_out, gate_up);
+    });
+  }
   void swiglu(const Tensor& out, const Tensor& gate_up, Stream& stream) override {
     check_host(out, "swiglu output");
     check_host(gate_up, "swiglu input");
@@ -410,6 +420,26 @@ class CpuBackend final : public Backend {
         gate[j] = kernels::swiglu_f32(gate[j], up[j]);
       store_row(out.dtype(), out.data(), off[0], out.stride(-1), n, gate.data());
     });
+  }
+
+  static void run_swiglu_backward(const Tensor& grad_gate_up, const Tensor& grad_out,
+                                  const Tensor& gate_up) {
+    if (grad_out.numel() == 0) return;
+    const int64_t n = grad_out.size(-1);
+    std::vector<float> gate(n), up(n), d(n);
+    cpu::for_each_row<3>(
+        grad_out.shape(), {&grad_out.strides(), &gate_up.strides(), &grad_gate_up.strides()},
+        [&](const auto& off) {
+          const int64_t stride = gate_up.stride(-1), gstride = grad_gate_up.stride(-1);
+          load_row(gate_up.dtype(), gate_up.data(), off[1], stride, n, gate.data());
+          load_row(gate_up.dtype(), gate_up.data(), off[1] + n * stride, stride, n, up.data());
+          load_row(grad_out.dtype(), grad_out.data(), off[0], grad_out.stride(-1), n, d.data());
+          for (int64_t j = 0; j < n; ++j)
+            kernels::swiglu_backward_f32(gate[j], up[j], d[j], &gate[j], &up[j]);
+          store_row(grad_gate_up.dtype(), grad_gate_up.data(), off[2], gstride, n, gate.data());
+          store_row(grad_gate_up.dtype(), grad_gate_up.data(), off[2] + n * gstride, gstride, n,
+                    up.data());
+        });
   }
 
   static float load_scalar(const Tensor& t) {

@@ -189,6 +189,55 @@ __global__ void swiglu_kernel(KTensor out, KTensor gate_up, int64_t numel, int64
   }
 }
 
+// swiglu's backward over rows of dtype D, the three operands contiguous and 16-byte aligned, n %
+// lanes == 0: 16 bytes of grad_out, and of the gate and up columns under them, per thread.
+template <DType D>
+__global__ void swiglu_backward_vector_kernel(void* grad_gate_up, const void* grad_out,
+                                              const void* gate_up, int64_t rows, int64_t n) {
+  using E = Elem<D>;
+  using T = typename E::T;
+  constexpr int kLanes = 16 / sizeof(T);
+  const int64_t row_lanes = n / kLanes;
+  const int64_t lanes = rows * row_lanes;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < lanes;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / row_lanes, l = i % row_lanes;
+    const int64_t gi = r * 2 * row_lanes + l;  // the gate's lane; the up's is row_lanes on
+    uint4 g = static_cast<const uint4*>(gate_up)[gi];
+    uint4 u = static_cast<const uint4*>(gate_up)[gi + row_lanes];
+    const uint4 d = static_cast<const uint4*>(grad_out)[i];
+    T* ge = reinterpret_cast<T*>(&g);
+    T* ue = reinterpret_cast<T*>(&u);
+    const T* de = reinterpret_cast<const T*>(&d);
+#pragma unroll
+    for (int k = 0; k < kLanes; ++k) {
+      float dg, du;
+      swiglu_backward_f32(E::load(ge[k]), E::load(ue[k]), E::load(de[k]), &dg, &du);
+      ge[k] = E::store(dg);
+      ue[k] = E::store(du);
+    }
+    static_cast<uint4*>(grad_gate_up)[gi] = g;
+    static_cast<uint4*>(grad_gate_up)[gi + row_lanes] = u;
+  }
+}
+
+// Any strides and dtypes: grad_out's element i (row-major) is (row i / n, column i % n); its gate
+// is element (i / n) * 2n + i % n of gate_up and grad_gate_up, its up that plus n.
+__global__ void swiglu_backward_kernel(KTensor grad_gate_up, KTensor grad_out, KTensor gate_up,
+                                       int64_t numel, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t g = i / n * 2 * n + i % n;
+    const float gate = load_f32(gate_up.data, gate_up.dtype, offset_of(gate_up, g));
+    const float up = load_f32(gate_up.data, gate_up.dtype, offset_of(gate_up, g + n));
+    const float d = load_f32(grad_out.data, grad_out.dtype, offset_of(grad_out, i));
+    float dg, du;
+    swiglu_backward_f32(gate, up, d, &dg, &du);
+    store_f32(grad_gate_up.data, grad_gate_up.dtype, offset_of(grad_gate_up, g), dg);
+    store_f32(grad_gate_up.data, grad_gate_up.dtype, offset_of(grad_gate_up, g + n), du);
+  }
+}
+
 __global__ void scale_epilogue_kernel(void* d, DType d_dtype, int64_t ldd, const float* src,
                                       int64_t rows, int64_t cols, const float* row_scale,
                                       bool row_broadcast, const float* col_scale,
@@ -270,6 +319,34 @@ cudaError_t unary(int op, const KTensor& dst, const KTensor& src, cudaStream_t s
   }
   unary_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(
       op, dst, src, n, dst.contiguous(), src.contiguous());
+  return cudaGetLastError();
+}
+
+cudaError_t swiglu_backward(const KTensor& grad_gate_up, const KTensor& grad_out,
+                            const KTensor& gate_up, cudaStream_t stream) {
+  const int64_t numel = grad_out.numel();
+  if (numel == 0) return cudaSuccess;
+  const int64_t n = grad_out.shape[grad_out.ndim - 1];
+  const int64_t lanes = 16 / static_cast<int64_t>(element_size(grad_out.dtype));
+  if (vectorizable(grad_out, &gate_up) && vectorizable(grad_out, &grad_gate_up) && n % lanes == 0) {
+    const int64_t rows = numel / n;
+    const int grid = vector_grid(numel, grad_out.dtype);
+    if (grad_out.dtype == DType::kF32) {
+      swiglu_backward_vector_kernel<DType::kF32>
+          <<<grid, kThreads, 0, stream>>>(grad_gate_up.data, grad_out.data, gate_up.data, rows, n);
+    }
+    if (grad_out.dtype == DType::kBF16) {
+      swiglu_backward_vector_kernel<DType::kBF16>
+          <<<grid, kThreads, 0, stream>>>(grad_gate_up.data, grad_out.data, gate_up.data, rows, n);
+    }
+    if (grad_out.dtype == DType::kF16) {
+      swiglu_backward_vector_kernel<DType::kF16>
+          <<<grid, kThreads, 0, stream>>>(grad_gate_up.data, grad_out.data, gate_up.data, rows, n);
+    }
+    return cudaGetLastError();
+  }
+  swiglu_backward_kernel<<<detail::grid_for(numel, kThreads), kThreads, 0, stream>>>(
+      grad_gate_up, grad_out, gate_up, numel, n);
   return cudaGetLastError();
 }
 

@@ -84,6 +84,12 @@ cudaError_t unary(int op, const KTensor& dst, const KTensor& src, cudaStream_t s
 // Contiguous, 16-byte aligned operands of one dtype with n a multiple of 16 bytes take the
 // vector kernel.
 cudaError_t swiglu(const KTensor& out, const KTensor& gate_up, cudaStream_t stream);
+// swiglu's backward in one pass (kernels::swiglu_backward_f32): grad_gate_up [.., 2n] (d_gate,
+// then d_up) from grad_out [.., n] and gate_up [.., 2n], each rounded once; any strides, f32,
+// bf16 or f16. The three contiguous, 16-byte aligned and of one dtype with n a multiple of 16
+// bytes take the vector kernel: 48 bytes read and 32 written a thread.
+cudaError_t swiglu_backward(const KTensor& grad_gate_up, const KTensor& grad_out,
+                            const KTensor& gate_up, cudaStream_t stream);
 
 inline constexpr int kMaxReduceInputs = 64;
 // Flags a reduction (or wait_flags) waits for: flags[i] up for op `value` (flag - value is 0 or

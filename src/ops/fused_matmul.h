@@ -23,6 +23,9 @@ void all_gather_matmul_swiglu(OpContext& ctx, const Tensor& a_shard, const Tenso
                               const Tensor& out, const Tensor& pre_out = {},
                               const Tensor& a_out = {}, const AllGatherMatmulOptions& options = {});
 
+void swiglu_backward(OpContext& ctx, const Tensor& grad_out, const Tensor& gate_up,
+                     const Tensor& grad_gate_up, std::optional<void*> stream = {});
+
 void all_gather_scaled_matmul(OpContext& ctx, const Tensor& a_shard, const Tensor& a_scale,
                               std::span<const Tensor> bs, std::span<const Tensor> b_scales,
                               std::span<const Tensor> outs, const Tensor& a_out = {},

@@ -136,6 +136,11 @@ void reduce_scatter(Context& ctx, const Tensor& in, const Tensor& out, ReduceOp 
   reduce_scatter(engine(ctx), in, out, op, dim, stream);
 }
 
+void swiglu_backward(Context& ctx, const Tensor& grad_out, const Tensor& gate_up,
+                     const Tensor& grad_gate_up, std::optional<void*> stream) {
+  swiglu_backward(engine(ctx), grad_out, gate_up, grad_gate_up, stream);
+}
+
 void all_reduce(Context& ctx, const Tensor& inout, ReduceOp op, std::optional<void*> stream) {
   all_reduce(engine(ctx), inout, op, stream);
 }

@@ -292,6 +292,37 @@ TEST_P(CapiOps, AllGatherMatmulSwiglu) {
   });
 }
 
+// swiglu_backward: [dG | dU] from P = [G | U] and out's gradient, each rank alone; an output over
+// an input is an invalid argument naming both.
+TEST_P(CapiOps, SwigluBackward) {
+  const auto [ws, how] = GetParam();
+  run_c(ws, how, [](asynctp_context ctx, int rank, int ws) {
+    const int64_t rows = 4, n = 6;
+    const std::vector<float> p = seeded_values({rows, 2 * n}, 320 + rank);
+    const std::vector<float> d = seeded_values({rows, n}, 330 + rank);
+    const HostTensor pre = host_of(p, {rows, 2 * n}, ASYNCTP_F32);
+    const HostTensor grad_out = host_of(d, {rows, n}, ASYNCTP_F32);
+    HostTensor grad_pre({rows, 2 * n}, ASYNCTP_F32);
+    const asynctp_tensor p_desc = pre.desc(), d_desc = grad_out.desc(), g_desc = grad_pre.desc();
+    C_ASSERT_OK(asynctp_swiglu_backward(ctx, &d_desc, &p_desc, &g_desc, ASYNCTP_CONTEXT_STREAM));
+    C_ASSERT_OK(asynctp_synchronize(ctx));
+    const std::vector<float> got = values_of(grad_pre);
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float g = p[i * 2 * n + j], u = p[i * 2 * n + n + j], dv = d[i * n + j];
+        const float s = 1.0f / (1.0f + std::exp(-g));
+        EXPECT_NEAR(got[i * 2 * n + j], dv * u * s * (1.0f + g * (1.0f - s)), 1e-5f)
+            << "dG[" << i << ", " << j << "]";
+        EXPECT_NEAR(got[i * 2 * n + n + j], dv * g * s, 1e-5f) << "dU[" << i << ", " << j << "]";
+      }
+    }
+    EXPECT_EQ(asynctp_swiglu_backward(ctx, &d_desc, &p_desc, &p_desc, ASYNCTP_CONTEXT_STREAM),
+              ASYNCTP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(asynctp_last_error()).find("grad_gate_up"), std::string::npos)
+        << asynctp_last_error();
+  });
+}
+
 // out = RS(g)(As[0] @ Bs[0] + As[1] @ Bs[1]), sum and avg.
 void check_matmul_reduce_scatter(asynctp_context ctx, int rank, int ws, Shape a_shape, int g,
                                  asynctp_dtype dtype, int32_t op, int32_t path) {

@@ -422,6 +422,62 @@ TEST_F(CpuBackendTest, SwigluChecksItsShapes) {
               HasSubstr("is not f32, bf16 or f16"));
 }
 
+// [dG | dU] with dG = d * u * s * (1 + g * (1 - s)), s = sigmoid(g), and dU = d * silu(g), in f32,
+// each rounded once: strided operands (a column-major gate_up, a padded grad_out, a
+// column-major grad_gate_up), 3-D, and a dtype of each operand's own.
+TEST_F(CpuBackendTest, SwigluBackwardGivesTheGateThenTheUpGradient) {
+  struct Case {
+    Dims out_shape;
+    DType in_dtype, grad_dtype, out_dtype;
+    bool strided;
+  };
+  for (const Case& c : {Case{{6, 5}, DType::kF32, DType::kF32, DType::kF32, true},
+                        Case{{2, 3, 8}, DType::kBF16, DType::kBF16, DType::kBF16, false},
+                        Case{{7, 4}, DType::kF16, DType::kBF16, DType::kF32, true}}) {
+    SCOPED_TRACE(fmt::format("grad_out {}{}, gate_up {}, grad_gate_up {}", c.grad_dtype,
+                             c.out_shape, c.in_dtype, c.out_dtype));
+    Dims in_shape = c.out_shape;
+    const int64_t n = c.out_shape[c.out_shape.size() - 1];
+    in_shape[in_shape.size() - 1] = 2 * n;
+    OwnedTensor in = c.strided ? testing::empty_transposed(in_shape, c.in_dtype)
+                               : empty_host(in_shape, c.in_dtype);
+    fill_seeded(in, seed_of({12}), Values::kRandom);
+    OwnedTensor d = c.strided ? testing::empty_padded(c.out_shape, c.grad_dtype, 3)
+                              : empty_host(c.out_shape, c.grad_dtype);
+    fill_seeded(d, seed_of({13}), Values::kRandom);
+    OwnedTensor out = c.strided ? testing::empty_transposed(in_shape, c.out_dtype)
+                                : empty_host(in_shape, c.out_dtype);
+    backend_->swiglu_backward(out, d, in, stream());
+    stream().synchronize();
+    OwnedTensor expected = empty_host(in_shape, c.out_dtype);
+    for (int64_t i = 0; i < d->numel(); ++i) {
+      const int64_t gi = i / n * 2 * n + i % n;
+      const float g = get(in, gi), u = get(in, gi + n), dv = get(d, i);
+      const float s = 1.0f / (1.0f + std::exp(-g));
+      testing::set(expected, gi, dv * u * (s * (1.0f + g * (1.0f - s))));
+      testing::set(expected, gi + n, dv * (g / (1.0f + std::exp(-g))));
+    }
+    EXPECT_TRUE(same_bits(out, expected));
+  }
+}
+
+TEST_F(CpuBackendTest, SwigluBackwardChecksItsShapes) {
+  OwnedTensor in = empty_host({4, 8}, DType::kF32);
+  OwnedTensor d = empty_host({4, 4}, DType::kF32);
+  OwnedTensor narrow = empty_host({4, 4}, DType::kF32);
+  EXPECT_THAT(
+      error_of([&] { backend_->swiglu_backward(narrow, d, in, stream()); }),
+      HasSubstr("swiglu_backward: grad_gate_up must be [4, 8] like gate_up, got f32[4, 4]"));
+  OwnedTensor out = empty_host({4, 8}, DType::kF32);
+  OwnedTensor wide = empty_host({4, 8}, DType::kF32);
+  EXPECT_THAT(error_of([&] { backend_->swiglu_backward(out, wide, in, stream()); }),
+              HasSubstr("swiglu: gate_up must be [4, 16] for out f32[4, 8]"));
+  OwnedTensor ints = empty_host({4, 8}, DType::kI64);
+  EXPECT_THAT(
+      error_of([&] { backend_->swiglu_backward(ints, d, in, stream()); }),
+      ::testing::AllOf(HasSubstr("grad_gate_up i64[4, 8]"), HasSubstr("is not f32, bf16 or f16")));
+}
+
 // --- streams and events ----------------------------------------------------------------------
 
 TEST_F(CpuBackendTest, EventsMeasureNonNegativeTime) {

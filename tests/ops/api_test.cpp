@@ -188,6 +188,10 @@ class CapturingCpuBackend final : public Backend {
   void unary(UnaryOp op, const Tensor& out, const Tensor& in, Stream& s) override {
     cpu_->unary(op, out, in, s);
   }
+  void swiglu_backward(const Tensor& grad_gate_up, const Tensor& grad_out, const Tensor& gate_up,
+                       Stream& s) override {
+    cpu_->swiglu_backward(grad_gate_up, grad_out, gate_up, s);
+  }
   void swiglu(const Tensor& out, const Tensor& gate_up, Stream& s) override {
     cpu_->swiglu(out, gate_up, s);
   }

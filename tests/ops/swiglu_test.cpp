@@ -213,5 +213,33 @@ TEST(SwigluErrorsTest, BadShapesAreRejectedNamingTheArgument) {
   EXPECT_RANKS_OK(statuses);
 }
 
+// swiglu_backward through the op: the backend's pass on the context's device (CPU: the same bits
+// as the backend's own call), and its argument checks, each naming the operand.
+TEST(SwigluBackwardTest, MatchesTheBackendAndRefusesBadOperands) {
+  auto statuses = run_ranks(1, [](OpContext& ctx) {
+    const OwnedTensor gate_up = seeded({8, 12}, DType::kBF16, {510});
+    const OwnedTensor grad_out = seeded({8, 6}, DType::kBF16, {511});
+    const OwnedTensor got = empty_host({8, 12}, DType::kBF16);
+    swiglu_backward(ctx, grad_out, gate_up, got);
+    ctx.backend().synchronize();
+    const OwnedTensor expected = empty_host({8, 12}, DType::kBF16);
+    ctx.backend().swiglu_backward(expected, grad_out, gate_up, ctx.stream());
+    ctx.backend().synchronize();
+    EXPECT_TRUE(same_bits(got, expected));
+    // In place over the products: refused, naming both.
+    EXPECT_THAT(
+        error_of([&] { swiglu_backward(ctx, grad_out, gate_up, gate_up); }),
+        ::testing::AllOf(::testing::HasSubstr("swiglu_backward"),
+                         ::testing::HasSubstr("grad_gate_up"), ::testing::HasSubstr("gate_up")));
+    EXPECT_THAT(error_of([&] { swiglu_backward(ctx, grad_out, Tensor(), got); }),
+                ::testing::HasSubstr("swiglu_backward: gate_up is undefined"));
+    const Tensor elsewhere(got->data(), DType::kBF16, {8, 12}, Device::cuda(0));
+    EXPECT_THAT(error_of([&] { swiglu_backward(ctx, grad_out, gate_up, elsewhere); }),
+                ::testing::HasSubstr("swiglu_backward: grad_gate_up is on cuda:0 but the "
+                                     "context runs on cpu"));
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
 }  // namespace
 }  // namespace asynctp

@@ -339,6 +339,14 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
         kernels::swiglu(cuda::to_kernel(out), cuda::to_kernel(gate_up), raw(stream)));
   }
 
+  void swiglu_backward(const Tensor& grad_gate_up, const Tensor& grad_out, const Tensor& gate_up,
+                       Stream& stream) override {
+    check_swiglu_backward(grad_gate_up, grad_out, gate_up);
+    ASYNCTP_CUDA_CHECK(kernels::swiglu_backward(cuda::to_kernel(grad_gate_up),
+                                                cuda::to_kernel(grad_out), cuda::to_kernel(gate_up),
+                                                raw(stream)));
+  }
+
   void synchronize() override {
     ASYNCTP_CUDA_CHECK(cudaDeviceSynchronize());
     check_device_errors();

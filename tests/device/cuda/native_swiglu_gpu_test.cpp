@@ -142,5 +142,45 @@ INSTANTIATE_TEST_SUITE_P(Lengths, CudaSwigluKernelTest,
                                                               DType::kF16),
                                             ::testing::Values(8, 64, 1000, 4096)));
 
+// The SwiGLU's backward kernel likewise: the vector path (the three operands contiguous, aligned,
+// of one dtype, N a multiple of 16 bytes) against the generic one (a column-strided grad_out
+// view) bit for bit, both against the CPU backend to rounding; an element left unwritten would
+// stay NaN (Gpu::empty).
+class CudaSwigluBackwardKernelTest : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
+
+TEST_P(CudaSwigluBackwardKernelTest, VectorPathMatchesTheGenericOneAndTheCpuBackend) {
+  SKIP_UNLESS_GPUS(1);
+  const auto [dtype, n] = GetParam();
+  Gpu gpu;
+  std::unique_ptr<Backend> cpu = make_backend("cpu", 0);
+  const int64_t rows = 37;
+  OwnedTensor host_p = empty_host({rows, 2 * n}, dtype);
+  OwnedTensor host_d = empty_host({rows, n}, dtype);
+  fill_seeded(host_p, seed_of({960, static_cast<uint64_t>(n)}), Values::kRandom);
+  fill_seeded(host_d, seed_of({961, static_cast<uint64_t>(n)}), Values::kRandom);
+  OwnedTensor p = gpu.empty({rows, 2 * n}, dtype);
+  OwnedTensor d = gpu.empty({rows, n}, dtype);
+  OwnedTensor d_wide = gpu.empty({rows, n + 1}, dtype);
+  const Tensor d_strided = d_wide.tensor.narrow(1, 1, n);
+  gpu.be().copy(p, host_p, gpu.stream());
+  gpu.be().copy(d, host_d, gpu.stream());
+  gpu.be().copy(d_strided, d, gpu.stream());
+  OwnedTensor out_vec = gpu.empty({rows, 2 * n}, dtype);
+  OwnedTensor out_generic = gpu.empty({rows, 2 * n}, dtype);
+  gpu.be().swiglu_backward(out_vec, d, p, gpu.stream());
+  gpu.be().swiglu_backward(out_generic, d_strided, p, gpu.stream());
+  const OwnedTensor v = gpu.download(out_vec);
+  EXPECT_TRUE(same_bits(v, gpu.download(out_generic)));
+  OwnedTensor on_cpu = empty_host({rows, 2 * n}, dtype);
+  cpu->swiglu_backward(on_cpu, host_d, host_p, cpu->compute_stream());
+  cpu->compute_stream().synchronize();
+  EXPECT_LT(rel_diff(v, on_cpu), dtype == DType::kF32 ? 1e-6 : 4e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Lengths, CudaSwigluBackwardKernelTest,
+                         ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16,
+                                                              DType::kF16),
+                                            ::testing::Values(8, 64, 1000, 4096)));
+
 }  // namespace
 }  // namespace asynctp::testing
