@@ -20,7 +20,7 @@ import os
 import threading
 from pathlib import Path
 
-API_VERSION = 5
+API_VERSION = 6
 MAX_DIMS = 8
 CONTEXT_STREAM = ctypes.c_void_p(-1)  # ASYNCTP_CONTEXT_STREAM
 
@@ -222,6 +222,7 @@ _PROTOTYPES = {
         [_ctx, _tp, _tp, _tp, _tp, _tp, _i32, _i32, _vp],
     ),
     "asynctp_reserve_all_gather_matmul_swiglu": (ctypes.c_int, [_ctx, _tp, _tp, _i32, _i32, _vp]),
+    "asynctp_swiglu_backward": (ctypes.c_int, [_ctx, _tp, _tp, _tp, _vp]),
     "asynctp_matmul_reduce_scatter": (
         ctypes.c_int,
         [_ctx, _tp, _tp, _i32, _tp, _i32, _i32, _i32, _vp],

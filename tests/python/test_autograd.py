@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 import asynctp.torch  # noqa: F401  (registers the ops and their backward formulas)
 
@@ -199,6 +200,11 @@ def case_double_backward(seed):
         "matmul_reduce_scatter": (As, lambda a, b: torch.ops.asynctp.fused_matmul_reduce_scatter(
             a, b, "sum", 0, name),
             lambda a, b: list(sum(a[r] @ b[r] for r in range(ws)).chunk(ws))),
+        # B's first 2 columns: gate | up of N = 1; the products computed again in backward.
+        "all_gather_matmul_swiglu": (shards, lambda a, b: torch.ops.asynctp.
+                                     fused_all_gather_matmul_swiglu(a, b[:, :2], 0, name)[2],
+            lambda a, b: [F.silu(torch.cat(a) @ b[r][:, :1]) * (torch.cat(a) @ b[r][:, 1:2])
+                          for r in range(ws)]),
     }
     for (op, (inputs, fused, emulated)), sides in zip(
             [(k, v) for k, v in ops.items() for _ in range(3)], ["A", "B", "AB"] * len(ops)):

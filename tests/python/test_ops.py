@@ -564,6 +564,9 @@ def case_reserve():
     _assert_close(rs, _reduce_scatter(A @ B, 0, "sum"), "after reserve")
     # The ops found everything reserved: nothing grew.
     assert atp.memory_stats(name) == reserved, (atp.memory_stats(name), reserved)
+    # An op with nothing to reserve is refused, naming those that have.
+    with pytest.raises(atp.InvalidArgumentError, match="is not one of .*fused_all_gather_matmul"):
+        atp.reserve(OPS.swiglu_backward, B, torch.cat([B, B], dim=1), name)
 
 
 def test_reserve(pool2):

@@ -144,6 +144,41 @@ def case_reserve():
     dist.destroy_process_group(group)
 
 
+def case_swiglu_backward(dtype_name):
+    # torch.ops.asynctp.swiglu_backward against autograd through silu(G) * U in f64 (f32) or f32:
+    # 2-D and 3-D, a column-major P and a strided dOut, the gradient in P's dtype.
+    name = dist.group.WORLD.group_name
+    dtype = DTYPES[dtype_name]
+    ref = reference_dtype(dtype)
+    gen = torch.Generator().manual_seed(300 + dist.get_rank())
+    for shape, n, strided in (([6], 5, False), ([2, 3], 8, False), ([7], 4, True)):
+        if strided:
+            P = randn(gen, [2 * n] + shape, dtype).t()          # [rows, 2n], column-major
+            dO = randn(gen, shape + [2 * n], dtype)[..., ::2]   # [rows, n], every other column
+        else:
+            P = randn(gen, shape + [2 * n], dtype)
+            dO = randn(gen, shape + [n], dtype)
+        leaf = P.to(ref).requires_grad_()
+        (swiglu(leaf, n) * dO.to(ref)).sum().backward()
+        got = torch.ops.asynctp.swiglu_backward(dO, P, name)
+        what = f"{dtype_name} P {tuple(P.shape)} strided={strided}"
+        assert got.dtype == dtype and got.shape == P.shape, what
+        assert_close(got, leaf.grad, dtype, what)
+
+
+def case_swiglu_backward_checks():
+    from torch.library import opcheck
+
+    name = dist.group.WORLD.group_name
+    gen = torch.Generator().manual_seed(6)
+    opcheck(torch.ops.asynctp.swiglu_backward,
+            (randn(gen, [3, 4], torch.float32), randn(gen, [3, 8], torch.float32), name))
+    with pytest.raises(Exception, match="with the last dim doubled"):
+        torch.ops.asynctp.swiglu_backward(torch.ones(3, 4), torch.ones(3, 6), name)
+    with pytest.raises(Exception, match="with the last dim doubled"):
+        torch.ops.asynctp.swiglu_backward(torch.ones(3, 4), torch.ones(2, 8), name)
+
+
 def case_odd_b_is_rejected():
     name = dist.group.WORLD.group_name
     with pytest.raises(Exception, match="2N columns"):
@@ -158,6 +193,17 @@ def test_forward_matches_the_unfused_ops(pool, dtype_name):
 @pytest.mark.parametrize("dtype_name", DTYPES)
 def test_grads_match_autograd_through_the_unfused_ops(pool, dtype_name):
     pool.run(case_grads, dtype_name)
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_swiglu_backward_matches_autograd(pool, dtype_name):
+    pool.run(case_swiglu_backward, dtype_name)
+
+
+def test_swiglu_backward_checks(pool):
+    if pool.world_size > 1:
+        pytest.skip("per op, not per world size: one rank covers it")
+    pool.run(case_swiglu_backward_checks)
 
 
 def test_opcheck(pool):

@@ -7,6 +7,12 @@ GEMM's epilogue:
     A = AG(gather_dim)(A_shard);  P = A @ B  (B [K, 2N]: the gate's columns, then the up's)
     out = silu(P[.., :N]) * P[.., N:]        -> (A if return_A, P if return_pre, out)
 
+and swiglu_backward, that activation's gradient in one elementwise pass on this rank (the group
+names the context, whose device and stream it runs on; nothing is exchanged):
+
+    swiglu_backward(dOut [.., N], P [.., 2N]) = [dOut * U * s * (1 + G * (1 - s)) | dOut * silu(G)]
+    with P = [G | U], s = sigmoid(G), computed in f32, in P's dtype
+
 Each op: a fake kernel (shapes only, SymInts welcome), one kernel for CPU and CUDA that
 allocates the outputs with torch (torch.empty on the input's device: the caching allocator, or
 a CUDA graph's pool) and enqueues the op on torch's current stream through the C ABI. On CPU
@@ -63,6 +69,7 @@ SCHEMAS = {
         "fused_all_gather_matmul_swiglu(Tensor A, Tensor B, int gather_dim, str group_name, *, "
         "bool return_A = False, bool return_pre = False) -> (Tensor?, Tensor?, Tensor)"
     ),
+    "swiglu_backward": "swiglu_backward(Tensor grad_out, Tensor pre, str group_name) -> Tensor",
 }
 for _schema in SCHEMAS.values():
     lib.define(_schema, tags=_TAGS)
@@ -481,6 +488,46 @@ def _all_gather_matmul_swiglu_fake(A, B, gather_dim, group_name, *, return_A=Fal
             A.new_empty(pre_shape) if return_pre else None, A.new_empty(out_shape))
 
 
+def _swiglu_backward_shape(grad_out, pre):
+    """grad_out [.., N] and pre [.., 2N] of the same leading dims, on one device -> pre's shape."""
+    if grad_out.device != pre.device:
+        raise InvalidArgumentError(
+            f"asynctp: grad_out is on {grad_out.device}, pre on {pre.device} (they must match)")
+    if grad_out.dim() < 1 or pre.dim() != grad_out.dim() \
+            or list(pre.shape[:-1]) != list(grad_out.shape[:-1]):
+        raise InvalidArgumentError(
+            f"asynctp: swiglu_backward: pre {tuple(pre.shape)} must be grad_out's shape "
+            f"{tuple(grad_out.shape)} with the last dim doubled")
+    n, two_n = grad_out.shape[-1], pre.shape[-1]
+    if isinstance(n, int) and isinstance(two_n, int):
+        if two_n != 2 * n:
+            raise InvalidArgumentError(
+                f"asynctp: swiglu_backward: pre {tuple(pre.shape)} must be grad_out's shape "
+                f"{tuple(grad_out.shape)} with the last dim doubled")
+    else:
+        torch._check(two_n == 2 * n, lambda: f"asynctp: swiglu_backward: pre's last dim {two_n} "
+                                             f"is not twice grad_out's {n}")
+    return list(pre.shape)
+
+
+def _swiglu_backward(grad_out, pre, group_name):
+    shape = _swiglu_backward_shape(grad_out, pre)
+    e = _contexts.entry(group_name, pre)
+    grad_pre = pre.new_empty(shape)
+    d = e.tensors("swbw", 3)
+    for i, t in enumerate((grad_out, pre, grad_pre)):
+        fill(d[i], t)
+    status = _capi.lib().asynctp_swiglu_backward(
+        e.handle, ctypes.byref(d[0]), ctypes.byref(d[1]), ctypes.byref(d[2]),
+        _stream_on(pre.is_cuda, pre.get_device()))
+    _complete(e, status, pre.is_cuda)
+    return grad_pre
+
+
+def _swiglu_backward_fake(grad_out, pre, group_name):
+    return pre.new_empty(_swiglu_backward_shape(grad_out, pre))
+
+
 # ---- float8 ------------------------------------------------------------------------------------
 
 
@@ -640,6 +687,7 @@ _KERNELS = {
     "fused_matmuls_reduce_scatter": (_matmuls_reduce_scatter, _matmuls_reduce_scatter_fake),
     "fused_all_gather_matmul_swiglu": (
         _all_gather_matmul_swiglu, _all_gather_matmul_swiglu_fake),
+    "swiglu_backward": (_swiglu_backward, _swiglu_backward_fake),
 }
 for _name, (_kernel, _fake) in _KERNELS.items():
     lib.impl(_name, _kernel, "CPU")

@@ -15,8 +15,9 @@ fused_all_gather_matmul(A_shard, Bs, g, group, return_A):
 fused_all_gather_matmul_swiglu(A_shard, B, g, group, return_A, return_pre):
     A = AG(g)(A_shard);  P = [G | U] = A @ B  (B [K, 2N]);  out = silu(G) * U
   backward, with dO the gradient of out (and dA, dP those reaching the returned A and P):
-    dG = dO * U * silu'(G),  silu'(x) = s (1 + x (1 - s)),  s = sigmoid(x)   (in f32)
+    dG = dO * U * silu'(G),  silu'(x) = s (1 + x (1 - s)),  s = sigmoid(x)
     dU = dO * silu(G)
+    in f32, one elementwise pass over P and dO into P's dtype (torch.ops.asynctp.swiglu_backward)
     then fused_all_gather_matmul's backward with the one product P and its gradient
     [dG | dU] (+ dP)
   P is the forward's returned products when return_pre, else it is computed again in backward
@@ -199,15 +200,14 @@ def _ag_swiglu_setup_context(ctx, inputs, keyword_only_inputs, output):
                           pre if ctx.kept_pre else None)
 
 
-def swiglu_backward(grad_out: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-    """[dG | dU] for out = silu(G) * U, P = [G | U] (see the module's formulas), in P's dtype."""
+def _swiglu_backward_recorded(grad_out: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """swiglu_backward's formula in torch ops, for a backward that records its own graph
+    (create_graph=True): asynctp's one-pass kernel has no derivative of its own."""
     n = grad_out.shape[-1]
     gate, up = pre[..., :n].float(), pre[..., n:].float()
     d = grad_out.float()
     s = torch.sigmoid(gate)
-    d_gate = d * up * (s * (1 + gate * (1 - s)))
-    d_up = d * (gate * s)
-    return torch.cat([d_gate, d_up], dim=-1).to(pre.dtype)
+    return torch.cat([d * up * (s * (1 + gate * (1 - s))), d * (gate * s)], dim=-1).to(pre.dtype)
 
 
 def _ag_swiglu_backward(ctx, grad_A, grad_pre, grad_out):
@@ -225,7 +225,10 @@ def _ag_swiglu_backward(ctx, grad_A, grad_pre, grad_out):
             kept_A = True
     grad_P = None
     if grad_out is not None:
-        grad_P = swiglu_backward(grad_out, pre)
+        if torch.is_grad_enabled() and (grad_out.requires_grad or pre.requires_grad):
+            grad_P = _swiglu_backward_recorded(grad_out, pre)
+        else:  # [dG | dU] in one pass over P and dOut
+            grad_P = torch.ops.asynctp.swiglu_backward(grad_out, pre, group_name)
     if grad_pre is not None:
         grad_P = grad_pre if grad_P is None else (grad_P.float() + grad_pre.float()).to(pre.dtype)
     grad_A_shard, (grad_B,) = _ag_mm_grads(A_or_shard, kept_A, [B], dim, group_name,
