@@ -11,7 +11,9 @@ Arms (--arms):
   compile_async_tp  the same with PyTorch's async TP (_micro_pipeline_tp, symm_mem enabled for
                     the group); its post-grad graphs must hold symm_mem fused nodes (CUDA only)
   asynctp           asynctp's eager modules (ColumnParallelLinear / RowParallelLinear); float8:
-                    asynctp's fused scaled ops
+                    asynctp's fused scaled ops. bf16 runs two variants: "eager" (the SwiGLU
+                    between w13 and w2 as torch ops) and "swiglu_epilogue" (w13 and the SwiGLU
+                    as one fused_all_gather_matmul_swiglu, its gradient one swiglu_backward)
   compile_asynctp   torch.compile with asynctp's pass (asynctp.torch.enable)
 The compiled arms also run with CUDA graphs (mode="reduce-overhead") on CUDA; the faster variant
 counts. Every arm is validated (output and every gradient) against eager PyTorch before it is
@@ -352,11 +354,12 @@ def _usage_delta(before: dict, after: dict) -> dict:
     return out
 
 
-def build_model(arm, cfg, lc, params, group, float8):
+def build_model(arm, cfg, lc, params, group, float8, variant=None):
     if arm == "eager":
         return llama.torch_layer(cfg, lc, params, llama.DistCollectives(group), float8)
     if arm == "asynctp":
-        return llama.asynctp_layer(cfg, lc, params, group, float8)
+        return llama.asynctp_layer(cfg, lc, params, group, float8,
+                                   swiglu_epilogue=variant == "swiglu_epilogue")
     return llama.torch_layer(cfg, lc, params, llama.FuncolCollectives(group), float8)
 
 
@@ -371,14 +374,19 @@ def run_arm(arm, case, ref, args, group) -> dict:
     modes = [None]
     if arm in COMPILED and device.type == "cuda" and not args.no_cuda_graphs:
         modes.append("reduce-overhead")
+    if arm == "asynctp" and not float8:
+        modes.append("swiglu_epilogue")
     result = {"status": "failed", "variants": {}, "failures": []}
     ctx = _ArmContext(arm, group, args.pass_options)
     ctx.enter()
     try:
         for mode in modes:
-            variant = "eager" if arm not in COMPILED else (mode or "default")
+            if arm in COMPILED:
+                variant = mode or "default"
+            else:
+                variant = mode or "eager"
             entry = result["variants"][variant] = {}
-            model = build_model(arm, cfg, lc, params, group, float8)
+            model = build_model(arm, cfg, lc, params, group, float8, variant)
             if arm in COMPILED:
                 torch._dynamo.reset()
                 model = torch.compile(model, fullgraph=True, mode=mode)

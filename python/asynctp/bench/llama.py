@@ -165,6 +165,8 @@ class Layer(nn.Module):
         )
         o = o[0].transpose(0, 1).reshape(S, lc.q_heads * d)
         h = x + self.wo(o)
+        if getattr(self.w13, "applies_swiglu", False):  # w13 returns silu(gate) * up itself
+            return h + self.w2(self.w13(self.ffn_norm(h)))
         gate, up = self.w13(self.ffn_norm(h)).chunk(2, dim=-1)  # [S, Fl] each
         return h + self.w2(F.silu(gate) * up)
 
@@ -390,6 +392,29 @@ class AsynctpF8LinearScatter(_F8Weight):
             [h.shape[0], self.w_f8.shape[0]], out_dtype=h.dtype)
 
 
+class AsynctpSwigluGatherLinear(nn.Module):
+    """w13 and the SwiGLU as one op, torch.ops.asynctp.fused_all_gather_matmul_swiglu: on the
+    native path the SwiGLU runs in the GEMM's epilogue, so [S, 2 Fl] is not read back for it; the
+    backward's SwiGLU gradient is one elementwise pass (torch.ops.asynctp.swiglu_backward). It
+    keeps what the unfused layer keeps: the gathered input (as keep_gathered_input) and the
+    products [S, 2 Fl] (return_pre), so that backward computes no GEMM again."""
+
+    applies_swiglu = True
+
+    def __init__(self, weight, group_name):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())  # [2 Fl, H]: gate rows, then up rows
+        self.group_name = group_name
+
+    def forward(self, x):
+        from ..torch import functional as atp
+
+        keep = torch.is_grad_enabled()
+        _, _, out = atp.fused_all_gather_matmul_swiglu(
+            x, self.weight.t(), 0, self.group_name, return_A=keep, return_pre=keep)
+        return out
+
+
 # ---- the layers of each arm ------------------------------------------------------------------
 
 
@@ -400,8 +425,9 @@ def torch_layer(cfg, lc, params, coll, float8: bool) -> Layer:
                  col(params["w13.weight"], coll), row(params["w2.weight"], coll))
 
 
-def asynctp_layer(cfg, lc, params, group, float8: bool) -> Layer:
-    """The layer over asynctp's eager modules (bf16) or its float8 fused ops (forward)."""
+def asynctp_layer(cfg, lc, params, group, float8: bool, swiglu_epilogue: bool = False) -> Layer:
+    """The layer over asynctp's eager modules (bf16) or its float8 fused ops (forward).
+    swiglu_epilogue (bf16): w13 and the SwiGLU as one fused op (AsynctpSwigluGatherLinear)."""
     from ..torch.modules import ColumnParallelLinear, RowParallelLinear
 
     name = group.group_name
@@ -429,5 +455,7 @@ def asynctp_layer(cfg, lc, params, group, float8: bool) -> Layer:
             m.weight.copy_(w)
         return m
 
-    return Layer(cfg, lc, params, col(params["wqkv.weight"]), row(params["wo.weight"]),
-                 col(params["w13.weight"]), row(params["w2.weight"]))
+    w13 = (AsynctpSwigluGatherLinear(params["w13.weight"], name) if swiglu_epilogue
+           else col(params["w13.weight"]))
+    return Layer(cfg, lc, params, col(params["wqkv.weight"]), row(params["wo.weight"]), w13,
+                 row(params["w2.weight"]))
