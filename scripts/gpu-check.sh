@@ -10,15 +10,15 @@
 #   GTEST_FILTER=...                        (passed to the GPU test binary)
 #   SANITIZE_BINARIES / SANITIZE_TOOLS / SANITIZE_FILTER / SANITIZE_SHARDS / SANITIZE_TIMEOUT /
 #   SANITIZE_LIMIT                          (sanitize: which binaries, tools, tests; how many
-#                                            gtest shards the tests are cut into, all of them
-#                                            run at once (default 6); the
+#                                            gtest shards the tests are cut into (default 6;
+#                                            SANITIZE_JOBS of them at once); the
 #                                            ASYNCTP_TIMEOUT of the run, default 120 s; the
 #                                            limit of one run, default 600 s)
 #   SANITIZE_JOBS=2                         (sanitize: how many shards run at once; default all,
 #                                            racecheck one per 96 GiB of available memory)
 #   SANITIZE_ARGS="--show-backtrace no"     (sanitize: more options for compute-sanitizer)
 #   SANITIZE_SHARD_INDICES="0 1 ... 15"     (sanitize: which of the SANITIZE_SHARDS shards this run
-#                                            takes, all at once, default all: a binary too slow
+#                                            takes, default all: a binary too slow
 #                                            for one call goes in several, e.g. shards 0-15 of
 #                                            32, then 16-31; gtest refuses an index out of range)
 #   BENCH_ARGS="--pace 0 ..."               (more options for asynctp bench)
@@ -183,6 +183,10 @@ if step sanitize; then
             jobs=$(awk '/^MemAvailable:/ {n = int($2 / (96 * 1048576)); print (n < 1 ? 1 : n)}' /proc/meminfo)
           fi
         fi
+        case $jobs in
+          '' | *[!0-9]* | 0) echo "SANITIZE_JOBS must be a positive integer, got '$jobs'"; exit 2 ;;
+        esac
+        rm -f "$OUT"/sanitize_${t}_${tool}_*.rc
         for i in $indices; do
           while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
           # Each shard's status in a file: wait -n has already reaped some of them.
@@ -195,7 +199,12 @@ if step sanitize; then
           ) &
         done
         wait
-        rc=$(cat "$OUT"/sanitize_${t}_${tool}_*.rc | sort -n | tail -1)
+        # The worst shard's status; a shard that left none (its subshell killed) counts as 255.
+        rc=0
+        for i in $indices; do
+          r=$(cat "$OUT/sanitize_${t}_${tool}_$i.rc" 2>/dev/null || echo 255)
+          [ "$r" -gt "$rc" ] && rc=$r
+        done
         rm -f "$OUT"/sanitize_${t}_${tool}_*.rc
         echo "== compute-sanitizer --tool $tool $t (shards $(echo $indices) of $shards, $jobs at once): rc $rc, $(($(date +%s) - t0)) s"
         cat "$OUT"/sanitize_${t}_${tool}_*.log > "$OUT/sanitize_${t}_$tool.log"

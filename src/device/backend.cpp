@@ -109,24 +109,25 @@ void Backend::check_flag_wait(const FlagWait& wait) {
                 "flag wait: first flag {} is out of range [0, {}]", wait.first, wait.count);
 }
 
-void Backend::check_swiglu(const Tensor& out, const Tensor& gate_up) {
+void Backend::check_swiglu(const Tensor& out, const Tensor& gate_up, const char* op,
+                           const char* out_name) {
   ASYNCTP_CHECK(out.defined() && gate_up.defined() && out.dim() >= 1 && gate_up.dim() == out.dim(),
-                "swiglu: out {} and gate_up {} must be defined and of the same rank >= 1",
+                "{}: {} {} and gate_up {} must be defined and of the same rank >= 1", op, out_name,
                 out.describe(), gate_up.describe());
   Dims expected = out.shape();
   expected[expected.size() - 1] = 2 * out.size(-1);
-  ASYNCTP_CHECK(gate_up.shape() == expected, "swiglu: gate_up must be {} for out {}, got {}",
-                expected, out.describe(), gate_up.describe());
+  ASYNCTP_CHECK(gate_up.shape() == expected, "{}: gate_up must be {} for {} {}, got {}", op,
+                expected, out_name, out.describe(), gate_up.describe());
   for (const Tensor* t : {&out, &gate_up}) {
     const DType d = t->dtype();
     ASYNCTP_CHECK(d == DType::kF32 || d == DType::kBF16 || d == DType::kF16,
-                  "swiglu: {} is not f32, bf16 or f16", t->describe());
+                  "{}: {} is not f32, bf16 or f16", op, t->describe());
   }
 }
 
 void Backend::check_swiglu_backward(const Tensor& grad_gate_up, const Tensor& grad_out,
                                     const Tensor& gate_up) {
-  check_swiglu(grad_out, gate_up);
+  check_swiglu(grad_out, gate_up, "swiglu_backward", "grad_out");
   ASYNCTP_CHECK(grad_gate_up.defined() && grad_gate_up.shape() == gate_up.shape(),
                 "swiglu_backward: grad_gate_up must be {} like gate_up, got {}", gate_up.shape(),
                 grad_gate_up.describe());

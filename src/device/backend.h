@@ -258,7 +258,8 @@ class Backend {
   // reduce_when_flagged's flags: none, or `count` of them at a non-null address.
   static void check_flag_wait(const FlagWait& wait);
   // swiglu's shapes and dtypes.
-  static void check_swiglu(const Tensor& out, const Tensor& gate_up);
+  static void check_swiglu(const Tensor& out, const Tensor& gate_up, const char* op = "swiglu",
+                           const char* out_name = "out");
   // swiglu_backward's: grad_out as swiglu's out, grad_gate_up as gate_up.
   static void check_swiglu_backward(const Tensor& grad_gate_up, const Tensor& grad_out,
                                     const Tensor& gate_up);

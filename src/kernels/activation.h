@@ -18,9 +18,10 @@ ASYNCTP_HOST_DEVICE float swiglu_f32(float gate, float up) {
   return silu_f32(gate) * up;
 }
 
-// SwiGLU's gradients for one (gate, up) pair, given the output's gradient d:
-//   d_gate = d * up * s * (1 + gate * (1 - s)),  s = sigmoid(gate)  (silu'(gate) = s + gate s (1 -
-//   s)) d_up   = d * silu(gate)
+// SwiGLU's gradients for one (gate, up) pair, given the output's gradient d, with
+// s = sigmoid(gate) and silu'(gate) = s (1 + gate (1 - s)):
+//   d_gate = d * up * silu'(gate)
+//   d_up   = d * silu(gate)
 ASYNCTP_HOST_DEVICE void swiglu_backward_f32(float gate, float up, float d, float* d_gate,
                                              float* d_up) {
   const float s = 1.0f / (1.0f + expf(-gate));

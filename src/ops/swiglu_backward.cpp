@@ -17,12 +17,12 @@ void swiglu_backward(OpContext& ctx, const Tensor& grad_out, const Tensor& gate_
   for (const auto& [t, name] : {std::pair{&grad_out, "grad_out"}, std::pair{&gate_up, "gate_up"},
                                 std::pair{&grad_gate_up, "grad_gate_up"}}) {
     ASYNCTP_CHECK(t->defined(), "swiglu_backward: {} is undefined", name);
-    ASYNCTP_CHECK(t->device() == device,
-                  "swiglu_backward: {} is on {} but the context runs on {}", name,
-                  t->device().to_string(), device.to_string());
+    ASYNCTP_CHECK(t->device() == device, "swiglu_backward: {} is on {} but the context runs on {}",
+                  name, t->device().to_string(), device.to_string());
   }
-  // The kernel writes a row's gradients after reading its inputs, but other threads read other
-  // rows: an output over an input gives wrong numbers, not an error.
+  // Each thread reads its elements before writing their gradients, but the threads of one launch
+  // run in no order: a grad_gate_up partly over an input gives wrong numbers, not an error. Exact
+  // in-place is refused as well, as by every op (operand_overlap.h).
   detail::check_no_overlap("swiglu_backward", {{"grad_out", grad_out}, {"gate_up", gate_up}},
                            {{"grad_gate_up", grad_gate_up}});
   ctx.backend().swiglu_backward(grad_gate_up, grad_out, gate_up, ctx.stream());

@@ -471,7 +471,7 @@ TEST_F(CpuBackendTest, SwigluBackwardChecksItsShapes) {
   OwnedTensor out = empty_host({4, 8}, DType::kF32);
   OwnedTensor wide = empty_host({4, 8}, DType::kF32);
   EXPECT_THAT(error_of([&] { backend_->swiglu_backward(out, wide, in, stream()); }),
-              HasSubstr("swiglu: gate_up must be [4, 16] for out f32[4, 8]"));
+              HasSubstr("swiglu_backward: gate_up must be [4, 16] for grad_out f32[4, 8]"));
   OwnedTensor ints = empty_host({4, 8}, DType::kI64);
   EXPECT_THAT(
       error_of([&] { backend_->swiglu_backward(ints, d, in, stream()); }),

@@ -151,6 +151,7 @@ def case_swiglu_backward(dtype_name):
     dtype = DTYPES[dtype_name]
     ref = reference_dtype(dtype)
     gen = torch.Generator().manual_seed(300 + dist.get_rank())
+    atp.fused_all_gather_matmul_swiglu(torch.ones(2, 4), torch.ones(4, 2), 0, name)  # the context
     for shape, n, strided in (([6], 5, False), ([2, 3], 8, False), ([7], 4, True)):
         if strided:
             P = randn(gen, [2 * n] + shape, dtype).t()          # [rows, 2n], column-major
@@ -170,6 +171,12 @@ def case_swiglu_backward_checks():
     from torch.library import opcheck
 
     name = dist.group.WORLD.group_name
+    # A group with no context yet: this rank alone cannot make one, and says so.
+    fresh = dist.new_group([0])
+    with pytest.raises(Exception, match="has no asynctp context on cpu yet"):
+        torch.ops.asynctp.swiglu_backward(torch.ones(3, 4), torch.ones(3, 8), fresh.group_name)
+    dist.destroy_process_group(fresh)
+    atp.fused_all_gather_matmul_swiglu(torch.ones(2, 4), torch.ones(4, 2), 0, name)  # the context
     gen = torch.Generator().manual_seed(6)
     opcheck(torch.ops.asynctp.swiglu_backward,
             (randn(gen, [3, 4], torch.float32), randn(gen, [3, 8], torch.float32), name))
@@ -177,6 +184,9 @@ def case_swiglu_backward_checks():
         torch.ops.asynctp.swiglu_backward(torch.ones(3, 4), torch.ones(3, 6), name)
     with pytest.raises(Exception, match="with the last dim doubled"):
         torch.ops.asynctp.swiglu_backward(torch.ones(3, 4), torch.ones(2, 8), name)
+    with pytest.raises(Exception, match="pre is torch.int64; f32, bf16 or f16 expected"):
+        torch.ops.asynctp.swiglu_backward(torch.ones(3, 4), torch.ones(3, 8, dtype=torch.int64),
+                                          name)
 
 
 def case_odd_b_is_rejected():

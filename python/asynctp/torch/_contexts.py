@@ -128,6 +128,20 @@ def entry(group_name: str, t: torch.Tensor) -> Entry:
     return e if e is not None else _create(group_name, t.device)
 
 
+def existing(group_name: str, t: torch.Tensor, op: str) -> Entry:
+    """The context of (group_name, t's device) that an earlier (collective) op made. For an op
+    that runs on one rank alone: making the context is collective, and one rank making it alone
+    would wait for the others, or take a store prefix they would not."""
+    e = _entries.get((group_name, t.get_device()))
+    if e is None:
+        _resolve(group_name)  # a bad group name is named as such
+        raise InvalidArgumentError(
+            f"asynctp: {op}: group {group_name!r} has no asynctp context on {t.device} yet; "
+            f"{op} runs on one rank alone and cannot make one (every rank making it together): "
+            f"call a fused op of the group on this device first")
+    return e
+
+
 def entry_on(group_name: str, device: torch.device) -> Entry:
     """The context of (group_name, device), made (collectively) on first use."""
     e = _entries.get((group_name, device.index if device.type == "cuda" else -1))

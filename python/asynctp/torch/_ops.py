@@ -8,7 +8,8 @@ GEMM's epilogue:
     out = silu(P[.., :N]) * P[.., N:]        -> (A if return_A, P if return_pre, out)
 
 and swiglu_backward, that activation's gradient in one elementwise pass on this rank (the group
-names the context, whose device and stream it runs on; nothing is exchanged):
+names the context, whose device and stream it runs on, made by an earlier fused op of the group;
+nothing is exchanged):
 
     swiglu_backward(dOut [.., N], P [.., 2N]) = [dOut * U * s * (1 + G * (1 - s)) | dOut * silu(G)]
     with P = [G | U], s = sigmoid(G), computed in f32, in P's dtype
@@ -493,26 +494,34 @@ def _swiglu_backward_shape(grad_out, pre):
     if grad_out.device != pre.device:
         raise InvalidArgumentError(
             f"asynctp: grad_out is on {grad_out.device}, pre on {pre.device} (they must match)")
-    if grad_out.dim() < 1 or pre.dim() != grad_out.dim() \
-            or list(pre.shape[:-1]) != list(grad_out.shape[:-1]):
-        raise InvalidArgumentError(
-            f"asynctp: swiglu_backward: pre {tuple(pre.shape)} must be grad_out's shape "
-            f"{tuple(grad_out.shape)} with the last dim doubled")
+    def wrong():
+        return (f"asynctp: swiglu_backward: pre {tuple(pre.shape)} must be grad_out's shape "
+                f"{tuple(grad_out.shape)} with the last dim doubled")
+
+    if grad_out.dim() < 1 or pre.dim() != grad_out.dim():
+        raise InvalidArgumentError(wrong())
+    for a, b in zip(pre.shape[:-1], grad_out.shape[:-1]):
+        if isinstance(a, int) and isinstance(b, int):
+            if a != b:
+                raise InvalidArgumentError(wrong())
+        else:
+            torch._check(a == b, wrong)
     n, two_n = grad_out.shape[-1], pre.shape[-1]
     if isinstance(n, int) and isinstance(two_n, int):
         if two_n != 2 * n:
-            raise InvalidArgumentError(
-                f"asynctp: swiglu_backward: pre {tuple(pre.shape)} must be grad_out's shape "
-                f"{tuple(grad_out.shape)} with the last dim doubled")
+            raise InvalidArgumentError(wrong())
     else:
-        torch._check(two_n == 2 * n, lambda: f"asynctp: swiglu_backward: pre's last dim {two_n} "
-                                             f"is not twice grad_out's {n}")
+        torch._check(two_n == 2 * n, wrong)
+    for t, what in ((grad_out, "grad_out"), (pre, "pre")):
+        if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise InvalidArgumentError(
+                f"asynctp: swiglu_backward: {what} is {t.dtype}; f32, bf16 or f16 expected")
     return list(pre.shape)
 
 
 def _swiglu_backward(grad_out, pre, group_name):
     shape = _swiglu_backward_shape(grad_out, pre)
-    e = _contexts.entry(group_name, pre)
+    e = _contexts.existing(group_name, pre, "swiglu_backward")
     grad_pre = pre.new_empty(shape)
     d = e.tensors("swbw", 3)
     for i, t in enumerate((grad_out, pre, grad_pre)):

@@ -17,7 +17,8 @@ fused_all_gather_matmul_swiglu(A_shard, B, g, group, return_A, return_pre):
   backward, with dO the gradient of out (and dA, dP those reaching the returned A and P):
     dG = dO * U * silu'(G),  silu'(x) = s (1 + x (1 - s)),  s = sigmoid(x)
     dU = dO * silu(G)
-    in f32, one elementwise pass over P and dO into P's dtype (torch.ops.asynctp.swiglu_backward)
+    in f32, one elementwise pass over P and dO into P's dtype (torch.ops.asynctp.swiglu_backward;
+    torch ops where the backward records a graph of its own, create_graph=True)
     then fused_all_gather_matmul's backward with the one product P and its gradient
     [dG | dU] (+ dP)
   P is the forward's returned products when return_pre, else it is computed again in backward

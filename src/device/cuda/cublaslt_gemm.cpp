@@ -176,10 +176,11 @@ struct LtGemm::Impl {
     }
     st.scratch[slot] = nullptr;
     ASYNCTP_CUDA_CHECK(cudaMalloc(&st.scratch[slot], bytes));
-    // All ones once, NaN in f32 and both float8 formats: an element of the float8 product that
-    // cuBLASLt left unwritten shows as NaN in the scaled result. It also makes the product
-    // initialized in initcheck's eyes, which does not see cuBLASLt's TMA stores into it (as for
-    // the workspace above) and would report the scale epilogue's reads of it.
+    // All ones when allocated, NaN in f32 and both float8 formats: an element of the first float8
+    // product in it that cuBLASLt left unwritten shows as NaN in the scaled result (later calls
+    // find earlier products there). It also makes the product initialized in initcheck's eyes,
+    // which does not see cuBLASLt's TMA stores into it (as for the workspace above) and would
+    // report the scale epilogue's reads of it.
     ASYNCTP_CUDA_CHECK(cudaMemsetAsync(st.scratch[slot], 0xff, bytes, stream));
     st.scratch_bytes[slot] = bytes;
     return st.scratch[slot];

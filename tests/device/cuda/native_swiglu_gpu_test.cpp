@@ -144,8 +144,9 @@ INSTANTIATE_TEST_SUITE_P(Lengths, CudaSwigluKernelTest,
 
 // The SwiGLU's backward kernel likewise: the vector path (the three operands contiguous, aligned,
 // of one dtype, N a multiple of 16 bytes) against the generic one (a column-strided grad_out
-// view) bit for bit, both against the CPU backend to rounding; an element left unwritten would
-// stay NaN (Gpu::empty).
+// view; a P contiguous but one element off 16-byte alignment) bit for bit, and against the CPU
+// backend to rounding, also with a grad_out of another dtype and N off the 16-byte lanes; an
+// element left unwritten would stay NaN (Gpu::empty).
 class CudaSwigluBackwardKernelTest : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
 
 TEST_P(CudaSwigluBackwardKernelTest, VectorPathMatchesTheGenericOneAndTheCpuBackend) {
@@ -174,13 +175,36 @@ TEST_P(CudaSwigluBackwardKernelTest, VectorPathMatchesTheGenericOneAndTheCpuBack
   OwnedTensor on_cpu = empty_host({rows, 2 * n}, dtype);
   cpu->swiglu_backward(on_cpu, host_d, host_p, cpu->compute_stream());
   cpu->compute_stream().synchronize();
-  EXPECT_LT(rel_diff(v, on_cpu), dtype == DType::kF32 ? 1e-6 : 4e-3);
+  const double tolerance = dtype == DType::kF32 ? 1e-6 : 4e-3;
+  EXPECT_LT(rel_diff(v, on_cpu), tolerance);
+  // P contiguous but one element past 16-byte alignment: the generic kernel, the same bits.
+  OwnedTensor p_buf = gpu.empty({rows * 2 * n + 1}, dtype);
+  const Tensor p_off(static_cast<char*>(p_buf->data()) + element_size(dtype), dtype, {rows, 2 * n},
+                     p_buf->device());
+  gpu.be().copy(p_off, p, gpu.stream());
+  OwnedTensor out_off = gpu.empty({rows, 2 * n}, dtype);
+  gpu.be().swiglu_backward(out_off, d, p_off, gpu.stream());
+  EXPECT_TRUE(same_bits(gpu.download(out_off), v));
+  // grad_out of another dtype, every operand contiguous and aligned: the generic kernel.
+  const DType other = dtype == DType::kF32 ? DType::kBF16 : DType::kF32;
+  OwnedTensor d_other = gpu.empty({rows, n}, other);
+  gpu.be().copy(d_other, d, gpu.stream());
+  OwnedTensor out_mixed = gpu.empty({rows, 2 * n}, dtype);
+  gpu.be().swiglu_backward(out_mixed, d_other, p, gpu.stream());
+  OwnedTensor host_d_other = empty_host({rows, n}, other);
+  cpu->copy(host_d_other, host_d, cpu->compute_stream());
+  OwnedTensor on_cpu_mixed = empty_host({rows, 2 * n}, dtype);
+  cpu->swiglu_backward(on_cpu_mixed, host_d_other, host_p, cpu->compute_stream());
+  cpu->compute_stream().synchronize();
+  EXPECT_LT(rel_diff(gpu.download(out_mixed), on_cpu_mixed), tolerance);
 }
 
+// N: multiples of every dtype's 16-byte lane count (the vector kernel), and 12 and 1001 (off the
+// lanes of bf16 and f16, or of all three: the generic kernel throughout).
 INSTANTIATE_TEST_SUITE_P(Lengths, CudaSwigluBackwardKernelTest,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16,
                                                               DType::kF16),
-                                            ::testing::Values(8, 64, 1000, 4096)));
+                                            ::testing::Values(8, 12, 64, 1001, 4096)));
 
 }  // namespace
 }  // namespace asynctp::testing
