@@ -6,6 +6,8 @@
 // a block's GEMMs: SiLU over [T, F] bf16), takes vector kernels: 16 bytes per load and store, the
 // dtype a template argument (no per-element switch), so that they run at memory bandwidth. They
 // round exactly as the generic kernels do (core/float_bits.h).
+#include <type_traits>
+
 #include "kernels/activation.h"
 #include "kernels/element_access.cuh"
 
@@ -129,6 +131,25 @@ __global__ void raw_copy_vector_kernel(uint4* dst, const uint4* src, int64_t lan
   }
 }
 
+// f(std::integral_constant<DType, D>{}) for the dtype D of a vector kernel: f32, bf16 or f16, the
+// dtypes vectorizable() admits (any other: nothing).
+template <typename F>
+void with_vector_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF32:
+      f(std::integral_constant<DType, DType::kF32>{});
+      break;
+    case DType::kBF16:
+      f(std::integral_constant<DType, DType::kBF16>{});
+      break;
+    case DType::kF16:
+      f(std::integral_constant<DType, DType::kF16>{});
+      break;
+    default:
+      break;
+  }
+}
+
 // The vector kernels' launches, by dtype (CUDA here is C++17: no template lambdas).
 template <DType D>
 void launch_unary_vector(int op, void* dst, const void* src, int64_t n, int grid,
@@ -153,28 +174,37 @@ __global__ void unary_kernel(int op, KTensor dst, KTensor src, int64_t n, bool d
   }
 }
 
-// SwiGLU over rows of dtype D, contiguous and 16-byte aligned, n % lanes == 0: out [rows, n] from
-// gate_up [rows, 2n]; 16 bytes of out (and of the gate and up columns under them) per thread.
+// The SwiGLU vector kernels' loop over 16-byte lanes of dtype D, every operand contiguous and
+// 16-byte aligned, n % lanes == 0: f(i, gi, row_lanes) for each lane i of an [rows, n] operand,
+// gi being the lane of its gate column in an [rows, 2n] one (the up column's: gi + row_lanes).
+template <DType D, typename F>
+__device__ __forceinline__ void for_each_gate_up_lane(int64_t rows, int64_t n, F f) {
+  constexpr int kLanes = 16 / sizeof(typename Elem<D>::T);
+  const int64_t row_lanes = n / kLanes;
+  const int64_t lanes = rows * row_lanes;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < lanes;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    f(i, i / row_lanes * 2 * row_lanes + i % row_lanes, row_lanes);
+  }
+}
+
+// SwiGLU over rows of dtype D: out [rows, n] from gate_up [rows, 2n]; 16 bytes of out (and of the
+// gate and up columns under them) per thread.
 template <DType D>
 __global__ void swiglu_vector_kernel(void* out, const void* gate_up, int64_t rows, int64_t n) {
   using E = Elem<D>;
   using T = typename E::T;
   constexpr int kLanes = 16 / sizeof(T);
-  const int64_t row_lanes = n / kLanes;
-  const int64_t lanes = rows * row_lanes;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < lanes;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / row_lanes, l = i % row_lanes;
-    const uint4* in = static_cast<const uint4*>(gate_up) + r * 2 * row_lanes;
-    uint4 g = in[l];
-    const uint4 u = in[row_lanes + l];
+  for_each_gate_up_lane<D>(rows, n, [&](int64_t i, int64_t gi, int64_t row_lanes) {
+    uint4 g = static_cast<const uint4*>(gate_up)[gi];
+    const uint4 u = static_cast<const uint4*>(gate_up)[gi + row_lanes];
     T* ge = reinterpret_cast<T*>(&g);
     const T* ue = reinterpret_cast<const T*>(&u);
 #pragma unroll
     for (int k = 0; k < kLanes; ++k)
       ge[k] = E::store(swiglu_f32(E::load(ge[k]), E::load(ue[k])));
     static_cast<uint4*>(out)[i] = g;
-  }
+  });
 }
 
 // Any strides and dtypes: out's element i (row-major) is (row i / n, column i % n); its gate is
@@ -189,20 +219,15 @@ __global__ void swiglu_kernel(KTensor out, KTensor gate_up, int64_t numel, int64
   }
 }
 
-// swiglu's backward over rows of dtype D, the three operands contiguous and 16-byte aligned, n %
-// lanes == 0: 16 bytes of grad_out, and of the gate and up columns under them, per thread.
+// swiglu's backward over rows of dtype D: 16 bytes of grad_out, and of the gate and up columns
+// under them, per thread.
 template <DType D>
 __global__ void swiglu_backward_vector_kernel(void* grad_gate_up, const void* grad_out,
                                               const void* gate_up, int64_t rows, int64_t n) {
   using E = Elem<D>;
   using T = typename E::T;
   constexpr int kLanes = 16 / sizeof(T);
-  const int64_t row_lanes = n / kLanes;
-  const int64_t lanes = rows * row_lanes;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < lanes;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / row_lanes, l = i % row_lanes;
-    const int64_t gi = r * 2 * row_lanes + l;  // the gate's lane; the up's is row_lanes on
+  for_each_gate_up_lane<D>(rows, n, [&](int64_t i, int64_t gi, int64_t row_lanes) {
     uint4 g = static_cast<const uint4*>(gate_up)[gi];
     uint4 u = static_cast<const uint4*>(gate_up)[gi + row_lanes];
     const uint4 d = static_cast<const uint4*>(grad_out)[i];
@@ -218,7 +243,7 @@ __global__ void swiglu_backward_vector_kernel(void* grad_gate_up, const void* gr
     }
     static_cast<uint4*>(grad_gate_up)[gi] = g;
     static_cast<uint4*>(grad_gate_up)[gi + row_lanes] = u;
-  }
+  });
 }
 
 // Any strides and dtypes: grad_out's element i (row-major) is (row i / n, column i % n); its gate
@@ -291,12 +316,9 @@ cudaError_t fill(const KTensor& dst, float value, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (vectorizable(dst, nullptr)) {
     const int grid = vector_grid(n, dst.dtype);
-    if (dst.dtype == DType::kF32)
-      fill_vector_kernel<DType::kF32><<<grid, kThreads, 0, stream>>>(dst.data, value, n);
-    if (dst.dtype == DType::kBF16)
-      fill_vector_kernel<DType::kBF16><<<grid, kThreads, 0, stream>>>(dst.data, value, n);
-    if (dst.dtype == DType::kF16)
-      fill_vector_kernel<DType::kF16><<<grid, kThreads, 0, stream>>>(dst.data, value, n);
+    with_vector_dtype(dst.dtype, [&](auto d) {
+      fill_vector_kernel<decltype(d)::value><<<grid, kThreads, 0, stream>>>(dst.data, value, n);
+    });
     return cudaGetLastError();
   }
   fill_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(dst, value, n,
@@ -309,12 +331,9 @@ cudaError_t unary(int op, const KTensor& dst, const KTensor& src, cudaStream_t s
   if (n == 0) return cudaSuccess;
   if (vectorizable(dst, &src) && op >= 0 && op <= 2) {
     const int grid = vector_grid(n, dst.dtype);
-    if (dst.dtype == DType::kF32)
-      launch_unary_vector<DType::kF32>(op, dst.data, src.data, n, grid, stream);
-    if (dst.dtype == DType::kBF16)
-      launch_unary_vector<DType::kBF16>(op, dst.data, src.data, n, grid, stream);
-    if (dst.dtype == DType::kF16)
-      launch_unary_vector<DType::kF16>(op, dst.data, src.data, n, grid, stream);
+    with_vector_dtype(dst.dtype, [&](auto d) {
+      launch_unary_vector<decltype(d)::value>(op, dst.data, src.data, n, grid, stream);
+    });
     return cudaGetLastError();
   }
   unary_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(
@@ -331,18 +350,10 @@ cudaError_t swiglu_backward(const KTensor& grad_gate_up, const KTensor& grad_out
   if (vectorizable(grad_out, &gate_up) && vectorizable(grad_out, &grad_gate_up) && n % lanes == 0) {
     const int64_t rows = numel / n;
     const int grid = vector_grid(numel, grad_out.dtype);
-    if (grad_out.dtype == DType::kF32) {
-      swiglu_backward_vector_kernel<DType::kF32>
+    with_vector_dtype(grad_out.dtype, [&](auto d) {
+      swiglu_backward_vector_kernel<decltype(d)::value>
           <<<grid, kThreads, 0, stream>>>(grad_gate_up.data, grad_out.data, gate_up.data, rows, n);
-    }
-    if (grad_out.dtype == DType::kBF16) {
-      swiglu_backward_vector_kernel<DType::kBF16>
-          <<<grid, kThreads, 0, stream>>>(grad_gate_up.data, grad_out.data, gate_up.data, rows, n);
-    }
-    if (grad_out.dtype == DType::kF16) {
-      swiglu_backward_vector_kernel<DType::kF16>
-          <<<grid, kThreads, 0, stream>>>(grad_gate_up.data, grad_out.data, gate_up.data, rows, n);
-    }
+    });
     return cudaGetLastError();
   }
   swiglu_backward_kernel<<<detail::grid_for(numel, kThreads), kThreads, 0, stream>>>(
@@ -358,18 +369,10 @@ cudaError_t swiglu(const KTensor& out, const KTensor& gate_up, cudaStream_t stre
   if (vectorizable(out, &gate_up) && n % lanes == 0) {
     const int64_t rows = numel / n;
     const int grid = vector_grid(numel, out.dtype);
-    if (out.dtype == DType::kF32) {
-      swiglu_vector_kernel<DType::kF32>
+    with_vector_dtype(out.dtype, [&](auto d) {
+      swiglu_vector_kernel<decltype(d)::value>
           <<<grid, kThreads, 0, stream>>>(out.data, gate_up.data, rows, n);
-    }
-    if (out.dtype == DType::kBF16) {
-      swiglu_vector_kernel<DType::kBF16>
-          <<<grid, kThreads, 0, stream>>>(out.data, gate_up.data, rows, n);
-    }
-    if (out.dtype == DType::kF16) {
-      swiglu_vector_kernel<DType::kF16>
-          <<<grid, kThreads, 0, stream>>>(out.data, gate_up.data, rows, n);
-    }
+    });
     return cudaGetLastError();
   }
   swiglu_kernel<<<detail::grid_for(numel, kThreads), kThreads, 0, stream>>>(out, gate_up, numel, n);

@@ -498,20 +498,17 @@ def _swiglu_backward_shape(grad_out, pre):
         return (f"asynctp: swiglu_backward: pre {tuple(pre.shape)} must be grad_out's shape "
                 f"{tuple(grad_out.shape)} with the last dim doubled")
 
-    if grad_out.dim() < 1 or pre.dim() != grad_out.dim():
-        raise InvalidArgumentError(wrong())
-    for a, b in zip(pre.shape[:-1], grad_out.shape[:-1]):
-        if isinstance(a, int) and isinstance(b, int):
-            if a != b:
-                raise InvalidArgumentError(wrong())
-        else:
-            torch._check(a == b, wrong)
-    n, two_n = grad_out.shape[-1], pre.shape[-1]
-    if isinstance(n, int) and isinstance(two_n, int):
-        if two_n != 2 * n:
+    def require(ok):
+        """ok: a bool (plain ints: a named error now) or a SymBool (a guard for the tracer)."""
+        if not isinstance(ok, bool):
+            torch._check(ok, wrong)
+        elif not ok:
             raise InvalidArgumentError(wrong())
-    else:
-        torch._check(two_n == 2 * n, wrong)
+
+    require(grad_out.dim() >= 1 and pre.dim() == grad_out.dim())
+    for a, b in zip(pre.shape[:-1], grad_out.shape[:-1]):
+        require(a == b)
+    require(pre.shape[-1] == 2 * grad_out.shape[-1])
     for t, what in ((grad_out, "grad_out"), (pre, "pre")):
         if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise InvalidArgumentError(

@@ -13,21 +13,11 @@
 #include "device/cpu_backend.h"
 #include "device/cuda/one_gpu.h"
 #include "ops/cuda/gpu_testing.h"
+#include "support/scaled_operands.h"
 #include "support/tensor_testing.h"
 
 namespace asynctp::testing {
 namespace {
-
-struct ScaledCase {
-  DType a_dtype, b_dtype, out;
-  bool rowwise, colwise, batched;
-};
-
-void PrintTo(const ScaledCase& c, std::ostream* os) {
-  *os << fmt::format("{} x {} -> {}, a_scale {}, b_scale {}{}", c.a_dtype, c.b_dtype, c.out,
-                     c.rowwise ? "row-wise" : "tensor-wise",
-                     c.colwise ? "column-wise" : "tensor-wise", c.batched ? ", batched" : "");
-}
 
 // The host operand's bytes on the GPU, viewed in the same strides (b is a column-major view of
 // contiguous [n, k] storage): copied as the contiguous storage, since a strided copy from host
@@ -39,46 +29,32 @@ OwnedTensor to_gpu(Gpu& gpu, const OwnedTensor& host, Dims storage) {
   return dev;
 }
 
-class ScaledGemmGpu : public ::testing::TestWithParam<ScaledCase> {};
+class ScaledGemmGpu : public ::testing::TestWithParam<Float8Case> {};
 
 // Products of quarters are exact, and so are their f32 sums in any order: the two backends agree
 // up to the scales' rounding, which cuBLASLt may apply as one product (a_scale * b_scale) where
 // the reference multiplies twice; that is one f32 rounding, then one into the output dtype.
 TEST_P(ScaledGemmGpu, MatchesTheCpuBackend) {
   SKIP_UNLESS_GPUS(1);
-  const ScaledCase c = GetParam();
+  const Float8Case c = GetParam();
   // k a multiple of 16 and n of 16 bytes' worth: cuBLASLt's float8 layout rules; m off the tiles.
   const int64_t batch = c.batched ? 3 : 1, m = 200, k = 96, n = 144;
-  const Dims a_shape = c.batched ? Dims{batch, m, k} : Dims{m, k};
-  const Dims d_shape = c.batched ? Dims{batch, m, n} : Dims{m, n};
-  OwnedTensor a = empty_host(a_shape, c.a_dtype);
-  OwnedTensor b = empty_transposed({k, n}, c.b_dtype);
-  Dims sa_shape = a_shape;
-  sa_shape[sa_shape.size() - 1] = 1;
-  OwnedTensor sa = empty_host(c.rowwise ? sa_shape : Dims{1}, DType::kF32);
-  OwnedTensor sb = empty_host(c.colwise ? Dims{1, n} : Dims{}, DType::kF32);
-  fill_seeded(a, seed_of({31}), Values::kQuarters);
-  fill_seeded(b, seed_of({32}), Values::kQuarters);
-  fill_seeded(sa, seed_of({33}), Values::kPositive);
-  fill_seeded(sb, seed_of({34}), Values::kPositive);
+  const ScaledOperands in(c, batch, m, k, n, Values::kQuarters, 31);
 
   std::unique_ptr<Backend> cpu = make_cpu_backend();
-  OwnedTensor expected = empty_host(d_shape, c.out);
-  GemmArgs ref{a, b, expected};
-  ref.a_scale = sa;
-  ref.b_scale = sb;
-  cpu->gemm(ref, cpu->compute_stream());
+  OwnedTensor expected = empty_host(in.d_shape, c.out);
+  cpu->gemm(in.args(expected), cpu->compute_stream());
   cpu->compute_stream().synchronize();
 
   Gpu gpu;
-  OwnedTensor da = to_gpu(gpu, a, a_shape);
-  OwnedTensor db = to_gpu(gpu, b, {n, k});
-  OwnedTensor dsa = to_gpu(gpu, sa, sa->shape());
-  OwnedTensor dsb = to_gpu(gpu, sb, sb->shape());
+  OwnedTensor da = to_gpu(gpu, in.a, in.a->shape());
+  OwnedTensor db = to_gpu(gpu, in.b, {n, k});
+  OwnedTensor dsa = to_gpu(gpu, in.sa, in.sa->shape());
+  OwnedTensor dsb = to_gpu(gpu, in.sb, in.sb->shape());
   // Twice, the second time from cached plans and staging: both must match.
   for (int call = 0; call < 2; ++call) {
     SCOPED_TRACE(fmt::format("call {}", call));
-    OwnedTensor d = gpu.empty(d_shape, c.out);  // NaN: an element left unwritten shows
+    OwnedTensor d = gpu.empty(in.d_shape, c.out);  // NaN: an element left unwritten shows
     GemmArgs args{da, db, d};
     args.a_scale = dsa;
     args.b_scale = dsb;
@@ -100,13 +76,13 @@ TEST_P(ScaledGemmGpu, MatchesTheCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(
     Float8, ScaledGemmGpu,
-    ::testing::Values(ScaledCase{DType::kF8E4M3, DType::kF8E4M3, DType::kF32, false, false, false},
-                      ScaledCase{DType::kF8E4M3, DType::kF8E4M3, DType::kBF16, true, false, false},
-                      ScaledCase{DType::kF8E4M3, DType::kF8E4M3, DType::kBF16, true, true, false},
-                      ScaledCase{DType::kF8E4M3, DType::kF8E4M3, DType::kF16, false, true, false},
-                      ScaledCase{DType::kF8E4M3, DType::kF8E4M3, DType::kBF16, true, true, true},
-                      ScaledCase{DType::kF8E5M2, DType::kF8E4M3, DType::kF32, true, true, false},
-                      ScaledCase{DType::kF8E4M3, DType::kF8E5M2, DType::kBF16, false, false,
+    ::testing::Values(Float8Case{DType::kF8E4M3, DType::kF8E4M3, DType::kF32, false, false, false},
+                      Float8Case{DType::kF8E4M3, DType::kF8E4M3, DType::kBF16, true, false, false},
+                      Float8Case{DType::kF8E4M3, DType::kF8E4M3, DType::kBF16, true, true, false},
+                      Float8Case{DType::kF8E4M3, DType::kF8E4M3, DType::kF16, false, true, false},
+                      Float8Case{DType::kF8E4M3, DType::kF8E4M3, DType::kBF16, true, true, true},
+                      Float8Case{DType::kF8E5M2, DType::kF8E4M3, DType::kF32, true, true, false},
+                      Float8Case{DType::kF8E4M3, DType::kF8E5M2, DType::kBF16, false, false,
                                  true}));
 
 }  // namespace
