@@ -4,7 +4,17 @@
 //
 // Unfused: all_gather, GEMM, SiLU, GEMM, reduce_scatter. Fused: all_gather_matmul, SiLU,
 // matmul_reduce_scatter. Exits non-zero when the two disagree beyond the dtype's tolerance.
+//
+// Timing: the six runs (each op unfused and fused, each block unfused and fused) interleaved
+// round-robin in a balanced order (median_ms_interleaved), each run behind the ranks' alignment,
+// back to back after --warmup-ms of warm-up on a GPU: the power-capped clocks of a training step,
+// which hit every variant alike. Each block run also records an event between its three steps:
+// where the block's time goes, read from the same timed runs.
+#include <algorithm>
+#include <array>
 #include <cstdio>
+#include <functional>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
@@ -26,8 +36,9 @@ struct DemoOptions {
   int64_t ffn = 1024;
   std::string dtype = "bf16";
   std::string backend = "auto";
-  int iters = 5;
+  int iters = 6;  // a multiple of the six variants: each follows every other equally often
   int warmup = 1;
+  double warmup_ms = 300;  // GPU only
   bool json = false;
   double tolerance = -1;  // < 0: the dtype's default
 };
@@ -80,26 +91,67 @@ int run_demo(const DemoOptions& o) {
   const Tensor hids[] = {hid2.tensor};
   auto fused_ag_mm = [&] { all_gather_matmul(ctx, x, w1s, hids); };
   auto fused_mm_rs = [&] { matmul_reduce_scatter(ctx, hid2, w2, out); };
-  auto unfused_block = [&] {
-    unfused_ag_mm();
-    ctx.backend().unary(UnaryOp::kSilu, hid, hid, ctx.stream());
-    unfused_mm_rs();
+  // A block's three steps, with an event before each and after the last when `marks` is given
+  // (the breakdown); `silu` is the unfused or the fused block's hidden activations.
+  using Marks = std::array<std::unique_ptr<Event>, 4>;
+  auto block = [&](const std::function<void()>& ag_mm, const Tensor& silu,
+                   const std::function<void()>& mm_rs, Marks* marks) {
+    auto mark = [&](int i) {
+      if (marks != nullptr) (*marks)[i]->record(ctx.stream());
+    };
+    mark(0);
+    ag_mm();
+    mark(1);
+    ctx.backend().unary(UnaryOp::kSilu, silu, silu, ctx.stream());
+    mark(2);
+    mm_rs();
+    mark(3);
   };
-  auto fused_block = [&] {
-    fused_ag_mm();
-    ctx.backend().unary(UnaryOp::kSilu, hid2, hid2, ctx.stream());
-    fused_mm_rs();
-  };
+  auto unfused_block = [&](Marks* m) { block(unfused_ag_mm, hid, unfused_mm_rs, m); };
+  auto fused_block = [&](Marks* m) { block(fused_ag_mm, hid2, fused_mm_rs, m); };
 
   // Correctness first: one block each way on the same inputs.
-  unfused_block();
-  fused_block();
+  unfused_block(nullptr);
+  fused_block(nullptr);
   const double err_hidden =
       max_over_ranks(*s.group, relative_error(to_host_f32(ctx, hid2), to_host_f32(ctx, hid)));
   const double err_out =
       max_over_ranks(*s.group, relative_error(to_host_f32(ctx, out), to_host_f32(ctx, out_ref)));
   const double tol = o.tolerance >= 0 ? o.tolerance : (dtype == DType::kF32 ? 1e-5 : 1e-2);
   const bool ok = err_hidden <= tol && err_out <= tol;
+
+  // Each block run records an event before each of its three steps and after the last; after
+  // each timed block run, its steps' times are read from them (the same runs as the block's own
+  // time, so the steps add up to it).
+  std::array<Marks, 2> marks;
+  for (auto& m : marks) {
+    for (auto& e : m)
+      e = ctx.backend().create_event(/*timing=*/true);
+  }
+  std::array<std::array<std::vector<double>, 3>, 2> step_runs;
+  auto read_steps = [&](size_t variant) {
+    if (variant < 4) return;  // an op, not a block
+    const size_t b = variant - 4;
+    for (int j = 0; j < 3; ++j)
+      step_runs[b][j].push_back(marks[b][j + 1]->elapsed_ms(*marks[b][j]));
+  };
+  const bool gpu = ctx.backend().name() != "cpu";
+  const std::vector<double> ms = median_ms_interleaved(
+      ctx,
+      {unfused_ag_mm, fused_ag_mm, unfused_mm_rs, fused_mm_rs, [&] { unfused_block(&marks[0]); },
+       [&] { fused_block(&marks[1]); }},
+      o.warmup, o.iters, nullptr, gpu ? o.warmup_ms : 0.0, /*pace=*/0, HostPause::kSpin,
+      /*hide_cycles=*/0, read_steps);
+  auto slowest = [&](double v) { return max_over_ranks(*s.group, v); };
+  // Per step, the median over the timed runs, the slowest rank.
+  std::array<std::array<double, 3>, 2> step_ms{};
+  for (int b = 0; b < 2; ++b) {
+    for (int j = 0; j < 3; ++j) {
+      auto& runs = step_runs[b][j];
+      std::sort(runs.begin(), runs.end());
+      step_ms[b][j] = slowest(runs[runs.size() / 2]);
+    }
+  }
 
   struct Row {
     std::string op, path;
@@ -110,15 +162,13 @@ int run_demo(const DemoOptions& o) {
     return last ? std::string(path_name(last->path)) : std::string("none");
   };
   std::vector<Row> rows;
-  rows.push_back({"all_gather_matmul", path_of("all_gather_matmul"),
-                  max_over_ranks(*s.group, median_ms(ctx, unfused_ag_mm, o.warmup, o.iters)),
-                  max_over_ranks(*s.group, median_ms(ctx, fused_ag_mm, o.warmup, o.iters))});
-  rows.push_back({"matmul_reduce_scatter", path_of("matmul_reduce_scatter"),
-                  max_over_ranks(*s.group, median_ms(ctx, unfused_mm_rs, o.warmup, o.iters)),
-                  max_over_ranks(*s.group, median_ms(ctx, fused_mm_rs, o.warmup, o.iters))});
-  rows.push_back({"mlp_block", "-",
-                  max_over_ranks(*s.group, median_ms(ctx, unfused_block, o.warmup, o.iters)),
-                  max_over_ranks(*s.group, median_ms(ctx, fused_block, o.warmup, o.iters))});
+  rows.push_back(
+      {"all_gather_matmul", path_of("all_gather_matmul"), slowest(ms[0]), slowest(ms[1])});
+  rows.push_back(
+      {"matmul_reduce_scatter", path_of("matmul_reduce_scatter"), slowest(ms[2]), slowest(ms[3])});
+  rows.push_back({"mlp_block", "-", slowest(ms[4]), slowest(ms[5])});
+  static constexpr std::array<const char*, 3> kSteps = {"all_gather_matmul", "silu",
+                                                        "matmul_reduce_scatter"};
 
   if (s.rank() == 0) {
     if (o.json) {
@@ -137,6 +187,16 @@ int run_demo(const DemoOptions& o) {
                        {"fused_ms", r.fused_ms}});
       }
       doc["ops"] = ops;
+      nlohmann::json steps = nlohmann::json::array();
+      for (int j = 0; j < 3; ++j) {
+        steps.push_back(
+            {{"step", kSteps[j]}, {"unfused_ms", step_ms[0][j]}, {"fused_ms", step_ms[1][j]}});
+      }
+      doc["block_steps"] = steps;
+      doc["timing"] = {{"iters", o.iters},
+                       {"warmup", o.warmup},
+                       {"warmup_ms", gpu ? o.warmup_ms : 0.0},
+                       {"interleaved", true}};
       std::printf("%s\n", doc.dump().c_str());
     } else {
       std::printf("sequence-parallel MLP forward: T=%ld H=%ld F/ws=%ld, %s, %d ranks, backend %s\n",
@@ -147,6 +207,10 @@ int run_demo(const DemoOptions& o) {
       for (const auto& r : rows) {
         std::printf("%-24s %-9s %12.3f %12.3f\n", r.op.c_str(), r.path.c_str(), r.unfused_ms,
                     r.fused_ms);
+      }
+      std::printf("the blocks' steps (medians of the same runs):\n");
+      for (int j = 0; j < 3; ++j) {
+        std::printf("  %-32s %12.3f %12.3f\n", kSteps[j], step_ms[0][j], step_ms[1][j]);
       }
       std::printf(
           "relative error fused vs unfused: hidden %.3g, output %.3g (tolerance %.3g): %s\n",
@@ -175,10 +239,16 @@ Command add_demo_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16")->capture_default_str();
   cmd->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
   add_integer_option(cmd, "--iters", options::kIters, &o->iters,
-                     "timed runs per measurement (median reported)")
+                     "timed runs of each of the six (median reported; a multiple of 6 keeps the "
+                     "interleaving balanced)")
       ->default_str(fmt::format("{}", o->iters));
-  add_integer_option(cmd, "--warmup", options::kWarmup, &o->warmup, "untimed runs before timing")
+  add_integer_option(cmd, "--warmup", options::kWarmup, &o->warmup,
+                     "untimed rounds of the six runs before timing")
       ->default_str(fmt::format("{}", o->warmup));
+  add_number_option(cmd, "--warmup-ms", options::kWarmupMs, &o->warmup_ms,
+                    "on a GPU, keep warming up (whole rounds) until this many milliseconds have "
+                    "passed, so that the timed runs see the clocks of sustained load")
+      ->default_str(fmt::format("{}", o->warmup_ms));
   add_number_option(cmd, "--tolerance", options::kTolerance, &o->tolerance,
                     "largest relative error accepted (default: 1e-5 for f32, 1e-2 otherwise)");
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");

@@ -90,8 +90,8 @@ std::vector<double> round_robin_medians(OpContext& ctx,
                                         int iters, const std::function<void()>& align,
                                         std::vector<double>* host_ms = nullptr,
                                         double warmup_ms = 0, double pace = 0,
-                                        HostPause pause = HostPause::kSpin,
-                                        int64_t hide_cycles = 0) {
+                                        HostPause pause = HostPause::kSpin, int64_t hide_cycles = 0,
+                                        const std::function<void(size_t)>& timed = {}) {
   ASYNCTP_CHECK(iters > 0 && warmup >= 0 && warmup_ms >= 0,
                 "iters must be positive, warmup and warmup_ms non-negative (got {}, {}, {})", iters,
                 warmup, warmup_ms);
@@ -130,6 +130,7 @@ std::vector<double> round_robin_medians(OpContext& ctx,
       stop->record(ctx.stream());
       stop->synchronize();
       times[f].push_back(stop->elapsed_ms(*start));
+      if (timed) timed(f);
       if (pace > 0)
         pause_host(std::chrono::duration<double, std::milli>(pace * times[f].back()), pause);
     }
@@ -158,10 +159,11 @@ double median_ms(OpContext& ctx, const std::function<void()>& fn, int warmup, in
 std::vector<double> median_ms_interleaved(OpContext& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
                                           int iters, std::vector<double>* host_ms, double warmup_ms,
-                                          double pace, HostPause pause, int64_t hide_cycles) {
+                                          double pace, HostPause pause, int64_t hide_cycles,
+                                          const std::function<void(size_t)>& timed) {
   return round_robin_medians(
       ctx, fns, warmup, iters, [&] { ctx.align_ranks(); }, host_ms, warmup_ms, pace, pause,
-      hide_cycles);
+      hide_cycles, timed);
 }
 
 std::vector<int64_t> parse_shape(const std::string& text) {

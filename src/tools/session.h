@@ -55,13 +55,15 @@ double median_ms(OpContext& ctx, const std::function<void()>& fn, int warmup, in
 // the GPU works at most 1/(1+pace) of the time: back to back (pace 0) a GPU reaches its power
 // cap within a few hundred ms and lowers its SM clock, while short bursts from idle (as PyTorch's
 // anchor script times) keep it up (see docs/DECISIONS.md D23). pause: how the host idles
-// (core/deadline.h).
+// (core/deadline.h). timed(f), if given, is called after each timed run of variant f has
+// completed (before any pause): the place to read events the variant recorded inside that run.
 std::vector<double> median_ms_interleaved(OpContext& ctx,
                                           const std::vector<std::function<void()>>& fns, int warmup,
                                           int iters, std::vector<double>* host_ms = nullptr,
                                           double warmup_ms = 0, double pace = 0,
                                           HostPause pause = HostPause::kSpin,
-                                          int64_t hide_cycles = 0);
+                                          int64_t hide_cycles = 0,
+                                          const std::function<void(size_t)>& timed = {});
 
 // "MxKxN" -> {M, K, N}; throws naming the text.
 std::vector<int64_t> parse_shape(const std::string& text);

@@ -287,6 +287,7 @@ TEST(Cli, NumericOptionsAreCheckedNamedAndBoundedInWords) {
       {{"passes", graph, "-o", out, "--bucket-mb", "64", "0"},
        "--bucket-mb '0' is out of range; allowed: a number > 0, or inf, in MiB"},
       {{"demo", "--tokens", "0"}, "--tokens '0' is out of range"},
+      {{"demo", "--warmup-ms", "-1"}, "--warmup-ms '-1' is out of range"},
       {{"bench", "ag-mm", "--iters", "1.5"}, "--iters '1.5' is not an integer"},
       {{"bench", "ag-mm", "--hide-launch", "-1"}, "--hide-launch '-1' is out of range"},
   };
@@ -650,6 +651,21 @@ TEST(LaunchCli, DemoOnFourRanksRunsFusedAndPrintsJson) {
 #endif
   EXPECT_LE(doc.at("rel_error").at("out").get<double>(),
             doc.at("rel_error").at("tolerance").get<double>());
+  // Every op and block timed both ways, and each block's three steps timed apart.
+  for (const auto& op : doc.at("ops")) {
+    EXPECT_GT(op.at("unfused_ms").get<double>(), 0) << json_line;
+    EXPECT_GT(op.at("fused_ms").get<double>(), 0) << json_line;
+  }
+  std::vector<std::string> steps;
+  for (const auto& step : doc.at("block_steps")) {
+    steps.push_back(step.at("step"));
+    EXPECT_GT(step.at("unfused_ms").get<double>(), 0) << json_line;
+    EXPECT_GT(step.at("fused_ms").get<double>(), 0) << json_line;
+  }
+  EXPECT_EQ(steps, (std::vector<std::string>{"all_gather_matmul", "silu", "matmul_reduce_scatter"}))
+      << json_line;
+  EXPECT_EQ(doc.at("timing").at("interleaved"), true) << json_line;
+  EXPECT_EQ(doc.at("timing").at("warmup_ms"), 0.0) << "the CPU backend does not warm up";
 }
 
 TEST(LaunchCli, NothingIsLeftInDevShmAfterANormalRun) {
