@@ -52,6 +52,8 @@ passes::PassOptions options_of(const char* text) {
       options.tp.enable_last_dim_scatter = !bool_option(value, name);
     } else if (name == "enable_transpose") {
       options.tp.enable_transpose = bool_option(value, name);
+    } else if (name == "enable_swiglu") {
+      options.tp.enable_swiglu = bool_option(value, name);
     } else if (name == "no_fuse") {
       options.fuse = !bool_option(value, name);
     } else if (name == "strict") {
@@ -61,7 +63,7 @@ passes::PassOptions options_of(const char* text) {
     } else {
       invalid(
           "unknown option {} (the options of `asynctp passes`: enable_last_dim, "
-          "no_last_dim_scatter, enable_transpose, bucket_mb, no_fuse, strict)",
+          "no_last_dim_scatter, enable_transpose, enable_swiglu, bucket_mb, no_fuse, strict)",
           name);
     }
   }
@@ -72,6 +74,7 @@ Json options_json(const passes::PassOptions& o) {
   return Json{{"enable_last_dim", o.tp.enable_last_dim},
               {"no_last_dim_scatter", !o.tp.enable_last_dim_scatter},
               {"enable_transpose", o.tp.enable_transpose},
+              {"enable_swiglu", o.tp.enable_swiglu},
               {"bucket_mb", o.bucket.cap_mb},
               {"no_fuse", !o.fuse},
               {"strict", o.strict}};

@@ -254,6 +254,24 @@ RtValue gather_result(const std::optional<HostTensor>& a, const std::vector<Host
   return RtValue::list({a ? RtValue::of(*a) : RtValue{}, RtValue::list(std::move(items))});
 }
 
+// Keyword `key` as a flag: absent or None is false.
+bool flag_kwarg(Call& c, const char* key) {
+  const RtValue* v = c.kwarg(key);
+  ASYNCTP_CHECK(v == nullptr || v->is_none() ||
+                    (v->kind == RtValue::Kind::kLiteral && v->literal.kind == Value::Kind::kBool),
+                "{}: {} must be a bool, got {}", c.where(), key, v ? v->describe() : "");
+  return v != nullptr && !v->is_none() && v->literal.b;
+}
+
+// The checks every fused all-gather shares on A_shard and gather_dim.
+void check_gather(Call& c, const HostTensor& a, int64_t gather_dim) {
+  ASYNCTP_CHECK(a.t.dim() >= 2, "{}: A_shard must have rank >= 2, got {}", c.where(),
+                a.t.describe());
+  ASYNCTP_CHECK(gather_dim >= -a.t.dim() && gather_dim < a.t.dim(),
+                "{}: gather_dim {} out of range for A_shard {}", c.where(), gather_dim,
+                a.t.describe());
+}
+
 // asynctp.fused_all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A)
 // asynctp.fused_all_gather_scaled_matmul(A_shard, A_scale, Bs, B_scales, gather_dim, group_name,
 //                                        out_dtypes, *, return_A, use_fast_accum)
@@ -263,17 +281,8 @@ RtValue fused_all_gather(Call& c, bool scaled) {
   const std::vector<HostTensor> bs = c.tensor_list(scaled ? 2 : 1, "Bs");
   const int64_t gather_dim = c.integer(2 + o, "gather_dim");
   check_group(c, c.ctx().world_size(), c.string(3 + o, "group_name"));
-  const RtValue* ra = c.kwarg("return_A");
-  ASYNCTP_CHECK(ra == nullptr || ra->is_none() ||
-                    (ra->kind == RtValue::Kind::kLiteral && ra->literal.kind == Value::Kind::kBool),
-                "{}: return_A must be a bool, got {}", c.where(), ra ? ra->describe() : "");
-  const bool return_a = ra != nullptr && !ra->is_none() && ra->literal.b;
-  ASYNCTP_CHECK(a.t.dim() >= 2, "{}: A_shard must have rank >= 2, got {}", c.where(),
-                a.t.describe());
-  ASYNCTP_CHECK(gather_dim >= -a.t.dim() && gather_dim < a.t.dim(),
-                "{}: gather_dim {} out of range "
-                "for A_shard {}",
-                c.where(), gather_dim, a.t.describe());
+  const bool return_a = flag_kwarg(c, "return_A");
+  check_gather(c, a, gather_dim);
   std::vector<DType> out_dtypes(bs.size(), a.t.dtype());
   std::vector<HostTensor> b_scales;
   if (scaled) {
@@ -320,6 +329,40 @@ RtValue fused_all_gather(Call& c, bool scaled) {
   }
   st.finish();
   return gather_result(a_full, outs);
+}
+
+// asynctp.fused_all_gather_matmul_swiglu(A_shard, B, gather_dim, group_name, *, return_A,
+//                                        return_pre) -> (A or None, P or None, out)
+// B [K, 2N]; P = A @ B [.., 2N]; out = silu(P[.., :N]) * P[.., N:] [.., N].
+RtValue fused_all_gather_swiglu(Call& c) {
+  const HostTensor& a = c.tensor(0, "A_shard");
+  const HostTensor& b = c.tensor(1, "B");
+  const int64_t gather_dim = c.integer(2, "gather_dim");
+  check_group(c, c.ctx().world_size(), c.string(3, "group_name"));
+  const bool return_a = flag_kwarg(c, "return_A");
+  const bool return_pre = flag_kwarg(c, "return_pre");
+  check_gather(c, a, gather_dim);
+  ASYNCTP_CHECK(b.t.dim() == 2 && b.t.size(1) % 2 == 0,
+                "{}: B must be 2-D with an even number of columns (gate | up), got {}", c.where(),
+                b.t.describe());
+  const Dims gathered = all_gather_shape(a.t, static_cast<int>(gather_dim), c.ctx().world_size());
+  Dims pre_shape = gathered, out_shape = gathered;
+  pre_shape[pre_shape.size() - 1] = b.t.size(1);
+  out_shape[out_shape.size() - 1] = b.t.size(1) / 2;
+  const HostTensor out = host_empty(out_shape, a.t.dtype());
+  std::optional<HostTensor> pre, a_full;
+  if (return_pre) pre = host_empty(pre_shape, a.t.dtype());
+  if (return_a) a_full = host_empty(gathered, a.t.dtype());
+  Staging st(c.ctx());
+  AllGatherMatmulOptions options;
+  options.gather_dim = static_cast<int>(gather_dim);
+  const Tensor dev_out = st.out(out);
+  const Tensor dev_pre = pre ? st.out(*pre) : Tensor();
+  const Tensor dev_a_out = a_full ? st.out(*a_full) : Tensor();
+  all_gather_matmul_swiglu(c.ctx(), st.in(a), st.in(b, true), dev_out, dev_pre, dev_a_out, options);
+  st.finish();
+  return RtValue::list({a_full ? RtValue::of(*a_full) : RtValue{},
+                        pre ? RtValue::of(*pre) : RtValue{}, RtValue::of(out)});
 }
 
 // asynctp.fused_matmul_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name)
@@ -398,6 +441,7 @@ void register_device_kernels(Table& t) {
                  [](Call& c) { return fused_all_gather(c, false); });
   t.emplace_back("asynctp.fused_all_gather_scaled_matmul",
                  [](Call& c) { return fused_all_gather(c, true); });
+  t.emplace_back("asynctp.fused_all_gather_matmul_swiglu", fused_all_gather_swiglu);
   t.emplace_back("asynctp.fused_matmul_reduce_scatter", fused_matmul_reduce_scatter);
   t.emplace_back("asynctp.fused_scaled_matmul_reduce_scatter", fused_scaled_matmul_reduce_scatter);
 }

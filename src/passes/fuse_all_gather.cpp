@@ -395,6 +395,7 @@ void micro_pipeline_tp(Graph& g, const MicroPipelineOptions& options, FusionRepo
   }
   fuse_reduce_scatters(g, options, report);
   fuse_all_gathers(g, options, report);
+  if (options.enable_swiglu) fuse_swiglu_epilogues(g, report);
   stable_topological_sort(g);
   g.validate();
 }

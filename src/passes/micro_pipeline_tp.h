@@ -16,6 +16,10 @@
 //     before the scatter. Scattering on the last (output) dim (B is sharded by columns instead)
 //     unless enable_last_dim_scatter is off: PyTorch 2.11 fuses it by default too. A matmul (or
 //     sum) whose result has other users is left alone.
+//   Then, with enable_swiglu, a fused gather of one B [K, 2N] whose product [g | u] feeds
+//     silu(g) * u (the gate/up projection of a SwiGLU MLP) becomes
+//     asynctp.fused_all_gather_matmul_swiglu, with the SwiGLU in the GEMM's epilogue. Opt-in: in
+//     the compiled layer it has not yet measured faster than Inductor's own SwiGLU kernel.
 // The fused node is placed where the collective was; producers of B that came later are moved up
 // (never past the collective's own inputs); the graph stays topologically sorted. Every
 // collective gets a report entry.
@@ -30,6 +34,7 @@ struct MicroPipelineOptions {
   bool enable_last_dim = false;         // gather on the contraction dim
   bool enable_last_dim_scatter = true;  // scatter on the output dim
   bool enable_transpose = false;        // mm(A, all_gather(B).t())
+  bool enable_swiglu = false;           // silu(g) * u of a fused gather's [g | u] into its epilogue
 };
 
 void micro_pipeline_tp(graph::Graph& g, const MicroPipelineOptions& options, FusionReport& report);
@@ -38,5 +43,8 @@ void micro_pipeline_tp(graph::Graph& g, const MicroPipelineOptions& options, Fus
 void fuse_reduce_scatters(graph::Graph& g, const MicroPipelineOptions& options,
                           FusionReport& report);
 void fuse_all_gathers(graph::Graph& g, const MicroPipelineOptions& options, FusionReport& report);
+// After fuse_all_gathers: a fused all-gather matmul of one B [K, 2N] whose product [g | u] feeds
+// silu(g) * u becomes asynctp.fused_all_gather_matmul_swiglu (fuse_swiglu.cpp).
+void fuse_swiglu_epilogues(graph::Graph& g, FusionReport& report);
 
 }  // namespace asynctp::passes

@@ -25,6 +25,7 @@ struct PassesOptions {
   bool enable_last_dim = false;
   bool no_last_dim_scatter = false;
   bool enable_transpose = false;
+  bool enable_swiglu = false;
 };
 
 int run_passes_command(const PassesOptions& o) {
@@ -35,6 +36,7 @@ int run_passes_command(const PassesOptions& o) {
   options.tp.enable_last_dim = o.enable_last_dim;
   options.tp.enable_last_dim_scatter = !o.no_last_dim_scatter;
   options.tp.enable_transpose = o.enable_transpose;
+  options.tp.enable_swiglu = o.enable_swiglu;
   options.bucket.cap_mb = o.bucket_mb;
   const passes::FusionReport report = passes::run_passes(g, options);
   graph::write_graph_file(g, o.output);
@@ -76,6 +78,9 @@ Command add_passes_command(CLI::App& app) {
                 "leave reduce-scatters on the output (last) dim unfused (fused by default)");
   cmd->add_flag("--enable-transpose", o->enable_transpose,
                 "also fuse mm(A, all_gather(B).t()) through the transposed product");
+  cmd->add_flag("--enable-swiglu", o->enable_swiglu,
+                "also move silu(g) * u after a fused gather's product [g | u] into the GEMM's "
+                "epilogue (asynctp.fused_all_gather_matmul_swiglu)");
   cmd->footer("Example: asynctp passes block.pre.json -o block.fused.json --report");
   return {cmd, [o] { return run_passes_command(*o); }};
 }

@@ -42,6 +42,7 @@ struct RunOptions {
   bool enable_last_dim = false;
   bool no_last_dim_scatter = false;
   bool enable_transpose = false;
+  bool enable_swiglu = false;
   bool no_fuse = false;
   bool json = false;
   double timeout_s = 0;
@@ -73,6 +74,7 @@ int launch_ranks(const RunOptions& o, int nproc) {
   if (o.enable_last_dim) l.command.push_back("--enable-last-dim");
   if (o.no_last_dim_scatter) l.command.push_back("--no-last-dim-scatter");
   if (o.enable_transpose) l.command.push_back("--enable-transpose");
+  if (o.enable_swiglu) l.command.push_back("--enable-swiglu");
   if (o.no_fuse) l.command.push_back("--no-fuse");
   if (o.json) l.command.push_back("--json");
   if (o.timeout_s > 0) l.timeout_s = o.timeout_s;
@@ -103,6 +105,7 @@ int run_as_rank(const RunOptions& o) {
     options.tp.enable_last_dim = o.enable_last_dim;
     options.tp.enable_last_dim_scatter = !o.no_last_dim_scatter;
     options.tp.enable_transpose = o.enable_transpose;
+    options.tp.enable_swiglu = o.enable_swiglu;
     options.fuse = !o.no_fuse;
     options.bucket.cap_mb = o.bucket_mb;
     const passes::FusionReport report = passes::run_passes(transformed, options);
@@ -209,6 +212,8 @@ Command add_run_command(CLI::App& app) {
   cmd->add_flag("--enable-transpose", o->enable_transpose,
                 "passes of --check: fuse the transposed "
                 "right-hand operand");
+  cmd->add_flag("--enable-swiglu", o->enable_swiglu,
+                "passes of --check: move silu(g) * u into the fused gather's epilogue");
   cmd->add_flag("--no-fuse", o->no_fuse, "passes of --check: bucketing only");
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
   add_number_option(cmd, "--timeout", options::kTimeout, &o->timeout_s,

@@ -79,12 +79,14 @@ TEST(CapiPasses, OptionsAreCheckedAndFilledIn) {
   ASSERT_EQ(defaults.status, ASYNCTP_OK) << defaults.error;
   EXPECT_EQ(defaults.result["options"],
             Json::parse(R"({"enable_last_dim": false, "no_last_dim_scatter": false,
-                            "enable_transpose": false, "bucket_mb": [], "no_fuse": false,
-                            "strict": false})"));
+                            "enable_transpose": false, "enable_swiglu": false,
+                            "bucket_mb": [], "no_fuse": false, "strict": false})"));
   EXPECT_FALSE(defaults.result.contains("graph"));
   const Call set =
-      run(nullptr, R"({"enable_last_dim": true, "no_last_dim_scatter": true, "bucket_mb": 4})");
+      run(nullptr, R"({"enable_last_dim": true, "no_last_dim_scatter": true, "bucket_mb": 4,
+                       "enable_swiglu": true})");
   ASSERT_EQ(set.status, ASYNCTP_OK) << set.error;
+  EXPECT_EQ(set.result["options"]["enable_swiglu"], true);
   EXPECT_EQ(set.result["options"]["enable_last_dim"], true);
   EXPECT_EQ(set.result["options"]["no_last_dim_scatter"], true);
   EXPECT_EQ(set.result["options"]["bucket_mb"], Json::array({4.0}));

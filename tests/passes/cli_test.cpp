@@ -64,6 +64,35 @@ TEST(Cli, StrictFailsOnAMatchedButUnfusedCollective) {
       << strict.out;
 }
 
+// The SwiGLU epilogue through both commands: `passes --enable-swiglu` writes the fused target,
+// `run --check --enable-swiglu` runs it against the unfused graph on 4 ranks.
+TEST(Cli, EnableSwigluThroughPassesAndRun) {
+  GraphBuilder b(4);
+  const auto x = b.input("x", {2, 8}), w13 = b.input("w13", {8, 12});
+  const auto p = b.mm(b.all_gather(x, 0), w13);
+  const auto split = b.call_untyped("split", "aten.split.Tensor",
+                                    {node(p), Value::integer(6), Value::integer(-1)});
+  const auto gate =
+      b.call("getitem", "_operator.getitem", {node(split), Value::integer(0)}, {8, 6}, "float32");
+  const auto up =
+      b.call("getitem", "_operator.getitem", {node(split), Value::integer(1)}, {8, 6}, "float32");
+  const auto s = b.call("silu", "aten.silu.default", {node(gate)}, {8, 6}, "float32");
+  b.output({b.call("mul", "aten.mul.Tensor", {node(s), node(up)}, {8, 6}, "float32"), p});
+  const std::string in = ::testing::TempDir() + "/asynctp_cli_swiglu.json";
+  graph::write_graph_file(b.build(), in);
+  for (const bool on : {false, true}) {
+    const CliRun r =
+        sh("passes " + in + " -o " + in + ".out --report" + (on ? " --enable-swiglu" : ""));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.out.find("SwiGLU mul") != std::string::npos, on) << r.out;
+    const graph::Graph g = graph::read_graph_file(in + ".out");
+    EXPECT_EQ(count_target(g, "asynctp.fused_all_gather_matmul_swiglu"), on ? 1 : 0);
+  }
+  const CliRun check = sh("run " + in + " --nproc 4 --check --enable-swiglu --timeout 120");
+  EXPECT_EQ(check.code, 0) << check.out;
+  EXPECT_NE(check.out.find("check: OK"), std::string::npos) << check.out;
+}
+
 TEST(Cli, RunCheckOnFourRanksWithFusionAndBuckets) {
   const CliRun r =
       sh("run " + graph_path("sp_mlp.bwd.pre.json") + " --nproc 4 --check --timeout 120");

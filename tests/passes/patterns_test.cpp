@@ -427,5 +427,128 @@ TEST(Patterns, EveryCollectiveIsReported) {
   expect_same_outputs(b.build(), res.g, 0.0);
 }
 
+// ---- the SwiGLU epilogue ----------------------------------------------------------------------
+
+enum class SiluForm { kAten, kDivExp, kSigmoid, kUpHalf };
+
+// x [2, H=8] -AG(0)-> [8, 8] @ w13 [8, 2N=12] -> split(N, -1) -> silu(g) * u -> @ w2 [6, 8] -RS->,
+// silu in the form PyTorch writes it (kDivExp: in f32 between converts of a bf16 graph, as
+// Inductor decomposes it); kUpHalf takes silu of the wrong half, which is no SwiGLU of the op's.
+// save_pre: P is also a graph output (the forward of a training step saves it).
+struct SwigluGraph {
+  graph::Graph g;
+  std::string ag, mul;
+};
+SwigluGraph swiglu_graph(SiluForm form, bool save_pre) {
+  const std::string dt = form == SiluForm::kDivExp ? "bfloat16" : "float32";
+  GraphBuilder b(kWs);
+  const auto x = b.input("x", {2, 8}, dt), w13 = b.input("w13", {8, 12}, dt),
+             w2 = b.input("w2", {6, 8}, dt);
+  SwigluGraph out;
+  const auto p = b.mm(b.all_gather(x, 0, &out.ag), w13);
+  const auto split = b.call_untyped("split", "aten.split.Tensor",
+                                    {node(p), Value::integer(6), Value::integer(-1)});
+  const auto gate =
+      b.call("getitem", "_operator.getitem", {node(split), Value::integer(0)}, {8, 6}, dt);
+  const auto up =
+      b.call("getitem", "_operator.getitem", {node(split), Value::integer(1)}, {8, 6}, dt);
+  auto unary = [&](const char* target, const std::string& a, const std::string& dtype) {
+    return b.call("u", target, {node(a)}, {8, 6}, dtype);
+  };
+  std::string s, other = up;
+  switch (form) {
+    case SiluForm::kAten:
+      s = unary("aten.silu.default", gate, dt);
+      break;
+    case SiluForm::kUpHalf:
+      s = unary("aten.silu.default", up, dt);
+      other = gate;
+      break;
+    case SiluForm::kSigmoid:
+      s = b.call("mul", "aten.mul.Tensor",
+                 {node(unary("aten.sigmoid.default", gate, dt)), node(gate)}, {8, 6}, dt);
+      break;
+    case SiluForm::kDivExp: {
+      const auto c = b.call("convert", "prims.convert_element_type.default",
+                            {node(gate), Value::dtype("float32")}, {8, 6}, "float32");
+      const auto e = unary("aten.exp.default", unary("aten.neg.default", c, "float32"), "float32");
+      const auto d =
+          b.call("add", "aten.add.Tensor", {node(e), Value::integer(1)}, {8, 6}, "float32");
+      const auto q = b.call("div", "aten.div.Tensor", {node(c), node(d)}, {8, 6}, "float32");
+      s = b.call("convert", "prims.convert_element_type.default", {node(q), Value::dtype(dt)},
+                 {8, 6}, dt);
+      break;
+    }
+  }
+  out.mul = b.call("mul", "aten.mul.Tensor", {node(s), node(other)}, {8, 6}, dt);
+  const auto y = b.reduce_scatter(b.mm(out.mul, w2), 0);
+  b.output(save_pre ? std::vector<std::string>{y, p} : std::vector<std::string>{y});
+  out.g = b.build();
+  return out;
+}
+
+const graph::Node* only_node(const graph::Graph& g, const std::string& target) {
+  const graph::Node* found = nullptr;
+  for (const auto& n : g.nodes()) {
+    if (n.target != target) continue;
+    EXPECT_EQ(found, nullptr) << "two " << target << " nodes";
+    found = &n;
+  }
+  return found;
+}
+
+passes::PassOptions with_swiglu() {
+  passes::PassOptions o;
+  o.tp.enable_swiglu = true;
+  return o;
+}
+
+class SwigluEpilogue : public ::testing::TestWithParam<std::tuple<SiluForm, bool>> {};
+
+TEST_P(SwigluEpilogue, GoesIntoTheFusedGather) {
+  const auto [form, save_pre] = GetParam();
+  const SwigluGraph s = swiglu_graph(form, save_pre);
+  const Result res = run(s.g, with_swiglu());
+  EXPECT_EQ(outcome(res, s.ag), passes::Outcome::kFused) << detail(res, s.ag);
+  EXPECT_EQ(count_target(res.g, kAgMm), 0);
+  const graph::Node* f = only_node(res.g, "asynctp.fused_all_gather_matmul_swiglu");
+  ASSERT_NE(f, nullptr);
+  const Value* pre = f->kwarg("return_pre");
+  ASSERT_NE(pre, nullptr);
+  EXPECT_EQ(pre->b, save_pre);
+  EXPECT_FALSE(f->kwarg("return_A")->b);
+  // The SwiGLU's nodes went with it.
+  for (const char* gone : {"aten.mul.Tensor", "aten.silu.default", "aten.sigmoid.default",
+                           "aten.div.Tensor", "aten.split.Tensor"}) {
+    EXPECT_EQ(count_target(res.g, gone), 0) << gone;
+  }
+  EXPECT_NE(detail(res, s.ag).find("into " + f->name), std::string::npos) << detail(res, s.ag);
+  EXPECT_NE(detail(res, s.ag).find("SwiGLU " + s.mul), std::string::npos) << detail(res, s.ag);
+  EXPECT_EQ(detail(res, s.ag).find("returns the products") != std::string::npos, save_pre)
+      << detail(res, s.ag);
+  // One rounding where the decomposition rounds silu(g) first: within the dtype's tolerance.
+  expect_same_outputs(s.g, res.g);
+}
+
+INSTANTIATE_TEST_SUITE_P(Forms, SwigluEpilogue,
+                         ::testing::Combine(::testing::Values(SiluForm::kAten, SiluForm::kDivExp,
+                                                              SiluForm::kSigmoid),
+                                            ::testing::Bool()));
+
+TEST(Patterns, SwigluOfTheUpHalfOrWithoutTheOptionStaysAsItIs) {
+  const SwigluGraph up = swiglu_graph(SiluForm::kUpHalf, true);
+  const Result res = run(up.g, with_swiglu());
+  EXPECT_EQ(outcome(res, up.ag), passes::Outcome::kFused);
+  EXPECT_EQ(count_target(res.g, kAgMm), 1);
+  EXPECT_EQ(count_target(res.g, "asynctp.fused_all_gather_matmul_swiglu"), 0);
+  expect_same_outputs(up.g, res.g, 0.0);
+
+  const SwigluGraph s = swiglu_graph(SiluForm::kAten, false);
+  const Result plain = run(s.g);  // the default: off
+  EXPECT_EQ(count_target(plain.g, kAgMm), 1);
+  EXPECT_EQ(count_target(plain.g, "asynctp.fused_all_gather_matmul_swiglu"), 0);
+  EXPECT_EQ(detail(plain, s.ag).find("SwiGLU"), std::string::npos) << detail(plain, s.ag);
+  expect_same_outputs(s.g, plain.g, 0.0);
+}
 }  // namespace
 }  // namespace asynctp::testing

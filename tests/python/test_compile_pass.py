@@ -186,16 +186,17 @@ def test_options_and_uuid():
 
     uuids = {}
     for key, options in {"default": {}, "last_dim": {"enable_last_dim": True},
-                         "bucket": {"bucket_mb": [4]}}.items():
+                         "bucket": {"bucket_mb": [4]}, "swiglu": {"enable_swiglu": True}}.items():
         p = atp.enable(**options)
         try:
             assert inductor_config.post_grad_custom_post_pass is p
             uuids[key] = p.uuid()
             assert p.options["enable_last_dim"] == (key == "last_dim")
+            assert p.options["enable_swiglu"] == (key == "swiglu")
         finally:
             atp.disable()
         assert inductor_config.post_grad_custom_post_pass is None
-    assert len(set(uuids.values())) == 3, uuids
+    assert len(set(uuids.values())) == 4, uuids
     assert atp.enable().uuid() == uuids["default"]  # deterministic
     atp.disable()
     assert atp.enable(strict=True).uuid() != uuids["default"]
@@ -357,6 +358,24 @@ def _cases(ws, name):
         lambda x, big: big @ _ag(x, 0, name, ws).t(),
         (torch.randn(3, 8), torch.randn(5, 8)),
         ["fused_all_gather_matmul"])
+    # The gate/up projection of a SwiGLU MLP: silu(g) * u goes into the fused gather's
+    # epilogue; the products also leave the graph (a forward saves them for the backward), so
+    # the op returns them too. bf16, the dtype the op rounds once into (torch rounds silu(g)
+    # first).
+    def swiglu(save_pre):
+        def fn(x, w13):
+            p = _ag(x, 0, name, ws) @ w13
+            g, u = p.chunk(2, dim=-1)
+            out = torch.nn.functional.silu(g) * u
+            return (out, p) if save_pre else (out,)
+
+        return fn
+
+    for save_pre in (True, False):
+        cases[f"swiglu_save_pre_{save_pre}"] = (
+            swiglu(save_pre),
+            (torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, 12, dtype=torch.bfloat16)),
+            ["fused_all_gather_matmul_swiglu"])
     # The contraction dim gathered, the output dim scattered.
     cases["last_dims"] = (
         lambda x, w, a, b: (_ag(x, 1, name, ws) @ w, _rs(a @ b, 1, name, ws)),
@@ -428,7 +447,7 @@ def every_pattern():
     group = dist.group.WORLD
     ws, name = group.size(), group.group_name
     torch.manual_seed(group.rank() + 1)
-    fusion_pass = atp.enable(enable_last_dim=True, enable_transpose=True)
+    fusion_pass = atp.enable(enable_last_dim=True, enable_transpose=True, enable_swiglu=True)
     try:
         for case, (fn, inputs, fused, *reference) in _cases(ws, name).items():
             report, targets, graph = _check_rewrite(fusion_pass, case, fn, inputs, *reference)
@@ -436,6 +455,12 @@ def every_pattern():
             assert not any("c10d" in t for t in targets), f"{case}: {targets}"
             got_ops = sorted({t.split(".")[1] for t in targets if t.startswith("asynctp.")})
             assert got_ops == sorted(fused), f"{case}: {got_ops}"
+            if case.startswith("swiglu"):
+                swiglu_ops = [n for n in graph.nodes
+                              if n.target is torch.ops.asynctp.fused_all_gather_matmul_swiglu.default]
+                assert [n.kwargs.get("return_pre") for n in swiglu_ops] == [
+                    case.endswith("True")], (case, graph)
+                assert all("SwiGLU" in e["detail"] for e in report), (case, report)
             if case.startswith("float8"):
                 # Each _scaled_mm's use_fast_accum is carried into the op that replaced it.
                 fast = case == "float8_fast_accum"
