@@ -36,7 +36,9 @@ def bench(tmp_path_factory):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "asynctp.bench.layer", "--config", "tiny",
            "--tokens", ",".join(map(str, TOKENS)), "--dtype", "bf16,fp8", "--arms", ",".join(arms),
-           "--warmup", "1", "--iters", "2", "--loops", "2", "--json", str(out / "layer.json")]
+           "--warmup", "1", "--iters", "2", "--loops", "2", "--json", str(out / "layer.json"),
+           # The compiled arm with the SwiGLU epilogue on: the pass on Inductor's real graphs.
+           "--pass-options", '{"enable_swiglu": true}']
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     return arms, json.loads((out / "layer.json").read_text()), (out / "layer.svg").read_text()
@@ -117,11 +119,14 @@ def test_compile_pass_fuses_every_collective(bench):
         if r["dtype"] != "bf16":  # gloo moves float8 as bytes: no float8 gather to fuse on CPU
             continue
         arm = r["arms"]["compile_asynctp"]
-        # Forward: wqkv, w13 gathers, wo, w2 scatters; backward: their adjoints.
+        # Forward: wqkv, w13 gathers, wo, w2 scatters; backward: their adjoints. With
+        # enable_swiglu, the forward's SwiGLU goes into w13's epilogue (the report says so).
         assert (arm["fused_collectives"], arm["unfused_collectives"]) == (8, 0), arm
+        assert sum("SwiGLU" in e["detail"] for e in arm["fusion_report"]) == 1, arm
         steps = arm["variants"]["default"]["usage_steps"]
         assert {op: sum(p.values()) for op, p in arm["usage"].items()} == {
-            "all_gather_matmul": 4 * steps, "matmul_reduce_scatter": 4 * steps}
+            "all_gather_matmul": 3 * steps, "all_gather_matmul_swiglu": steps,
+            "matmul_reduce_scatter": 4 * steps}
 
 
 def test_plot_has_a_line_per_arm(bench):

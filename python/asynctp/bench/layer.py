@@ -65,6 +65,9 @@ def parse_args(argv=None):
                         "tight checks), fp8 (float8 row-wise GEMMs, forward only)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {ARMS}")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before the loops")
+    p.add_argument("--warmup-ms", type=float, default=3000.0, metavar="MS",
+                   help="on a GPU, then whole loops of untimed steps until this many ms have "
+                        "passed (default 3000: the clocks of sustained load; 0: off)")
     p.add_argument("--iters", type=int, default=10, help="back-to-back steps per timed loop")
     p.add_argument("--loops", type=int, default=5, help="timed loops; the median counts")
     p.add_argument("--no-cuda-graphs", action="store_true",
@@ -104,6 +107,8 @@ def parse_args(argv=None):
     for a in args.arm_list:
         if a not in ARMS:
             p.error(f"--arms {a!r} is not one of {ARMS}")
+    if not args.warmup_ms >= 0:  # (NaN too)
+        p.error(f"--warmup-ms must be >= 0, got {args.warmup_ms}")
     for name in ("warmup", "iters", "loops"):
         if getattr(args, name) < (0 if name == "warmup" else 1):
             p.error(f"--{name} {getattr(args, name)} is too small")
@@ -134,10 +139,25 @@ def _all_ranks_true(flag: bool, group) -> bool:
 
 
 def time_steps(step, args, device, group) -> dict:
-    """ms per step: `iters` steps back to back per loop, median of `loops`, slowest rank."""
+    """ms per step: `iters` steps back to back per loop, median of `loops`, slowest rank. On a
+    GPU, after the `warmup` steps, whole loops of warm-up go on until every rank has spent
+    `warmup_ms` in them: back to back, the GPUs reach their power-capped clocks within a few
+    hundred ms and go on drifting for longer, and an arm timed from cooler GPUs than the next one
+    is favoured. "steps": how many steps ran, warm-up included."""
     cuda = device.type == "cuda"
+    steps = 0
     for _ in range(args.warmup):
         step()
+        steps += 1
+    if cuda and args.warmup_ms > 0:
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        while _max_over_ranks(float((time.perf_counter() - began) * 1e3 < args.warmup_ms),
+                              group) > 0:
+            for _ in range(args.iters):
+                step()
+            steps += args.iters
+            torch.cuda.synchronize()
     loops = []
     for _ in range(args.loops):
         if cuda:
@@ -156,8 +176,9 @@ def time_steps(step, args, device, group) -> dict:
             for _ in range(args.iters):
                 step()
             loops.append((time.perf_counter() - t0) * 1e3 / args.iters)
+        steps += args.iters
     median = statistics.median(loops)
-    return {"ms": _max_over_ranks(median, group), "rank_loops_ms": loops}
+    return {"ms": _max_over_ranks(median, group), "rank_loops_ms": loops, "steps": steps}
 
 
 # ---- one arm ---------------------------------------------------------------------------------
@@ -420,7 +441,7 @@ def run_arm(arm, case, ref, args, group) -> dict:
             entry.update(time_steps(step, args, device, group))
             if before is not None:
                 entry["usage"] = _usage_delta(before, _usage(group, device))
-                entry["usage_steps"] = args.warmup + args.loops * args.iters
+                entry["usage_steps"] = entry["steps"]
                 entry["last_path"] = _last_paths(entry["usage"], group, device)
             if args.profile > 0:
                 entry["profile"] = profile.profile_steps(step, args.profile, device)
@@ -608,7 +629,8 @@ def _meta(args, group, device) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "asynctp": asynctp.version(),
-        "warmup": args.warmup, "iters": args.iters, "loops": args.loops,
+        "warmup": args.warmup, "warmup_ms": args.warmup_ms, "iters": args.iters,
+        "loops": args.loops,
         "cuda_graphs": device.type == "cuda" and not args.no_cuda_graphs,
         "pass_options": args.pass_options,
         "tolerance": TOLERANCE,
