@@ -6,8 +6,9 @@
 //   out = mul(silu(g), u)             (either order)
 // with silu(g) as PyTorch writes it after its decompositions:
 //   aten.silu(g)
-//   c / (exp(-c) + 1)    or   c * sigmoid(c)   (either order),  c = g or convert(g, f32), and the
-//                                                               result converted back to g's dtype
+//   c / (exp(-c) + 1)    or   c * sigmoid(c)   (either order), with c = g computed in g's dtype,
+//                        or c = convert(g, f32) computed in f32 and the result converted back
+// and nothing but the op's getitems reading F (so that the gather runs once).
 //   =>  F' = fused_all_gather_matmul_swiglu(A_shard, B, d, group, return_A, return_pre)
 //       A = F'[0], P = F'[1], out = F'[2]
 // Every other use of P (a forward graph saves it for the backward, which recomputes the SwiGLU's
@@ -70,23 +71,28 @@ bool is_silu_of(const Graph& g, const std::string& s, const std::string& gate,
   const Node* n = g.find(s);
   if (n == nullptr) return false;
   if (n->target == "aten.silu.default") return node_arg(*n, 0) == gate;
-  // The value in the compute dtype: the node itself, or what it converts back to the gate's
-  // dtype.
-  std::string body = s;
-  if (const std::string inner = converted(*n, gate_dtype); !inner.empty()) body = inner;
+  // Either the body computes in the gate's dtype on the gate itself, or in f32 on the gate
+  // converted to f32, and s converts it back: c is what the body reads.
+  const std::string inner = converted(*n, gate_dtype);
+  const bool in_f32 = !inner.empty();
+  const std::string body = in_f32 ? inner : s;
   const Node* b = g.find(body);
   if (b == nullptr) return false;
-  // c: the gate, or the gate converted (to f32); the body reads c.
+  const std::string compute_dtype = in_f32 ? "float32" : gate_dtype;
+  if (const TensorMeta* bm = tensor_meta(g, body); bm != nullptr && bm->dtype != compute_dtype)
+    return false;
   auto is_c = [&](const std::string& c) {
-    if (c == gate) return true;
+    if (!in_f32) return c == gate;
     const Node* cn = g.find(c);
-    return cn != nullptr && cn->target == kConvert && node_arg(*cn, 0) == gate;
+    return cn != nullptr && converted(*cn, "float32") == gate;
   };
   if (b->target == "aten.div.Tensor" && b->args.size() == 2) {
-    // c / (exp(-c) + 1)
+    // c / (exp(-c) + 1), add's alpha 1
     const std::string c = node_arg(*b, 0);
     const Node* add = g.find(node_arg(*b, 1));
     if (!is_c(c) || add == nullptr || add->target != "aten.add.Tensor" || add->args.size() != 2)
+      return false;
+    if (const Value* alpha = add->kwarg("alpha"); alpha != nullptr && !is_number(*alpha, 1.0))
       return false;
     const Node* ex = g.find(node_arg(*add, 0));
     if (ex == nullptr || !is_number(add->args[1], 1.0) || ex->target != "aten.exp.default")
@@ -112,7 +118,8 @@ std::optional<std::pair<std::string, std::string>> halves(const Graph& g, const 
                                                           const Node& split, int64_t n,
                                                           size_t rank) {
   const Value* dim = split.arg(2, "dim");
-  const int64_t d = dim == nullptr ? 0 : (dim->is_int() ? dim->i : -999);
+  if (dim != nullptr && !dim->is_int()) return std::nullopt;
+  const int64_t d = dim == nullptr ? 0 : dim->i;  // split's default dim is 0
   if (d != -1 && d != static_cast<int64_t>(rank) - 1) return std::nullopt;
   if (split.args.size() < 2) return std::nullopt;
   const Value& sizes = split.args[1];
@@ -142,7 +149,14 @@ std::optional<SwigluMatch> match(const Graph& g, const Users& users, const Node&
   SwigluMatch m;
   m.fused = f.name;
   m.outs = getitem_user(g, users, f.name, 1);
+  m.a = getitem_user(g, users, f.name, 0);
   if (m.outs.empty() || users_of(users, m.outs).size() != 1) return std::nullopt;
+  // Nothing else reads F (so that it goes, and the gather runs once), and a returned A has its
+  // shape recorded.
+  for (const auto& u : users_of(users, f.name)) {
+    if (u != m.outs && u != m.a) return std::nullopt;
+  }
+  if (!m.a.empty() && tensor_meta(g, m.a) == nullptr) return std::nullopt;
   m.out = getitem_user(g, users, m.outs, 0);
   const TensorMeta* p = m.out.empty() ? nullptr : tensor_meta(g, m.out);
   if (p == nullptr || p->shape.empty() || p->shape.back() % 2 != 0) return std::nullopt;
@@ -155,14 +169,16 @@ std::optional<SwigluMatch> match(const Graph& g, const Users& users, const Node&
     for (const auto& mul : users_of(users, gu->second)) {
       const Node& mn = *g.find(mul);
       const TensorMeta* mm = tensor_meta(g, mul);
-      if (mn.target != "aten.mul.Tensor" || mn.args.size() != 2 || mm == nullptr) continue;
+      // (A mul nothing reads would go with the rest as dead code, and the new op with it.)
+      if (mn.target != "aten.mul.Tensor" || mn.args.size() != 2 || mm == nullptr ||
+          users_of(users, mul).empty())
+        continue;
       const std::string s = node_arg(mn, 0) == gu->second ? node_arg(mn, 1) : node_arg(mn, 0);
       Dims half = p->shape;
       half[half.size() - 1] = n;
       if (!mul_of(mn, s, gu->second) || mm->dtype != p->dtype || mm->shape != half) continue;
       if (!is_silu_of(g, s, gu->first, p->dtype)) continue;
       m.mul = mul;
-      m.a = getitem_user(g, users, f.name, 0);
       return m;
     }
   }
@@ -188,7 +204,7 @@ void fuse_one(Graph& g, const SwigluMatch& m, FusionReport& report) {
                               Meta::of(contiguous_meta(meta.shape, meta.dtype, meta.device))));
     return item_name;
   };
-  if (return_a) g.replace_all_uses(m.a, item(std::string("_A"), 0, *tensor_meta(g, m.a)));
+  if (return_a) g.replace_all_uses(m.a, item("_A", 0, *tensor_meta(g, m.a)));
   const std::string p = item("_pre", 1, pre);
   const std::string o = item("_out", 2, out);
   g.replace_all_uses(m.mul, o);

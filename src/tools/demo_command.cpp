@@ -121,25 +121,28 @@ int run_demo(const DemoOptions& o) {
   const bool ok = err_hidden <= tol && err_out <= tol;
 
   // Each block run records an event before each of its three steps and after the last; after
-  // each timed block run, its steps' times are read from them (the same runs as the block's own
-  // time, so the steps add up to it).
+  // each timed block run, its steps' times are read from them: the same runs as the block's own
+  // time (each step's median need not add up to the block's exactly).
   std::array<Marks, 2> marks;
   for (auto& m : marks) {
     for (auto& e : m)
       e = ctx.backend().create_event(/*timing=*/true);
   }
   std::array<std::array<std::vector<double>, 3>, 2> step_runs;
+  // The six runs, in this order (the indices of `ms` below).
+  enum Run : size_t { kAgUnfused, kAgFused, kRsUnfused, kRsFused, kBlockUnfused, kBlockFused };
   auto read_steps = [&](size_t variant) {
-    if (variant < 4) return;  // an op, not a block
-    const size_t b = variant - 4;
+    if (variant < kBlockUnfused) return;  // an op, not a block
+    const size_t b = variant - kBlockUnfused;
     for (int j = 0; j < 3; ++j)
       step_runs[b][j].push_back(marks[b][j + 1]->elapsed_ms(*marks[b][j]));
   };
   const bool gpu = ctx.backend().name() != "cpu";
   const std::vector<double> ms = median_ms_interleaved(
       ctx,
-      {unfused_ag_mm, fused_ag_mm, unfused_mm_rs, fused_mm_rs, [&] { unfused_block(&marks[0]); },
-       [&] { fused_block(&marks[1]); }},
+      {unfused_ag_mm, fused_ag_mm, unfused_mm_rs, fused_mm_rs,
+       [&] { unfused_block(&marks[kBlockUnfused - kBlockUnfused]); },
+       [&] { fused_block(&marks[kBlockFused - kBlockUnfused]); }},
       o.warmup, o.iters, nullptr, gpu ? o.warmup_ms : 0.0, /*pace=*/0, HostPause::kSpin,
       /*hide_cycles=*/0, read_steps);
   auto slowest = [&](double v) { return max_over_ranks(*s.group, v); };
@@ -162,11 +165,11 @@ int run_demo(const DemoOptions& o) {
     return last ? std::string(path_name(last->path)) : std::string("none");
   };
   std::vector<Row> rows;
-  rows.push_back(
-      {"all_gather_matmul", path_of("all_gather_matmul"), slowest(ms[0]), slowest(ms[1])});
-  rows.push_back(
-      {"matmul_reduce_scatter", path_of("matmul_reduce_scatter"), slowest(ms[2]), slowest(ms[3])});
-  rows.push_back({"mlp_block", "-", slowest(ms[4]), slowest(ms[5])});
+  rows.push_back({"all_gather_matmul", path_of("all_gather_matmul"), slowest(ms[kAgUnfused]),
+                  slowest(ms[kAgFused])});
+  rows.push_back({"matmul_reduce_scatter", path_of("matmul_reduce_scatter"),
+                  slowest(ms[kRsUnfused]), slowest(ms[kRsFused])});
+  rows.push_back({"mlp_block", "-", slowest(ms[kBlockUnfused]), slowest(ms[kBlockFused])});
   static constexpr std::array<const char*, 3> kSteps = {"all_gather_matmul", "silu",
                                                         "matmul_reduce_scatter"};
 

@@ -429,7 +429,9 @@ TEST(Patterns, EveryCollectiveIsReported) {
 
 // ---- the SwiGLU epilogue ----------------------------------------------------------------------
 
-enum class SiluForm { kAten, kDivExp, kSigmoid, kUpHalf };
+// kUpHalf, kAlphaTwo and kConvertF16 are no SwiGLU of the op's: silu of the up half,
+// g / (exp(-g) + 2) (add's alpha 2), silu computed in f16 in a bf16 graph.
+enum class SiluForm { kAten, kDivExp, kSigmoid, kUpHalf, kAlphaTwo, kConvertF16 };
 
 // x [2, H=8] -AG(0)-> [8, 8] @ w13 [8, 2N=12] -> split(N, -1) -> silu(g) * u -> @ w2 [6, 8] -RS->,
 // silu in the form PyTorch writes it (kDivExp: in f32 between converts of a bf16 graph, as
@@ -439,13 +441,16 @@ struct SwigluGraph {
   graph::Graph g;
   std::string ag, mul;
 };
-SwigluGraph swiglu_graph(SiluForm form, bool save_pre) {
-  const std::string dt = form == SiluForm::kDivExp ? "bfloat16" : "float32";
+SwigluGraph swiglu_graph(SiluForm form, bool save_pre, bool save_a = false) {
+  const bool div_exp =
+      form == SiluForm::kDivExp || form == SiluForm::kAlphaTwo || form == SiluForm::kConvertF16;
+  const std::string dt = div_exp ? "bfloat16" : "float32";
   GraphBuilder b(kWs);
   const auto x = b.input("x", {2, 8}, dt), w13 = b.input("w13", {8, 12}, dt),
              w2 = b.input("w2", {6, 8}, dt);
   SwigluGraph out;
-  const auto p = b.mm(b.all_gather(x, 0, &out.ag), w13);
+  const auto gathered = b.all_gather(x, 0, &out.ag);
+  const auto p = b.mm(gathered, w13);
   const auto split = b.call_untyped("split", "aten.split.Tensor",
                                     {node(p), Value::integer(6), Value::integer(-1)});
   const auto gate =
@@ -468,13 +473,18 @@ SwigluGraph swiglu_graph(SiluForm form, bool save_pre) {
       s = b.call("mul", "aten.mul.Tensor",
                  {node(unary("aten.sigmoid.default", gate, dt)), node(gate)}, {8, 6}, dt);
       break;
-    case SiluForm::kDivExp: {
+    case SiluForm::kDivExp:
+    case SiluForm::kAlphaTwo:
+    case SiluForm::kConvertF16: {
+      const std::string cd = form == SiluForm::kConvertF16 ? "float16" : "float32";
       const auto c = b.call("convert", "prims.convert_element_type.default",
-                            {node(gate), Value::dtype("float32")}, {8, 6}, "float32");
-      const auto e = unary("aten.exp.default", unary("aten.neg.default", c, "float32"), "float32");
+                            {node(gate), Value::dtype(cd)}, {8, 6}, cd);
+      const auto e = unary("aten.exp.default", unary("aten.neg.default", c, cd), cd);
+      std::vector<std::pair<std::string, Value>> alpha;
+      if (form == SiluForm::kAlphaTwo) alpha.emplace_back("alpha", Value::integer(2));
       const auto d =
-          b.call("add", "aten.add.Tensor", {node(e), Value::integer(1)}, {8, 6}, "float32");
-      const auto q = b.call("div", "aten.div.Tensor", {node(c), node(d)}, {8, 6}, "float32");
+          b.call("add", "aten.add.Tensor", {node(e), Value::integer(1)}, {8, 6}, cd, alpha);
+      const auto q = b.call("div", "aten.div.Tensor", {node(c), node(d)}, {8, 6}, cd);
       s = b.call("convert", "prims.convert_element_type.default", {node(q), Value::dtype(dt)},
                  {8, 6}, dt);
       break;
@@ -482,7 +492,10 @@ SwigluGraph swiglu_graph(SiluForm form, bool save_pre) {
   }
   out.mul = b.call("mul", "aten.mul.Tensor", {node(s), node(other)}, {8, 6}, dt);
   const auto y = b.reduce_scatter(b.mm(out.mul, w2), 0);
-  b.output(save_pre ? std::vector<std::string>{y, p} : std::vector<std::string>{y});
+  std::vector<std::string> outputs{y};
+  if (save_pre) outputs.push_back(p);
+  if (save_a) outputs.push_back(gathered);
+  b.output(outputs);
   out.g = b.build();
   return out;
 }
@@ -535,13 +548,31 @@ INSTANTIATE_TEST_SUITE_P(Forms, SwigluEpilogue,
                                                               SiluForm::kSigmoid),
                                             ::testing::Bool()));
 
-TEST(Patterns, SwigluOfTheUpHalfOrWithoutTheOptionStaysAsItIs) {
-  const SwigluGraph up = swiglu_graph(SiluForm::kUpHalf, true);
-  const Result res = run(up.g, with_swiglu());
-  EXPECT_EQ(outcome(res, up.ag), passes::Outcome::kFused);
-  EXPECT_EQ(count_target(res.g, kAgMm), 1);
-  EXPECT_EQ(count_target(res.g, "asynctp.fused_all_gather_matmul_swiglu"), 0);
-  expect_same_outputs(up.g, res.g, 0.0);
+// The gathered tensor is also an output (a forward saves it for the weight gradient): the
+// SwiGLU op returns it, and the graph's output reads that.
+TEST(Patterns, SwigluEpilogueReturnsTheGatheredA) {
+  const SwigluGraph s = swiglu_graph(SiluForm::kAten, true, /*save_a=*/true);
+  const Result res = run(s.g, with_swiglu());
+  const graph::Node* f = only_node(res.g, "asynctp.fused_all_gather_matmul_swiglu");
+  ASSERT_NE(f, nullptr);
+  EXPECT_TRUE(f->kwarg("return_A")->b);
+  EXPECT_TRUE(f->kwarg("return_pre")->b);
+  EXPECT_EQ(count_target(res.g, kAgMm) + count_target(res.g, kAllGather), 0);
+  EXPECT_NE(detail(res, s.ag).find("returns A"), std::string::npos) << detail(res, s.ag);
+  expect_same_outputs(s.g, res.g);
+}
+
+TEST(Patterns, WhatIsNoSwigluOfTheOpsOrWithoutTheOptionStaysAsItIs) {
+  for (const SiluForm form : {SiluForm::kUpHalf, SiluForm::kAlphaTwo, SiluForm::kConvertF16}) {
+    const SwigluGraph s = swiglu_graph(form, true);
+    const Result res = run(s.g, with_swiglu());
+    EXPECT_EQ(outcome(res, s.ag), passes::Outcome::kFused);
+    EXPECT_EQ(count_target(res.g, kAgMm), 1) << static_cast<int>(form);
+    EXPECT_EQ(count_target(res.g, "asynctp.fused_all_gather_matmul_swiglu"), 0)
+        << static_cast<int>(form);
+    EXPECT_EQ(detail(res, s.ag).find("SwiGLU"), std::string::npos) << detail(res, s.ag);
+    expect_same_outputs(s.g, res.g, 0.0);
+  }
 
   const SwigluGraph s = swiglu_graph(SiluForm::kAten, false);
   const Result plain = run(s.g);  // the default: off
@@ -550,5 +581,6 @@ TEST(Patterns, SwigluOfTheUpHalfOrWithoutTheOptionStaysAsItIs) {
   EXPECT_EQ(detail(plain, s.ag).find("SwiGLU"), std::string::npos) << detail(plain, s.ag);
   expect_same_outputs(s.g, plain.g, 0.0);
 }
+
 }  // namespace
 }  // namespace asynctp::testing

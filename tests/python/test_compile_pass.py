@@ -456,8 +456,8 @@ def every_pattern():
             got_ops = sorted({t.split(".")[1] for t in targets if t.startswith("asynctp.")})
             assert got_ops == sorted(fused), f"{case}: {got_ops}"
             if case.startswith("swiglu"):
-                swiglu_ops = [n for n in graph.nodes
-                              if n.target is torch.ops.asynctp.fused_all_gather_matmul_swiglu.default]
+                swiglu_op = torch.ops.asynctp.fused_all_gather_matmul_swiglu.default
+                swiglu_ops = [n for n in graph.nodes if n.target is swiglu_op]
                 assert [n.kwargs.get("return_pre") for n in swiglu_ops] == [
                     case.endswith("True")], (case, graph)
                 assert all("SwiGLU" in e["detail"] for e in report), (case, report)

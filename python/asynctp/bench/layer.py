@@ -142,8 +142,8 @@ def time_steps(step, args, device, group) -> dict:
     """ms per step: `iters` steps back to back per loop, median of `loops`, slowest rank. On a
     GPU, after the `warmup` steps, whole loops of warm-up go on until every rank has spent
     `warmup_ms` in them: back to back, the GPUs reach their power-capped clocks within a few
-    hundred ms and go on drifting for longer, and an arm timed from cooler GPUs than the next one
-    is favoured. "steps": how many steps ran, warm-up included."""
+    hundred ms and go on drifting for longer, and an arm timed from GPUs its compile left idle
+    runs above a training step's clocks. "steps": how many steps ran, warm-up included."""
     cuda = device.type == "cuda"
     steps = 0
     for _ in range(args.warmup):
@@ -629,7 +629,8 @@ def _meta(args, group, device) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "asynctp": asynctp.version(),
-        "warmup": args.warmup, "warmup_ms": args.warmup_ms, "iters": args.iters,
+        "warmup": args.warmup, "warmup_ms": args.warmup_ms if device.type == "cuda" else 0.0,
+        "iters": args.iters,
         "loops": args.loops,
         "cuda_graphs": device.type == "cuda" and not args.no_cuda_graphs,
         "pass_options": args.pass_options,
