@@ -248,6 +248,26 @@ TEST(CapiErrors, OverlappingOperands) {
 
 // A peer that never joins the collective: the waiting rank gets ASYNCTP_ERROR_TIMEOUT naming
 // the wait.
+// The harness itself: a port that another program took between free_port() and rank 0's listen
+// (here a listener held for the first attempt) makes the run start again on another port. (In
+// the first attempt rank 1 waits on the held listener, which never answers, until its 2 s
+// timeout, and reports that failure; the run that counts is the second.)
+TEST(CapiHarness, ARunWhosePortWasTakenStartsAgainOnAnother) {
+  int held_port = 0;
+  const net::Fd held = net::tcp_listen("127.0.0.1", 0, &held_port);
+  std::vector<int> picked;
+  auto statuses = run_env_ranks(
+      2, 2'000, [&](const RendezvousInfo&, asynctp_group group) { asynctp_group_destroy(group); },
+      [&] {
+        picked.push_back(picked.empty() ? held_port : free_port());
+        return picked.back();
+      });
+  EXPECT_RANKS_OK(statuses);
+  ASSERT_EQ(picked.size(), 2u);
+  EXPECT_EQ(picked[0], held_port);
+  EXPECT_NE(picked[1], held_port);
+}
+
 TEST(CapiErrors, TimeoutStatus) {
   auto statuses = run_env_ranks(2, 1'500, [&](const RendezvousInfo& info, asynctp_group group) {
     asynctp_context ctx = cpu_context(group);

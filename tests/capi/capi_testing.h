@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -208,19 +209,42 @@ inline void set_env(const RendezvousInfo& info, int ws, int port) {
   ::setenv("ASYNCTP_STORE_SECRET", info.store_secret.c_str(), 1);
 }
 
+// The exit code of a rank whose group could not form because the port free_port() found was
+// gone by the time rank 0 listened on it: a test running beside it (ctest -j) bound it in
+// between, and rank 0 found it taken or a rank reached that test's store instead.
+inline constexpr int kRankPortLost = 75;
+
+inline bool port_lost(const std::string& error) {
+  return error.find("is taken") != std::string::npos ||
+         error.find("belongs to another job") != std::string::npos;
+}
+
 // Runs body(info, group) in ws processes, each with a group made from the torchrun variables
-// (rank 0 serving the store on a free port) with `timeout_ms`; body destroys the group. Returns
-// each rank's status.
+// (rank 0 serving the store on a free port) with `timeout_ms`; body destroys the group. A run
+// whose port was lost (kRankPortLost) is run again on another, up to three times in all.
+// Returns each rank's status. pick_port: where each attempt's port comes from.
 inline std::vector<testing::RankStatus> run_env_ranks(
     int ws, int64_t timeout_ms,
-    const std::function<void(const RendezvousInfo&, asynctp_group)>& body) {
-  const int port = free_port();
-  return testing::run_processes(ws, [&](const RendezvousInfo& info) {
-    set_env(info, ws, port);
-    asynctp_group group = nullptr;
-    C_ASSERT_OK(asynctp_group_from_env(timeout_ms, &group));
-    body(info, group);
-  });
+    const std::function<void(const RendezvousInfo&, asynctp_group)>& body,
+    const std::function<int()>& pick_port = free_port) {
+  constexpr int kAttempts = 3;
+  for (int attempt = 1;; ++attempt) {
+    const int port = pick_port();
+    auto statuses = testing::run_processes(ws, [&](const RendezvousInfo& info) {
+      set_env(info, ws, port);
+      asynctp_group group = nullptr;
+      const asynctp_status status = asynctp_group_from_env(timeout_ms, &group);
+      if (status != ASYNCTP_OK && attempt < kAttempts && port_lost(asynctp_last_error())) {
+        std::_Exit(kRankPortLost);
+      }
+      ASSERT_EQ(status, ASYNCTP_OK) << "asynctp_group_from_env: " << asynctp_last_error();
+      body(info, group);
+    });
+    const bool lost = std::any_of(statuses.begin(), statuses.end(), [](const auto& s) {
+      return s.exited && s.exit_code == kRankPortLost;
+    });
+    if (!lost) return statuses;
+  }
 }
 
 // A CPU context over group (NULL, with a failure recorded, if it cannot be made).
