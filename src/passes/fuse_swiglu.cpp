@@ -58,13 +58,6 @@ std::string converted(const Node& n, std::string_view dtype) {
   return node_arg(n, 0);
 }
 
-// Whether `n` is mul(a, b) or mul(b, a) of the nodes a and b.
-bool mul_of(const Node& n, const std::string& a, const std::string& b) {
-  if (n.target != "aten.mul.Tensor" || n.args.size() != 2) return false;
-  const std::string x = node_arg(n, 0), y = node_arg(n, 1);
-  return (x == a && y == b) || (x == b && y == a);
-}
-
 // Whether `s` computes silu(g), in one of the forms of the file comment.
 bool is_silu_of(const Graph& g, const std::string& s, const std::string& gate,
                 const std::string& gate_dtype) {
@@ -165,18 +158,17 @@ std::optional<SwigluMatch> match(const Graph& g, const Users& users, const Node&
     const Node& split = *g.find(u);
     const auto gu = halves(g, users, split, n, p->shape.size());
     if (!gu) continue;
-    // The mul reads the up half and silu(gate), however deep that chain is.
+    Dims half = p->shape;
+    half[half.size() - 1] = n;
+    // The mul reads the up half (a user of it) and s = silu(gate), however deep that chain is.
     for (const auto& mul : users_of(users, gu->second)) {
       const Node& mn = *g.find(mul);
       const TensorMeta* mm = tensor_meta(g, mul);
       // (A mul nothing reads would go with the rest as dead code, and the new op with it.)
       if (mn.target != "aten.mul.Tensor" || mn.args.size() != 2 || mm == nullptr ||
-          users_of(users, mul).empty())
+          mm->dtype != p->dtype || mm->shape != half || users_of(users, mul).empty())
         continue;
       const std::string s = node_arg(mn, 0) == gu->second ? node_arg(mn, 1) : node_arg(mn, 0);
-      Dims half = p->shape;
-      half[half.size() - 1] = n;
-      if (!mul_of(mn, s, gu->second) || mm->dtype != p->dtype || mm->shape != half) continue;
       if (!is_silu_of(g, s, gu->first, p->dtype)) continue;
       m.mul = mul;
       return m;

@@ -10,7 +10,6 @@
 // back to back after --warmup-ms of warm-up on a GPU: the power-capped clocks of a training step,
 // which hit every variant alike. Each block run also records an event between its three steps:
 // where the block's time goes, read from the same timed runs.
-#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <functional>
@@ -129,7 +128,8 @@ int run_demo(const DemoOptions& o) {
       e = ctx.backend().create_event(/*timing=*/true);
   }
   std::array<std::array<std::vector<double>, 3>, 2> step_runs;
-  // The six runs, in this order (the indices of `ms` below).
+  // The six runs, in this order (the indices of `ms` below); marks[b] and step_runs[b] are block
+  // b's, b = 0 unfused, 1 fused.
   enum Run : size_t { kAgUnfused, kAgFused, kRsUnfused, kRsFused, kBlockUnfused, kBlockFused };
   auto read_steps = [&](size_t variant) {
     if (variant < kBlockUnfused) return;  // an op, not a block
@@ -140,20 +140,16 @@ int run_demo(const DemoOptions& o) {
   const bool gpu = ctx.backend().name() != "cpu";
   const std::vector<double> ms = median_ms_interleaved(
       ctx,
-      {unfused_ag_mm, fused_ag_mm, unfused_mm_rs, fused_mm_rs,
-       [&] { unfused_block(&marks[kBlockUnfused - kBlockUnfused]); },
-       [&] { fused_block(&marks[kBlockFused - kBlockUnfused]); }},
+      {unfused_ag_mm, fused_ag_mm, unfused_mm_rs, fused_mm_rs, [&] { unfused_block(&marks[0]); },
+       [&] { fused_block(&marks[1]); }},
       o.warmup, o.iters, nullptr, gpu ? o.warmup_ms : 0.0, /*pace=*/0, HostPause::kSpin,
       /*hide_cycles=*/0, read_steps);
   auto slowest = [&](double v) { return max_over_ranks(*s.group, v); };
   // Per step, the median over the timed runs, the slowest rank.
   std::array<std::array<double, 3>, 2> step_ms{};
   for (int b = 0; b < 2; ++b) {
-    for (int j = 0; j < 3; ++j) {
-      auto& runs = step_runs[b][j];
-      std::sort(runs.begin(), runs.end());
-      step_ms[b][j] = slowest(runs[runs.size() / 2]);
-    }
+    for (int j = 0; j < 3; ++j)
+      step_ms[b][j] = slowest(median_of(step_runs[b][j]));
   }
 
   struct Row {

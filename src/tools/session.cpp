@@ -81,17 +81,11 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b) 
   return std::sqrt(num / den);
 }
 
-namespace {
-
-// Warm-up, then `iters` rounds in which every variant runs once, timed on its own with CUDA
-// events (host clocks on the CPU backend) after `align` (if any); the median per variant.
-std::vector<double> round_robin_medians(OpContext& ctx,
-                                        const std::vector<std::function<void()>>& fns, int warmup,
-                                        int iters, const std::function<void()>& align,
-                                        std::vector<double>* host_ms = nullptr,
-                                        double warmup_ms = 0, double pace = 0,
-                                        HostPause pause = HostPause::kSpin, int64_t hide_cycles = 0,
-                                        const std::function<void(size_t)>& timed = {}) {
+std::vector<double> median_ms_interleaved(OpContext& ctx,
+                                          const std::vector<std::function<void()>>& fns, int warmup,
+                                          int iters, std::vector<double>* host_ms, double warmup_ms,
+                                          double pace, HostPause pause, int64_t hide_cycles,
+                                          const std::function<void(size_t)>& timed) {
   ASYNCTP_CHECK(iters > 0 && warmup >= 0 && warmup_ms >= 0,
                 "iters must be positive, warmup and warmup_ms non-negative (got {}, {}, {})", iters,
                 warmup, warmup_ms);
@@ -118,7 +112,7 @@ std::vector<double> round_robin_medians(OpContext& ctx,
   const std::vector<std::vector<size_t>> orders = balanced_orders(fns.size());
   for (int i = 0; i < iters; ++i) {
     for (const size_t f : round_order(orders, static_cast<size_t>(i))) {
-      if (align) align();
+      ctx.align_ranks();
       // The run's enqueueing hidden behind a device delay: the time is the device's alone.
       if (hide_cycles > 0) ctx.backend().spin(hide_cycles, ctx.stream());
       start->record(ctx.stream());
@@ -135,35 +129,21 @@ std::vector<double> round_robin_medians(OpContext& ctx,
         pause_host(std::chrono::duration<double, std::milli>(pace * times[f].back()), pause);
     }
   }
-  auto median = [](std::vector<double>& t) {
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  };
   std::vector<double> medians;
   for (auto& t : times)
-    medians.push_back(median(t));
+    medians.push_back(median_of(t));
   if (host_ms != nullptr) {
     host_ms->clear();
     for (auto& t : host)
-      host_ms->push_back(median(t));
+      host_ms->push_back(median_of(t));
   }
   return medians;
 }
 
-}  // namespace
-
-double median_ms(OpContext& ctx, const std::function<void()>& fn, int warmup, int iters) {
-  return round_robin_medians(ctx, {fn}, warmup, iters, {})[0];
-}
-
-std::vector<double> median_ms_interleaved(OpContext& ctx,
-                                          const std::vector<std::function<void()>>& fns, int warmup,
-                                          int iters, std::vector<double>* host_ms, double warmup_ms,
-                                          double pace, HostPause pause, int64_t hide_cycles,
-                                          const std::function<void(size_t)>& timed) {
-  return round_robin_medians(
-      ctx, fns, warmup, iters, [&] { ctx.align_ranks(); }, host_ms, warmup_ms, pace, pause,
-      hide_cycles, timed);
+double median_of(std::vector<double>& values) {
+  ASYNCTP_CHECK(!values.empty(), "median_of: no values");
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
 }
 
 std::vector<int64_t> parse_shape(const std::string& text) {

@@ -36,9 +36,8 @@ std::vector<float> to_host_f32(OpContext& ctx, const Tensor& t);
 // ||a - b|| / ||b|| over f32 values (0 when both are zero; inf if a holds NaN).
 double relative_error(const std::vector<float>& a, const std::vector<float>& b);
 
-// Median milliseconds of `fn` over `iters` runs after `warmup`, timed with backend events around
-// each run; all ranks start each run together (host barrier through the store).
-double median_ms(OpContext& ctx, const std::function<void()>& fn, int warmup, int iters);
+// The median of `values` (sorting them; the upper one of an even count). Throws when empty.
+double median_of(std::vector<double>& values);
 // Medians of several variants timed round-robin (every round runs every variant once, in the
 // order round_order(balanced_orders(n), i), the same on every rank, each timed on its own): slow
 // drifts of the GPU's clocks (power, heat) hit every variant alike, and within whole blocks of

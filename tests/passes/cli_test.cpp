@@ -9,6 +9,7 @@
 
 #include "graph/graph_builder.h"
 #include "passes/pass_testing.h"
+#include "passes/swiglu_graph.h"
 
 namespace asynctp::testing {
 namespace {
@@ -67,19 +68,9 @@ TEST(Cli, StrictFailsOnAMatchedButUnfusedCollective) {
 // The SwiGLU epilogue through both commands: `passes --enable-swiglu` writes the fused target,
 // `run --check --enable-swiglu` runs it against the unfused graph on 4 ranks.
 TEST(Cli, EnableSwigluThroughPassesAndRun) {
-  GraphBuilder b(4);
-  const auto x = b.input("x", {2, 8}), w13 = b.input("w13", {8, 12});
-  const auto p = b.mm(b.all_gather(x, 0), w13);
-  const auto split = b.call_untyped("split", "aten.split.Tensor",
-                                    {node(p), Value::integer(6), Value::integer(-1)});
-  const auto gate =
-      b.call("getitem", "_operator.getitem", {node(split), Value::integer(0)}, {8, 6}, "float32");
-  const auto up =
-      b.call("getitem", "_operator.getitem", {node(split), Value::integer(1)}, {8, 6}, "float32");
-  const auto s = b.call("silu", "aten.silu.default", {node(gate)}, {8, 6}, "float32");
-  b.output({b.call("mul", "aten.mul.Tensor", {node(s), node(up)}, {8, 6}, "float32"), p});
+  const SwigluGraph s = swiglu_graph(SiluForm::kAten, /*save_pre=*/true);
   const std::string in = ::testing::TempDir() + "/asynctp_cli_swiglu.json";
-  graph::write_graph_file(b.build(), in);
+  graph::write_graph_file(s.g, in);
   for (const bool on : {false, true}) {
     const CliRun r =
         sh("passes " + in + " -o " + in + ".out --report" + (on ? " --enable-swiglu" : ""));

@@ -355,9 +355,9 @@ def enable(strict: bool = False, **options) -> FusionPass:
     """Installs asynctp's pass as Inductor's post_grad_custom_post_pass for every later
     torch.compile. `options` are those of `asynctp passes` (enable_last_dim,
     no_last_dim_scatter, enable_transpose, enable_swiglu, bucket_mb, no_fuse); an unknown one is
-    an asynctp.InvalidArgumentError. A pass installed before runs first. strict=True: a collective that matched a pattern but stayed unfused
-    raises FusionError (and fails the compile). Returns the installed pass (a callable on an FX
-    graph, as Inductor calls it)."""
+    an asynctp.InvalidArgumentError. A pass installed before runs first. strict=True: a
+    collective that matched a pattern but stayed unfused raises FusionError (and fails the
+    compile). Returns the installed pass (a callable on an FX graph, as Inductor calls it)."""
     if "strict" in options:
         raise InvalidArgumentError("asynctp: enable: pass strict as enable's own argument")
     normalized = run_passes(None, options)["options"]
