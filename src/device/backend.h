@@ -108,6 +108,10 @@ struct ChunkedGemmArgs : kernels::NativeGemmSchedule {
   // The SwiGLU epilogue's (NativeGemmSchedule::swiglu: b is [k, 2n], d [m, n]) pre-activation
   // output, [m, 2n] with a unit column stride, f32, bf16 or f16; undefined: none.
   Tensor pre_out;
+  // A copy of every row of A as the GEMM reads it (own_chunk's from own_a), [m, k] of a's dtype
+  // with a unit column stride, written beside the main loop (kernels::NativeGemmOperands::a_out);
+  // undefined: none.
+  Tensor a_out;
 };
 
 class Backend {

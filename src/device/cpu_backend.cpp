@@ -450,8 +450,8 @@ class CpuBackend final : public Backend {
 
   // The contract's view of args, and every tensor on the host.
   static std::string native_params(const ChunkedGemmArgs& args, kernels::NativeGemmParams* k) {
-    for (const Tensor* t :
-         {&args.a, &args.b, &args.d, &args.own_a, &args.sum_parts, &args.sum_out, &args.pre_out})
+    for (const Tensor* t : {&args.a, &args.b, &args.d, &args.own_a, &args.sum_parts, &args.sum_out,
+                            &args.pre_out, &args.a_out})
       if (t->defined() && !t->device().is_cpu()) return "an operand is not in host memory";
     return to_native_params(args, k);
   }

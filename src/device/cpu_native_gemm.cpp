@@ -167,6 +167,8 @@ class Run {
     for (int64_t r = r0; r < std::min(r0 + 64, p_.m); ++r) {
       std::fill(acc_.begin(), acc_.end(), 0.0f);
       load_a_row(r, own);
+      if (p_.a_out != nullptr && n0 == 0)  // the copy of A: by the first column's tiles
+        store_row(p_.in_dtype, p_.a_out, r * p_.a_out_ld, 1, p_.k, a_row_.data());
       if (p_.swiglu) {
         swiglu_row(r, n0, width);
         continue;

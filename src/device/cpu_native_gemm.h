@@ -9,6 +9,7 @@
 //
 //   producer:  [tiles not wholly inside the own chunk: wait until ready[] is up for every piece
 //              of A its 128 rows overlap (flag_raised, acquire)]; rows from own_a or a
+//              [tiles of the first column: each row also into a_out, the copy of A]
 //   consumers: acc[r][j] = sum over k in increasing k of a[r][k] * b[k][j], f32, per 64-row half
 //              (cpu::accumulate_row, the CPU reference GEMM's row kernel: the same bits)
 //   epilogue:  a tile of sum_chunk: [wait until sum_flags[] is up for every peer of its piece];

@@ -58,6 +58,16 @@ std::string to_native_params(const ChunkedGemmArgs& args, kernels::NativeGemmPar
   } else {
     k->own_chunk = -1;
   }
+  if (args.a_out.defined()) {
+    const Tensor& o = args.a_out;
+    if (o.dim() != 2 || o.size(0) != a.size(0) || o.size(1) != a.size(1) ||
+        o.dtype() != a.dtype() || (o.stride(1) != 1 && o.size(1) != 1)) {
+      return fmt::format("a_out {} is not a [{}, {}] {} matrix with unit column stride",
+                         o.describe(), a.size(0), a.size(1), a.dtype());
+    }
+    k->a_out = o.data();
+    k->a_out_ld = o.stride(0);
+  }
   if (args.pre_out.defined()) {
     const Tensor& pre = args.pre_out;
     if (pre.dim() != 2 || pre.size(0) != d.size(0) || pre.size(1) != b_cols ||

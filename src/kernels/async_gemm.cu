@@ -50,7 +50,7 @@ struct MapKey {
   }
 };
 
-// Encoded maps, by what they encode. Every launch encodes three to six maps, each a driver call
+// Encoded maps, by what they encode. Every launch encodes two to seven maps, each a driver call
 // on the host's critical path of an eager op, and a training or serving loop launches over the
 // same few buffers (the symmetric slots, the weights, outputs the caching allocator hands out
 // again) call after call. Direct-mapped and per thread (no lock): a miss just encodes.
@@ -145,8 +145,8 @@ int sm_count() {
 template <bool kF16, bool kBKMajor, bool kTmaStore, int kCluster>
 cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
                    const CUtensorMap& map_a_own, const CUtensorMap& map_parts,
-                   const CUtensorMap& map_sum, const KernelParams& p, int max_ctas,
-                   cudaStream_t stream) {
+                   const CUtensorMap& map_sum, const CUtensorMap& map_a_out, const KernelParams& p,
+                   int max_ctas, cudaStream_t stream) {
   auto* kernel = async_gemm_kernel<kF16, kBKMajor, kTmaStore, kCluster>;
   cudaLaunchConfig_t config{};
   cudaLaunchAttribute attr[1];
@@ -181,19 +181,20 @@ cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUt
   config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
   // Single CTAs launch without the cluster attribute (the driver's plain launch path).
   if constexpr (kCluster == 1) config.numAttrs = 0;
-  return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, map_a_own, map_parts, map_sum, p);
+  return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, map_a_own, map_parts, map_sum,
+                            map_a_out, p);
 }
 
 // The kernel for (dtype, B layout, epilogue, cluster), with the launch arguments.
 struct Launch {
-  const CUtensorMap &map_a, &map_b, &map_c, &map_a_own, &map_parts, &map_sum;
+  const CUtensorMap &map_a, &map_b, &map_c, &map_a_own, &map_parts, &map_sum, &map_a_out;
   const KernelParams& p;
   int max_ctas;
   cudaStream_t stream;
   template <bool kF16, bool kBKMajor, bool kTmaStore, int kCluster>
   cudaError_t run() const {
     return launch<kF16, kBKMajor, kTmaStore, kCluster>(map_a, map_b, map_c, map_a_own, map_parts,
-                                                       map_sum, p, max_ctas, stream);
+                                                       map_sum, map_a_out, p, max_ctas, stream);
   }
 };
 
@@ -292,7 +293,11 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
       return cudaErrorInvalidValue;
     }
   }
-  const Launch l{map_a, map_b, map_c, map_a_own, map_parts, map_sum, p, ctas, stream};
+  // The copy of A: boxes of one consumer's 64 rows of an A stage.
+  CUtensorMap map_a_out{};
+  if (a.a_out != nullptr && !make_map(&map_a_out, a.a_out, type, a.k, a.m, a.a_out_ld, kBK, 64))
+    return cudaErrorInvalidValue;
+  const Launch l{map_a, map_b, map_c, map_a_own, map_parts, map_sum, map_a_out, p, ctas, stream};
   if (a.in_dtype == DType::kF16) return launch_layout<true>(a.b_k_major, tma_store, cluster, l);
   return launch_layout<false>(a.b_k_major, tma_store, cluster, l);
 }

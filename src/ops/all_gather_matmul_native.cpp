@@ -7,11 +7,13 @@ namespace asynctp::detail::agmm {
 // The native schedule on rank r of ws (row gather with no batch dims before g, bf16/f16):
 //
 //   compute: [own edge rows -> S_r[r], ready_r[r] = e] | native GEMM: own chunk from A_shard,
-//            then chunks r+1, r+2, ... as they land | join | (captured into a CUDA graph:
+//            then chunks r+1, r+2, ... as they land (each row of A also stored into a returned
+//            A, by the tiles of the first column) | join | (captured into a CUDA graph:
 //            barrier, which also sets ready back to 0)
 //   copy:    A_shard -> S_{r-1}[r] | A_shard -> S_{r-2}[r] | ...
 //   flags:        ready_{r-1}[r] = e (behind its push) | ready_{r-2}[r] = e | ...
-//            (the last flag on the copy stream itself, where no copy of a returned A follows)
+//            (the last flag on the copy stream itself, where no copy of a returned A follows:
+//            only where the GEMM cannot store it, e.g. a misaligned output)
 //
 //   ws 4, step i = the i-th push of every rank (arrows: who writes whose slot):
 //     step 1: 1->0, 2->1, 3->2, 0->3   each rank gets the chunk its GEMM takes after its own
@@ -108,8 +110,10 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   // stream's event edge and its join, four host calls of an eager op (all of them at ws 2 with
   // one piece).
   int flags_left = (ws - 1) * pieces.count;
+  // Whether a returned A is copied after the GEMM (set below; false where the GEMM writes it).
+  bool copies_a_out = c.a_out.defined();
   auto flag_piece = [&](int owner, int q) {
-    const bool last = --flags_left == 0 && !c.a_out.defined();
+    const bool last = --flags_left == 0 && !copies_a_out;
     be.write_flag(flag_of(owner, q), number, last ? copy : ctx.flags_behind(0));
   };
   // Copies pieces [first_piece, end_piece) of this rank's chunk into `owner`'s slot, each
@@ -143,6 +147,17 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   }
   const Backend::OwnEdgeRows edges =
       in_place ? be.native_gemm_own_edge_rows(gemms[0]) : Backend::OwnEdgeRows{};
+  // A returned A: the first GEMM stores the rows it loads (the own chunk's from A_shard, the
+  // others' from the slots once landed) beside its main loop, where it can address the output;
+  // otherwise it is copied after the GEMM (below).
+  if (c.a_out.defined()) {
+    ChunkedGemmArgs with_a_out = gemms[0];
+    with_a_out.a_out = c.a_out.view({ws * plan.rows, plan.k});
+    if (be.native_gemm_unsupported(with_a_out).empty()) {
+      gemms[0] = with_a_out;
+      copies_a_out = false;
+    }
+  }
   // Every GEMM's arguments (the real B and out of each) are checked before anything is enqueued:
   // an op that throws after its first push would leave the ranks' op counts apart.
   for (const ChunkedGemmArgs& args : gemms) {
@@ -220,13 +235,14 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   if (ws > 1) push(1, 1, pieces.count);  // (marks "pushed to" with one piece too)
   for (int i = 2; i < ws; ++i)
     push(i, 0, pieces.count);
-  // A returned A: the own rows from the source (read in place, the own slot holds at most their
-  // edge rows), on the copy stream behind the pushes (a copy within the GPU: a kernel, which
-  // starts as the GEMM's CTAs finish); the others from the slots, on the compute stream, where
-  // every chunk has landed once the GEMMs are through (they waited for each flag).
+  // A returned A that the GEMM could not store: the own rows from the source (read in place, the
+  // own slot holds at most their edge rows), on the copy stream behind the pushes (a copy within
+  // the GPU: a kernel, which starts as the GEMM's CTAs finish); the others from the slots, on the
+  // compute stream, where every chunk has landed once the GEMMs are through (they waited for
+  // each flag).
   ctx.host_profile().stamp("pushes");
   Tensor a_out;
-  if (c.a_out.defined()) {
+  if (copies_a_out) {
     a_out = c.a_out.view({ws * plan.rows, plan.k});
     be.copy(a_out.narrow(0, rank * plan.rows, plan.rows), source, copy);
   }

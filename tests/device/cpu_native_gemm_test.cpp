@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 
 #include "device/backend.h"
 #include "device/cpu_backend.h"
@@ -72,6 +73,46 @@ TEST_F(CpuNativeGemmTest, MatchesTheReferenceAndCountsEveryPiece) {
     EXPECT_EQ(std::atomic_ref<uint32_t>(args.done[counter.index]).load(), counter.count)
         << "counter " << counter.index;
   }
+}
+
+// The copy of A: every row as the GEMM read it, the own chunk's (chunk 1) from own_a, the
+// others' from a, with and without the SwiGLU epilogue (whose tiles span fewer columns); d is
+// what it is without the copy. A misaligned or mis-shaped copy is refused, naming it.
+TEST_F(CpuNativeGemmTest, CopiesEveryRowOfAItReads) {
+  OwnedTensor a = empty_host({300, 40}, DType::kBF16), own = empty_host({128, 40}, DType::kBF16);
+  OwnedTensor b = empty_host({40, 608}, DType::kBF16);
+  fill_seeded(a, seed_of({11}), Values::kRandom);
+  fill_seeded(own, seed_of({12}), Values::kRandom);
+  fill_seeded(b, seed_of({13}), Values::kRandom);
+  OwnedTensor expected_a = empty_host({300, 40}, DType::kBF16);
+  be_->copy(expected_a, a, stream());
+  be_->copy(expected_a->narrow(0, 128, 128), own, stream());
+  for (bool swiglu : {false, true}) {
+    SCOPED_TRACE(swiglu ? "SwiGLU epilogue" : "plain");
+    const int64_t n = swiglu ? 304 : 608;
+    OwnedTensor d = empty_host({300, n}, DType::kBF16), plain = empty_host({300, n}, DType::kBF16);
+    OwnedTensor copy = empty_host({300, 40}, DType::kBF16);
+    be_->fill(copy, std::nanf(""), stream());
+    ChunkedGemmArgs args = chunked(a, b, plain);
+    args.first_chunk = 2;
+    args.own_a = own;
+    args.own_chunk = 1;
+    args.swiglu = swiglu;
+    be_->native_gemm(args, stream());
+    args.d = d;
+    args.a_out = copy;
+    ASSERT_EQ(be_->native_gemm_unsupported(args), "");
+    be_->native_gemm(args, stream());
+    stream().synchronize();
+    EXPECT_TRUE(same_bits(copy, expected_a));
+    EXPECT_TRUE(same_bits(d, plain));
+  }
+  ChunkedGemmArgs args = chunked(a, b, empty_host({300, 608}, DType::kBF16));
+  OwnedTensor wide = empty_host({300, 48}, DType::kBF16);
+  args.a_out = wide->narrow(1, 1, 40);  // 2 bytes off a 16-byte boundary
+  EXPECT_THAT(be_->native_gemm_unsupported(args), HasSubstr("the copy of A is not 16-byte"));
+  args.a_out = wide;
+  EXPECT_THAT(be_->native_gemm_unsupported(args), HasSubstr("a_out"));
 }
 
 // The reduce-scatter epilogue: chunk 1 of 2 (128 rows each) is this rank's; its tiles add the

@@ -27,12 +27,16 @@ struct NativeAgCase {
   DType out_dtype = DType::kBF16;
   Layout b_layout = Layout::kContiguous;
   bool return_a = false;
+  // A returned A 2 bytes off a 16-byte boundary: the GEMM cannot store it (TMA), so the op
+  // copies it after the GEMM instead.
+  bool a_out_misaligned = false;
   size_t piece_bytes = 0;  // push pieces (0: one per shard)
 
   std::string describe() const {
-    return fmt::format("A_shard {}{}, gather_dim {}, Ns [{}], B {}, out {}{}, pieces of {} bytes",
+    return fmt::format("A_shard {}{}, gather_dim {}, Ns [{}], B {}, out {}{}{}, pieces of {} bytes",
                        dtype, shard, gather_dim, fmt::join(ns, ", "), layout_name(b_layout),
-                       out_dtype, return_a ? ", returning A" : "", piece_bytes);
+                       out_dtype, return_a ? ", returning A" : "",
+                       a_out_misaligned ? " (misaligned)" : "", piece_bytes);
   }
 };
 
@@ -57,13 +61,20 @@ void check_ag(OpContext& ctx, const NativeAgCase& c, uint64_t id,
     outs_owned.push_back(filled(expected.back()->shape(), c.out_dtype, kSentinel));
     outs.push_back(outs_owned.back());
   }
-  const OwnedTensor a_out =
-      c.return_a ? filled(a_full->shape(), c.dtype, kSentinel) : OwnedTensor();
+  OwnedTensor a_out_storage;
+  Tensor a_out;
+  if (c.return_a && c.a_out_misaligned) {
+    a_out_storage = filled({a_full->numel() + 1}, c.dtype, kSentinel);
+    a_out = a_out_storage->narrow(0, 1, a_full->numel()).view(a_full->shape());
+  } else if (c.return_a) {
+    a_out_storage = filled(a_full->shape(), c.dtype, kSentinel);
+    a_out = a_out_storage;
+  }
   AllGatherMatmulOptions options;
   options.gather_dim = c.gather_dim;
   options.path = path;
   options.push_piece_bytes = c.piece_bytes;
-  all_gather_matmul(ctx, shards[ctx.rank()], bs, outs, a_out.tensor, options);
+  all_gather_matmul(ctx, shards[ctx.rank()], bs, outs, a_out, options);
   ctx.stream().synchronize();
   expect_path(ctx, "all_gather_matmul", path == PathChoice::kSplit ? Path::kSplit : Path::kNative);
   for (size_t i = 0; i < outs.size(); ++i)
@@ -146,7 +157,10 @@ TEST_P(NativePathsTest, AllGatherMatmulMatchesUnfusedBitForBit) {
        .out_dtype = DType::kF32,
        .return_a = true});
   // 300 rows in pieces of 128 rows: the tiles of a chunk wait for the pieces they overlap.
-  add({.shard = {300, 16}, .ns = {8}, .piece_bytes = 128 * 16 * 2});
+  add({.shard = {300, 16}, .ns = {8}, .return_a = true, .piece_bytes = 128 * 16 * 2});
+  // A returned A that the GEMM cannot store, copied after it: off the tile grid and on it.
+  add({.shard = {40, 16}, .return_a = true, .a_out_misaligned = true});
+  add({.shard = {128, 32}, .ns = {24, 8}, .return_a = true, .a_out_misaligned = true});
   auto statuses = run_ranks(GetParam(), [&](OpContext& ctx) {
     for (size_t i = 0; i < cases.size(); ++i)
       check_ag(ctx, cases[i], 100 + i);

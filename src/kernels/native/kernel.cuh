@@ -7,7 +7,9 @@
 //   warpgroup 0 (producer, one thread):  for each tile: [wait ready[chunk]] then per k-block
 //                                         wait empty[s] -> expect_tx(full[s]) -> TMA A, TMA B
 //                                         (producer.cuh)
-//   warpgroups 1, 2 (consumers):          per k-block wait full[s] -> 4 x wgmma m64n256k16 ->
+//   warpgroups 1, 2 (consumers):          per k-block wait full[s] -> [TMA store of its A
+//                                         rows: the copy of A, tiles of the first column] ->
+//                                         4 x wgmma m64n256k16 ->
 //                                         (previous k-block done) arrive empty[s-1]
 //                                         (consumer.cuh); per tile the epilogue (epilogue.cuh):
 //                                         [tail split parts] [reduce-scatter sum], 16-bit C
@@ -50,7 +52,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ CUtensorMap map_c,
                       const __grid_constant__ CUtensorMap map_a_own,
                       const __grid_constant__ CUtensorMap map_parts,
-                      const __grid_constant__ CUtensorMap map_sum, const KernelParams p) {
+                      const __grid_constant__ CUtensorMap map_sum,
+                      const __grid_constant__ CUtensorMap map_a_out, const KernelParams p) {
   extern __shared__ uint8_t smem_raw[];
   // 1024-byte aligned (the 128-byte swizzle's atom) by an offset from smem_raw rather than by
   // masking its generic address: a pointer rebuilt from an integer loses its address space, so
@@ -103,7 +106,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     Tile tile = sched.walk.tile(w.t);
     tile.m0 += kBM * static_cast<int>(sched.cta);
     const bool sums = kCluster == 1 && sums_tile(p, p, w, tile.m0);  // (host: single CTAs)
-    mainloop<kF16, kBKMajor, kTmaStore, kCluster>(p, st, w, acc, consumer, leader, it, pending);
+    const int r0 = tile.m0 + 64 * consumer;
+    // The copy of A: the first column's tiles store the rows they load (each row once).
+    const int a_out_row = p.a_out != nullptr && tile.n0 == 0 && r0 < p.m ? r0 : -1;
+    mainloop<kF16, kBKMajor, kTmaStore, kCluster>(p, st, w, acc, consumer, leader, it, pending,
+                                                  map_a_out, a_out_row);
     if (w.part >= 0) {
       if (w.part < p.split - 1) {
         save_split_part(p, w, acc, consumer, leader);
@@ -112,7 +119,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       add_split_parts(p, w, acc, consumer, leader);
     }
 
-    const int r0 = tile.m0 + 64 * consumer;
     if (sums) add_sum_parts<kTmaStore, kCluster>(p, st, acc, consumer, leader, it, pending);
     const int64_t sum_row = sum_row_of(p, r0);
     if (sums && !(kTmaStore && p.sum_tma_store)) {
@@ -133,6 +139,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
       if (p.done != nullptr && pending.row >= 0) publish_done(p, pending.row, pending.col);
     }
+  } else if (leader && p.a_out != nullptr) {
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the copy of A's stores
   }
   // No CTA leaves while its peer may still arrive on its barriers.
   if constexpr (kCluster == 2) cluster_sync();

@@ -64,6 +64,12 @@ struct NativeGemmOperands {
   int sum_count = 0;
   void* sum_out = nullptr;
   int64_t sum_ldo = 0;
+  // A copy of A as the kernel loads it (null: none): [M, K] with row stride a_out_ld, A's dtype.
+  // The tiles of the first column (n0 = 0) store the A tiles they load (the own chunk's from
+  // own_a) with TMA stores from shared memory, so that every row is written once, beside the
+  // main loop: the AG+MM's returned A without a copy of the gathered slots after the GEMM.
+  void* a_out = nullptr;
+  int64_t a_out_ld = 0;
   // The SwiGLU epilogue's pre-activation output (NativeGemmSchedule::swiglu; null: none):
   // [M, 2N] with row stride pre_ld, dtype pre_dtype (f32, bf16 or f16).
   void* pre = nullptr;

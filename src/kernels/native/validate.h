@@ -109,6 +109,10 @@ inline const char* native_gemm_unsupported(const NativeGemmParams& a) {
              "bytes (TMA)";
     }
   }
+  if (a.a_out != nullptr && (misaligned(a.a_out, 16) || a.a_out_ld % 8 != 0 || a.a_out_ld < a.k)) {
+    return "the copy of A is not 16-byte aligned, or its row stride is not a multiple of 16 bytes "
+           "or is shorter than K (TMA)";
+  }
   if (a.reserve_sms < 0 || a.reserve_sms > 8) return "reserve_sms is out of range (0 to 8)";
   return nullptr;
 }

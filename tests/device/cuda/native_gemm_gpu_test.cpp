@@ -18,6 +18,7 @@
 #include "device/cuda/cuda_backend.h"
 #include "device/cuda/cuda_graph.h"
 #include "device/cuda/one_gpu.h"
+#include "device/native_params.h"
 #include "kernels/kernels.h"
 #include "ops/cuda/gpu_testing.h"
 #include "support/tensor_testing.h"
@@ -104,6 +105,72 @@ TEST(NativeGemm, RegisterStoreMatchesTmaStore) {
   EXPECT_TRUE(same_bits(gpu.download(d1), gpu.download(d2))) << "clusters of two";
 }
 
+// The copy of A (a_out): every row of A as the kernel loaded it, bit for bit, by every kernel
+// variant (TMA or register stores of C, f32 C, clusters of two, the tail split, the SwiGLU
+// epilogue), the own chunk's rows from own_a (a's rows there are NaN, which the copy must not
+// show); C is the same with and without the copy. Shapes off the tile grid in M and K.
+TEST(NativeGemm, StoresACopyOfEveryRowOfAItLoads) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  const auto stream = static_cast<cudaStream_t>(gpu.stream().native_handle());
+  struct Variant {
+    const char* name;
+    DType out = DType::kBF16;
+    int tail_split = 1;  // 0: the kernel's choice (it splits the first two shapes' last wave)
+    bool registers = false;
+    int cluster = 0;
+    bool swiglu = false;
+  };
+  const Variant variants[] = {{.name = "TMA store"},
+                              {.name = "f32 C", .out = DType::kF32, .tail_split = 0},
+                              {.name = "tail split", .tail_split = 0},
+                              {.name = "register store", .registers = true},
+                              {.name = "clusters of two", .cluster = 2},
+                              {.name = "SwiGLU", .swiglu = true}};
+  for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {300, 520, 1000}, {1024, 1024, 2048}, {1000, 768, 136}}) {
+    constexpr int64_t kChunkRows = 256;  // chunk 1 is the own one: rows [256, min(512, m))
+    const int64_t own_rows = std::min<int64_t>(kChunkRows, m - kChunkRows);
+    OwnedTensor real = gpu.upload({m, k}, DType::kBF16, 41);
+    OwnedTensor a = gpu.upload({m, k}, DType::kBF16, 41);
+    gpu.be().fill(a->narrow(0, kChunkRows, own_rows), std::nanf(""), gpu.stream());
+    OwnedTensor own = gpu.empty({own_rows, k}, DType::kBF16);
+    gpu.be().copy(own, real->narrow(0, kChunkRows, own_rows), gpu.stream());
+    OwnedTensor b = gpu.upload({k, 2 * n}, DType::kBF16, 42);
+    const OwnedTensor expected_a = gpu.download(real);
+    for (const Variant& v : variants) {
+      SCOPED_TRACE(fmt::format("{}x{}x{} {}", m, n, k, v.name));
+      OwnedTensor d = gpu.empty({m, n}, v.out), plain = gpu.empty({m, n}, v.out);
+      OwnedTensor copy = gpu.empty({m, k}, DType::kBF16);
+      ChunkedGemmArgs args;
+      args.a = a;
+      args.b = v.swiglu ? b.tensor : b->narrow(1, 0, n);
+      args.d = plain;
+      args.chunk_rows = kChunkRows;
+      args.own_a = own;
+      args.own_chunk = 1;
+      args.first_chunk = 1;
+      args.swiglu = v.swiglu;
+      args.tail_split = v.tail_split;
+      auto run = [&] {
+        if (!v.registers && v.cluster == 0) return gpu.be().native_gemm(args, gpu.stream());
+        kernels::NativeGemmParams kp;
+        ASSERT_EQ(to_native_params(args, &kp), "");
+        kp.force_register_store = v.registers;
+        kp.cluster = v.cluster;
+        ASSERT_EQ(kernels::async_gemm(kp, stream), cudaSuccess);
+      };
+      run();
+      args.d = d;
+      args.a_out = copy;
+      ASSERT_EQ(gpu.be().native_gemm_unsupported(args), "");
+      run();
+      EXPECT_TRUE(same_bits(gpu.download(copy), expected_a)) << "the copy of A";
+      EXPECT_TRUE(same_bits(gpu.download(d), gpu.download(plain))) << "C";
+    }
+  }
+}
+
 TEST(NativeGemm, RejectsWhatTmaCannotAddress) {
   SKIP_UNLESS_GPUS(1);
   Gpu gpu;
@@ -115,6 +182,10 @@ TEST(NativeGemm, RejectsWhatTmaCannotAddress) {
   args.b = b;
   args.d = d;
   EXPECT_EQ(gpu.be().native_gemm_unsupported(args), "");
+  OwnedTensor wide = gpu.empty({64, 112}, DType::kBF16);
+  args.a_out = wide->narrow(1, 1, 104);  // 2 bytes off a 16-byte boundary
+  EXPECT_THAT(gpu.be().native_gemm_unsupported(args), ::testing::HasSubstr("the copy of A"));
+  args.a_out = Tensor();
   args.a = a->narrow(1, 0, 99);  // row stride 104 (208 bytes): fine, K = 99 is a tail
   args.b = b->narrow(0, 0, 99);
   EXPECT_EQ(gpu.be().native_gemm_unsupported(args), "");
