@@ -15,6 +15,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import asynctp.torch  # noqa: F401  (registers the ops and their backward formulas)
+from asynctp.torch import functional
+
+# The two routes to the backward formulas: torch.ops.asynctp (register_autograd's kernel) and the
+# direct route of asynctp.torch.functional's eager calls (a torch.autograd.Function over the same
+# kernel and formulas). Every gradient case runs through both.
+ROUTES = {"ops": torch.ops.asynctp, "direct": functional}
+
+
+def check_route(out, route):
+    """The graph node that produced `out` is the route's own."""
+    direct = type(out.grad_fn).__name__ == "_DirectBackward"
+    assert direct == (route == "direct"), f"{route}: recorded by {type(out.grad_fn).__name__}"
 
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -59,7 +71,7 @@ def shard_shape(ndim: int, dim: int, ws: int) -> tuple[list[int], int]:
 # ---- fused_all_gather_matmul ----------------------------------------------------------------
 
 
-def one_all_gather_matmul(dtype_name, ndim, gather_dim, num_bs, return_A, seed):
+def one_all_gather_matmul(dtype_name, ndim, gather_dim, num_bs, return_A, seed, route):
     group = dist.group.WORLD
 
     dtype = DTYPES[dtype_name]
@@ -92,10 +104,11 @@ def one_all_gather_matmul(dtype_name, ndim, gather_dim, num_bs, return_A, seed):
     # asynctp, this rank.
     A_shard = shards[rank].clone().requires_grad_()
     my_Bs = [B.clone().requires_grad_() for B in Bs[rank]]
-    A_out, outs = torch.ops.asynctp.fused_all_gather_matmul(
+    A_out, outs = ROUTES[route].fused_all_gather_matmul(
         A_shard, my_Bs, gather_dim, name, return_A=return_A
     )
     assert (A_out is not None) == return_A
+    check_route(outs[0], route)
     grads_out = list(dOs[rank])
     tensors = list(outs)
     if return_A:
@@ -105,7 +118,7 @@ def one_all_gather_matmul(dtype_name, ndim, gather_dim, num_bs, return_A, seed):
 
     what = (
         f"ws={ws} rank={rank} {dtype_name} shape={shape} gather_dim={gather_dim} "
-        f"Bs={num_bs} return_A={return_A}"
+        f"Bs={num_bs} return_A={return_A} route={route}"
     )
     assert_close(A_shard.grad, ref_shards[rank].grad, dtype, f"dA_shard {what}")
     for i, B in enumerate(my_Bs):
@@ -124,13 +137,16 @@ def case_all_gather_matmul_unused_outputs(seed):
     A_full = torch.cat(ref_shards)
     sum((A_full @ ref_B1[r]).square().sum() for r in range(ws)).backward()
 
-    A_shard = shards[rank].clone().requires_grad_()
-    my_Bs = [B.clone().requires_grad_() for B in Bs[rank]]
-    _, outs = torch.ops.asynctp.fused_all_gather_matmul(A_shard, my_Bs, 0, name, return_A=True)
-    outs[1].square().sum().backward()
-    assert_close(A_shard.grad, ref_shards[rank].grad, torch.float32, f"dA_shard ws={ws}")
-    assert my_Bs[0].grad is None, "a B whose output is unused has no gradient"
-    assert_close(my_Bs[1].grad, ref_B1[rank].grad, torch.float32, f"dBs[1] ws={ws}")
+    for route, api in ROUTES.items():
+        A_shard = shards[rank].clone().requires_grad_()
+        my_Bs = [B.clone().requires_grad_() for B in Bs[rank]]
+        _, outs = api.fused_all_gather_matmul(A_shard, my_Bs, 0, name, return_A=True)
+        check_route(outs[1], route)
+        outs[1].square().sum().backward()
+        what = f"ws={ws} route={route}"
+        assert_close(A_shard.grad, ref_shards[rank].grad, torch.float32, f"dA_shard {what}")
+        assert my_Bs[0].grad is None, f"a B whose output is unused has no gradient: {what}"
+        assert_close(my_Bs[1].grad, ref_B1[rank].grad, torch.float32, f"dBs[1] {what}")
 
 
 def case_one_side_grads(seed):
@@ -157,15 +173,17 @@ def case_one_side_grads(seed):
     dB_ag = A_full.detach().t() @ dO_ag[rank].double()
     dB_rs = ref_As[rank].detach().t() @ torch.cat([d.double() for d in dO_rs])
 
-    for side in ("A", "B"):
+    for route, side in [(route, side) for route in ROUTES for side in ("A", "B")]:
+        api = ROUTES[route]
         A_shard = shards[rank].clone().requires_grad_(side == "A")
         B = Bs[rank].clone().requires_grad_(side == "B")
-        _, (out,) = torch.ops.asynctp.fused_all_gather_matmul(A_shard, [B], 0, name, return_A=False)
+        _, (out,) = api.fused_all_gather_matmul(A_shard, [B], 0, name, return_A=False)
+        check_route(out, route)
         out.backward(dO_ag[rank])
         A = As[rank].clone().requires_grad_(side == "A")
         B2 = Bs[rank].clone().requires_grad_(side == "B")
-        torch.ops.asynctp.fused_matmul_reduce_scatter(A, B2, "sum", 0, name).backward(dO_rs[rank])
-        what = f"ws={ws} rank={rank} grads of {side} only"
+        api.fused_matmul_reduce_scatter(A, B2, "sum", 0, name).backward(dO_rs[rank])
+        what = f"ws={ws} rank={rank} grads of {side} only, route={route}"
         if side == "A":
             assert B.grad is None and B2.grad is None, what
             assert_close(A_shard.grad, ref_shards[rank].grad, torch.float32, f"dA_shard {what}")
@@ -176,39 +194,40 @@ def case_one_side_grads(seed):
             assert_close(B2.grad, dB_rs, torch.float32, f"dB (matmul reduce-scatter) {what}")
 
 
-def case_double_backward(seed):
+def case_double_backward(seed, route):
     """Gradients of gradients (torch.autograd.grad(..., create_graph=True), then a second grad)
     of every op and every subset of leaves, against the one-process emulation: the backward
     formulas' own gathers and reduce-scatters are differentiable where a graph is recorded."""
     group = dist.group.WORLD
     ws, rank, name = group.size(), group.rank(), group.group_name
     gen = torch.Generator().manual_seed(seed)
+    api = ROUTES[route]
     shards = [randn(gen, [2, 5], torch.float32) for _ in range(ws)]
     As = [randn(gen, [2 * ws, 5], torch.float32) for _ in range(ws)]
     Bs = [randn(gen, [5, 3], torch.float32) for _ in range(ws)]
     ops = {
         # op: (rank r's inputs, the fused op on them, the emulation on every rank's inputs)
-        "all_gather_matmul": (shards, lambda a, b: torch.ops.asynctp.fused_all_gather_matmul(
+        "all_gather_matmul": (shards, lambda a, b: api.fused_all_gather_matmul(
             a, [b], 0, name, return_A=False)[1][0],
             lambda a, b: [torch.cat(a) @ b[r] for r in range(ws)]),
         "all_gather_matmul returning A": (shards, lambda a, b: sum(
-            (o * o).sum() for o in torch.ops.asynctp.fused_all_gather_matmul(
-                a, [b], 0, name, return_A=True)[1]) + torch.ops.asynctp.fused_all_gather_matmul(
+            (o * o).sum() for o in api.fused_all_gather_matmul(
+                a, [b], 0, name, return_A=True)[1]) + api.fused_all_gather_matmul(
                 a, [b], 0, name, return_A=True)[0].pow(3).sum(),
             lambda a, b: [((torch.cat(a) @ b[r]) ** 2).sum() + torch.cat(a).pow(3).sum()
                           for r in range(ws)]),
-        "matmul_reduce_scatter": (As, lambda a, b: torch.ops.asynctp.fused_matmul_reduce_scatter(
+        "matmul_reduce_scatter": (As, lambda a, b: api.fused_matmul_reduce_scatter(
             a, b, "sum", 0, name),
             lambda a, b: list(sum(a[r] @ b[r] for r in range(ws)).chunk(ws))),
         # B's first 2 columns: gate | up of N = 1; the products computed again in backward.
-        "all_gather_matmul_swiglu": (shards, lambda a, b: torch.ops.asynctp.
+        "all_gather_matmul_swiglu": (shards, lambda a, b: api.
                                      fused_all_gather_matmul_swiglu(a, b[:, :2], 0, name)[2],
             lambda a, b: [F.silu(torch.cat(a) @ b[r][:, :1]) * (torch.cat(a) @ b[r][:, 1:2])
                           for r in range(ws)]),
     }
     for (op, (inputs, fused, emulated)), sides in zip(
             [(k, v) for k, v in ops.items() for _ in range(3)], ["A", "B", "AB"] * len(ops)):
-        what = f"ws={ws} rank={rank} {op}, grads of {sides}"
+        what = f"ws={ws} rank={rank} {op}, grads of {sides}, route={route}"
         ref_a = [x.double().requires_grad_("A" in sides) for x in inputs]
         ref_b = [b.double().requires_grad_("B" in sides) for b in Bs]
         leaves = [t for t in (*ref_a, *ref_b) if t.requires_grad]
@@ -222,6 +241,8 @@ def case_double_backward(seed):
         b = Bs[rank].clone().requires_grad_("B" in sides)
         my_leaves = [t for t in (a, b) if t.requires_grad]
         out = fused(a, b)
+        if op != "all_gather_matmul returning A":  # (a sum of the outputs: a loss, not the op's)
+            check_route(out, route)
         first = torch.autograd.grad(torch.tanh(out).mul(out).sum(), my_leaves, create_graph=True)
         got = torch.autograd.grad(sum(g.pow(2).sum() for g in first), my_leaves)
         for g, e, leaf in zip(got, expected, "AB" if sides == "AB" else sides):
@@ -231,7 +252,8 @@ def case_double_backward(seed):
 # ---- fused_matmul_reduce_scatter and the sum of products ------------------------------------
 
 
-def one_matmul_reduce_scatter(dtype_name, ndim, scatter_dim, num_products, reduce_op, seed):
+def one_matmul_reduce_scatter(dtype_name, ndim, scatter_dim, num_products, reduce_op, seed,
+                              route):
     group = dist.group.WORLD
 
     dtype = DTYPES[dtype_name]
@@ -262,18 +284,19 @@ def one_matmul_reduce_scatter(dtype_name, ndim, scatter_dim, num_products, reduc
     my_As = [a.clone().requires_grad_() for a in As[rank]]
     my_Bs = [b.clone().requires_grad_() for b in Bs[rank]]
     if num_products == 1:
-        out = torch.ops.asynctp.fused_matmul_reduce_scatter(
+        out = ROUTES[route].fused_matmul_reduce_scatter(
             my_As[0], my_Bs[0], reduce_op, scatter_dim, name
         )
     else:
-        out = torch.ops.asynctp.fused_matmuls_reduce_scatter(
+        out = ROUTES[route].fused_matmuls_reduce_scatter(
             my_As, my_Bs, reduce_op, scatter_dim, name
         )
+    check_route(out, route)
     out.backward(dOs[rank])
 
     what = (
         f"ws={ws} rank={rank} {dtype_name} A={a_shape} scatter_dim={scatter_dim} "
-        f"products={num_products} {reduce_op}"
+        f"products={num_products} {reduce_op} route={route}"
     )
     for i in range(num_products):
         assert_close(my_As[i].grad, ref_As[rank][i].grad, dtype, f"dAs[{i}] {what}")
@@ -291,24 +314,25 @@ def case_backward_runs_the_fused_ops():
     def calls(op):
         return sum(atp.usage(name).get(op, {}).values())
 
-    A = torch.randn(2, 8).requires_grad_()
-    B = torch.randn(8, 4)
-    _, (out,) = torch.ops.asynctp.fused_all_gather_matmul(A, [B], 0, name, return_A=False)
-    before = (calls("all_gather_matmul"), calls("matmul_reduce_scatter"))
-    out.sum().backward()
-    assert (calls("all_gather_matmul"), calls("matmul_reduce_scatter")) == (
-        before[0],
-        before[1] + 1,
-    ), f"the all-gather matmul's backward ran {atp.usage(name)}"
+    for route, api in ROUTES.items():
+        A = torch.randn(2, 8).requires_grad_()
+        B = torch.randn(8, 4)
+        _, (out,) = api.fused_all_gather_matmul(A, [B], 0, name, return_A=False)
+        before = (calls("all_gather_matmul"), calls("matmul_reduce_scatter"))
+        out.sum().backward()
+        assert (calls("all_gather_matmul"), calls("matmul_reduce_scatter")) == (
+            before[0],
+            before[1] + 1,
+        ), f"{route}: the all-gather matmul's backward ran {atp.usage(name)}"
 
-    A2 = torch.randn(2 * ws, 8).requires_grad_()
-    y = torch.ops.asynctp.fused_matmul_reduce_scatter(A2, B, "sum", 0, name)
-    before = (calls("all_gather_matmul"), calls("matmul_reduce_scatter"))
-    y.sum().backward()
-    assert (calls("all_gather_matmul"), calls("matmul_reduce_scatter")) == (
-        before[0] + 1,
-        before[1],
-    ), f"the matmul reduce-scatter's backward ran {atp.usage(name)}"
+        A2 = torch.randn(2 * ws, 8).requires_grad_()
+        y = api.fused_matmul_reduce_scatter(A2, B, "sum", 0, name)
+        before = (calls("all_gather_matmul"), calls("matmul_reduce_scatter"))
+        y.sum().backward()
+        assert (calls("all_gather_matmul"), calls("matmul_reduce_scatter")) == (
+            before[0] + 1,
+            before[1],
+        ), f"{route}: the matmul reduce-scatter's backward ran {atp.usage(name)}"
 
 
 def case_opcheck_with_grads():
@@ -346,14 +370,16 @@ DIMS = [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)]  # (ndim, gather/scatter dim); t
 
 def case_all_gather_matmul_grads(dtype_name):
     cases = [(nd, d, nb, ra) for nd, d in DIMS for nb in (1, 3) for ra in (True, False)]
-    for seed, (nd, d, nb, ra) in enumerate(cases):
-        one_all_gather_matmul(dtype_name, nd, d, nb, ra, seed)
+    for route in ROUTES:
+        for seed, (nd, d, nb, ra) in enumerate(cases):
+            one_all_gather_matmul(dtype_name, nd, d, nb, ra, seed, route)
 
 
 def case_matmul_reduce_scatter_grads(dtype_name):
     cases = [(nd, d, n, op) for nd, d in DIMS for n in (1, 3) for op in ("sum", "avg")]
-    for seed, (nd, d, n, op) in enumerate(cases):
-        one_matmul_reduce_scatter(dtype_name, nd, d, n, op, seed)
+    for route in ROUTES:
+        for seed, (nd, d, n, op) in enumerate(cases):
+            one_matmul_reduce_scatter(dtype_name, nd, d, n, op, seed, route)
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
@@ -374,8 +400,9 @@ def test_one_side_grads(pool):
     pool.run(case_one_side_grads, 11)
 
 
-def test_double_backward(pool):
-    pool.run(case_double_backward, 13)
+@pytest.mark.parametrize("route", ROUTES)
+def test_double_backward(pool, route):
+    pool.run(case_double_backward, 13, route)
 
 
 def test_backward_runs_the_fused_ops(pool):

@@ -1,6 +1,7 @@
 """asynctp.torch.functional: the fused ops as Python functions. An eager call that needs no
-dispatcher goes straight to asynctp's kernel; every other call goes through torch.ops. Both give
-torch.ops's results, and the right route is taken in each case."""
+dispatcher goes straight to asynctp's kernel, or through the direct route's autograd Function
+where it records a graph; every other call goes through torch.ops. All give torch.ops's results
+(the gradients: test_autograd.py), and the right route is taken in each case."""
 
 from __future__ import annotations
 
@@ -82,14 +83,16 @@ def test_negative_views(pool2):
 
 
 def case_routes():
-    """Which calls skip the dispatcher: the eager, no-grad ones on plain tensors only."""
+    """Which calls skip the dispatcher: the eager ones on plain tensors, to the kernel without a
+    gradient to record and through the direct route with one."""
     name = _group_name()
     ws = dist.get_world_size()
     a, b = _randn((2 * ws, 8), 1), _randn((8, 6), 2)
-    assert functional._plain((a, b))
+    assert functional._route((a, b)) == functional._KERNEL
     with torch.no_grad():
-        assert functional._plain((a, b.requires_grad_()))
-    assert not functional._plain((a, b))  # b requires grad, grad mode on
+        assert functional._route((a, b.requires_grad_())) == functional._KERNEL
+    assert functional._route((a, b)) == functional._DIRECT  # b requires grad, grad mode on
+    assert not functional._plain((a, b))  # (float8 has no direct route: torch.ops)
     b.requires_grad_(False)
     with FakeTensorMode():
         assert not functional._plain((a, b))
@@ -112,12 +115,16 @@ def case_routes():
         lambda x, y: functional.fused_all_gather_matmul(x, [y], 0, name, return_A=False)[1][0],
         backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(a, b), OPS.fused_all_gather_matmul(a, [b], 0, name, return_A=False)[1][0])
-    # With a gradient to record, the call goes through torch.ops's autograd.
+    # With a gradient to record, the call goes through the direct route's autograd Function, and
+    # under a mode through torch.ops's autograd.
     x = a.clone().requires_grad_()
     _, (y,) = functional.fused_all_gather_matmul(x, [b], 0, name, return_A=False)
-    assert y.grad_fn is not None
+    assert type(y.grad_fn).__name__ == "_DirectBackward"
     y.sum().backward()
     assert x.grad is not None and x.grad.shape == x.shape
+    with Passing():
+        _, (y,) = functional.fused_all_gather_matmul(x, [b], 0, name, return_A=False)
+    assert y.grad_fn is not None and type(y.grad_fn).__name__ != "_DirectBackward"
     return True
 
 
@@ -126,23 +133,27 @@ def test_routes(pool2):
 
 
 def test_direct_calls_skip_the_dispatcher(monkeypatch):
-    """On plain tensors with no gradient to record the function calls the kernel itself;
-    otherwise it calls torch.ops."""
+    """On plain tensors with no gradient to record the function calls the kernel itself, with
+    one through the direct route; under the profiler it calls torch.ops."""
     seen = []
     monkeypatch.setattr(functional, "_OPS", type("Ops", (), {
         "fused_all_gather_matmul": staticmethod(lambda *a, **k: seen.append("ops") or (None, [])),
     }))
     monkeypatch.setattr(_ops, "_all_gather_matmul",
                         lambda *a, **k: seen.append("kernel") or (None, []))
+    monkeypatch.setattr(functional._autograd, "direct",
+                        lambda *a, **k: seen.append("direct") or (None,))
     a, b = torch.zeros(2, 4), torch.zeros(4, 3)
     functional.fused_all_gather_matmul(a, [b], 0, "g", return_A=False)
     functional.fused_all_gather_matmul(a, [b.requires_grad_()], 0, "g", return_A=False)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        functional.fused_all_gather_matmul(a, [b], 0, "g", return_A=False)
     with torch.no_grad():
         functional.fused_all_gather_matmul(a, [b], 0, "g", return_A=False)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
             functional.fused_all_gather_matmul(a, [b], 0, "g", return_A=False)
         functional.fused_all_gather_matmul(a, [b], 0, "g", return_A=False)
-    assert seen == ["kernel", "ops", "kernel", "ops", "kernel"]
+    assert seen == ["kernel", "direct", "ops", "kernel", "ops", "kernel"]
 
 
 def case_profiled_calls_show_by_name():

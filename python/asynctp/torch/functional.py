@@ -4,10 +4,12 @@ needs it.
 
 A torch.ops call reaches asynctp's Python kernel through the dispatcher, which converts every
 argument and result between Python and C++ on the way in and out: on the GPU machines that is
-about as much host time as the op's own enqueueing. An eager call that records no autograd graph
-and meets no mode, tensor subclass, functorch transform or torch.compile trace needs none of
-that, so these functions call the kernel directly; every other call goes through torch.ops, which
-handles it (autograd, fake tensors, tracing) as for any torch op.
+about as much host time as the op's own enqueueing. An eager call that meets no mode, tensor
+subclass, functorch transform or torch.compile trace needs none of that: these functions call the
+kernel directly where the call records no autograd graph, and through a torch.autograd.Function
+with the ops' own backward formulas where it does (the bf16/f16/f32 ops: asynctp.torch.autograd,
+"the direct route"). Every other call goes through torch.ops, which handles it (fake tensors,
+modes, tracing) as for any torch op.
 
 While torch's profiler records (torch.profiler.profile, or emit_nvtx for Nsight Systems) every
 call goes through torch.ops too, so that it shows under its op's name
@@ -24,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from . import _ops
+from . import autograd as _autograd  # (imports this module back: used at call time only)
 
 __all__ = [
     "fused_all_gather_matmul",
@@ -44,28 +47,46 @@ _grad_enabled = torch._C.is_grad_enabled
 _Tensor = torch.Tensor
 
 
-def _plain(tensors) -> bool:
-    """Whether a call with these tensor arguments can skip the dispatcher: plain tensors, none
-    needing a gradient while grad mode is on or a negative view, no mode, transform, trace or
-    profiler active."""
+# How a call goes (_route): through torch.ops, to the kernel, or to the kernel through the
+# autograd Function of the direct route.
+_DISPATCHER, _KERNEL, _DIRECT = 0, 1, 2
+
+
+def _route(tensors) -> int:
+    """How a call with these tensor arguments goes: _DISPATCHER where a mode, transform, trace or
+    the profiler is active, or a tensor is not a plain one or is a negative view; else _DIRECT
+    where grad mode is on and a tensor requires grad, _KERNEL otherwise."""
     # (is_compiling first: under torch.compile it is a constant, and the rest is not traced.)
     if (_compiling() or _profiler._is_profiler_enabled or _dispatch_modes() or _function_modes()
             or _functorch()):
-        return False
+        return _DISPATCHER
     grad = _grad_enabled()
+    route = _KERNEL
     for t in tensors:
         # A negative view (x.conj().imag) reads its storage negated: the kernel, which reads the
         # storage, would see the wrong sign; the dispatcher materializes it first.
-        if type(t) is not _Tensor or (grad and t.requires_grad) or t.is_neg():
-            return False
-    return True
+        if type(t) is not _Tensor or t.is_neg():
+            return _DISPATCHER
+        if grad and t.requires_grad:
+            route = _DIRECT
+    return route
+
+
+def _plain(tensors) -> bool:
+    """Whether a call of an op without the direct route (float8) can go to the kernel."""
+    return _route(tensors) == _KERNEL
 
 
 def fused_all_gather_matmul(A, Bs, gather_dim, group_name, *, return_A=True):
     """torch.ops.asynctp.fused_all_gather_matmul: (A gathered on gather_dim if return_A else
     None, [A_gathered @ B for B in Bs])."""
-    if _plain((A, *Bs)):
+    route = _route((A, *Bs))
+    if route == _KERNEL:
         return _ops._all_gather_matmul(A, Bs, gather_dim, group_name, return_A=return_A)
+    if route == _DIRECT:
+        A_out, *outs = _autograd.direct("fused_all_gather_matmul", (None, len(Bs)),
+                                        (gather_dim, group_name), {"return_A": return_A}, A, *Bs)
+        return A_out, outs
     return _OPS.fused_all_gather_matmul(A, Bs, gather_dim, group_name, return_A=return_A)
 
 
@@ -73,24 +94,37 @@ def fused_all_gather_matmul_swiglu(A, B, gather_dim, group_name, *, return_A=Fal
                                    return_pre=False):
     """torch.ops.asynctp.fused_all_gather_matmul_swiglu: (A gathered if return_A else None,
     P = A_gathered @ B if return_pre else None, silu(P[.., :N]) * P[.., N:])."""
-    if _plain((A, B)):
+    route = _route((A, B))
+    if route == _KERNEL:
         return _ops._all_gather_matmul_swiglu(A, B, gather_dim, group_name, return_A=return_A,
                                               return_pre=return_pre)
+    if route == _DIRECT:
+        return _autograd.direct("fused_all_gather_matmul_swiglu", (None, None),
+                                (gather_dim, group_name),
+                                {"return_A": return_A, "return_pre": return_pre}, A, B)
     return _OPS.fused_all_gather_matmul_swiglu(A, B, gather_dim, group_name, return_A=return_A,
                                                return_pre=return_pre)
 
 
 def fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     """torch.ops.asynctp.fused_matmul_reduce_scatter: A @ B reduce-scattered on scatter_dim."""
-    if _plain((A, B)):
+    route = _route((A, B))
+    if route == _KERNEL:
         return _ops._matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
+    if route == _DIRECT:
+        return _autograd.direct("fused_matmul_reduce_scatter", (None, None),
+                                (reduce_op, scatter_dim, group_name), {}, A, B)
     return _OPS.fused_matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
 
 
 def fused_matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name):
     """torch.ops.asynctp.fused_matmuls_reduce_scatter: sum_i As[i] @ Bs[i], reduce-scattered."""
-    if _plain((*As, *Bs)):
+    route = _route((*As, *Bs))
+    if route == _KERNEL:
         return _ops._matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name)
+    if route == _DIRECT:
+        return _autograd.direct("fused_matmuls_reduce_scatter", (len(As), len(Bs)),
+                                (reduce_op, scatter_dim, group_name), {}, *As, *Bs)
     return _OPS.fused_matmuls_reduce_scatter(As, Bs, reduce_op, scatter_dim, group_name)
 
 
