@@ -146,6 +146,38 @@ def case_gradient_penalty():
     close(row.bias.grad, down.bias.grad, torch.float32, "down.bias grad")
 
 
+def case_activation_checkpointing():
+    """The modules under torch.utils.checkpoint (both of its implementations), whose backward runs
+    the forward again (the fused ops' autograd recorded twice): the same output and gradients as
+    without it, bit for bit."""
+    group = dist.group.WORLD
+    ws = group.size()
+    torch.manual_seed(5)
+    H, F, S = 8, 4 * ws, 2 * ws
+    up, down = nn.Linear(H, F), nn.Linear(F, H)
+    col = ColumnParallelLinear.from_linear(up, group, keep_gathered_input=False)
+    row = RowParallelLinear.from_linear(down, group)
+    x = torch.randn(2, S // ws, H)
+
+    def block(t):
+        return row(torch.tanh(col(t)))
+
+    def grads(run):
+        for p in (*col.parameters(), *row.parameters()):
+            p.grad = None
+        t = x.clone().requires_grad_()
+        y = run(t)
+        y.square().sum().backward()
+        return [y.detach(), t.grad, *(p.grad for p in (*col.parameters(), *row.parameters()))]
+
+    plain = grads(block)
+    for reentrant in (False, True):
+        got = grads(lambda t: torch.utils.checkpoint.checkpoint(block, t,
+                                                                use_reentrant=reentrant))
+        for i, (g, e) in enumerate(zip(got, plain)):
+            assert torch.equal(g, e), f"tensor {i} differs under checkpoint (reentrant={reentrant})"
+
+
 def case_copies():
     """deepcopy, a pickled module, .to(dtype) of a copy and a state_dict round trip: the copies
     share the group (it is named, not copied) and compute what the original computes."""
@@ -211,6 +243,10 @@ def test_mlp_training_tp_subgroups(pool4):
 
 def test_gradient_penalty(pool):
     pool.run(case_gradient_penalty)
+
+
+def test_activation_checkpointing(pool):
+    pool.run(case_activation_checkpointing)
 
 
 def test_copies(pool2):
