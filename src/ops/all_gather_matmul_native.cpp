@@ -151,17 +151,18 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   // others' from the slots once landed) beside its main loop, where it can address the output;
   // otherwise it is copied after the GEMM (below).
   if (c.a_out.defined()) {
-    ChunkedGemmArgs with_a_out = gemms[0];
-    with_a_out.a_out = c.a_out.view({ws * plan.rows, plan.k});
-    if (be.native_gemm_unsupported(with_a_out).empty()) {
-      gemms[0] = with_a_out;
-      copies_a_out = false;
-    }
+    gemms[0].a_out = c.a_out.view({ws * plan.rows, plan.k});
+    copies_a_out = false;
   }
   // Every GEMM's arguments (the real B and out of each) are checked before anything is enqueued:
   // an op that throws after its first push would leave the ranks' op counts apart.
-  for (const ChunkedGemmArgs& args : gemms) {
-    const std::string why = be.native_gemm_unsupported(args);
+  for (size_t j = 0; j < gemms.size(); ++j) {
+    std::string why = be.native_gemm_unsupported(gemms[j]);
+    if (!why.empty() && j == 0 && gemms[0].a_out.defined()) {
+      gemms[0].a_out = Tensor();  // the GEMM cannot store it (TMA): copied after the GEMM
+      copies_a_out = true;
+      why = be.native_gemm_unsupported(gemms[0]);
+    }
     ASYNCTP_CHECK(why.empty(), "{}: the native GEMM cannot run these operands: {}", c.op, why);
   }
 

@@ -98,6 +98,13 @@ def case_routes():
         assert not functional._plain((a, b))
     fake = FakeTensorMode().from_tensor(a)
     assert not functional._plain((fake, b))
+    # Meta tensors (shapes only) go to the ops' fake kernels, through torch.ops.
+    meta_a, meta_b = a.to("meta"), b.to("meta")
+    for grad in (False, True):
+        assert functional._route((meta_a, meta_b.requires_grad_(grad))) == functional._DISPATCHER
+        A_out, (out,) = functional.fused_all_gather_matmul(meta_a, [meta_b], 0, name)
+        assert A_out.is_meta and out.is_meta and out.shape == (2 * ws * ws, 6)
+        assert out.requires_grad == grad
 
     class Passing(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):

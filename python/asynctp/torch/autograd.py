@@ -44,9 +44,9 @@ the same choice).
 Reductions run through asynctp's ops where the product is fused, through torch's functional
 collectives (one NCCL or gloo, the one torch loaded) where a lone gather or reduce-scatter of an
 existing tensor is needed. The formulas call asynctp's ops through asynctp.torch.functional
-(torch.ops.asynctp.* wherever a trace, a mode or a recorded graph needs the dispatcher, the
-kernel itself otherwise), torch.ops._c10d_functional.* and matmul, never a process-group object's
-methods.
+(torch.ops.asynctp.* wherever a trace or a mode needs the dispatcher, the kernel itself or the
+direct route below otherwise), torch.ops._c10d_functional.* and matmul, never a process-group
+object's methods.
 
 Two routes lead to these formulas. torch.ops.asynctp.* (and so torch.compile, fake tensors, modes,
 subclasses) take register_autograd's kernel. An eager call of asynctp.torch.functional that

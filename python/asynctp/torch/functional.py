@@ -54,8 +54,9 @@ _DISPATCHER, _KERNEL, _DIRECT = 0, 1, 2
 
 def _route(tensors) -> int:
     """How a call with these tensor arguments goes: _DISPATCHER where a mode, transform, trace or
-    the profiler is active, or a tensor is not a plain one or is a negative view; else _DIRECT
-    where grad mode is on and a tensor requires grad, _KERNEL otherwise."""
+    the profiler is active, or a tensor is not a plain one, is a negative view or is on the meta
+    device (the fake kernel's); else _DIRECT where grad mode is on and a tensor requires grad,
+    _KERNEL otherwise."""
     # (is_compiling first: under torch.compile it is a constant, and the rest is not traced.)
     if (_compiling() or _profiler._is_profiler_enabled or _dispatch_modes() or _function_modes()
             or _functorch()):
@@ -65,7 +66,7 @@ def _route(tensors) -> int:
     for t in tensors:
         # A negative view (x.conj().imag) reads its storage negated: the kernel, which reads the
         # storage, would see the wrong sign; the dispatcher materializes it first.
-        if type(t) is not _Tensor or t.is_neg():
+        if type(t) is not _Tensor or t.is_neg() or t.is_meta:
             return _DISPATCHER
         if grad and t.requires_grad:
             route = _DIRECT
