@@ -149,7 +149,7 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
       in_place ? be.native_gemm_own_edge_rows(gemms[0]) : Backend::OwnEdgeRows{};
   // A returned A: the first GEMM stores the rows it loads (the own chunk's from A_shard, the
   // others' from the slots once landed) beside its main loop, where it can address the output;
-  // otherwise it is copied after the GEMM (below).
+  // otherwise it is copied after the GEMM (below; see docs/DECISIONS.md D29).
   if (c.a_out.defined()) {
     gemms[0].a_out = c.a_out.view({ws * plan.rows, plan.k});
     copies_a_out = false;
