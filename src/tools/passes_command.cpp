@@ -8,7 +8,7 @@
 #include "graph/json_io.h"
 #include "passes/pipeline.h"
 #include "tools/commands.h"
-#include "tools/options.h"
+#include "tools/pass_flags.h"
 
 namespace asynctp::tools {
 
@@ -20,24 +20,13 @@ struct PassesOptions {
   bool report = false;
   bool json = false;
   bool strict = false;
-  bool no_fuse = false;
-  std::vector<double> bucket_mb;
-  bool enable_last_dim = false;
-  bool no_last_dim_scatter = false;
-  bool enable_transpose = false;
-  bool enable_swiglu = false;
+  PassFlags flags;
 };
 
 int run_passes_command(const PassesOptions& o) {
   graph::Graph g = graph::read_graph_file(o.input);
-  passes::PassOptions options;
-  options.fuse = !o.no_fuse;
+  passes::PassOptions options = o.flags.options();
   options.strict = o.strict;
-  options.tp.enable_last_dim = o.enable_last_dim;
-  options.tp.enable_last_dim_scatter = !o.no_last_dim_scatter;
-  options.tp.enable_transpose = o.enable_transpose;
-  options.tp.enable_swiglu = o.enable_swiglu;
-  options.bucket.cap_mb = o.bucket_mb;
   const passes::FusionReport report = passes::run_passes(g, options);
   graph::write_graph_file(g, o.output);
   if (o.json) {
@@ -66,21 +55,7 @@ Command add_passes_command(CLI::App& app) {
   cmd->add_flag("--json", o->json, "print the report as JSON instead");
   cmd->add_flag("--strict", o->strict,
                 "fail when a collective matched a fusion pattern but was not fused");
-  cmd->add_flag("--no-fuse", o->no_fuse, "skip the fusion pass (bucketing only)");
-  add_numbers_option(cmd, "--bucket-mb", options::kBucketMb, &o->bucket_mb,
-                     "bucket the remaining all-gathers and reduce-scatters up to this many MiB per "
-                     "bucket (inf: one bucket); several values give the caps of buckets 0, 1, ... "
-                     "(the last repeats)");
-  cmd->add_flag("--enable-last-dim", o->enable_last_dim,
-                "also fuse gathers on the contraction (last) dim (each rank's product becomes a "
-                "partial sum)");
-  cmd->add_flag("--no-last-dim-scatter", o->no_last_dim_scatter,
-                "leave reduce-scatters on the output (last) dim unfused (fused by default)");
-  cmd->add_flag("--enable-transpose", o->enable_transpose,
-                "also fuse mm(A, all_gather(B).t()) through the transposed product");
-  cmd->add_flag("--enable-swiglu", o->enable_swiglu,
-                "also move silu(g) * u after a fused gather's product [g | u] into the GEMM's "
-                "epilogue (asynctp.fused_all_gather_matmul_swiglu)");
+  add_pass_flags(cmd, o->flags, "");
   cmd->footer("Example: asynctp passes block.pre.json -o block.fused.json --report");
   return {cmd, [o] { return run_passes_command(*o); }};
 }

@@ -22,6 +22,7 @@
 #include "runtime/launcher.h"
 #include "tools/commands.h"
 #include "tools/options.h"
+#include "tools/pass_flags.h"
 #include "tools/session.h"
 
 namespace asynctp::tools {
@@ -38,12 +39,7 @@ struct RunOptions {
   std::string save_outputs;
   std::string world_group = "0";
   double tolerance = -1;
-  std::vector<double> bucket_mb;
-  bool enable_last_dim = false;
-  bool no_last_dim_scatter = false;
-  bool enable_transpose = false;
-  bool enable_swiglu = false;
-  bool no_fuse = false;
+  PassFlags pass_flags;  // the passes of --check
   bool json = false;
   double timeout_s = 0;
   bool as_rank = false;
@@ -69,13 +65,8 @@ int launch_ranks(const RunOptions& o, int nproc) {
   if (!o.inputs.empty()) add("--inputs", o.inputs);
   if (!o.save_outputs.empty()) add("--save-outputs", o.save_outputs);
   if (o.tolerance >= 0) add("--tolerance", fmt::format("{}", o.tolerance));
-  for (double mb : o.bucket_mb)
-    add("--bucket-mb", fmt::format("{}", mb));
-  if (o.enable_last_dim) l.command.push_back("--enable-last-dim");
-  if (o.no_last_dim_scatter) l.command.push_back("--no-last-dim-scatter");
-  if (o.enable_transpose) l.command.push_back("--enable-transpose");
-  if (o.enable_swiglu) l.command.push_back("--enable-swiglu");
-  if (o.no_fuse) l.command.push_back("--no-fuse");
+  const std::vector<std::string> pass_args = o.pass_flags.args();
+  l.command.insert(l.command.end(), pass_args.begin(), pass_args.end());
   if (o.json) l.command.push_back("--json");
   if (o.timeout_s > 0) l.timeout_s = o.timeout_s;
   return launch(l);
@@ -101,14 +92,7 @@ int run_as_rank(const RunOptions& o) {
                                  s.world_size(), ctx.backend().name(), ref.size());
   if (o.check) {
     graph::Graph transformed = g;
-    passes::PassOptions options;
-    options.tp.enable_last_dim = o.enable_last_dim;
-    options.tp.enable_last_dim_scatter = !o.no_last_dim_scatter;
-    options.tp.enable_transpose = o.enable_transpose;
-    options.tp.enable_swiglu = o.enable_swiglu;
-    options.fuse = !o.no_fuse;
-    options.bucket.cap_mb = o.bucket_mb;
-    const passes::FusionReport report = passes::run_passes(transformed, options);
+    const passes::FusionReport report = passes::run_passes(transformed, o.pass_flags.options());
     ctx.usage().reset();
     const auto got = graph::execute(ctx, transformed, inputs, exec);
     const auto diffs = graph::compare_outputs(got, ref, o.tolerance);
@@ -202,19 +186,7 @@ Command add_run_command(CLI::App& app) {
   add_number_option(cmd, "--tolerance", options::kTolerance, &o->tolerance,
                     "largest relative error accepted by --check (default: "
                     "by dtype: f32 1e-4, f16 5e-3, bf16 3e-2, float8 0.15)");
-  add_numbers_option(cmd, "--bucket-mb", options::kBucketMb, &o->bucket_mb,
-                     "bucket caps for the passes of --check (see "
-                     "`asynctp passes`)");
-  cmd->add_flag("--enable-last-dim", o->enable_last_dim,
-                "passes of --check: fuse contraction-dim gathers");
-  cmd->add_flag("--no-last-dim-scatter", o->no_last_dim_scatter,
-                "passes of --check: leave output-dim scatters unfused");
-  cmd->add_flag("--enable-transpose", o->enable_transpose,
-                "passes of --check: fuse the transposed "
-                "right-hand operand");
-  cmd->add_flag("--enable-swiglu", o->enable_swiglu,
-                "passes of --check: move silu(g) * u into the fused gather's epilogue");
-  cmd->add_flag("--no-fuse", o->no_fuse, "passes of --check: bucketing only");
+  add_pass_flags(cmd, o->pass_flags, "passes of --check: ");
   cmd->add_flag("--json", o->json, "print one JSON document (rank 0)");
   add_number_option(cmd, "--timeout", options::kTimeout, &o->timeout_s,
                     "seconds after which the ranks are stopped");
