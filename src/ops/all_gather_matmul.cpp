@@ -439,6 +439,7 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   detail::CallMemos& memos = ctx.call_memos();
   memos.start(c.op);
   memos.add(options.gather_dim);
+  memos.add(ctx.capturing());  // eager and captured calls may take different paths (dispatch.h)
   memos.add(options.path ? static_cast<int64_t>(*options.path) : -1);
   memos.add(static_cast<int64_t>(c.push_piece_bytes));
   memos.add(static_cast<int64_t>(c.fast_accum.size()));

@@ -60,10 +60,6 @@ int path_code(std::optional<Path> p) {
   return !p ? 0 : *p == Path::kSplit ? 1 : *p == Path::kNative ? 2 : 3;
 }
 
-Path path_of_code(int code) {
-  return code == 1 ? Path::kSplit : code == 2 ? Path::kNative : Path::kFallback;
-}
-
 // `rounds` rounded up to whole blocks of `rows` rounds (the balanced orders' rows).
 size_t whole_blocks(size_t rounds, size_t rows) {
   return (rounds + rows - 1) / rows * rows;
@@ -101,20 +97,23 @@ std::optional<DispatchTiming> Dispatcher::decision(const std::string& key) const
   return it->second;
 }
 
-std::optional<Path> Dispatcher::disk_lookup(const std::string& key) {
+std::optional<std::pair<Path, Path>> Dispatcher::disk_lookup(const std::string& key) {
   if (cache_path_.empty()) return std::nullopt;
   const nlohmann::json j = read_cache(cache_path_, cache_warned_);
   if (!j.contains("entries") || !j["entries"].contains(key)) return std::nullopt;
-  // An entry is {"path": "split", "<path>_us": ...}: anything else was not written by this
-  // program, so it is reported rather than guessed at or silently measured over.
+  // An entry is {"path": "split", "captured_path": "native", "<path>_us": ...}: anything else
+  // was not written by this program, so it is reported rather than guessed at or silently
+  // measured over.
   const nlohmann::json& entry = j["entries"][key];
-  ASYNCTP_CHECK(entry.is_object() && (!entry.contains("path") || entry["path"].is_string()),
-                "dispatch cache {}: entry '{}' must be an object whose \"path\" is a string, "
-                "got {}{}; remove the entry (or the file) to measure it again",
-                cache_path_, key, entry.type_name(),
-                entry.is_object()
-                    ? fmt::format(" with a \"path\" of type {}", entry["path"].type_name())
-                    : "");
+  for (const char* field : {"path", "captured_path"}) {
+    ASYNCTP_CHECK(entry.is_object() && (!entry.contains(field) || entry[field].is_string()),
+                  "dispatch cache {}: entry '{}' must be an object whose \"{}\" is a string, "
+                  "got {}{}; remove the entry (or the file) to measure it again",
+                  cache_path_, key, field, entry.type_name(),
+                  entry.is_object()
+                      ? fmt::format(" with a \"{}\" of type {}", field, entry[field].type_name())
+                      : "");
+  }
   ASYNCTP_CHECK(!entry.contains("pace") || entry["pace"].is_number(),
                 "dispatch cache {}: entry '{}' has a \"pace\" of type {} ({}), not a number; "
                 "remove the entry (or the file) to measure it again",
@@ -123,10 +122,16 @@ std::optional<Path> Dispatcher::disk_lookup(const std::string& key) {
   // Measured at another pace (ASYNCTP_TUNE_PACE; entries without one were paced): not this
   // choice, measured anew and replaced.
   if (entry.value("pace", 1.0) != pace_) return std::nullopt;
-  const std::string path = entry.value("path", "");
-  for (Path p : {Path::kNative, Path::kSplit, Path::kFallback})
-    if (path == path_name(p)) return p;
-  return std::nullopt;
+  auto named = [&](const char* field) -> std::optional<Path> {
+    const std::string path = entry.value(field, "");
+    for (Path p : {Path::kNative, Path::kSplit, Path::kFallback})
+      if (path == path_name(p)) return p;
+    return std::nullopt;
+  };
+  const std::optional<Path> eager = named("path");
+  const std::optional<Path> captured = named("captured_path");
+  if (!eager || !captured) return std::nullopt;
+  return std::pair{*eager, *captured};
 }
 
 void Dispatcher::disk_store(const std::string& key, const DispatchTiming& timing) {
@@ -137,9 +142,13 @@ void Dispatcher::disk_store(const std::string& key, const DispatchTiming& timing
     if (path.has_parent_path()) fs::create_directories(path.parent_path());
     nlohmann::json j = read_cache(cache_path_, cache_warned_);
     j["version"] = Dispatcher::kCacheVersion;
-    nlohmann::json entry = {{"path", std::string(path_name(timing.path))}, {"pace", timing.pace}};
-    for (Path p : {Path::kNative, Path::kSplit, Path::kFallback})
+    nlohmann::json entry = {{"path", std::string(path_name(timing.path))},
+                            {"captured_path", std::string(path_name(timing.captured_path))},
+                            {"pace", timing.pace}};
+    for (Path p : {Path::kNative, Path::kSplit, Path::kFallback}) {
       if (timing.us(p) > 0) entry[fmt::format("{}_us", path_name(p))] = timing.us(p);
+      if (timing.host_us(p) > 0) entry[fmt::format("{}_host_us", path_name(p))] = timing.host_us(p);
+    }
     j["entries"][key] = std::move(entry);
     // Write beside and rename: readers never see a half-written file.
     const fs::path tmp = path.string() + fmt::format(".tmp{}", ::getpid());
@@ -177,10 +186,10 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
                       const std::function<void(Path)>& run) {
   // Every call of an op comes here: the remembered choice first. (A remembered path that can no
   // longer run here is chosen anew, as the first time.)
-  if (auto it = decisions_.find(key);
-      it != decisions_.end() &&
-      std::find(offered.begin(), offered.end(), it->second.path) != offered.end()) {
-    return it->second.path;
+  const bool captured = ctx_.capturing();
+  if (auto it = decisions_.find(key); it != decisions_.end()) {
+    const Path path = it->second.path_for(captured);
+    if (std::find(offered.begin(), offered.end(), path) != offered.end()) return path;
   }
   ASYNCTP_CHECK(!offered.empty(), "dispatcher: no path can run {}", key);
   for (size_t i = 0; i < offered.size(); ++i) {
@@ -191,7 +200,7 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   }
   if (offered.size() == 1) return offered[0];
   Backend& be = ctx_.backend();
-  if (ctx_.capturing()) {
+  if (captured) {
     ASYNCTP_LOG_INFO(
         "{}: first seen during CUDA-graph capture, where nothing can be measured: taking the {} "
         "path (run it once before capturing to have it measured)",
@@ -199,14 +208,16 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
     return offered[0];
   }
   const int ws = ctx_.world_size();
-  // 1. The disk cache, if every rank found the same entry and it can run on every rank. One
-  //    exchange carries each rank's cached path and the paths it can run: the ranks measure and
-  //    choose among the paths they all can run, so that they all choose alike. It carries each
-  //    rank's pace too: ranks at different paces would run different numbers of rounds.
+  // 1. The disk cache, if every rank found the same entry and its paths can run on every rank.
+  //    One exchange carries each rank's cached paths and the paths it can run: the ranks measure
+  //    and choose among the paths they all can run, so that they all choose alike. It carries
+  //    each rank's pace too: ranks at different paces would run different numbers of rounds.
   int mask = 0;
   for (Path p : offered)
     mask |= 1 << path_code(p);
-  const int code = path_code(disk_lookup(key));
+  const std::optional<std::pair<Path, Path>> cached = disk_lookup(key);
+  // Both cached paths in one number: eager + 4 x captured (0: no entry).
+  const int code = cached ? path_code(cached->first) + 4 * path_code(cached->second) : 0;
   bool agree = code != 0;
   int shared = mask;
   const std::vector<std::vector<double>> exchanged =
@@ -224,18 +235,21 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   for (Path p : offered)
     if ((shared & (1 << path_code(p))) != 0) candidates.push_back(p);
   ASYNCTP_CHECK(!candidates.empty(), "dispatcher: no path can run {} on every rank", key);
-  if (agree && (shared & (1 << code)) != 0) {
+  if (agree && (shared & (1 << path_code(cached->first))) != 0 &&
+      (shared & (1 << path_code(cached->second))) != 0) {
     DispatchTiming t;
-    t.path = path_of_code(code);
+    t.path = cached->first;
+    t.captured_path = cached->second;
     t.from_disk = true;
     t.pace = pace_;
     decisions_[key] = t;
-    ASYNCTP_LOG_DEBUG("{}: {} (from {})", key, path_name(t.path), cache_path_);
+    ASYNCTP_LOG_DEBUG("{}: {} eager, {} captured (from {})", key, path_name(t.path),
+                      path_name(t.captured_path), cache_path_);
     return t.path;
   }
   if (candidates.size() == 1) {
     DispatchTiming t;
-    t.path = candidates[0];
+    t.path = t.captured_path = candidates[0];
     t.pace = pace_;
     decisions_[key] = t;
     ASYNCTP_LOG_INFO("{}: {}, the only path every rank can run", key, path_name(t.path));
@@ -272,13 +286,18 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   auto start = be.create_event(true);
   auto stop = be.create_event(true);
   std::vector<std::vector<double>> times(n);
+  std::vector<std::vector<double>> host_times(n);
   int round = 0;
   auto measure = [&](int rounds) {
     for (int r = 0; r < rounds; ++r, ++round) {
       for (const size_t c : round_order(orders, static_cast<size_t>(round))) {
         ctx_.align_ranks();
         start->record(s);
+        const auto enqueue = std::chrono::steady_clock::now();
         run(candidates[c]);
+        host_times[c].push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - enqueue)
+                .count());
         stop->record(s);
         stop->synchronize();
         const double us = 1000.0 * stop->elapsed_ms(*start);
@@ -293,17 +312,27 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  // Each path's time is its slowest rank's median: the op ends for the job when it ends on every
-  // rank (and the bench reports the slowest rank too). Every rank sees the same values, so all
-  // extend together and all choose alike.
+  // Each path's device and host times are its slowest rank's medians: the op ends for the job
+  // when it ends on every rank (and the bench reports the slowest rank too). Every rank sees the
+  // same values, so all extend together and all choose alike. [0, n): device; [n, 2n): host.
   auto slowest = [&] {
-    std::vector<double> mine(n), worst(n, 0.0);
-    for (size_t c = 0; c < n; ++c)
+    std::vector<double> mine(2 * n), worst(2 * n, 0.0);
+    for (size_t c = 0; c < n; ++c) {
       mine[c] = median(times[c]);
+      mine[n + c] = median(host_times[c]);
+    }
     for (const std::vector<double>& theirs : over_ranks(mine))
-      for (size_t c = 0; c < n; ++c)
+      for (size_t c = 0; c < 2 * n; ++c)
         worst[c] = std::max(worst[c], theirs[c]);
     return worst;
+  };
+  // Per candidate: the device time (captured calls' cost) and device + host time (eager calls').
+  auto costs = [&](const std::vector<double>& worst) {
+    std::vector<double> device(worst.begin(), worst.begin() + static_cast<ptrdiff_t>(n));
+    std::vector<double> eager(n);
+    for (size_t c = 0; c < n; ++c)
+      eager[c] = worst[c] + worst[n + c];
+    return std::pair{device, eager};
   };
   // The fastest candidate (ties: the earlier) and the runner-up's time.
   auto fastest = [&](const std::vector<double>& us) {
@@ -315,31 +344,39 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
       if (c != best) second = std::min(second, us[c]);
     return std::pair{best, second};
   };
+  auto close_call = [&](const std::vector<double>& us) {
+    const auto [best, second] = fastest(us);
+    return second - us[best] < kCloseCall * us[best];
+  };
   measure(tuning_rounds(n));  // (what the tests count on)
-  std::vector<double> us = slowest();
-  if (auto [best, second] = fastest(us); second - us[best] < kCloseCall * us[best]) {
+  std::vector<double> worst = slowest();
+  if (auto [device, eager] = costs(worst); close_call(device) || close_call(eager)) {
     measure(static_cast<int>(whole_blocks(kCloseCallRuns, orders.size())));
-    us = slowest();
+    worst = slowest();
   }
+  const auto [device, eager] = costs(worst);
   DispatchTiming t;
-  for (size_t c = 0; c < n; ++c)
-    t.us(candidates[c]) = us[c];
-  t.path = candidates[fastest(us).first];
+  for (size_t c = 0; c < n; ++c) {
+    t.us(candidates[c]) = worst[c];
+    t.host_us(candidates[c]) = worst[n + c];
+  }
+  t.path = candidates[fastest(eager).first];
+  t.captured_path = candidates[fastest(device).first];
   t.pace = pace_;
   t.warmup_ms = warmup_ms;
   decisions_[key] = t;
   disk_store(key, t);
   std::string times_text;
   for (size_t c = 0; c < n; ++c)
-    times_text +=
-        fmt::format("{}{} {:.1f} us", c == 0 ? "" : ", ", path_name(candidates[c]), us[c]);
+    times_text += fmt::format("{}{} {:.1f} us + host {:.1f} us", c == 0 ? "" : ", ",
+                              path_name(candidates[c]), worst[c], worst[n + c]);
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - tuning_start;
-  ASYNCTP_LOG_INFO("{}: {} ({}, slowest of {} ranks; {} rounds {} in {:.2f} s)", key,
-                   path_name(t.path), times_text, ws, round,
+  ASYNCTP_LOG_INFO("{}: {} eager, {} captured ({}, slowest of {} ranks; {} rounds {} in {:.2f} s)",
+                   key, path_name(t.path), path_name(t.captured_path), times_text, ws, round,
                    pace_ > 0 ? fmt::format("at pace {:g}", pace_)
                              : fmt::format("back to back after {:.0f} ms of warm-up", warmup_ms),
                    took.count());
-  return t.path;
+  return t.path_for(captured);
 }
 
 }  // namespace asynctp

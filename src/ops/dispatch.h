@@ -12,11 +12,19 @@
 //      each running every candidate once in a balanced order, each run after a device barrier and
 //      followed by an idle pause of pace() times its length (ASYNCTP_TUNE_PACE, the same on every
 //      rank, default 1; at 0 back to back, after kSustainedWarmupMs of back-to-back rounds);
-//      kCloseCallRuns more rounds when the two fastest are within kCloseCall), each path's time
-//      is its slowest rank's median, and the fastest path is taken (ties: the earlier candidate;
-//      local rank 0 writes it to the cache, with the pace it was measured at: an entry of another
-//      pace is measured anew).
-// Later calls reuse the decision without any communication. Under CUDA-graph capture nothing can
+//      kCloseCallRuns more rounds when the two fastest are within kCloseCall), each path's
+//      device time and host time (how long the host takes to enqueue the run) are its slowest
+//      rank's medians, and two paths are taken (ties: the earlier candidate; local rank 0 writes
+//      them to the cache, with the pace they were measured at: an entry of another pace is
+//      measured anew):
+//        - for eager calls, the least device + host time. An eager op costs a step its device
+//          time where the GPU is behind the host, and its host time where the GPU waits for the
+//          host (small ops among an eager step's many small kernels); the regime is unknown at
+//          the choice, and the least sum is the path whose loss in the worse regime is smaller
+//          (docs/DECISIONS.md D30);
+//        - for calls captured into a CUDA graph, the least device time: a replay enqueues none
+//          of the op's host work.
+// Later calls reuse the decisions without any communication. Under CUDA-graph capture nothing can
 // be measured or agreed on: an unknown problem then takes the first candidate and says so in the
 // log (run the op once before capturing it to have the choice measured). On a backend whose
 // timings say nothing (Backend::times_paths: the CPU backend) the ops do not ask: they take
@@ -32,6 +40,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 
 #include <asynctp/context.h>
 
@@ -40,10 +49,14 @@ namespace asynctp {
 class OpContext;
 
 struct DispatchTiming {
-  Path path = Path::kNative;
-  double split_us = 0;  // the slowest rank's median (0: not measured)
+  Path path = Path::kNative;           // eager calls' path: the least device + host time
+  Path captured_path = Path::kNative;  // captured calls' path: the least device time
+  double split_us = 0;                 // device time, the slowest rank's median (0: not measured)
   double native_us = 0;
   double fallback_us = 0;
+  double split_host_us = 0;  // host time to enqueue a run, the slowest rank's median
+  double native_host_us = 0;
+  double fallback_host_us = 0;
   bool from_disk = false;
   double pace = 1.0;       // the tuning's pace (Dispatcher::pace())
   double warmup_ms = 0.0;  // how long its back-to-back warm-up took on this rank (pace 0)
@@ -52,6 +65,14 @@ struct DispatchTiming {
     return p == Path::kSplit ? split_us : p == Path::kNative ? native_us : fallback_us;
   }
   double us(Path p) const { return const_cast<DispatchTiming*>(this)->us(p); }
+  double& host_us(Path p) {
+    return p == Path::kSplit    ? split_host_us
+           : p == Path::kNative ? native_host_us
+                                : fallback_host_us;
+  }
+  double host_us(Path p) const { return const_cast<DispatchTiming*>(this)->host_us(p); }
+  // The path for a call that is (`captured`) or is not being captured into a CUDA graph.
+  Path path_for(bool captured) const { return captured ? captured_path : path; }
 };
 
 class Dispatcher {
@@ -59,7 +80,7 @@ class Dispatcher {
   // The disk cache's format and the paths its choices were measured on. Bumped whenever a change
   // to the paths can change which of them is faster, or to the file's layout, so that choices
   // measured before are measured again.
-  static constexpr int kCacheVersion = 4;
+  static constexpr int kCacheVersion = 5;
   // Rounds of the first measurement: at least kTuneRuns, whole blocks of the balanced orders
   // (core/balanced_orders.h) for that many candidates (16 for two, 18 for three).
   static constexpr int kTuneRuns = 15;
@@ -81,8 +102,9 @@ class Dispatcher {
   Dispatcher(OpContext& ctx, std::string cache_path);
 
   // The path for `key`, one of `offered` (the paths this rank can run: not empty, no path twice;
-  // ties go to the earlier) that every rank offered; `run(path)` runs the op on that path (used
-  // for measuring; the caller runs the chosen path itself afterwards). A single path offered is
+  // ties go to the earlier) that every rank offered, for an eager call or, where the context's
+  // stream is capturing, a captured one; `run(path)` runs the op on that path (used for
+  // measuring; the caller runs the chosen path itself afterwards). A single path offered is
   // taken as it is, unmeasured and unrecorded, without talking to the other ranks.
   Path pick(const std::string& key, std::span<const Path> offered,
             const std::function<void(Path)>& run);
@@ -93,7 +115,8 @@ class Dispatcher {
   static std::string default_cache_path();
 
  private:
-  std::optional<Path> disk_lookup(const std::string& key);
+  // The cached (eager, captured) paths of `key`, if any.
+  std::optional<std::pair<Path, Path>> disk_lookup(const std::string& key);
   void disk_store(const std::string& key, const DispatchTiming& timing);
   // Every rank's `values`, by rank (through the store; blocks, bounded by the timeout).
   std::vector<std::vector<double>> over_ranks(const std::vector<double>& values);

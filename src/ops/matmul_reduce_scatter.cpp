@@ -356,6 +356,7 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   detail::CallMemos& memos = ctx.call_memos();
   memos.start(c.op);
   memos.add(options.scatter_dim);
+  memos.add(ctx.capturing());  // eager and captured calls may take different paths (dispatch.h)
   memos.add(options.fast_accum);
   memos.add(static_cast<int64_t>(options.reduce_op));
   memos.add(options.path ? static_cast<int64_t>(*options.path) : -1);

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -248,22 +249,22 @@ void on_ranks_without_cache(int ranks, const std::function<void(OpContext&)>& bo
   EXPECT_RANKS_OK(statuses);
 }
 
-// A measured run that takes `length` on the host: first it waits until its stream has passed the
-// dispatcher's device barrier (asynchronous on the CPU backend too), where the run's start event
-// fires, so that the time measured holds all of the sleep.
-void host_run(OpContext& ctx, std::chrono::duration<double, std::milli> length) {
-  ctx.stream().synchronize();
-  std::this_thread::sleep_for(length);
+// A measured run that takes `length` on the device and next to nothing on the host: the
+// stream spins (Backend::spin, wall-clock on the CPU backend) from the dispatcher's start event,
+// so that the device time measured holds all of it and the host only enqueues it.
+void device_run(OpContext& ctx, std::chrono::duration<double, std::milli> length) {
+  ctx.backend().spin(std::chrono::duration_cast<std::chrono::nanoseconds>(length).count(),
+                     ctx.stream());
 }
 
 // A run for Dispatcher::pick that counts its calls per path in `runs` and takes the path's
-// milliseconds (host_run).
+// milliseconds (device_run).
 std::function<void(Path)> counting_sleeper(OpContext& ctx, std::map<Path, int>& runs, int native_ms,
                                            int split_ms, int fallback_ms) {
   return [&ctx, &runs, native_ms, split_ms, fallback_ms](Path p) {
     ++runs[p];
     const int ms = p == Path::kNative ? native_ms : p == Path::kSplit ? split_ms : fallback_ms;
-    host_run(ctx, std::chrono::milliseconds(ms));
+    device_run(ctx, std::chrono::milliseconds(ms));
   };
 }
 
@@ -289,7 +290,7 @@ TEST(DispatcherTest, ChoosesByTheSlowestRank) {
     int runs = 0;
     const Path path = ctx.dispatcher().pick("test|slowest", kOverlapped, [&](Path p) {
       ++runs;
-      host_run(ctx, Ms(p == Path::kNative ? native_ms : split_ms));
+      device_run(ctx, Ms(p == Path::kNative ? native_ms : split_ms));
     });
     EXPECT_EQ(path, Path::kSplit);
     EXPECT_EQ(runs, 2 + 2 * Dispatcher::tuning_rounds(2));  // no close call
@@ -321,7 +322,7 @@ TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
   auto pick = [](OpContext& ctx, int* runs) {
     return ctx.dispatcher().pick("test|stale", kOverlapped, [&](Path p) {
       ++*runs;
-      host_run(ctx, std::chrono::milliseconds(p == Path::kNative ? 12 : 1));
+      device_run(ctx, std::chrono::milliseconds(p == Path::kNative ? 12 : 1));
     });
   };
   // Every rank picks; `measured`: the choice was measured (else taken from the file).
@@ -383,8 +384,66 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
   std::ifstream in(file);
   const nlohmann::json entry = nlohmann::json::parse(in)["entries"]["test|three"];
   EXPECT_EQ(entry.value("path", ""), "fallback");
-  for (const char* field : {"native_us", "split_us", "fallback_us"})
+  EXPECT_EQ(entry.value("captured_path", ""), "fallback");
+  for (const char* field : {"native_us", "split_us", "fallback_us", "native_host_us",
+                            "split_host_us", "fallback_host_us"})
     EXPECT_GT(entry.value(field, 0.0), 0.0) << field;
+  fs::remove(file);
+}
+
+// A path that is faster on the device but slow to enqueue: eager calls take the least device +
+// host time, captured ones (whose replays enqueue nothing) the least device time, and the cache
+// keeps both. Native: 40 ms on the device, enqueued at once; split: the host takes 25 ms before
+// it enqueues 5 ms of device work, which the device time (from the start event) holds too:
+// device 30, host 25. Eager: native 40 against split 55; captured: split 30 against native 40.
+TEST(DispatcherTest, EagerCallsCountTheHostTimeCapturedCallsDoNot) {
+  namespace fs = std::filesystem;
+  const fs::path file =
+      fs::temp_directory_path() / fmt::format("asynctp_dispatch_host_{}.json", ::getpid());
+  fs::remove(file);
+  HarnessOptions options;
+  options.context.dispatch_cache = file.string();
+  auto statuses = run_ranks(
+      2,
+      [](OpContext& ctx) {
+        using Ms = std::chrono::milliseconds;
+        const Path path = ctx.dispatcher().pick("test|host", kOverlapped, [&](Path p) {
+          if (p == Path::kSplit) std::this_thread::sleep_for(Ms(25));
+          device_run(ctx, Ms(p == Path::kSplit ? 5 : 40));
+        });
+        EXPECT_EQ(path, Path::kNative);
+        const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|host");
+        ASSERT_TRUE(t.has_value());
+        EXPECT_EQ(t->path, Path::kNative);
+        EXPECT_EQ(t->path_for(false), Path::kNative);
+        EXPECT_EQ(t->captured_path, Path::kSplit);
+        EXPECT_EQ(t->path_for(true), Path::kSplit);
+        EXPECT_GE(t->split_host_us, 25000.0);
+        EXPECT_LT(t->native_host_us, t->split_host_us);
+        EXPECT_LT(t->split_us, t->native_us);
+        EXPECT_GT(t->split_us + t->split_host_us, t->native_us + t->native_host_us);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+  std::ifstream in(file);
+  const nlohmann::json entry = nlohmann::json::parse(in)["entries"]["test|host"];
+  EXPECT_EQ(entry.value("path", ""), "native");
+  EXPECT_EQ(entry.value("captured_path", ""), "split");
+  EXPECT_GE(entry.value("split_host_us", 0.0), 25000.0);
+  // A later process takes both from the file.
+  statuses = run_ranks(
+      2,
+      [](OpContext& ctx) {
+        EXPECT_EQ(ctx.dispatcher().pick("test|host", kOverlapped,
+                                        [](Path) { ADD_FAILURE() << "measured again"; }),
+                  Path::kNative);
+        const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|host");
+        ASSERT_TRUE(t.has_value());
+        EXPECT_TRUE(t->from_disk);
+        EXPECT_EQ(t->captured_path, Path::kSplit);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
   fs::remove(file);
 }
 
@@ -400,7 +459,8 @@ TEST(DispatcherTest, TunesBackToBackAtPaceZeroAndCachesPerPace) {
   auto write_unpaced_entry = [&] {
     std::ofstream out(file);
     out << nlohmann::json{{"version", Dispatcher::kCacheVersion},
-                          {"entries", {{"test|pace", {{"path", "native"}}}}}}
+                          {"entries",
+                           {{"test|pace", {{"path", "native"}, {"captured_path", "native"}}}}}}
                .dump();
   };
   write_unpaced_entry();
@@ -490,7 +550,8 @@ TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
   {
     std::ofstream out(file);
     out << nlohmann::json{{"version", Dispatcher::kCacheVersion},
-                          {"entries", {{"test|gone", {{"path", "native"}}}}}}
+                          {"entries",
+                           {{"test|gone", {{"path", "native"}, {"captured_path", "native"}}}}}}
                .dump();
   }
   HarnessOptions options;
@@ -503,7 +564,7 @@ TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
         const Path path = ctx.dispatcher().pick("test|gone", candidates, [&](Path p) {
           ++runs;
           EXPECT_NE(p, Path::kNative);
-          host_run(ctx, std::chrono::milliseconds(p == Path::kSplit ? 1 : 12));
+          device_run(ctx, std::chrono::milliseconds(p == Path::kSplit ? 1 : 12));
         });
         EXPECT_EQ(path, Path::kSplit);
         EXPECT_GT(runs, 0);
@@ -514,15 +575,25 @@ TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
   fs::remove(file);
 }
 
-// A cache entry this program did not write (not an object, a "path" that is not a string, a
-// "pace" that is not a number) is an error that names the file and the entry, not nlohmann's
-// type_error escaping the op.
+// A cache entry this program did not write (not an object, a "path" or "captured_path" that is
+// not a string, a "pace" that is not a number) is an error that names the file and the entry, not
+// nlohmann's type_error escaping the op.
 TEST(DispatcherTest, MalformedCacheEntryIsANamedError) {
   namespace fs = std::filesystem;
   const fs::path file =
       fs::temp_directory_path() / fmt::format("asynctp_dispatch_bad_{}.json", ::getpid());
-  for (const nlohmann::json& entry :
-       {nlohmann::json("native"), nlohmann::json(3), nlohmann::json{{"path", 2}}}) {
+  const std::string prefix = fmt::format("dispatch cache {}: entry 'test|bad' ", file.string());
+  const std::pair<nlohmann::json, std::string> cases[] = {
+      {nlohmann::json("native"), "must be an object whose \"path\" is a string, got string"},
+      {nlohmann::json(3), "must be an object whose \"path\" is a string, got number"},
+      {nlohmann::json{{"path", 2}}, "must be an object whose \"path\" is a string, got object"},
+      {nlohmann::json{{"path", "native"}, {"captured_path", 1}},
+       "must be an object whose \"captured_path\" is a string, got object with a "
+       "\"captured_path\" of type number"},
+      {nlohmann::json{{"path", "native"}, {"captured_path", "native"}, {"pace", "fast"}},
+       "has a \"pace\" of type string (\"fast\"), not a number"},
+  };
+  for (const auto& [entry, message] : cases) {
     {
       std::ofstream out(file);
       out << nlohmann::json{{"version", Dispatcher::kCacheVersion},
@@ -534,37 +605,13 @@ TEST(DispatcherTest, MalformedCacheEntryIsANamedError) {
     auto statuses = run_ranks(
         1,
         [&](OpContext& ctx) {
-          EXPECT_THAT(
-              [&] { ctx.dispatcher().pick("test|bad", kOverlapped, [](Path) {}); },
-              ThrowsMessage<Error>(HasSubstr(fmt::format(
-                  "dispatch cache {}: entry 'test|bad' must be an object whose \"path\" is a "
-                  "string, got {}",
-                  file.string(), entry.type_name()))))
+          EXPECT_THAT([&] { ctx.dispatcher().pick("test|bad", kOverlapped, [](Path) {}); },
+                      ThrowsMessage<Error>(HasSubstr(prefix + message)))
               << entry.dump();
         },
         options);
     EXPECT_RANKS_OK(statuses);
   }
-  // A "pace" that is not a number.
-  {
-    std::ofstream out(file);
-    out << nlohmann::json{{"version", Dispatcher::kCacheVersion},
-                          {"entries", {{"test|bad", {{"path", "native"}, {"pace", "fast"}}}}}}
-               .dump();
-  }
-  HarnessOptions options;
-  options.context.dispatch_cache = file.string();
-  auto statuses = run_ranks(
-      1,
-      [&](OpContext& ctx) {
-        EXPECT_THAT([&] { ctx.dispatcher().pick("test|bad", kOverlapped, [](Path) {}); },
-                    ThrowsMessage<Error>(HasSubstr(fmt::format(
-                        "dispatch cache {}: entry 'test|bad' has a \"pace\" of type string "
-                        "(\"fast\"), not a number",
-                        file.string()))));
-      },
-      options);
-  EXPECT_RANKS_OK(statuses);
   fs::remove(file);
 }
 
