@@ -206,6 +206,34 @@ def case_disagreeing_arm_is_not_timed(tolerance):
                              for a, r in arms.items()}
 
 
+def case_round_robin():
+    import torch
+    import torch.distributed as dist
+
+    args = layer.parse_args(["--warmup", "1", "--iters", "2", "--loops", "3"])
+    calls, events = [], []
+
+    def make(name):
+        return lambda: calls.append(name)
+
+    out = layer.time_round_robin([make("a"), make("b"), make("c")], args, torch.device("cpu"),
+                                 dist.group.WORLD, lambda i, begin: events.append((i, begin)))
+    return calls, events, out
+
+
+def test_round_robin_times_each_step_in_turn(pool2):
+    """Warm-up one step of each, then loop k runs the steps rotated by k (each first once), each
+    loop's steps inside one segment call pair; counts and loops per step."""
+    for calls, events, out in pool2.run(case_round_robin):
+        assert calls == (["a", "b", "c"] + ["a", "a", "b", "b", "c", "c"]
+                         + ["b", "b", "c", "c", "a", "a"] + ["c", "c", "a", "a", "b", "b"])
+        order = [0, 1, 2, 0, 1, 2, 1, 2, 0, 2, 0, 1]
+        assert events == [e for i in order for e in ((i, True), (i, False))]
+        assert [r["steps"] for r in out] == [7, 7, 7]
+        for r in out:
+            assert len(r["rank_loops_ms"]) == 3 and r["ms"] >= 0
+
+
 def test_disagreeing_arm_is_not_timed(pool2):
     """With a tolerance no result meets (below the eager reference's own 0.0), every arm fails
     validation: none is timed, each is named in the failures."""

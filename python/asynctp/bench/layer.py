@@ -18,8 +18,12 @@ Arms (--arms):
 The compiled arms also run with CUDA graphs (mode="reduce-overhead") on CUDA; the faster variant
 counts. Every arm is validated (output and every gradient) against eager PyTorch before it is
 timed; one that disagrees is not timed, and the run, having written its JSON, exits with status 1
-(so it does when PyTorch's async TP fuses nothing, or no variant of an arm runs). Per step: CUDA events (time.perf_counter on the CPU) around --iters back-to-back steps,
-the median of --loops such loops, the slowest rank. The JSON's fields: docs/PERFORMANCE.md.
+(so it does when PyTorch's async TP fuses nothing, or no variant of an arm runs). Per step: CUDA
+events (time.perf_counter on the CPU) around --iters back-to-back steps, the median of --loops
+such loops, the slowest rank. The eager arms' variants (eager PyTorch and asynctp's modules) are
+timed side by side, one loop of each in turn, so that a drift of the clocks during the run reaches
+them alike; each compiled variant is timed on its own, right after its compile (the next compile
+resets Dynamo's caches). The JSON's fields: docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -139,46 +143,69 @@ def _all_ranks_true(flag: bool, group) -> bool:
 
 
 def time_steps(step, args, device, group) -> dict:
-    """ms per step: `iters` steps back to back per loop, median of `loops`, slowest rank. On a
-    GPU, after the `warmup` steps, whole loops of warm-up go on until every rank has spent
-    `warmup_ms` in them: back to back, the GPUs reach their power-capped clocks within a few
-    hundred ms and go on drifting for longer, and an arm timed from GPUs its compile left idle
-    runs above a training step's clocks. "steps": how many steps ran, warm-up included."""
+    """ms per step of one step function (time_round_robin of one)."""
+    return time_round_robin([step], args, device, group)[0]
+
+
+def time_round_robin(steps, args, device, group, segment=None) -> list[dict]:
+    """ms per step of each of `steps`, timed in turn: `iters` steps back to back per loop, loop
+    i running the steps in the order rotated by i (each step first as often as the others), the
+    median of `loops` loops each, the slowest rank. Side by side, a drift of the clocks during
+    the run (loops of one arm ran up to 17% apart within one call on 2 x H100) reaches every
+    step alike instead of whichever is timed last. On a GPU, after the `warmup` steps of each,
+    rounds of `iters` steps of each go on until every rank has spent `warmup_ms` in them: back
+    to back, the GPUs reach their power-capped clocks within a few hundred ms and go on
+    drifting for longer, and a step timed from GPUs its compile left idle runs above a training
+    step's clocks. segment(i, begin) is called before (begin True) and after each uninterrupted
+    run of step i's steps, outside the timed region (usage counters). "steps": how many steps
+    of each ran, warm-up included."""
     cuda = device.type == "cuda"
-    steps = 0
-    for _ in range(args.warmup):
-        step()
-        steps += 1
+    counts = [0] * len(steps)
+    segment = segment or (lambda i, begin: None)
+
+    def run(i, n):
+        segment(i, True)
+        for _ in range(n):
+            steps[i]()
+        counts[i] += n
+        segment(i, False)
+
+    for i in range(len(steps)):
+        run(i, args.warmup)
     if cuda and args.warmup_ms > 0:
         torch.cuda.synchronize()
         began = time.perf_counter()
         while _max_over_ranks(float((time.perf_counter() - began) * 1e3 < args.warmup_ms),
                               group) > 0:
-            for _ in range(args.iters):
-                step()
-            steps += args.iters
+            for i in range(len(steps)):
+                run(i, args.iters)
             torch.cuda.synchronize()
-    loops = []
-    for _ in range(args.loops):
-        if cuda:
-            torch.cuda.synchronize()
-        _max_over_ranks(0.0, group)  # the ranks start each loop together
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(args.iters):
-                step()
-            end.record()
-            end.synchronize()
-            loops.append(start.elapsed_time(end) / args.iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(args.iters):
-                step()
-            loops.append((time.perf_counter() - t0) * 1e3 / args.iters)
-        steps += args.iters
-    median = statistics.median(loops)
-    return {"ms": _max_over_ranks(median, group), "rank_loops_ms": loops, "steps": steps}
+    loops = [[] for _ in steps]
+    for loop in range(args.loops):
+        for k in range(len(steps)):
+            i = (loop + k) % len(steps)
+            segment(i, True)
+            if cuda:
+                torch.cuda.synchronize()
+            _max_over_ranks(0.0, group)  # the ranks start each loop together
+            if cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(args.iters):
+                    steps[i]()
+                end.record()
+                end.synchronize()
+                loops[i].append(start.elapsed_time(end) / args.iters)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(args.iters):
+                    steps[i]()
+                loops[i].append((time.perf_counter() - t0) * 1e3 / args.iters)
+            counts[i] += args.iters
+            segment(i, False)
+    return [{"ms": _max_over_ranks(statistics.median(mine), group), "rank_loops_ms": mine,
+             "steps": n} for mine, n in zip(loops, counts)]
 
 
 # ---- one arm ---------------------------------------------------------------------------------
@@ -384,13 +411,21 @@ def build_model(arm, cfg, lc, params, group, float8, variant=None):
     return llama.torch_layer(cfg, lc, params, llama.FuncolCollectives(group), float8)
 
 
-def run_arm(arm, case, ref, args, group) -> dict:
-    """Validates and times one arm: each of its variants, the fastest counted."""
+class _Variant:
+    """A validated variant of an arm, waiting to be timed: its JSON entry and its step."""
+
+    __slots__ = ("label", "entry", "step", "counted")
+
+    def __init__(self, label, entry, step, counted):
+        self.label, self.entry, self.step, self.counted = label, entry, step, counted
+
+
+def validate_variants(arm, case, ref, args, group, on_valid) -> dict:
+    """Builds and validates each variant of `arm` against eager PyTorch (inside the arm's
+    context): on_valid(_Variant) for each that agrees, right after its validation; the arm's
+    result so far ({"status": "failed", "variants": ..., "failures": [...]})."""
     cfg, lc, params, x, dy = case["cfg"], case["lc"], case["params"], case["x"], case["dy"]
     device, dtype_name, backward = x.device, case["dtype_name"], case["backward"]
-    reason = check_available(arm, device)
-    if reason is not None:
-        return {"status": "skipped", "reason": reason}
     float8 = dtype_name == "fp8"
     modes = [None]
     if arm in COMPILED and device.type == "cuda" and not args.no_cuda_graphs:
@@ -398,59 +433,80 @@ def run_arm(arm, case, ref, args, group) -> dict:
     if arm == "asynctp" and not float8:
         modes.append("swiglu_epilogue")
     result = {"status": "failed", "variants": {}, "failures": []}
-    ctx = _ArmContext(arm, group, args.pass_options)
-    ctx.enter()
-    try:
-        for mode in modes:
-            if arm in COMPILED:
-                variant = mode or "default"
-            else:
-                variant = mode or "eager"
-            entry = result["variants"][variant] = {}
-            model = build_model(arm, cfg, lc, params, group, float8, variant)
-            if arm in COMPILED:
-                torch._dynamo.reset()
-                model = torch.compile(model, fullgraph=True, mode=mode)
-            try:
-                # CUDA graphs: the first call warms up, the second records, the third replays;
-                # the replay is what is validated (and timed).
-                for _ in range(3 if mode == "reduce-overhead" else 1):
-                    if mode == "reduce-overhead":
-                        torch.compiler.cudagraph_mark_step_begin()
-                    got = run_once(model, x, dy, backward)
-                error = None
-            except Exception as exc:  # noqa: BLE001 (a variant that cannot run is reported)
-                error = f"{type(exc).__name__}: {exc}"
-            if not _all_ranks_true(error is None, group):
-                entry["error"] = error or "failed on another rank"
-                continue
-            entry["validation"] = compare(got, ref, dtype_name, group)
-            del got
-            if not entry["validation"]["max_rel_error"] <= TOLERANCE[dtype_name]:
-                # Wrong results are never timed; the run goes on and fails at its end.
-                entry["error"] = (
-                    f"{case['name']} {arm} ({variant}): relative error "
-                    f"{entry['validation']['max_rel_error']:.3g} > {TOLERANCE[dtype_name]} "
-                    f"against eager PyTorch: {entry['validation']['rel_error']}")
-                result["failures"].append(entry["error"])
-                del model
-                continue
-            step = make_step(model, x, dy, backward, cuda_graphs=mode == "reduce-overhead")
-            step()
-            before = _usage(group, device) if "asynctp" in arm else None
-            entry.update(time_steps(step, args, device, group))
-            if before is not None:
-                entry["usage"] = _usage_delta(before, _usage(group, device))
-                entry["usage_steps"] = entry["steps"]
-                entry["last_path"] = _last_paths(entry["usage"], group, device)
-            if args.profile > 0:
-                entry["profile"] = profile.profile_steps(step, args.profile, device)
-                if dist.get_rank(group) == 0:
-                    print(profile.format_summary(f"{case['name']} {arm} ({variant}) profile",
-                                                 entry["profile"]), flush=True)
-            del model, step
-    finally:
-        ctx.exit()
+    for mode in modes:
+        if arm in COMPILED:
+            variant = mode or "default"
+        else:
+            variant = mode or "eager"
+        entry = result["variants"][variant] = {}
+        model = build_model(arm, cfg, lc, params, group, float8, variant)
+        if arm in COMPILED:
+            torch._dynamo.reset()
+            model = torch.compile(model, fullgraph=True, mode=mode)
+        try:
+            # CUDA graphs: the first call warms up, the second records, the third replays;
+            # the replay is what is validated (and timed).
+            for _ in range(3 if mode == "reduce-overhead" else 1):
+                if mode == "reduce-overhead":
+                    torch.compiler.cudagraph_mark_step_begin()
+                got = run_once(model, x, dy, backward)
+            error = None
+        except Exception as exc:  # noqa: BLE001 (a variant that cannot run is reported)
+            error = f"{type(exc).__name__}: {exc}"
+        if not _all_ranks_true(error is None, group):
+            entry["error"] = error or "failed on another rank"
+            continue
+        entry["validation"] = compare(got, ref, dtype_name, group)
+        del got
+        if not entry["validation"]["max_rel_error"] <= TOLERANCE[dtype_name]:
+            # Wrong results are never timed; the run goes on and fails at its end.
+            entry["error"] = (
+                f"{case['name']} {arm} ({variant}): relative error "
+                f"{entry['validation']['max_rel_error']:.3g} > {TOLERANCE[dtype_name]} "
+                f"against eager PyTorch: {entry['validation']['rel_error']}")
+            result["failures"].append(entry["error"])
+            del model
+            continue
+        step = make_step(model, x, dy, backward, cuda_graphs=mode == "reduce-overhead")
+        step()
+        on_valid(_Variant(f"{case['name']} {arm} ({variant})", entry, step, "asynctp" in arm))
+        del model, step
+    return result
+
+
+def time_variants(variants, args, device, group) -> None:
+    """Times `variants` side by side (time_round_robin) into their entries; for asynctp's arms
+    also the fused ops' usage over exactly their own steps, and with --profile, each profiled."""
+    before, usage = {}, [{} for _ in variants]
+
+    def segment(i, begin):
+        if not variants[i].counted:
+            return
+        now = _usage(group, device)
+        if begin:
+            before[i] = now
+            return
+        for op, paths in _usage_delta(before[i], now).items():
+            for path, n in paths.items():
+                usage[i].setdefault(op, {})
+                usage[i][op][path] = usage[i][op].get(path, 0) + n
+
+    timings = time_round_robin([v.step for v in variants], args, device, group, segment)
+    for i, (v, timing) in enumerate(zip(variants, timings)):
+        v.entry.update(timing)
+        if v.counted:
+            v.entry["usage"] = usage[i]
+            v.entry["usage_steps"] = timing["steps"]
+            v.entry["last_path"] = _last_paths(usage[i], group, device)
+        if args.profile > 0:
+            v.entry["profile"] = profile.profile_steps(v.step, args.profile, device)
+            if dist.get_rank(group) == 0:
+                print(profile.format_summary(f"{v.label} profile", v.entry["profile"]),
+                      flush=True)
+
+
+def finish_arm(arm, case, result, ctx) -> dict:
+    """The arm's status, fastest variant and, for the compiled arms, what their passes saw."""
     result.update(ctx.summary())
     timed = {v: e for v, e in result["variants"].items() if "ms" in e}
     if arm == "compile_async_tp" and timed and result["symm_mem_fused_nodes"] == 0:
@@ -469,6 +525,48 @@ def run_arm(arm, case, ref, args, group) -> dict:
             result["usage"] = timed[best]["usage"]
             result["last_path"] = timed[best]["last_path"]
     return result
+
+
+def run_arm(arm, case, ref, args, group) -> dict:
+    """Validates and times one arm (a compiled one): each variant timed as soon as it is
+    validated, before the next compile resets Dynamo's caches; the fastest counts."""
+    reason = check_available(arm, case["x"].device)
+    if reason is not None:
+        return {"status": "skipped", "reason": reason}
+    ctx = _ArmContext(arm, group, args.pass_options)
+    ctx.enter()
+    try:
+        result = validate_variants(
+            arm, case, ref, args, group,
+            lambda v: time_variants([v], args, case["x"].device, group))
+    finally:
+        ctx.exit()
+    return finish_arm(arm, case, result, ctx)
+
+
+def run_side_by_side(arms, case, ref, args, group) -> dict:
+    """Validates every variant of the eager arms (no compile: nothing of one arm changes
+    another's), then times all of them side by side, loop by loop; {arm: result}."""
+    results, contexts, pending = {}, [], []
+    try:
+        for arm in arms:
+            reason = check_available(arm, case["x"].device)
+            if reason is not None:
+                results[arm] = {"status": "skipped", "reason": reason}
+                continue
+            ctx = _ArmContext(arm, group, args.pass_options)
+            ctx.enter()
+            contexts.append((arm, ctx))
+            results[arm] = validate_variants(arm, case, ref, args, group, pending.append)
+        if pending:
+            time_variants(pending, args, case["x"].device, group)
+    finally:
+        for _, ctx in contexts:
+            ctx.exit()
+    del pending
+    for arm, ctx in contexts:
+        results[arm] = finish_arm(arm, case, results[arm], ctx)
+    return results
 
 
 # ---- the floor -------------------------------------------------------------------------------
@@ -588,8 +686,13 @@ def run(args, group, device, on_row=None) -> dict:
                 reference = build_model("eager", cfg, lc, params, group, dtype_name == "fp8")
                 ref = run_once(reference, x, dy, backward)
                 del reference
+                # The eager arms side by side first, then each compiled arm on its own.
+                row["arms"] = dict.fromkeys(args.arm_list)
+                side = run_side_by_side([a for a in args.arm_list if a not in COMPILED], case,
+                                        ref, args, group)
                 for arm in args.arm_list:
-                    row["arms"][arm] = res = run_arm(arm, case, ref, args, group)
+                    res = side[arm] if arm in side else run_arm(arm, case, ref, args, group)
+                    row["arms"][arm] = res
                     failures += res.get("failures", [])
                     if rank == 0:
                         _print_arm(name, arm, res)
