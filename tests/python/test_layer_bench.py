@@ -293,3 +293,19 @@ def test_profile_summary_splits_busy_idle_and_kinds():
     assert profile.kind_of("vectorized_elementwise_kernel") == "elementwise"
     assert profile.kind_of("triton_poi_fused__to_copy_add_cos_0") == "triton"
     assert profile.summarize([], steps=3) == {"steps": 3, "kernels": 0}
+
+
+def test_recompile_during_timing_fails_the_arm():
+    """A variant whose timed steps made Dynamo compile is not reported as a time: the arm fails,
+    naming the variant and the count."""
+    ctx = layer._ArmContext("compile", None, {})
+    case = {"name": "tiny bf16 T=16", "seq_len": 32}
+    result = {"status": "failed", "failures": [],
+              "variants": {"default": {"ms": 1.0, "recompiles": 2}}}
+    out = layer.finish_arm("compile", case, result, ctx)
+    assert out["status"] == "failed" and "ms" not in out
+    assert out["failures"] == ["tiny bf16 T=16 compile (default): Dynamo compiled 2 graph(s) "
+                               "during its warm-up or timed steps: its time may hold compiles"]
+    clean = {"status": "failed", "failures": [],
+             "variants": {"default": {"ms": 1.0, "recompiles": 0}}}
+    assert layer.finish_arm("compile", case, clean, ctx)["ms"] == 1.0

@@ -20,10 +20,9 @@ counts. Every arm is validated (output and every gradient) against eager PyTorch
 timed; one that disagrees is not timed, and the run, having written its JSON, exits with status 1
 (so it does when PyTorch's async TP fuses nothing, or no variant of an arm runs). Per step: CUDA
 events (time.perf_counter on the CPU) around --iters back-to-back steps, the median of --loops
-such loops, the slowest rank. The eager arms' variants (eager PyTorch and asynctp's modules) are
-timed side by side, one loop of each in turn, so that a drift of the clocks during the run reaches
-them alike; each compiled variant is timed on its own, right after its compile (the next compile
-resets Dynamo's caches). The JSON's fields: docs/PERFORMANCE.md.
+such loops, the slowest rank. The arms are timed side by side, one loop of each variant in turn,
+so that a drift of the clocks during the run reaches them alike; only the CUDA-graph variants are
+timed one at a time, after the others. The JSON's fields: docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -302,13 +301,19 @@ class SymmMemNodeCounter:
 
 
 class _ArmContext:
-    """What an arm installs around its compiles and runs: PyTorch's async TP and the counter,
-    or asynctp's pass. exit() undoes it; summary() is what goes into the JSON."""
+    """What an arm installs around its compiles: PyTorch's async TP and the counter, or asynctp's
+    pass; entered around each of its compiles and exited after. compile_options() gives the
+    same settings to torch.compile, so that they hold for any later recompile of the arm too,
+    and so that no two arms compare equal as Dynamo backends (Dynamo serves a compiled frame to
+    every torch.compile of an equal backend: the arms, one model class, would share graphs).
+    summary() is what goes into the JSON, over every compile of the arm."""
 
     def __init__(self, arm, group, pass_options: dict):
         self.arm, self.group, self.pass_options = arm, group, pass_options
         self.patch = None
-        self.counter = None
+        self.counter = SymmMemNodeCounter() if arm == "compile_async_tp" else None
+        self.options = {}
+        self.report = []
 
     def enter(self):
         import torch._inductor.config as inductor_config
@@ -322,21 +327,30 @@ class _ArmContext:
             enable = getattr(_symmetric_memory, "enable_symm_mem_for_group", None)
             if enable is not None:
                 enable(self.group.group_name)
-            self.counter = SymmMemNodeCounter()
             settings.update(_micro_pipeline_tp=True,
                             post_grad_custom_post_pass=self.counter.graph_pass)
-        if self.arm in ("compile_async_tp", "compile_asynctp"):
-            self.patch = inductor_config.patch(settings)
-            self.patch.__enter__()
         if self.arm == "compile_asynctp":
             import asynctp.torch as atp
 
-            atp.enable(strict=False, **self.pass_options)
+            settings["post_grad_custom_post_pass"] = atp.enable(strict=False,
+                                                                **self.pass_options)
+        if self.arm in ("compile_async_tp", "compile_asynctp"):
+            self.options = settings
+            self.patch = inductor_config.patch(settings)
+            self.patch.__enter__()
+
+    def compile_options(self, mode) -> dict:
+        """torch.compile's options for this arm in `mode` (None or "reduce-overhead")."""
+        import torch._inductor
+
+        return {**self.options, **(torch._inductor.list_mode_options(mode) if mode else {})}
 
     def exit(self):
         if self.arm == "compile_asynctp":
             import asynctp.torch as atp
 
+            self.report += [{k: (v if isinstance(v, (bool, int, float)) or v is None else str(v))
+                             for k, v in entry.items()} for entry in atp.fusion_report()]
             atp.disable()
         if self.patch is not None:
             self.patch.__exit__(None, None, None)
@@ -346,13 +360,9 @@ class _ArmContext:
         if self.arm == "compile_async_tp":
             return {"symm_mem_fused_nodes": self.counter.fused(), "graphs": self.counter.graphs}
         if self.arm == "compile_asynctp":
-            import asynctp.torch as atp
-
-            report = [{k: (v if isinstance(v, (bool, int, float)) or v is None else str(v))
-                       for k, v in entry.items()} for entry in atp.fusion_report()]
-            return {"fused_collectives": sum(1 for e in report if e.get("fused")),
-                    "unfused_collectives": sum(1 for e in report if not e.get("fused")),
-                    "fusion_report": report}
+            return {"fused_collectives": sum(1 for e in self.report if e.get("fused")),
+                    "unfused_collectives": sum(1 for e in self.report if not e.get("fused")),
+                    "fusion_report": self.report}
         return {}
 
 
@@ -420,19 +430,24 @@ class _Variant:
         self.label, self.entry, self.step, self.counted = label, entry, step, counted
 
 
-def validate_variants(arm, case, ref, args, group, on_valid) -> dict:
-    """Builds and validates each variant of `arm` against eager PyTorch (inside the arm's
-    context): on_valid(_Variant) for each that agrees, right after its validation; the arm's
-    result so far ({"status": "failed", "variants": ..., "failures": [...]})."""
-    cfg, lc, params, x, dy = case["cfg"], case["lc"], case["params"], case["x"], case["dy"]
-    device, dtype_name, backward = x.device, case["dtype_name"], case["backward"]
-    float8 = dtype_name == "fp8"
+def arm_modes(arm, device, args, float8: bool) -> list:
+    """The variants of an arm: None (the arm as it is), "reduce-overhead" (a compiled arm in
+    CUDA graphs), "swiglu_epilogue" (asynctp's bf16 modules with w13 and the SwiGLU as one op)."""
     modes = [None]
     if arm in COMPILED and device.type == "cuda" and not args.no_cuda_graphs:
         modes.append("reduce-overhead")
     if arm == "asynctp" and not float8:
         modes.append("swiglu_epilogue")
-    result = {"status": "failed", "variants": {}, "failures": []}
+    return modes
+
+
+def validate_variants(arm, case, ref, args, group, ctx, modes, result, on_valid) -> None:
+    """Builds and validates each of `modes` of `arm` against eager PyTorch (inside the arm's
+    context, entered), into `result`: on_valid(_Variant) for each variant that agrees, right
+    after its validation."""
+    cfg, lc, params, x, dy = case["cfg"], case["lc"], case["params"], case["x"], case["dy"]
+    dtype_name, backward = case["dtype_name"], case["backward"]
+    float8 = dtype_name == "fp8"
     for mode in modes:
         if arm in COMPILED:
             variant = mode or "default"
@@ -441,8 +456,7 @@ def validate_variants(arm, case, ref, args, group, on_valid) -> dict:
         entry = result["variants"][variant] = {}
         model = build_model(arm, cfg, lc, params, group, float8, variant)
         if arm in COMPILED:
-            torch._dynamo.reset()
-            model = torch.compile(model, fullgraph=True, mode=mode)
+            model = torch.compile(model, fullgraph=True, options=ctx.compile_options(mode))
         try:
             # CUDA graphs: the first call warms up, the second records, the third replays;
             # the replay is what is validated (and timed).
@@ -471,22 +485,33 @@ def validate_variants(arm, case, ref, args, group, on_valid) -> dict:
         step()
         on_valid(_Variant(f"{case['name']} {arm} ({variant})", entry, step, "asynctp" in arm))
         del model, step
-    return result
+
+
+def _compiled_graphs() -> int:
+    """How many graphs Dynamo has compiled in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def time_variants(variants, args, device, group) -> None:
     """Times `variants` side by side (time_round_robin) into their entries; for asynctp's arms
-    also the fused ops' usage over exactly their own steps, and with --profile, each profiled."""
+    also the fused ops' usage over exactly their own steps, and with --profile, each profiled.
+    "recompiles": graphs Dynamo compiled during a variant's steps (a steady step compiles none:
+    the step after validation has already run)."""
     before, usage = {}, [{} for _ in variants]
+    recompiles = [0] * len(variants)
 
     def segment(i, begin):
-        if not variants[i].counted:
-            return
-        now = _usage(group, device)
         if begin:
-            before[i] = now
+            before[i] = (_compiled_graphs(),
+                         _usage(group, device) if variants[i].counted else None)
             return
-        for op, paths in _usage_delta(before[i], now).items():
+        graphs, counted = before[i]
+        recompiles[i] += _compiled_graphs() - graphs
+        if counted is None:
+            return
+        for op, paths in _usage_delta(counted, _usage(group, device)).items():
             for path, n in paths.items():
                 usage[i].setdefault(op, {})
                 usage[i][op][path] = usage[i][op].get(path, 0) + n
@@ -494,6 +519,7 @@ def time_variants(variants, args, device, group) -> None:
     timings = time_round_robin([v.step for v in variants], args, device, group, segment)
     for i, (v, timing) in enumerate(zip(variants, timings)):
         v.entry.update(timing)
+        v.entry["recompiles"] = recompiles[i]
         if v.counted:
             v.entry["usage"] = usage[i]
             v.entry["usage_steps"] = timing["steps"]
@@ -509,6 +535,11 @@ def finish_arm(arm, case, result, ctx) -> dict:
     """The arm's status, fastest variant and, for the compiled arms, what their passes saw."""
     result.update(ctx.summary())
     timed = {v: e for v, e in result["variants"].items() if "ms" in e}
+    for v, e in timed.items():
+        if e.get("recompiles"):
+            result["failures"].append(
+                f"{case['name']} {arm} ({v}): Dynamo compiled {e['recompiles']} graph(s) during "
+                "its warm-up or timed steps: its time may hold compiles")
     if arm == "compile_async_tp" and timed and result["symm_mem_fused_nodes"] == 0:
         result["failures"].append(
             f"{case['name']} compile_async_tp: PyTorch's async TP left no symm_mem fused node in "
@@ -527,46 +558,44 @@ def finish_arm(arm, case, result, ctx) -> dict:
     return result
 
 
-def run_arm(arm, case, ref, args, group) -> dict:
-    """Validates and times one arm (a compiled one): each variant timed as soon as it is
-    validated, before the next compile resets Dynamo's caches; the fastest counts."""
-    reason = check_available(arm, case["x"].device)
-    if reason is not None:
-        return {"status": "skipped", "reason": reason}
-    ctx = _ArmContext(arm, group, args.pass_options)
-    ctx.enter()
-    try:
-        result = validate_variants(
-            arm, case, ref, args, group,
-            lambda v: time_variants([v], args, case["x"].device, group))
-    finally:
-        ctx.exit()
-    return finish_arm(arm, case, result, ctx)
-
-
-def run_side_by_side(arms, case, ref, args, group) -> dict:
-    """Validates every variant of the eager arms (no compile: nothing of one arm changes
-    another's), then times all of them side by side, loop by loop; {arm: result}."""
-    results, contexts, pending = {}, [], []
-    try:
-        for arm in arms:
-            reason = check_available(arm, case["x"].device)
-            if reason is not None:
-                results[arm] = {"status": "skipped", "reason": reason}
-                continue
-            ctx = _ArmContext(arm, group, args.pass_options)
-            ctx.enter()
-            contexts.append((arm, ctx))
-            results[arm] = validate_variants(arm, case, ref, args, group, pending.append)
-        if pending:
-            time_variants(pending, args, case["x"].device, group)
-    finally:
-        for _, ctx in contexts:
+def run_arms(arms, case, ref, args, group) -> dict:
+    """Validates and times every arm of one case; {arm: result}. First every variant but the
+    CUDA-graph ones is validated, each compiled inside its own arm's settings, then all of them
+    are timed side by side, loop by loop (time_round_robin); then each CUDA-graph variant, from
+    a reset Dynamo (its graphs' memory pool would stay with the others), is validated and timed
+    on its own."""
+    device = case["x"].device
+    float8 = case["dtype_name"] == "fp8"
+    results, contexts, pending = {}, {}, []
+    for arm in arms:
+        reason = check_available(arm, device)
+        if reason is not None:
+            results[arm] = {"status": "skipped", "reason": reason}
+            continue
+        ctx = contexts[arm] = _ArmContext(arm, group, args.pass_options)
+        results[arm] = {"status": "failed", "variants": {}, "failures": []}
+        ctx.enter()
+        try:
+            validate_variants(arm, case, ref, args, group, ctx,
+                              [m for m in arm_modes(arm, device, args, float8)
+                               if m != "reduce-overhead"], results[arm], pending.append)
+        finally:
             ctx.exit()
+    if pending:
+        time_variants(pending, args, device, group)
     del pending
-    for arm, ctx in contexts:
-        results[arm] = finish_arm(arm, case, results[arm], ctx)
-    return results
+    for arm, ctx in contexts.items():
+        if "reduce-overhead" not in arm_modes(arm, device, args, float8):
+            continue
+        torch._dynamo.reset()
+        ctx.enter()
+        try:
+            validate_variants(arm, case, ref, args, group, ctx, ["reduce-overhead"], results[arm],
+                              lambda v: time_variants([v], args, device, group))
+        finally:
+            ctx.exit()
+    return {arm: (finish_arm(arm, case, results[arm], contexts[arm]) if arm in contexts
+                  else results[arm]) for arm in arms}
 
 
 # ---- the floor -------------------------------------------------------------------------------
@@ -686,13 +715,9 @@ def run(args, group, device, on_row=None) -> dict:
                 reference = build_model("eager", cfg, lc, params, group, dtype_name == "fp8")
                 ref = run_once(reference, x, dy, backward)
                 del reference
-                # The eager arms side by side first, then each compiled arm on its own.
-                row["arms"] = dict.fromkeys(args.arm_list)
-                side = run_side_by_side([a for a in args.arm_list if a not in COMPILED], case,
-                                        ref, args, group)
-                for arm in args.arm_list:
-                    res = side[arm] if arm in side else run_arm(arm, case, ref, args, group)
-                    row["arms"][arm] = res
+                torch._dynamo.reset()  # the arms of one case share nothing with another's
+                row["arms"] = run_arms(args.arm_list, case, ref, args, group)
+                for arm, res in row["arms"].items():
                     failures += res.get("failures", [])
                     if rank == 0:
                         _print_arm(name, arm, res)
