@@ -340,10 +340,15 @@ class _ArmContext:
             self.patch.__enter__()
 
     def compile_options(self, mode) -> dict:
-        """torch.compile's options for this arm in `mode` (None or "reduce-overhead")."""
+        """torch.compile's options for this arm in `mode` (None or "reduce-overhead"): the
+        settings that torch.compile takes as options (some releases refuse some, such as
+        force_disable_caches: those hold around the arm's compiles only)."""
         import torch._inductor
+        import torch._inductor.config as inductor_config
 
-        return {**self.options, **(torch._inductor.list_mode_options(mode) if mode else {})}
+        known = inductor_config.get_config_copy()
+        return {**{k: v for k, v in self.options.items() if k in known},
+                **(torch._inductor.list_mode_options(mode) if mode else {})}
 
     def exit(self):
         if self.arm == "compile_asynctp":
@@ -455,9 +460,9 @@ def validate_variants(arm, case, ref, args, group, ctx, modes, result, on_valid)
             variant = mode or "eager"
         entry = result["variants"][variant] = {}
         model = build_model(arm, cfg, lc, params, group, float8, variant)
-        if arm in COMPILED:
-            model = torch.compile(model, fullgraph=True, options=ctx.compile_options(mode))
         try:
+            if arm in COMPILED:
+                model = torch.compile(model, fullgraph=True, options=ctx.compile_options(mode))
             # CUDA graphs: the first call warms up, the second records, the third replays;
             # the replay is what is validated (and timed).
             for _ in range(3 if mode == "reduce-overhead" else 1):
