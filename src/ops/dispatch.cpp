@@ -245,6 +245,11 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
     decisions_[key] = t;
     ASYNCTP_LOG_DEBUG("{}: {} eager, {} captured (from {})", key, path_name(t.path),
                       path_name(t.captured_path), cache_path_);
+    // A capture runs the captured path, which this process has not run (nothing was measured):
+    // what it allocates on first use (cuBLASLt plans and workspaces, float8 staging) cannot be
+    // allocated during capture. One eager run of it now (on every rank: they all read the same
+    // entry) prepares them, as the tuning's runs would have; the caller's run follows.
+    if (t.captured_path != t.path) run(t.captured_path);
     return t.path;
   }
   if (candidates.size() == 1) {

@@ -24,7 +24,9 @@
 //          (docs/DECISIONS.md D30);
 //        - for calls captured into a CUDA graph, the least device time: a replay enqueues none
 //          of the op's host work.
-// Later calls reuse the decisions without any communication. Under CUDA-graph capture nothing can
+// Later calls reuse the decisions without any communication. (A process that takes them from the
+// cache runs the captured path once, eagerly, where it differs from the eager one: a capture
+// cannot allocate what that path needs on its first run.) Under CUDA-graph capture nothing can
 // be measured or agreed on: an unknown problem then takes the first candidate and says so in the
 // log (run the op once before capturing it to have the choice measured). On a backend whose
 // timings say nothing (Backend::times_paths: the CPU backend) the ops do not ask: they take
