@@ -309,3 +309,25 @@ def test_recompile_during_timing_fails_the_arm():
     clean = {"status": "failed", "failures": [],
              "variants": {"default": {"ms": 1.0, "recompiles": 0}}}
     assert layer.finish_arm("compile", case, clean, ctx)["ms"] == 1.0
+
+
+def test_arm_context_undoes_what_it_installs():
+    """asynctp's pass arm: entered and exited twice, Inductor's config is back as it was each
+    time (the pass is not left installed for the arms after it, nor chained to a stale one)."""
+    import torch._inductor.config as inductor_config
+
+    before = (inductor_config.post_grad_custom_post_pass, inductor_config.force_disable_caches)
+    for _ in range(2):
+        ctx = layer._ArmContext("compile_asynctp", None, {})
+        ctx.enter()
+        installed = ctx.options["post_grad_custom_post_pass"]
+        assert inductor_config.post_grad_custom_post_pass is installed
+        assert installed.previous == () and inductor_config.force_disable_caches
+        assert ctx.compile_options(None)["post_grad_custom_post_pass"] is installed
+        ctx.exit()
+        assert (inductor_config.post_grad_custom_post_pass,
+                inductor_config.force_disable_caches) == before
+    plain = layer._ArmContext("compile", None, {})
+    plain.enter()
+    assert plain.compile_options(None) == {}
+    plain.exit()

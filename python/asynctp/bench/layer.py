@@ -148,10 +148,10 @@ def time_steps(step, args, device, group) -> dict:
 
 def time_round_robin(steps, args, device, group, segment=None) -> list[dict]:
     """ms per step of each of `steps`, timed in turn: `iters` steps back to back per loop, loop
-    i running the steps in the order rotated by i (each step first as often as the others), the
-    median of `loops` loops each, the slowest rank. Side by side, a drift of the clocks during
-    the run (loops of one arm ran up to 17% apart within one call on 2 x H100) reaches every
-    step alike instead of whichever is timed last. On a GPU, after the `warmup` steps of each,
+    i running the steps in the order rotated by i (over a multiple of len(steps) loops, each
+    step first as often as the others), the median of `loops` loops each, the slowest rank.
+    Side by side, a drift of the clocks during the run reaches every step alike instead of
+    whichever is timed last (docs/PERFORMANCE.md). On a GPU, after the `warmup` steps of each,
     rounds of `iters` steps of each go on until every rank has spent `warmup_ms` in them: back
     to back, the GPUs reach their power-capped clocks within a few hundred ms and go on
     drifting for longer, and a step timed from GPUs its compile left idle runs above a training
@@ -242,6 +242,13 @@ def make_step(model, x, dy, backward: bool, cuda_graphs: bool):
         xr.grad = None
         model(xr).backward(dy)
 
+    def release():
+        """Drops the last step's gradients (while other arms run)."""
+        for p in params:
+            p.grad = None
+        xr.grad = None
+
+    step.release = release
     return step
 
 
@@ -314,8 +321,11 @@ class _ArmContext:
         self.counter = SymmMemNodeCounter() if arm == "compile_async_tp" else None
         self.options = {}
         self.report = []
+        self.enabled = False  # asynctp's pass installed by enter()
 
     def enter(self):
+        """Installs the arm's settings; exit() undoes whatever this installed, also after a
+        failure half way (call it in a finally)."""
         import torch._inductor.config as inductor_config
 
         # Both passes report what they see: a graph served from Inductor's caches would not pass
@@ -329,15 +339,18 @@ class _ArmContext:
                 enable(self.group.group_name)
             settings.update(_micro_pipeline_tp=True,
                             post_grad_custom_post_pass=self.counter.graph_pass)
+        if self.arm in ("compile_async_tp", "compile_asynctp"):
+            self.patch = inductor_config.patch(settings)
+            self.patch.__enter__()
+            self.options = dict(settings)
         if self.arm == "compile_asynctp":
             import asynctp.torch as atp
 
-            settings["post_grad_custom_post_pass"] = atp.enable(strict=False,
-                                                                **self.pass_options)
-        if self.arm in ("compile_async_tp", "compile_asynctp"):
-            self.options = settings
-            self.patch = inductor_config.patch(settings)
-            self.patch.__enter__()
+            # Installed by enable() (and removed by disable()), not by the patch, which would
+            # put it back on exit.
+            self.options["post_grad_custom_post_pass"] = atp.enable(strict=False,
+                                                                    **self.pass_options)
+            self.enabled = True
 
     def compile_options(self, mode) -> dict:
         """torch.compile's options for this arm in `mode` (None or "reduce-overhead"): the
@@ -351,15 +364,22 @@ class _ArmContext:
                 **(torch._inductor.list_mode_options(mode) if mode else {})}
 
     def exit(self):
-        if self.arm == "compile_asynctp":
-            import asynctp.torch as atp
+        """Undoes enter(), in reverse order."""
+        try:
+            if self.enabled:
+                import asynctp.torch as atp
 
-            self.report += [{k: (v if isinstance(v, (bool, int, float)) or v is None else str(v))
-                             for k, v in entry.items()} for entry in atp.fusion_report()]
-            atp.disable()
-        if self.patch is not None:
-            self.patch.__exit__(None, None, None)
-            self.patch = None
+                self.enabled = False
+                try:
+                    self.report += [
+                        {k: (v if isinstance(v, (bool, int, float)) or v is None else str(v))
+                         for k, v in entry.items()} for entry in atp.fusion_report()]
+                finally:
+                    atp.disable()
+        finally:
+            if self.patch is not None:
+                patch, self.patch = self.patch, None
+                patch.__exit__(None, None, None)
 
     def summary(self) -> dict:
         if self.arm == "compile_async_tp":
@@ -505,13 +525,14 @@ def time_variants(variants, args, device, group) -> None:
     "recompiles": graphs Dynamo compiled during a variant's steps (a steady step compiles none:
     the step after validation has already run)."""
     before, usage = {}, [{} for _ in variants]
-    recompiles = [0] * len(variants)
+    recompiles, last_paths = [0] * len(variants), [{} for _ in variants]
 
     def segment(i, begin):
         if begin:
             before[i] = (_compiled_graphs(),
                          _usage(group, device) if variants[i].counted else None)
             return
+        variants[i].step.release()  # its gradients wait for the next segment: not kept meanwhile
         graphs, counted = before[i]
         recompiles[i] += _compiled_graphs() - graphs
         if counted is None:
@@ -520,6 +541,8 @@ def time_variants(variants, args, device, group) -> None:
             for path, n in paths.items():
                 usage[i].setdefault(op, {})
                 usage[i][op][path] = usage[i][op].get(path, 0) + n
+        # (Here: the context's last call is this variant's only until another variant runs.)
+        last_paths[i] = _last_paths(usage[i], group, device)
 
     timings = time_round_robin([v.step for v in variants], args, device, group, segment)
     for i, (v, timing) in enumerate(zip(variants, timings)):
@@ -528,7 +551,7 @@ def time_variants(variants, args, device, group) -> None:
         if v.counted:
             v.entry["usage"] = usage[i]
             v.entry["usage_steps"] = timing["steps"]
-            v.entry["last_path"] = _last_paths(usage[i], group, device)
+            v.entry["last_path"] = last_paths[i]
         if args.profile > 0:
             v.entry["profile"] = profile.profile_steps(v.step, args.profile, device)
             if dist.get_rank(group) == 0:
@@ -579,8 +602,8 @@ def run_arms(arms, case, ref, args, group) -> dict:
             continue
         ctx = contexts[arm] = _ArmContext(arm, group, args.pass_options)
         results[arm] = {"status": "failed", "variants": {}, "failures": []}
-        ctx.enter()
         try:
+            ctx.enter()
             validate_variants(arm, case, ref, args, group, ctx,
                               [m for m in arm_modes(arm, device, args, float8)
                                if m != "reduce-overhead"], results[arm], pending.append)
@@ -593,8 +616,8 @@ def run_arms(arms, case, ref, args, group) -> dict:
         if "reduce-overhead" not in arm_modes(arm, device, args, float8):
             continue
         torch._dynamo.reset()
-        ctx.enter()
         try:
+            ctx.enter()
             validate_variants(arm, case, ref, args, group, ctx, ["reduce-overhead"], results[arm],
                               lambda v: time_variants([v], args, device, group))
         finally:
