@@ -210,8 +210,11 @@ class Backend {
   virtual void write_flag(uint32_t* flag, uint32_t value, Stream& stream) = 0;
   // Holds `stream` for `cycles` (>= 0) device clock cycles: a measurement's delay, during which
   // the host enqueues what follows (asynctp bench --hide-launch). A one-thread kernel on CUDA
-  // (SM clock); a nanosecond a cycle on the CPU backend.
+  // (SM clock); a nanosecond a cycle on the CPU backend, sleeping.
   virtual void spin(int64_t cycles, Stream& stream) = 0;
+  // At least as many of spin()'s cycles as pass in a microsecond (a spin of n µs x this lasts
+  // at least n µs): 1000 on the CPU backend; on CUDA the highest SM clock in MHz.
+  virtual double spin_cycles_per_us() const { return 1000.0; }
   // write_flag() of each, in order, in one enqueueing where the backend can (one driver call on
   // CUDA: every host call counts in an eager op's host time).
   struct FlagWrite {

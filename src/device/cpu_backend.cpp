@@ -98,8 +98,10 @@ class CpuBackend final : public Backend {
 
   void spin(int64_t cycles, Stream& stream) override {
     ASYNCTP_CHECK(cycles >= 0, "spin: cycles is {}, must be >= 0", cycles);
+    // Sleeping, not spinning: the stream only has to be held, and a busy core would slow the
+    // ranks' other threads on a small host.
     as_cpu(stream, "spin").enqueue("spin", [cycles] {
-      pause_host(std::chrono::nanoseconds(cycles), HostPause::kSpin);
+      pause_host(std::chrono::nanoseconds(cycles), HostPause::kSleep);
     });
   }
 

@@ -8,15 +8,16 @@
 //   1. every rank looks the problem up in the on-disk cache; the ranks agree (one small
 //      exchange through the store, which also tells each rank what the others can run) and use
 //      the cached path if they all found the same one and it is still a candidate;
-//   2. otherwise every rank runs every candidate (one warm-up each, then tuning_rounds() rounds,
+//   2. otherwise every rank runs every candidate (two warm-ups each, then tuning_rounds() rounds,
 //      each running every candidate once in a balanced order, each run after a device barrier and
-//      followed by an idle pause of pace() times its length (ASYNCTP_TUNE_PACE, the same on every
-//      rank, default 1; at 0 back to back, after kSustainedWarmupMs of back-to-back rounds);
-//      kCloseCallRuns more rounds when the two fastest are within kCloseCall), each path's
-//      device time and host time (how long the host takes to enqueue the run) are its slowest
-//      rank's medians, and two paths are taken (ties: the earlier candidate; local rank 0 writes
-//      them to the cache, with the pace they were measured at: an entry of another pace is
-//      measured anew):
+//      a device spin as long as twice the host's enqueueing of a run (so that the device time
+//      holds none of it), and followed by an idle pause of pace() times its length
+//      (ASYNCTP_TUNE_PACE, the same on every rank, default 1; at 0 back to back, after
+//      kSustainedWarmupMs of back-to-back rounds); kCloseCallRuns more rounds when the two fastest
+//      are within kCloseCall), each path's device time and host time (how long the host takes to
+//      enqueue the run) are its slowest rank's medians, and two paths are taken (ties: the earlier
+//      candidate; local rank 0 writes them to the cache, with the pace they were measured at: an
+//      entry of another pace is measured anew):
 //        - for eager calls, the least device + host time. An eager op costs a step its device
 //          time where the GPU is behind the host, and its host time where the GPU waits for the
 //          host (small ops among an eager step's many small kernels); the regime is unknown at
@@ -99,6 +100,9 @@ class Dispatcher {
   // until it has done so for kSustainedWarmupMs (the GPU's power cap is reached within a few
   // hundred ms), then times the rounds with no pause.
   static constexpr double kSustainedWarmupMs = 300.0;
+  // The longest spin a tuning run starts behind (twice the host's enqueueing of a run, so that
+  // the device time holds none of it), in µs.
+  static constexpr double kMaxHideUs = 100'000.0;
   double pace() const { return pace_; }
 
   Dispatcher(OpContext& ctx, std::string cache_path);

@@ -249,18 +249,17 @@ void on_ranks_without_cache(int ranks, const std::function<void(OpContext&)>& bo
   EXPECT_RANKS_OK(statuses);
 }
 
-// A measured run that takes `length` on the device and next to nothing on the host: the
-// stream spins (Backend::spin, wall-clock on the CPU backend) from the dispatcher's start event,
-// so that the device time measured holds all of it and the host only enqueues it.
+// A measured run that takes `length` on the device and next to nothing on the host: its stream
+// is held for it (Backend::spin, which sleeps on the CPU backend) and the host only enqueues it.
 void device_run(OpContext& ctx, std::chrono::duration<double, std::milli> length) {
   ctx.backend().spin(std::chrono::duration_cast<std::chrono::nanoseconds>(length).count(),
                      ctx.stream());
 }
 
 // A run for Dispatcher::pick that counts its calls per path in `runs` and takes the path's
-// milliseconds (device_run).
-std::function<void(Path)> counting_sleeper(OpContext& ctx, std::map<Path, int>& runs, int native_ms,
-                                           int split_ms, int fallback_ms) {
+// milliseconds on the device (device_run).
+std::function<void(Path)> counting_runner(OpContext& ctx, std::map<Path, int>& runs, int native_ms,
+                                          int split_ms, int fallback_ms) {
   return [&ctx, &runs, native_ms, split_ms, fallback_ms](Path p) {
     ++runs[p];
     const int ms = p == Path::kNative ? native_ms : p == Path::kSplit ? split_ms : fallback_ms;
@@ -293,7 +292,7 @@ TEST(DispatcherTest, ChoosesByTheSlowestRank) {
       device_run(ctx, Ms(p == Path::kNative ? native_ms : split_ms));
     });
     EXPECT_EQ(path, Path::kSplit);
-    EXPECT_EQ(runs, 2 + 2 * Dispatcher::tuning_rounds(2));  // no close call
+    EXPECT_EQ(runs, 4 + 2 * Dispatcher::tuning_rounds(2));  // two warm-ups each; no close call
     const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|slowest");
     ASSERT_TRUE(t.has_value());
     EXPECT_FALSE(t->from_disk);
@@ -369,10 +368,10 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
         std::map<Path, int> runs;
         // Margins of 10 ms and more (see ChoosesByTheSlowestRank).
         const Path path =
-            ctx.dispatcher().pick("test|three", kAllPaths, counting_sleeper(ctx, runs, 15, 30, 2));
+            ctx.dispatcher().pick("test|three", kAllPaths, counting_runner(ctx, runs, 15, 30, 2));
         EXPECT_EQ(path, Path::kFallback);
         for (Path p : kAllPaths)
-          EXPECT_EQ(runs[p], 1 + Dispatcher::tuning_rounds(3)) << path_name(p);
+          EXPECT_EQ(runs[p], 2 + Dispatcher::tuning_rounds(3)) << path_name(p);
         const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|three");
         ASSERT_TRUE(t.has_value());
         EXPECT_GE(t->fallback_us, 2000.0);
@@ -393,9 +392,10 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
 
 // A path that is faster on the device but slow to enqueue: eager calls take the least device +
 // host time, captured ones (whose replays enqueue nothing) the least device time, and the cache
-// keeps both. Native: 40 ms on the device, enqueued at once; split: the host takes 25 ms before
-// it enqueues 5 ms of device work, which the device time (from the start event) holds too:
-// device 30, host 25. Eager: native 40 against split 55; captured: split 30 against native 40.
+// keeps both. Native: 15 ms on the device, enqueued at once; split: the host takes 25 ms before
+// it enqueues 3 ms of device work. Each tuning run starts behind a device spin of twice the
+// longest enqueueing, so split's device time holds none of the host's 25 ms. Eager: native 15
+// against split 28; captured: split 3 against native 15.
 TEST(DispatcherTest, EagerCallsCountTheHostTimeCapturedCallsDoNot) {
   namespace fs = std::filesystem;
   const fs::path file =
@@ -409,7 +409,7 @@ TEST(DispatcherTest, EagerCallsCountTheHostTimeCapturedCallsDoNot) {
         using Ms = std::chrono::milliseconds;
         const Path path = ctx.dispatcher().pick("test|host", kOverlapped, [&](Path p) {
           if (p == Path::kSplit) std::this_thread::sleep_for(Ms(25));
-          device_run(ctx, Ms(p == Path::kSplit ? 5 : 40));
+          device_run(ctx, Ms(p == Path::kSplit ? 3 : 15));
         });
         EXPECT_EQ(path, Path::kNative);
         const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|host");
@@ -420,6 +420,7 @@ TEST(DispatcherTest, EagerCallsCountTheHostTimeCapturedCallsDoNot) {
         EXPECT_EQ(t->path_for(true), Path::kSplit);
         EXPECT_GE(t->split_host_us, 25000.0);
         EXPECT_LT(t->native_host_us, t->split_host_us);
+        EXPECT_LT(t->split_us, 12000.0);  // the host's 25 ms hidden
         EXPECT_LT(t->split_us, t->native_us);
         EXPECT_GT(t->split_us + t->split_host_us, t->native_us + t->native_host_us);
       },
@@ -478,9 +479,9 @@ TEST(DispatcherTest, TunesBackToBackAtPaceZeroAndCachesPerPace) {
           EXPECT_EQ(ctx.dispatcher().pace(), pace);
           std::map<Path, int> runs;
           // Margins of 10 ms (see ChoosesByTheSlowestRank): no close call.
-          EXPECT_EQ(ctx.dispatcher().pick("test|pace", kOverlapped,
-                                          counting_sleeper(ctx, runs, 2, 12, 0)),
-                    Path::kNative);
+          EXPECT_EQ(
+              ctx.dispatcher().pick("test|pace", kOverlapped, counting_runner(ctx, runs, 2, 12, 0)),
+              Path::kNative);
           const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|pace");
           ASSERT_TRUE(t.has_value());
           EXPECT_EQ(t->pace, pace);
@@ -489,7 +490,7 @@ TEST(DispatcherTest, TunesBackToBackAtPaceZeroAndCachesPerPace) {
             EXPECT_TRUE(runs.empty());
             return;
           }
-          const int tuning = 1 + Dispatcher::tuning_rounds(2);
+          const int tuning = 2 + Dispatcher::tuning_rounds(2);
           if (pace == 0) {
             EXPECT_GE(t->warmup_ms, Dispatcher::kSustainedWarmupMs);
             // The warm-up's rounds (14 ms each: some 20 of them) beside the tuning's, alike on
@@ -640,10 +641,10 @@ TEST(DispatcherTest, ChoosesAmongThePathsEveryRankCanRun) {
                         : std::vector<Path>{Path::kSplit, Path::kFallback};
     std::map<Path, int> runs;
     const Path path =
-        ctx.dispatcher().pick("test|some", offered, counting_sleeper(ctx, runs, 1, 20, 5));
+        ctx.dispatcher().pick("test|some", offered, counting_runner(ctx, runs, 1, 20, 5));
     EXPECT_EQ(path, Path::kFallback);
     EXPECT_EQ(runs[Path::kNative], 0);
-    EXPECT_EQ(runs[Path::kSplit], 1 + Dispatcher::tuning_rounds(2));
+    EXPECT_EQ(runs[Path::kSplit], 2 + Dispatcher::tuning_rounds(2));
     // Here only the fallback is common: nothing runs, and the choice is remembered.
     const std::vector<Path> one = ctx.rank() == 0
                                       ? std::vector<Path>{Path::kNative, Path::kFallback}

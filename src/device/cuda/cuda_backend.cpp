@@ -377,6 +377,16 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     ASYNCTP_CUDA_CHECK(kernels::spin(cycles, raw(stream)));
   }
 
+  // The SM's peak clock in MHz: the spin counts SM cycles, at that clock or below it.
+  double spin_cycles_per_us() const override {
+    if (peak_clock_mhz_ == 0.0) {
+      int khz = 0;
+      ASYNCTP_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device_));
+      peak_clock_mhz_ = khz > 0 ? khz / 1000.0 : 2000.0;
+    }
+    return peak_clock_mhz_;
+  }
+
   void write_flag(uint32_t* flag, uint32_t value, Stream& stream) override {
     ASYNCTP_CU_CHECK(cuda::driver().stream_write_value32(
         raw(stream), reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT));
@@ -591,6 +601,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   }
 
   int device_;
+  mutable double peak_clock_mhz_ = 0.0;  // spin_cycles_per_us(), asked once
   // ASYNCTP_SHARED_GPUS, read once (the reduction asks it on every call).
   const int ranks_per_gpu_ = cuda_ranks_per_gpu();
   std::string hardware_;
