@@ -304,14 +304,16 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   // count them twice): each run starts behind a spin of twice the longest enqueueing of a run
   // (after the first, which holds one-time work), the same on every rank (a rank that started
   // earlier would wait for its peers' data), as `asynctp bench --hide-launch` hides the launch.
-  double enqueue_us = 0.0;
-  for (Path p : candidates) {
+  // Runs candidate path p; the host's µs to enqueue it.
+  auto enqueued_us = [&](Path p) {
     const auto enqueue = std::chrono::steady_clock::now();
     run(p);
-    enqueue_us = std::max(enqueue_us, std::chrono::duration<double, std::micro>(
-                                          std::chrono::steady_clock::now() - enqueue)
-                                          .count());
-  }
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - enqueue)
+        .count();
+  };
+  double enqueue_us = 0.0;
+  for (Path p : candidates)
+    enqueue_us = std::max(enqueue_us, enqueued_us(p));
   for (const std::vector<double>& theirs : over_ranks({enqueue_us}))
     enqueue_us = std::max(enqueue_us, theirs[0]);
   const auto hide_cycles =
@@ -327,11 +329,7 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
         ctx_.align_ranks();
         be.spin(hide_cycles, s);
         start->record(s);
-        const auto enqueue = std::chrono::steady_clock::now();
-        run(candidates[c]);
-        host_times[c].push_back(
-            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - enqueue)
-                .count());
+        host_times[c].push_back(enqueued_us(candidates[c]));
         stop->record(s);
         stop->synchronize();
         const double us = 1000.0 * stop->elapsed_ms(*start);

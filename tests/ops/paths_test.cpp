@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -249,6 +250,27 @@ void on_ranks_without_cache(int ranks, const std::function<void(OpContext&)>& bo
   EXPECT_RANKS_OK(statuses);
 }
 
+// A dispatch cache file of this test process under /tmp ("asynctp_<name>_<pid>.json"), absent.
+std::filesystem::path cache_file(std::string_view name) {
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / fmt::format("asynctp_{}_{}.json", name, ::getpid());
+  std::filesystem::remove(file);
+  return file;
+}
+
+// Writes a dispatch cache of `version` holding `entries`.
+void write_cache(const std::filesystem::path& file, int version, const nlohmann::json& entries) {
+  std::ofstream out(file);
+  out << nlohmann::json{{"version", version}, {"entries", entries}}.dump();
+}
+
+// Harness options whose contexts use the dispatch cache `file`.
+HarnessOptions with_cache(const std::filesystem::path& file) {
+  HarnessOptions options;
+  options.context.dispatch_cache = file.string();
+  return options;
+}
+
 // A measured run that takes `length` on the device and next to nothing on the host: its stream
 // is held for it (Backend::spin, which sleeps on the CPU backend) and the host only enqueues it.
 void device_run(OpContext& ctx, std::chrono::duration<double, std::milli> length) {
@@ -306,17 +328,9 @@ TEST(DispatcherTest, ChoosesByTheSlowestRank) {
 // file rewritten at this version; a later process then takes the choice from the file without
 // measuring anything.
 TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
-  namespace fs = std::filesystem;
-  const fs::path file =
-      fs::temp_directory_path() / fmt::format("asynctp_dispatch_{}.json", ::getpid());
-  {
-    std::ofstream out(file);
-    out << nlohmann::json{{"version", Dispatcher::kCacheVersion - 1},
-                          {"entries", {{"test|stale", {{"path", "native"}}}}}}
-               .dump();
-  }
-  HarnessOptions options;
-  options.context.dispatch_cache = file.string();
+  const std::filesystem::path file = cache_file("dispatch");
+  write_cache(file, Dispatcher::kCacheVersion - 1, {{"test|stale", {{"path", "native"}}}});
+  const HarnessOptions options = with_cache(file);
   // Native much slower than split: the stale entry said native.
   auto pick = [](OpContext& ctx, int* runs) {
     return ctx.dispatcher().pick("test|stale", kOverlapped, [&](Path p) {
@@ -350,18 +364,14 @@ TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
     EXPECT_EQ(j["entries"]["test|stale"].value("path", ""), "split");
   }
   pick_on_ranks(/*measured=*/false);
-  fs::remove(file);
+  std::filesystem::remove(file);
 }
 
 // Three candidates: the fallback, fastest on every rank, is taken, each candidate measured as
 // often as the others, the times in the decision and in the cache file.
 TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
-  namespace fs = std::filesystem;
-  const fs::path file =
-      fs::temp_directory_path() / fmt::format("asynctp_dispatch3_{}.json", ::getpid());
-  fs::remove(file);
-  HarnessOptions options;
-  options.context.dispatch_cache = file.string();
+  const std::filesystem::path file = cache_file("dispatch3");
+  const HarnessOptions options = with_cache(file);
   auto statuses = run_ranks(
       2,
       [](OpContext& ctx) {
@@ -387,7 +397,7 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
   for (const char* field : {"native_us", "split_us", "fallback_us", "native_host_us",
                             "split_host_us", "fallback_host_us"})
     EXPECT_GT(entry.value(field, 0.0), 0.0) << field;
-  fs::remove(file);
+  std::filesystem::remove(file);
 }
 
 // A path that is faster on the device but slow to enqueue: eager calls take the least device +
@@ -397,12 +407,8 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
 // longest enqueueing, so split's device time holds none of the host's 25 ms. Eager: native 15
 // against split 28; captured: split 3 against native 15.
 TEST(DispatcherTest, EagerCallsCountTheHostTimeCapturedCallsDoNot) {
-  namespace fs = std::filesystem;
-  const fs::path file =
-      fs::temp_directory_path() / fmt::format("asynctp_dispatch_host_{}.json", ::getpid());
-  fs::remove(file);
-  HarnessOptions options;
-  options.context.dispatch_cache = file.string();
+  const std::filesystem::path file = cache_file("dispatch_host");
+  const HarnessOptions options = with_cache(file);
   auto statuses = run_ranks(
       2,
       [](OpContext& ctx) {
@@ -448,7 +454,7 @@ TEST(DispatcherTest, EagerCallsCountTheHostTimeCapturedCallsDoNot) {
       },
       options);
   EXPECT_RANKS_OK(statuses);
-  fs::remove(file);
+  std::filesystem::remove(file);
 }
 
 // ASYNCTP_TUNE_PACE=0: every rank first runs rounds back to back for kSustainedWarmupMs (the
@@ -457,19 +463,13 @@ TEST(DispatcherTest, EagerCallsCountTheHostTimeCapturedCallsDoNot) {
 // later process at the entry's pace takes it from the file; one at another pace (1, the default:
 // paced) measures the problem anew and replaces the entry.
 TEST(DispatcherTest, TunesBackToBackAtPaceZeroAndCachesPerPace) {
-  namespace fs = std::filesystem;
-  const fs::path file =
-      fs::temp_directory_path() / fmt::format("asynctp_dispatch_pace_{}.json", ::getpid());
+  const std::filesystem::path file = cache_file("dispatch_pace");
   auto write_unpaced_entry = [&] {
-    std::ofstream out(file);
-    out << nlohmann::json{{"version", Dispatcher::kCacheVersion},
-                          {"entries",
-                           {{"test|pace", {{"path", "native"}, {"captured_path", "native"}}}}}}
-               .dump();
+    write_cache(file, Dispatcher::kCacheVersion,
+                {{"test|pace", {{"path", "native"}, {"captured_path", "native"}}}});
   };
   write_unpaced_entry();
-  HarnessOptions options;
-  options.context.dispatch_cache = file.string();
+  const HarnessOptions options = with_cache(file);
   auto pick_on_ranks = [&](double pace, bool measured) {
     SCOPED_TRACE(fmt::format("pace {}, measured {}", pace, measured));
     ::setenv("ASYNCTP_TUNE_PACE", fmt::format("{}", pace).c_str(), 1);
@@ -525,7 +525,7 @@ TEST(DispatcherTest, TunesBackToBackAtPaceZeroAndCachesPerPace) {
   pick_on_ranks(1, /*measured=*/false);
   write_unpaced_entry();
   pick_on_ranks(1, /*measured=*/false);
-  fs::remove(file);
+  std::filesystem::remove(file);
 }
 
 // Ranks at different paces would run different rounds of collective ops: a named error on every
@@ -548,18 +548,10 @@ TEST(DispatcherTest, RanksAtDifferentPacesAreANamedError) {
 // A cached path that is no longer a candidate (here: native, where only split and the fallback
 // can run now, e.g. under a smaller workspace limit) is measured again, not taken.
 TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
-  namespace fs = std::filesystem;
-  const fs::path file =
-      fs::temp_directory_path() / fmt::format("asynctp_dispatch_gone_{}.json", ::getpid());
-  {
-    std::ofstream out(file);
-    out << nlohmann::json{{"version", Dispatcher::kCacheVersion},
-                          {"entries",
-                           {{"test|gone", {{"path", "native"}, {"captured_path", "native"}}}}}}
-               .dump();
-  }
-  HarnessOptions options;
-  options.context.dispatch_cache = file.string();
+  const std::filesystem::path file = cache_file("dispatch_gone");
+  write_cache(file, Dispatcher::kCacheVersion,
+              {{"test|gone", {{"path", "native"}, {"captured_path", "native"}}}});
+  const HarnessOptions options = with_cache(file);
   auto statuses = run_ranks(
       2,
       [](OpContext& ctx) {
@@ -576,16 +568,14 @@ TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
       },
       options);
   EXPECT_RANKS_OK(statuses);
-  fs::remove(file);
+  std::filesystem::remove(file);
 }
 
 // A cache entry this program did not write (not an object, a "path" or "captured_path" that is
 // not a string, a "pace" that is not a number) is an error that names the file and the entry, not
 // nlohmann's type_error escaping the op.
 TEST(DispatcherTest, MalformedCacheEntryIsANamedError) {
-  namespace fs = std::filesystem;
-  const fs::path file =
-      fs::temp_directory_path() / fmt::format("asynctp_dispatch_bad_{}.json", ::getpid());
+  const std::filesystem::path file = cache_file("dispatch_bad");
   const std::string prefix = fmt::format("dispatch cache {}: entry 'test|bad' ", file.string());
   const std::pair<nlohmann::json, std::string> cases[] = {
       {nlohmann::json("native"), "must be an object whose \"path\" is a string, got string"},
@@ -598,14 +588,7 @@ TEST(DispatcherTest, MalformedCacheEntryIsANamedError) {
        "has a \"pace\" of type string (\"fast\"), not a number"},
   };
   for (const auto& [entry, message] : cases) {
-    {
-      std::ofstream out(file);
-      out << nlohmann::json{{"version", Dispatcher::kCacheVersion},
-                            {"entries", {{"test|bad", entry}}}}
-                 .dump();
-    }
-    HarnessOptions options;
-    options.context.dispatch_cache = file.string();
+    write_cache(file, Dispatcher::kCacheVersion, {{"test|bad", entry}});
     auto statuses = run_ranks(
         1,
         [&](OpContext& ctx) {
@@ -613,10 +596,10 @@ TEST(DispatcherTest, MalformedCacheEntryIsANamedError) {
                       ThrowsMessage<Error>(HasSubstr(prefix + message)))
               << entry.dump();
         },
-        options);
+        with_cache(file));
     EXPECT_RANKS_OK(statuses);
   }
-  fs::remove(file);
+  std::filesystem::remove(file);
 }
 
 // One candidate is no choice: taken without running anything or talking to the other ranks (a

@@ -163,46 +163,47 @@ def time_round_robin(steps, args, device, group, segment=None) -> list[dict]:
     segment = segment or (lambda i, begin: None)
 
     def run(i, n):
-        segment(i, True)
         for _ in range(n):
             steps[i]()
         counts[i] += n
+
+    def timed(i) -> float:
+        """One loop of step i: ms per step."""
+        if cuda:
+            torch.cuda.synchronize()
+        _max_over_ranks(0.0, group)  # the ranks start each loop together
+        if not cuda:
+            t0 = time.perf_counter()
+            run(i, args.iters)
+            return (time.perf_counter() - t0) * 1e3 / args.iters
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run(i, args.iters)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / args.iters
+
+    def in_segment(i, body):
+        segment(i, True)
+        out = body()
         segment(i, False)
+        return out
 
     for i in range(len(steps)):
-        run(i, args.warmup)
+        in_segment(i, lambda: run(i, args.warmup))
     if cuda and args.warmup_ms > 0:
         torch.cuda.synchronize()
         began = time.perf_counter()
         while _max_over_ranks(float((time.perf_counter() - began) * 1e3 < args.warmup_ms),
                               group) > 0:
             for i in range(len(steps)):
-                run(i, args.iters)
+                in_segment(i, lambda: run(i, args.iters))
             torch.cuda.synchronize()
     loops = [[] for _ in steps]
     for loop in range(args.loops):
         for k in range(len(steps)):
             i = (loop + k) % len(steps)
-            segment(i, True)
-            if cuda:
-                torch.cuda.synchronize()
-            _max_over_ranks(0.0, group)  # the ranks start each loop together
-            if cuda:
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(args.iters):
-                    steps[i]()
-                end.record()
-                end.synchronize()
-                loops[i].append(start.elapsed_time(end) / args.iters)
-            else:
-                t0 = time.perf_counter()
-                for _ in range(args.iters):
-                    steps[i]()
-                loops[i].append((time.perf_counter() - t0) * 1e3 / args.iters)
-            counts[i] += args.iters
-            segment(i, False)
+            loops[i].append(in_segment(i, lambda: timed(i)))
     return [{"ms": _max_over_ranks(statistics.median(mine), group), "rank_loops_ms": mine,
              "steps": n} for mine, n in zip(loops, counts)]
 
@@ -230,6 +231,12 @@ def make_step(model, x, dy, backward: bool, cuda_graphs: bool):
     params = list(model.parameters())
     xr = x.detach().clone().requires_grad_(backward)
 
+    def release():
+        """Drops the last step's gradients (before a step, and while other arms run)."""
+        for p in params:
+            p.grad = None
+        xr.grad = None
+
     def step():
         if cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -237,16 +244,8 @@ def make_step(model, x, dy, backward: bool, cuda_graphs: bool):
             with torch.no_grad():
                 model(xr)
             return
-        for p in params:
-            p.grad = None
-        xr.grad = None
+        release()
         model(xr).backward(dy)
-
-    def release():
-        """Drops the last step's gradients (while other arms run)."""
-        for p in params:
-            p.grad = None
-        xr.grad = None
 
     step.release = release
     return step
