@@ -281,9 +281,18 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
       return cudaErrorInvalidValue;
   }
   // The reduce-scatter epilogue: the peers' parts (TMA-loaded into sum stages) and, where the
-  // TMA can address it, the reduced output (stored like C, through the staging area).
+  // TMA can address it, the reduced output (stored like C, through the staging area). The SwiGLU
+  // epilogue's pre through the staging area instead: the gate's half [M, N] at pre and the up
+  // projection's at pre + N (uses_tma_store: N % 8 == 0, so that base is 16-byte aligned).
   CUtensorMap map_parts{}, map_sum{};
-  if (a.sum_chunk >= 0) {
+  if (a.swiglu && tma_store && a.pre != nullptr) {
+    const CUtensorMapDataType pre_type = map_type(a.pre_dtype);
+    const auto* up = static_cast<const uint16_t*>(a.pre) + a.n;
+    if (!make_map(&map_parts, a.pre, pre_type, a.n, a.m, a.pre_ld, 64, 64) ||
+        !make_map(&map_sum, up, pre_type, a.n, a.m, a.pre_ld, 64, 64)) {
+      return cudaErrorInvalidValue;
+    }
+  } else if (a.sum_chunk >= 0) {
     if (a.sum_count > 1 && !make_parts_map(&map_parts, a.sum_parts, c_type, a.n, p.chunk_rows,
                                            a.sum_count, a.sum_ld, a.sum_part_stride)) {
       return cudaErrorInvalidValue;

@@ -551,5 +551,43 @@ TEST(NativeSchedule, SumPiecesCoverTheOwnChunk) {
   }
 }
 
+// The SwiGLU epilogue stores through the staging area (TMA) where C and pre both can go that
+// way: 16-bit, 16-byte aligned bases and row strides, and N % 8 == 0 so that pre's up half starts
+// 16-byte aligned; otherwise from registers. Never in clusters.
+TEST(NativeSchedule, SwigluTakesTheTmaStoreWhereCAndPreAllowIt) {
+  alignas(16) static uint16_t buffer[64];
+  NativeGemmParams p = shape(512, 200);
+  p.swiglu = true;
+  p.c = buffer;
+  p.ldc = 200;
+  p.cluster = 2;
+  EXPECT_TRUE(uses_tma_store(p));
+  EXPECT_FALSE(uses_cluster(p));
+  p.pre = buffer;
+  p.pre_ld = 400;
+  p.pre_dtype = DType::kBF16;
+  EXPECT_TRUE(uses_tma_store(p));
+  p.pre_dtype = DType::kF32;  // f32 pre: from registers
+  EXPECT_FALSE(uses_tma_store(p));
+  p.pre_dtype = DType::kF16;
+  p.pre = buffer + 4;  // 8-byte aligned
+  EXPECT_FALSE(uses_tma_store(p));
+  p.pre = buffer;
+  p.pre_ld = 404;  // a row stride off 16 bytes
+  EXPECT_FALSE(uses_tma_store(p));
+  p = shape(512, 204);  // N % 8 != 0: pre + N is not 16-byte aligned
+  p.swiglu = true;
+  p.c = buffer;
+  p.ldc = 208;
+  p.pre = buffer;
+  p.pre_ld = 408;
+  p.pre_dtype = DType::kBF16;
+  EXPECT_FALSE(uses_tma_store(p));
+  p.pre = nullptr;  // C alone can
+  EXPECT_TRUE(uses_tma_store(p));
+  p.force_register_store = true;
+  EXPECT_FALSE(uses_tma_store(p));
+}
+
 }  // namespace
 }  // namespace asynctp::kernels

@@ -87,16 +87,17 @@ __device__ __forceinline__ int swizzled(int row, int col) {
   return row * 128 + (((col / 8) ^ (row % 8)) * 16) + (col % 8) * 2;
 }
 
-// Writes columns [128 half, 128 half + 128) of one consumer's 64 x 256 accumulator block
-// (16-bit) into its staging area as two 64 x 64 boxes laid out as the 128-byte-swizzled TMA
-// store expects (box j: columns 64j..64j+63 of the half, 8 KiB apart). stmatrix takes the
-// accumulator's fragment layout as it is (each thread's pair of adjacent columns, see
-// add_part_half's ldmatrix): one x4 per two 8-column groups, 8 per thread and half, where 4-byte
-// stores took 32. Lane l gives the address of row l % 8 of matrix l / 8, the matrices being
-// (warp rows 0-7, group j), (rows 8-15, j), (0-7, j + 1), (8-15, j + 1): 16 contiguous bytes,
-// one swizzle chunk, so the 8 rows of a matrix land in 8 different chunks (no bank conflicts).
-template <typename Out, int kHalf>
-__device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[128]) {
+// Writes columns [128 half, 128 half + 128) of one consumer's 64 x 256 block of values
+// (value(i): the value at accumulator index i, 16-bit once written) into its staging area as two
+// 64 x 64 boxes laid out as the 128-byte-swizzled TMA store expects (box j: columns 64j..64j+63 of
+// the half, 8 KiB apart). stmatrix takes the accumulator's fragment layout as it is (each
+// thread's pair of adjacent columns, see add_part_half's ldmatrix): one x4 per two 8-column
+// groups, 8 per thread and half, where 4-byte stores took 32. Lane l gives the address of row
+// l % 8 of matrix l / 8, the matrices being (warp rows 0-7, group j), (rows 8-15, j), (0-7,
+// j + 1), (8-15, j + 1): 16 contiguous bytes, one swizzle chunk, so the 8 rows of a matrix land
+// in 8 different chunks (no bank conflicts).
+template <typename Out, int kHalf, typename Value>
+__device__ __forceinline__ void stage_values(uint8_t* staging, Value&& value) {
   const int lane = threadIdx.x % 32;
   const int row = 16 * (threadIdx.x % 128 / 32) + 8 * (lane / 8 % 2) + lane % 8;
   const uint32_t base = smem_u32(staging);
@@ -106,12 +107,12 @@ __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[1
     uint32_t v[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float* x = d + 4 * (j + i / 2) + 2 * (i % 2);
+      const int x = 4 * (j + i / 2) + 2 * (i % 2);
       if constexpr (std::is_same_v<Out, __nv_bfloat16>) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(x[0], x[1]);
+        const __nv_bfloat162 h = __floats2bfloat162_rn(value(x), value(x + 1));
         v[i] = *reinterpret_cast<const uint32_t*>(&h);
       } else {
-        const __half2 h = __floats2half2_rn(x[0], x[1]);
+        const __half2 h = __floats2half2_rn(value(x), value(x + 1));
         v[i] = *reinterpret_cast<const uint32_t*>(&h);
       }
     }
@@ -120,6 +121,12 @@ __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[1
                  "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
                  : "memory");
   }
+}
+
+// The accumulators themselves (stage_values).
+template <typename Out, int kHalf>
+__device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[128]) {
+  stage_values<Out, kHalf>(staging, [&](int i) { return d[i]; });
 }
 
 // Counts the stored 64-row half of a tile at (r0, n0) in its piece's counter: row piece
@@ -395,8 +402,8 @@ __device__ __forceinline__ void store_tile_registers(const KernelParams& p, cons
 // The SwiGLU epilogue (p.swiglu; single CTAs, no done counters): the B tile held the gate's
 // columns in its first half and the up projection's in its second (b_col_of), so the accumulator
 // of output column n0 + c (c < 128, 8-column groups j < 16) holds g and the one 16 groups on holds
-// u: each thread has both of its pairs. C [M, N] gets silu(g) * u (swiglu_f32) over columns
-// [n0, n0 + 128), rounded once.
+// u: each thread has both of its pairs. C [M, N] gets silu(g) * u (swiglu_epilogue_f32) over
+// columns [n0, n0 + 128), rounded once.
 template <typename Out>
 __device__ __forceinline__ void store_swiglu_block(Out* base, int64_t ld, int64_t rows, int64_t n,
                                                    const float (&d)[128], int64_t r0, int n0) {
@@ -405,8 +412,9 @@ __device__ __forceinline__ void store_swiglu_block(Out* base, int64_t ld, int64_
   for (int j = 0; j < 16; ++j) {
     const float* g = d + 4 * j;
     const float* u = d + 4 * (j + 16);
-    store_pairs(base, ld, f, n0 + f.col + 8 * j, n, swiglu_f32(g[0], u[0]), swiglu_f32(g[1], u[1]),
-                swiglu_f32(g[2], u[2]), swiglu_f32(g[3], u[3]));
+    store_pairs(base, ld, f, n0 + f.col + 8 * j, n, swiglu_epilogue_f32(g[0], u[0]),
+                swiglu_epilogue_f32(g[1], u[1]), swiglu_epilogue_f32(g[2], u[2]),
+                swiglu_epilogue_f32(g[3], u[3]));
   }
 }
 
@@ -433,6 +441,53 @@ __device__ __forceinline__ void store_swiglu_registers(const KernelParams& p,
   }
   with_out_type(p.c_dtype, p.c,
                 [&](auto* c) { store_swiglu_block(c, p.ldc, p.m, p.n, acc, r0, n0); });
+}
+
+// The SwiGLU epilogue through the staging area (uses_tma_store: 16-bit C and pre), in rounds of
+// one consumer's 64 rows x 128 columns (two 64 x 64 boxes), each as a half of store_tile_tma:
+//   leader: earlier stores have read the staging area | bar | all: values -> staging | proxy
+//   fence | bar | leader: 2 TMA stores, commit
+// [pre's gate columns (accumulator half 0) to map_pre_gate, pre's up columns (half 1) to
+// map_pre_up,] then silu(g) * u to map_c. The maps clip at N and M: the tile's columns past N and
+// rows past M are not stored. The last round's stores run during the next tile's main loop.
+__device__ __forceinline__ void store_swiglu_tma(const KernelParams& p, const Stages& st,
+                                                 const CUtensorMap& map_c,
+                                                 const CUtensorMap& map_pre_gate,
+                                                 const CUtensorMap& map_pre_up,
+                                                 const float (&acc)[128], int consumer, bool leader,
+                                                 int r0, int n0) {
+  uint8_t* staging = st.c + consumer * (kCBytes / 2);
+  const bool row_ok = r0 < p.m;
+  auto round = [&](const CUtensorMap* map, DType dtype, auto stage) {
+    if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
+    if (dtype == DType::kBF16) {
+      stage(static_cast<__nv_bfloat16*>(nullptr));
+    } else {
+      stage(static_cast<__half*>(nullptr));
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
+    if (leader) {
+      if (row_ok) {
+        tma_store_2d(map, staging, n0, r0);
+        tma_store_2d(map, staging + 8192, n0 + 64, r0);
+      }
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    }
+  };
+  if (p.pre != nullptr) {
+    round(&map_pre_gate, p.pre_dtype,
+          [&](auto* out) { stage_block<std::remove_pointer_t<decltype(out)>, 0>(staging, acc); });
+    round(&map_pre_up, p.pre_dtype,
+          [&](auto* out) { stage_block<std::remove_pointer_t<decltype(out)>, 1>(staging, acc); });
+  }
+  // Output column n0 + c (c < 128) from the gate at accumulator index i and the up projection
+  // 16 groups (64 indices) further on (store_swiglu_block).
+  round(&map_c, p.c_dtype, [&](auto* out) {
+    stage_values<std::remove_pointer_t<decltype(out)>, 0>(
+        staging, [&](int i) { return swiglu_epilogue_f32(acc[i], acc[i + 64]); });
+  });
 }
 
 }  // namespace

@@ -15,7 +15,8 @@
 //                                         [tail split parts] [reduce-scatter sum], 16-bit C
 //                                         through shared memory and TMA stores (in two column
 //                                         halves), f32 C from registers, or the SwiGLU of the
-//                                         gate and up halves from registers; then
+//                                         gate and up halves (staged as C, or from
+//                                         registers); then
 //                                         [done[chunk] += 1]
 //
 // The reduce-scatter epilogue (sum_chunk, single CTAs): the tiles of the own chunk, last in the
@@ -39,7 +40,8 @@ namespace {
 
 // kTmaStore: 16-bit C staged in shared memory and written by TMA stores that overlap the next
 // tile's main loop; otherwise (f32 C, or a C TMA cannot address) the consumers store from
-// registers.
+// registers. The SwiGLU epilogue (no reduce-scatter sum there) takes map_parts and map_sum for
+// the gate's and the up projection's halves of pre.
 //
 // kCluster = 2: the two CTAs of a cluster take the two 128-row halves of a 256 x 256 tile and
 // share its B tile: each loads one half of B and multicasts it into both CTAs' shared memory
@@ -126,8 +128,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       continue;
     }
     if constexpr (kTmaStore) {
-      store_tile_tma(p, st, map_c, map_sum, acc, consumer, leader, sums, r0, sum_row, tile.n0,
-                     pending);
+      if (p.swiglu) {
+        store_swiglu_tma(p, st, map_c, map_parts, map_sum, acc, consumer, leader, r0, tile.n0);
+      } else {
+        store_tile_tma(p, st, map_c, map_sum, acc, consumer, leader, sums, r0, sum_row, tile.n0,
+                       pending);
+      }
     } else if (p.swiglu) {
       store_swiglu_registers(p, acc, r0, tile.n0);
     } else {

@@ -94,13 +94,20 @@ ASYNCTP_HOST_DEVICE int col_pieces(const NativeGemmParams& p, int64_t cols) {
   return static_cast<int>((p.n + piece_cols(p, cols) - 1) / piece_cols(p, cols));
 }
 
-// The TMA store needs a 16-bit C with a 16-byte aligned base and row stride; clusters of two
-// (B multicast) only come with it, and only when asked for: they are no faster than single CTAs
-// (see docs/DECISIONS.md D17).
-// The SwiGLU epilogue stores from registers (its tile's C is half as wide as the accumulators).
+// Whether TMA can store 16-bit rows at `base` with row stride `ld` elements: a 16-byte aligned
+// base and row stride.
+ASYNCTP_HOST_DEVICE bool tma_storable(const void* base, int64_t ld, DType dtype) {
+  return dtype != DType::kF32 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && ld % 8 == 0;
+}
+// The TMA store needs a 16-bit C that TMA can store; clusters of two (B multicast) only come with
+// it, and only when asked for: they are no faster than single CTAs (see docs/DECISIONS.md D17).
+// The SwiGLU epilogue's pre, if any, goes the same way as C: through the staging area, as two
+// [M, N] halves (the gate's at pre, the up projection's at pre + N: N % 8 == 0 keeps the second
+// half's base 16-byte aligned), so it must be TMA-storable too.
 ASYNCTP_HOST_DEVICE bool uses_tma_store(const NativeGemmParams& p) {
-  return p.c_dtype != DType::kF32 && reinterpret_cast<uintptr_t>(p.c) % 16 == 0 && p.ldc % 8 == 0 &&
-         !p.force_register_store && !p.swiglu;
+  if (p.force_register_store || !tma_storable(p.c, p.ldc, p.c_dtype)) return false;
+  return !p.swiglu || p.pre == nullptr ||
+         (tma_storable(p.pre, p.pre_ld, p.pre_dtype) && p.n % 8 == 0);
 }
 // The reduce-scatter and SwiGLU epilogues run on single CTAs: the sum stages are per CTA, while a
 // cluster's rings go in step; the SwiGLU tile's B is two boxes, which the multicast does not split.

@@ -15,6 +15,7 @@
 #include "device/backend.h"
 #include "device/cuda/one_gpu.h"
 #include "kernels/kernels.h"
+#include "kernels/native/schedule.h"
 #include "ops/cuda/gpu_testing.h"
 #include "support/tensor_testing.h"
 
@@ -82,6 +83,42 @@ INSTANTIATE_TEST_SUITE_P(
                                          Shape{1000, 1000, 1000}, Shape{333, 520, 4104},
                                          Shape{2048, 1408, 512}),
                        ::testing::Values(DType::kBF16, DType::kF16), ::testing::Bool()));
+
+// The epilogue through the staging area (TMA stores of C and of pre's two halves) and from
+// registers compute the same accumulators and round them once: the same bits, C and pre, off the
+// tile grid in M and N (the maps clip the last tiles' rows and columns).
+TEST(NativeSwiglu, TmaStoreMatchesRegisterStore) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  const auto stream = static_cast<cudaStream_t>(gpu.stream().native_handle());
+  const int64_t m = 300, n = 200, k = 264;
+  OwnedTensor a = gpu.upload({m, k}, DType::kBF16, 11);
+  OwnedTensor b = gpu.upload({k, 2 * n}, DType::kBF16, 12);
+  OwnedTensor c[2] = {gpu.empty({m, n}, DType::kBF16), gpu.empty({m, n}, DType::kBF16)};
+  OwnedTensor pre[2] = {gpu.empty({m, 2 * n}, DType::kBF16), gpu.empty({m, 2 * n}, DType::kBF16)};
+  for (int registers = 0; registers < 2; ++registers) {
+    gpu.be().fill(c[registers], std::nanf(""), gpu.stream());
+    gpu.be().fill(pre[registers], std::nanf(""), gpu.stream());
+    kernels::NativeGemmParams p;
+    p.a = a->data();
+    p.lda = k;
+    p.b = b->data();
+    p.ldb = 2 * n;
+    p.c = c[registers]->data();
+    p.ldc = n;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.swiglu = true;
+    p.pre = pre[registers]->data();
+    p.pre_ld = 2 * n;
+    p.force_register_store = registers == 1;
+    ASSERT_EQ(kernels::uses_tma_store(p), registers == 0);
+    ASSERT_EQ(kernels::async_gemm(p, stream), cudaSuccess);
+  }
+  EXPECT_TRUE(same_bits(gpu.download(c[0]), gpu.download(c[1]))) << "C";
+  EXPECT_TRUE(same_bits(gpu.download(pre[0]), gpu.download(pre[1]))) << "pre";
+}
 
 // What the epilogue does not take: an odd N, done counters.
 TEST(NativeSwiglu, RejectsWhatTheEpilogueCannotRun) {
