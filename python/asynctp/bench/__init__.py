@@ -8,4 +8,8 @@ torch.compile pass), validated against eager PyTorch, then timed under sustained
 
 host: the host time of one eager fused-op call from Python (tests/python/run_gpu.py's host_us
 calls), split into the library's phases (its host profile) and Python's part.
+
+swiglu: the gate/up projection of a SwiGLU MLP, op by op: the SwiGLU in the fused GEMM's
+epilogue against the fused projection followed by an eager or a compiled SwiGLU, and the GEMM
+alone.
 """
