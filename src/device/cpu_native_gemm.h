@@ -16,7 +16,8 @@
 //              acc += part_s for s = 0, 1, .. but sum_self, in that order, in f32; x 1/count
 //              (avg); rounded once into sum_out; not counted
 //              a SwiGLU tile (tile_width output columns j): g = acc[r][j], u = acc[r][n + j];
-//              [g, u rounded once into pre]; swiglu_f32(g, u) rounded once into C
+//              [g, u rounded once into pre]; swiglu_f32(g, u) rounded once into C (the CUDA
+//              kernel's swiglu_epilogue_f32 may differ in the last bits)
 //              any other tile: rounded once into C; then done[] += 1 per 64-row half inside m
 //              (release, and a futex wake for the stream waits on it)
 //

@@ -1,6 +1,7 @@
 // The activations the elementwise kernels and the GEMM epilogues share, as host and device
 // functions of f32 values, so that every backend and path computes them with the same formula
-// (on the CPU backend: the same bits on every path).
+// (on the CPU backend: the same bits on every path). The one exception is the CUDA native GEMM's
+// SwiGLU epilogue (swiglu_epilogue_f32 below).
 #pragma once
 
 #include <math.h>
@@ -19,11 +20,15 @@ ASYNCTP_HOST_DEVICE float swiglu_f32(float gate, float up) {
 }
 
 #if defined(__CUDACC__)
-// The native GEMM's SwiGLU epilogue: its consumers compute it while the tensor cores wait (they
-// run the epilogue and the main loop in turn), and expf's and the division's IEEE sequences took
-// ~15% of the gate/up GEMM's time (8B layer, 2 x H200). The SFU's approximations instead
-// (ex2.approx, rcp.approx: a few ulp, ~1e-6 relative): the epilogue's result differs from
-// swiglu_f32's in the last bits, never more than one rounding of a 16-bit output.
+// The CUDA native GEMM's SwiGLU epilogue. Its consumers compute it while the tensor cores wait
+// (each tile's main loop and epilogue take turns), 64 values a thread a tile; with expf and an
+// IEEE division the gate/up GEMM of the 8B layer ran ~6% longer than with these (2 x H200;
+// docs/PERFORMANCE.md). The SFU's approximations: __expf's error is 2 + floor(1.173 |g|) ulp
+// (~6e-6 relative at |g| = 80), __fdividef's 2 ulp, so the result is within ~1e-5 relative of
+// swiglu_f32's (the elementwise kernels' and the CPU emulation's), except for g in about
+// (-88.7, -87.3), where 1 + exp(-g) lies in [2^126, 2^128) and __fdividef returns 0 instead of
+// silu(g) ~ -5e-37 (an absolute error under 1e-36 |u|; f16 rounds both to 0). inf and NaN
+// propagate as in swiglu_f32.
 __device__ __forceinline__ float swiglu_epilogue_f32(float gate, float up) {
   return __fdividef(gate, 1.0f + __expf(-gate)) * up;
 }

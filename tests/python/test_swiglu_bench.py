@@ -34,12 +34,16 @@ def test_every_variant_is_validated_and_timed(results):
         assert v["us"] > 0 and len(v["rank_loops_us"]) == 3, name
         assert f"  {name:<13}" in stdout
     assert data["variants"]["unfused"]["error"] == 0
+    assert data["variants"]["epilogue_pre"]["pre_error"] <= 2e-2
     # 40 gathered rows a rank: the CPU backend emulates the native kernel for both fused ops.
-    assert data["paths"] == {"all_gather_matmul": "native", "all_gather_matmul_swiglu": "native"}
+    for name in ("gemm", "unfused", "epilogue_pre", "epilogue"):
+        assert data["variants"][name]["path"] == "native", name
+    assert "path" not in data["variants"]["mm"]
 
 
 @pytest.mark.parametrize("argv", [["--tokens", "0"], ["--iters", "0"], ["--warmup", "-1"],
-                                  ["--dtype", "f8"]])
+                                  ["--warmup-ms", "nan"], ["--dtype", "f8"],
+                                  ["--json", "/nonexistent-dir/x.json"]])
 def test_bad_arguments_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         swiglu.parse_args(argv)

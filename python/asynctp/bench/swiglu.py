@@ -21,8 +21,10 @@ P = all_gather(A_shard) @ B. Variants (every one validated against `unfused` fir
 
 Timed side by side (asynctp.bench.layer's round robin: warm-up to sustained clocks, then `loops`
 loops of `iters` calls of each variant in turn), microseconds per call, median loop, slowest rank.
-The JSON holds the arguments, the paths the fused ops took, and per variant `us` and `error`
-(relative to `unfused`).
+The JSON holds the arguments and, per variant, `us`, `error` (relative to `unfused`; for
+epilogue_pre also `pre_error`, its products against the fused GEMM's) and `path` (the path its
+fused op took when validated: `auto` may take split for the plain fused GEMM, native for the
+epilogue).
 """
 
 from __future__ import annotations
@@ -64,8 +66,14 @@ def parse_args(argv=None):
     for name in ("tokens", "hidden", "ffn", "iters", "loops"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.warmup < 0 or args.warmup_ms < 0:
+    if args.warmup < 0 or not args.warmup_ms >= 0:  # (NaN fails the second)
         p.error(f"--warmup and --warmup-ms must be >= 0, got {args.warmup}, {args.warmup_ms}")
+    if args.json:
+        try:  # before the timing, not after it: a bad path loses no results
+            with open(args.json, "a"):
+                pass
+        except OSError as exc:
+            p.error(f"--json {args.json!r} cannot be written: {exc}")
     return args
 
 
@@ -105,6 +113,24 @@ def variants(A, B, n: int, group_name: str, compile_swiglu: bool) -> dict:
     return calls
 
 
+def _relative_error(got, ref) -> float:
+    return ((got.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _all_ranks_within(err: float, tolerance: float, device) -> bool:
+    """Whether err <= tolerance on every rank (a NaN error fails: it is compared before the
+    reduction, which some backends' MAX would let a finite value win)."""
+    ok = torch.tensor([1.0 if err <= tolerance else 0.0], device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return ok.item() == 1.0
+
+
+def _max_over_ranks(value: float, device) -> float:
+    t = torch.tensor([value], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 def run(args, device) -> dict:
     import asynctp.torch as atp
 
@@ -119,7 +145,8 @@ def run(args, device) -> dict:
     gen.manual_seed(1000)  # one W13 on every rank (only its shard matters)
     W13 = (torch.randn(2 * n, args.hidden, generator=gen, device=device) /
            args.hidden ** 0.5).to(dtype)
-    calls = variants(A, W13.t(), n, group.group_name, not args.no_compile)
+    B = W13.t()
+    calls = variants(A, B, n, group.group_name, not args.no_compile)
     ref = calls["unfused"]().float()
     tolerance = {"bf16": 2e-2, "f16": 5e-3, "f32": 1e-4}[args.dtype]
     result = {"variants": {}}
@@ -128,20 +155,31 @@ def run(args, device) -> dict:
             out = F.silu((p := fn().float())[:, :n]) * p[:, n:]
         else:
             out = fn().float()
-        err = torch.tensor([((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()],
-                           device=device)
-        dist.all_reduce(err, op=dist.ReduceOp.MAX)
-        if not err.item() <= tolerance:
+        err = _relative_error(out, ref)
+        if not _all_ranks_within(err, tolerance, device):
             raise SystemExit(f"asynctp.bench.swiglu: {name} differs from unfused by "
-                             f"{err.item():.3g} (relative, over {tolerance}): not timed")
-        result["variants"][name] = {"error": err.item()}
+                             f"{err:.3g} on rank {rank} (relative; at most {tolerance} on every "
+                             f"rank): not timed")
+        entry = result["variants"][name] = {"error": _max_over_ranks(err, device)}
+        if name in ("gemm", "unfused", "compiled"):  # the path of the call just validated
+            entry["path"] = atp.last_path("all_gather_matmul", group.group_name, device)[0]
+        elif name.startswith("epilogue"):
+            entry["path"] = atp.last_path("all_gather_matmul_swiglu", group.group_name,
+                                          device)[0]
+    # The products the epilogue stores beside its output, against the plain fused GEMM's.
+    pre = atp.fused_all_gather_matmul_swiglu(A, B, 0, group.group_name, return_pre=True)[1]
+    products = calls["gemm"]().float()
+    err = _relative_error(pre, products)
+    if not _all_ranks_within(err, tolerance, device):
+        raise SystemExit(f"asynctp.bench.swiglu: epilogue_pre's products differ from the fused "
+                         f"GEMM's by {err:.3g} on rank {rank} (relative; at most {tolerance}): "
+                         f"not timed")
+    result["variants"]["epilogue_pre"]["pre_error"] = _max_over_ranks(err, device)
     names = list(calls)
     times = time_round_robin([calls[k] for k in names], args, device, group)
     for name, t in zip(names, times):
         result["variants"][name].update(
             us=t["ms"] * 1e3, rank_loops_us=[x * 1e3 for x in t["rank_loops_ms"]])
-    result["paths"] = {op: atp.last_path(op, group.group_name, device)[0]
-                       for op in ("all_gather_matmul", "all_gather_matmul_swiglu")}
     return result
 
 
@@ -156,13 +194,15 @@ def main(argv=None) -> int:
         ws = dist.get_world_size()
         if dist.get_rank() == 0:
             print(f"gate/up of a SwiGLU MLP, ws {ws}, {args.dtype}: A_shard [{args.tokens}, "
-                  f"{args.hidden}], B [{args.hidden}, {2 * (args.ffn // ws)}] "
-                  f"(paths: {result['paths']})")
+                  f"{args.hidden}], B [{args.hidden}, {2 * (args.ffn // ws)}]")
             for name, v in result["variants"].items():
-                print(f"  {name:<13} {v['us']:10.1f} us   error {v['error']:.2e}")
+                path = f"   ({v['path']})" if "path" in v else ""
+                print(f"  {name:<13} {v['us']:10.1f} us   error {v['error']:.2e}{path}")
             if args.json:
                 meta = {"ws": ws, "device": str(device), "torch": torch.__version__,
                         "args": vars(args)}
+                if device.type == "cuda":
+                    meta["gpu"] = torch.cuda.get_device_name(device)
                 with open(args.json, "w") as f:
                     json.dump({**meta, **result}, f, indent=1)
     finally:

@@ -458,7 +458,7 @@ __device__ __forceinline__ void store_swiglu_tma(const KernelParams& p, const St
                                                  int r0, int n0) {
   uint8_t* staging = st.c + consumer * (kCBytes / 2);
   const bool row_ok = r0 < p.m;
-  auto round = [&](const CUtensorMap* map, DType dtype, auto stage) {
+  auto store_round = [&](const CUtensorMap* map, DType dtype, auto stage) {
     if (leader) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
     if (dtype == DType::kBF16) {
@@ -477,14 +477,16 @@ __device__ __forceinline__ void store_swiglu_tma(const KernelParams& p, const St
     }
   };
   if (p.pre != nullptr) {
-    round(&map_pre_gate, p.pre_dtype,
-          [&](auto* out) { stage_block<std::remove_pointer_t<decltype(out)>, 0>(staging, acc); });
-    round(&map_pre_up, p.pre_dtype,
-          [&](auto* out) { stage_block<std::remove_pointer_t<decltype(out)>, 1>(staging, acc); });
+    store_round(&map_pre_gate, p.pre_dtype, [&](auto* out) {
+      stage_block<std::remove_pointer_t<decltype(out)>, 0>(staging, acc);
+    });
+    store_round(&map_pre_up, p.pre_dtype, [&](auto* out) {
+      stage_block<std::remove_pointer_t<decltype(out)>, 1>(staging, acc);
+    });
   }
   // Output column n0 + c (c < 128) from the gate at accumulator index i and the up projection
   // 16 groups (64 indices) further on (store_swiglu_block).
-  round(&map_c, p.c_dtype, [&](auto* out) {
+  store_round(&map_c, p.c_dtype, [&](auto* out) {
     stage_values<std::remove_pointer_t<decltype(out)>, 0>(
         staging, [&](int i) { return swiglu_epilogue_f32(acc[i], acc[i + 64]); });
   });

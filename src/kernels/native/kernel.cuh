@@ -41,7 +41,8 @@ namespace {
 // kTmaStore: 16-bit C staged in shared memory and written by TMA stores that overlap the next
 // tile's main loop; otherwise (f32 C, or a C TMA cannot address) the consumers store from
 // registers. The SwiGLU epilogue (no reduce-scatter sum there) takes map_parts and map_sum for
-// the gate's and the up projection's halves of pre.
+// the gate's and the up projection's halves of pre; a pre TMA cannot store (f32, misaligned, or
+// N % 8 != 0) sends the whole SwiGLU epilogue to the register stores (uses_tma_store).
 //
 // kCluster = 2: the two CTAs of a cluster take the two 128-row halves of a 256 x 256 tile and
 // share its B tile: each loads one half of B and multicasts it into both CTAs' shared memory

@@ -131,8 +131,10 @@ struct NativeGemmSchedule {
   int sum_channel = 0;
   // The SwiGLU epilogue (the gate/up projection of a SwiGLU MLP): B holds 2N columns, the gate's
   // [0, N) then the up projection's [N, 2N), and C is [M, N] with
-  //   C[i, j] = silu(g) * u,  g = acc(i, j), u = acc(i, N + j)  (swiglu_f32, kernels/activation.h)
-  // in f32 from the accumulators, rounded once; with `pre` (NativeGemmOperands) also
+  //   C[i, j] = silu(g) * u,  g = acc(i, j), u = acc(i, N + j)
+  // in f32 from the accumulators, rounded once (the CUDA kernel: swiglu_epilogue_f32, the SFU's
+  // exp and division; the CPU emulation: swiglu_f32; kernels/activation.h bounds the difference);
+  // with `pre` (NativeGemmOperands) also
   // pre[i, j] = g and pre[i, N + j] = u, each rounded once to pre_dtype. A tile covers tile_width
   // (schedule.h) output columns j0.. and the gate and up columns j0.. and N + j0.. of B. n is N
   // (the output's columns). Not with done counters or the reduce-scatter epilogue.
@@ -149,7 +151,8 @@ struct NativeGemmLaunch {
   void* split_workspace = nullptr;
   // Shared-memory descriptor offsets of an N-major B (bytes; 0: the canonical values).
   uint32_t b_mn_lbo = 0, b_mn_sbo = 0;
-  // Store C from registers even where the TMA store could be used (tests and measurements).
+  // Store C (and the SwiGLU epilogue's pre) from registers even where the TMA store could be
+  // used (tests and measurements).
   bool force_register_store = false;
   // CTAs per cluster: 1 (0: the default, 1), or 2 (pairs sharing each B tile through TMA
   // multicast; only with the TMA store, no tail split). Correct, but no faster than single CTAs,

@@ -121,12 +121,14 @@ TEST(NativeGemm, StoresACopyOfEveryRowOfAItLoads) {
     int cluster = 0;
     bool swiglu = false;
   };
-  const Variant variants[] = {{.name = "TMA store"},
-                              {.name = "f32 C", .out = DType::kF32, .tail_split = 0},
-                              {.name = "tail split", .tail_split = 0},
-                              {.name = "register store", .registers = true},
-                              {.name = "clusters of two", .cluster = 2},
-                              {.name = "SwiGLU", .swiglu = true}};
+  const Variant variants[] = {
+      {.name = "TMA store"},
+      {.name = "f32 C", .out = DType::kF32, .tail_split = 0},
+      {.name = "tail split", .tail_split = 0},
+      {.name = "register store", .registers = true},
+      {.name = "clusters of two", .cluster = 2},
+      {.name = "SwiGLU", .swiglu = true},
+      {.name = "SwiGLU, register store", .registers = true, .swiglu = true}};
   for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
            {300, 520, 1000}, {1024, 1024, 2048}, {1000, 768, 136}}) {
     constexpr int64_t kChunkRows = 256;  // chunk 1 is the own one: rows [256, min(512, m))

@@ -86,7 +86,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The epilogue through the staging area (TMA stores of C and of pre's two halves) and from
 // registers compute the same accumulators and round them once: the same bits, C and pre, off the
-// tile grid in M and N (the maps clip the last tiles' rows and columns).
+// tile grid in M and N (the maps clip the last tiles' rows and columns), for C and pre of one
+// dtype and of two, with and without the tail split (its last part stores the tile).
 TEST(NativeSwiglu, TmaStoreMatchesRegisterStore) {
   SKIP_UNLESS_GPUS(1);
   Gpu gpu;
@@ -94,30 +95,40 @@ TEST(NativeSwiglu, TmaStoreMatchesRegisterStore) {
   const int64_t m = 300, n = 200, k = 264;
   OwnedTensor a = gpu.upload({m, k}, DType::kBF16, 11);
   OwnedTensor b = gpu.upload({k, 2 * n}, DType::kBF16, 12);
-  OwnedTensor c[2] = {gpu.empty({m, n}, DType::kBF16), gpu.empty({m, n}, DType::kBF16)};
-  OwnedTensor pre[2] = {gpu.empty({m, 2 * n}, DType::kBF16), gpu.empty({m, 2 * n}, DType::kBF16)};
-  for (int registers = 0; registers < 2; ++registers) {
-    gpu.be().fill(c[registers], std::nanf(""), gpu.stream());
-    gpu.be().fill(pre[registers], std::nanf(""), gpu.stream());
-    kernels::NativeGemmParams p;
-    p.a = a->data();
-    p.lda = k;
-    p.b = b->data();
-    p.ldb = 2 * n;
-    p.c = c[registers]->data();
-    p.ldc = n;
-    p.m = m;
-    p.n = n;
-    p.k = k;
-    p.swiglu = true;
-    p.pre = pre[registers]->data();
-    p.pre_ld = 2 * n;
-    p.force_register_store = registers == 1;
-    ASSERT_EQ(kernels::uses_tma_store(p), registers == 0);
-    ASSERT_EQ(kernels::async_gemm(p, stream), cudaSuccess);
+  Buffer workspace = gpu.be().allocate(kernels::async_gemm_split_workspace_bytes());
+  ASSERT_EQ(cudaMemset(workspace.data(), 0, workspace.size()), cudaSuccess);
+  for (DType c_dtype : {DType::kBF16, DType::kF16}) {
+    for (bool split : {false, true}) {
+      SCOPED_TRACE(fmt::format("C {} pre bf16, tail split {}", c_dtype, split));
+      OwnedTensor c[2] = {gpu.empty({m, n}, c_dtype), gpu.empty({m, n}, c_dtype)};
+      OwnedTensor pre[2] = {gpu.empty({m, 2 * n}, DType::kBF16),
+                            gpu.empty({m, 2 * n}, DType::kBF16)};
+      for (int registers = 0; registers < 2; ++registers) {
+        gpu.be().fill(c[registers], std::nanf(""), gpu.stream());
+        gpu.be().fill(pre[registers], std::nanf(""), gpu.stream());
+        kernels::NativeGemmParams p;
+        p.a = a->data();
+        p.lda = k;
+        p.b = b->data();
+        p.ldb = 2 * n;
+        p.c = c[registers]->data();
+        p.ldc = n;
+        p.c_dtype = c_dtype;
+        p.m = m;
+        p.n = n;
+        p.k = k;
+        p.swiglu = true;
+        p.pre = pre[registers]->data();
+        p.pre_ld = 2 * n;
+        p.split_workspace = split ? workspace.data() : nullptr;
+        p.force_register_store = registers == 1;
+        ASSERT_EQ(kernels::uses_tma_store(p), registers == 0);
+        ASSERT_EQ(kernels::async_gemm(p, stream), cudaSuccess);
+      }
+      EXPECT_TRUE(same_bits(gpu.download(c[0]), gpu.download(c[1]))) << "C";
+      EXPECT_TRUE(same_bits(gpu.download(pre[0]), gpu.download(pre[1]))) << "pre";
+    }
   }
-  EXPECT_TRUE(same_bits(gpu.download(c[0]), gpu.download(c[1]))) << "C";
-  EXPECT_TRUE(same_bits(gpu.download(pre[0]), gpu.download(pre[1]))) << "pre";
 }
 
 // What the epilogue does not take: an odd N, done counters.
