@@ -14,15 +14,19 @@ from asynctp.bench import swiglu
 from conftest import package_env
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("swiglu") / "swiglu.json"
+def _run(out, **env):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "asynctp.bench.swiglu", "--device", "cpu", "--tokens", "40", "--hidden", "24",
            "--ffn", "48", "--no-compile", "--iters", "2", "--loops", "3", "--json", str(out)]
-    proc = subprocess.run(cmd, env=package_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env={**package_env(), **env}, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     return json.loads(out.read_text()), proc.stdout
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("swiglu") / "swiglu.json")
 
 
 def test_every_variant_is_validated_and_timed(results):
@@ -39,6 +43,12 @@ def test_every_variant_is_validated_and_timed(results):
     for name in ("gemm", "unfused", "epilogue_pre", "epilogue"):
         assert data["variants"][name]["path"] == "native", name
     assert "path" not in data["variants"]["mm"]
+
+
+def test_asynctp_path_pins_every_fused_variant(tmp_path):
+    data, _ = _run(tmp_path / "split.json", ASYNCTP_PATH="split")
+    for name in ("gemm", "unfused", "epilogue_pre", "epilogue"):
+        assert data["variants"][name]["path"] == "split", name
 
 
 @pytest.mark.parametrize("argv", [["--tokens", "0"], ["--iters", "0"], ["--warmup", "-1"],

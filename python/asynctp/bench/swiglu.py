@@ -24,7 +24,9 @@ loops of `iters` calls of each variant in turn), microseconds per call, median l
 The JSON holds the arguments and, per variant, `us`, `error` (relative to `unfused`; for
 epilogue_pre also `pre_error`, its products against the fused GEMM's) and `path` (the path its
 fused op took when validated: `auto` may take split for the plain fused GEMM, native for the
-epilogue).
+epilogue). The fused variants take the paths `auto` chooses; ASYNCTP_PATH=native (or split,
+fallback) in the environment pins every one of them, so that the plain fused GEMM and the
+epilogue run the same kernel.
 """
 
 from __future__ import annotations
