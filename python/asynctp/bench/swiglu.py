@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from asynctp.bench.layer import time_round_robin
+from asynctp.bench.layer import _all_ranks_true, _max_over_ranks, time_round_robin
 
 VARIANTS = ("mm", "gemm", "unfused", "compiled", "epilogue_pre", "epilogue")
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -119,20 +119,6 @@ def _relative_error(got, ref) -> float:
     return ((got.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def _all_ranks_within(err: float, tolerance: float, device) -> bool:
-    """Whether err <= tolerance on every rank (a NaN error fails: it is compared before the
-    reduction, which some backends' MAX would let a finite value win)."""
-    ok = torch.tensor([1.0 if err <= tolerance else 0.0], device=device)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    return ok.item() == 1.0
-
-
-def _max_over_ranks(value: float, device) -> float:
-    t = torch.tensor([value], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
 def run(args, device) -> dict:
     import asynctp.torch as atp
 
@@ -158,11 +144,11 @@ def run(args, device) -> dict:
         else:
             out = fn().float()
         err = _relative_error(out, ref)
-        if not _all_ranks_within(err, tolerance, device):
+        if not _all_ranks_true(err <= tolerance, group):  # (a NaN error fails here)
             raise SystemExit(f"asynctp.bench.swiglu: {name} differs from unfused by "
                              f"{err:.3g} on rank {rank} (relative; at most {tolerance} on every "
                              f"rank): not timed")
-        entry = result["variants"][name] = {"error": _max_over_ranks(err, device)}
+        entry = result["variants"][name] = {"error": _max_over_ranks(err, group)}
         if name in ("gemm", "unfused", "compiled"):  # the path of the call just validated
             entry["path"] = atp.last_path("all_gather_matmul", group.group_name, device)[0]
         elif name.startswith("epilogue"):
@@ -172,11 +158,11 @@ def run(args, device) -> dict:
     pre = atp.fused_all_gather_matmul_swiglu(A, B, 0, group.group_name, return_pre=True)[1]
     products = calls["gemm"]().float()
     err = _relative_error(pre, products)
-    if not _all_ranks_within(err, tolerance, device):
+    if not _all_ranks_true(err <= tolerance, group):
         raise SystemExit(f"asynctp.bench.swiglu: epilogue_pre's products differ from the fused "
                          f"GEMM's by {err:.3g} on rank {rank} (relative; at most {tolerance}): "
                          f"not timed")
-    result["variants"]["epilogue_pre"]["pre_error"] = _max_over_ranks(err, device)
+    result["variants"]["epilogue_pre"]["pre_error"] = _max_over_ranks(err, group)
     names = list(calls)
     times = time_round_robin([calls[k] for k in names], args, device, group)
     for name, t in zip(names, times):
