@@ -112,6 +112,12 @@ struct ChunkedGemmArgs : kernels::NativeGemmSchedule {
   // with a unit column stride, written beside the main loop (kernels::NativeGemmOperands::a_out);
   // undefined: none.
   Tensor a_out;
+  // The scaled GEMM (float8 e4m3 a and b, b k-major): d = (a @ b) * a_scale * b_scale, f32 (see
+  // kernels::NativeGemmOperands). a_scale: one value (tensor-wise) or one per row of a ([m] or
+  // [m, 1], contiguous); own_a_scale: own_a's rows' (one value, or one per row of own_a), which
+  // the own chunk's rows take; b_scale: one value or one per column of d ([n] or [1, n],
+  // contiguous). Undefined: 1. The products accumulate in the tensor cores' fast float8 mode.
+  Tensor a_scale, own_a_scale, b_scale;
 };
 
 class Backend {

@@ -37,6 +37,15 @@ struct Schedule {
   kernels::Unit unit(int u) const {
     return kernels::unit_at(u, plan, walk.num_tiles, walk.k_blocks);
   }
+  // The first rows of the CTAs that compute the tile at m0: m0, and m0 + kBM for a cluster of
+  // two (each CTA of a pair takes 128 rows of the 256-row tile, waits for its own rows' pieces
+  // and reads the own chunk's rows in place where its 128 rows lie inside it).
+  template <typename Fn>
+  void for_each_cta(int64_t m0, Fn&& fn) const {
+    const int ctas = kernels::uses_cluster(p) ? 2 : 1;
+    for (int cta = 0; cta < ctas; ++cta)
+      fn(m0 + int64_t{kBM} * cta);
+  }
   int num_units() const { return kernels::num_units(plan, walk.num_tiles); }
   // Whether unit w at row m0 waits for the ready flags / ends in the reduce-scatter epilogue.
   bool waits_ready(int64_t m0) const { return p.ready != nullptr && !kernels::reads_own(p, m0); }
@@ -108,11 +117,13 @@ class Run {
     for (int u = 0; u < s_.num_units(); ++u) {
       const kernels::Unit w = s_.unit(u);
       const kernels::Tile tile = s_.walk.tile(w.t);
-      produce(w.t, tile.m0);
-      const bool sums = s_.sums(w, tile.m0);
-      if (sums) wait_sum_parts(w.t, tile.m0, tile.n0);
-      for (int half = 0; half < 2; ++half)
-        consume(tile.m0, tile.n0, tile.m0 + 64 * half, sums);
+      s_.for_each_cta(tile.m0, [&](int64_t m0) {
+        produce(w.t, m0);
+        const bool sums = s_.sums(w, m0);  // (single CTAs only)
+        if (sums) wait_sum_parts(w.t, m0, tile.n0);
+        for (int half = 0; half < 2; ++half)
+          consume(m0, tile.n0, m0 + 64 * half, sums);
+      });
     }
     if (!timeout_.empty()) ASYNCTP_TIMEOUT("{}", timeout_);
     if (!stale_.empty()) ASYNCTP_FAIL("{}", stale_);
@@ -174,6 +185,7 @@ class Run {
         continue;
       }
       accumulate_row(a_row_.data(), p_.k, b_.data() + n0, b_cols_, width, acc_.data());
+      scale_row(r, n0, width);
       if (sums) {
         add_parts(r - m0, kernels::sum_row_of(p_, r), n0, width);
         store_row(p_.c_dtype, p_.sum_out, kernels::sum_row_of(p_, r) * p_.sum_ldo + n0, 1, width,
@@ -217,6 +229,20 @@ class Run {
     for (int64_t j = 0; j < width; ++j)
       gate[j] = kernels::swiglu_f32(gate[j], up[j]);
     store_row(p_.c_dtype, p_.c, r * p_.ldc + n0, 1, width, gate);
+  }
+
+  // The scaled GEMM (float8): acc_[j] = acc_[j] * sa(r) * sb(n0 + j), left to right, as the
+  // kernel's epilogue (and the CPU backend's scaled GEMM) rounds it, before the peers' parts are
+  // added (params.h).
+  void scale_row(int64_t r, int n0, int64_t width) {
+    const float* sa = kernels::a_scale_at(p_, r);
+    if (sa == nullptr && p_.b_scale == nullptr) return;
+    const float row_scale = sa != nullptr ? *sa : 1.0f;
+    for (int64_t j = 0; j < width; ++j) {
+      const float col_scale =
+          p_.b_scale != nullptr ? p_.b_scale[(n0 + j) * p_.b_scale_stride] : 1.0f;
+      acc_[j] = acc_[j] * row_scale * col_scale;
+    }
   }
 
   // a_row_ <- row r of A: from own_a for a tile wholly inside the own chunk, else from a (or
@@ -265,15 +291,16 @@ class Run {
     early_.wait = w;
     const kernels::Tile tile = s_.walk.tile(w.tile);
     if (w.kind == NativeWait::Kind::kReady) {
-      for_each_ready_piece(p_, tile.m0,
-                           [&](const kernels::ReadyPiece& r, int64_t first, int64_t end) {
-                             if (p_.ready + kernels::ready_index(p_, r) != w.flag) return;
-                             for (int64_t row = first; row < end; ++row) {
-                               std::vector<float>& v = early_.a_rows[row];
-                               v.resize(static_cast<size_t>(p_.k));
-                               load_row(p_.in_dtype, p_.a, row * p_.lda, 1, p_.k, v.data());
-                             }
-                           });
+      s_.for_each_cta(tile.m0, [&](int64_t m0) {
+        for_each_ready_piece(p_, m0, [&](const kernels::ReadyPiece& r, int64_t first, int64_t end) {
+          if (p_.ready + kernels::ready_index(p_, r) != w.flag) return;
+          for (int64_t row = first; row < end; ++row) {
+            std::vector<float>& v = early_.a_rows[row];
+            v.resize(static_cast<size_t>(p_.k));
+            load_row(p_.in_dtype, p_.a, row * p_.lda, 1, p_.k, v.data());
+          }
+        });
+      });
       return;
     }
     early_row0_ = kernels::sum_row_of(p_, tile.m0);
@@ -310,15 +337,16 @@ std::vector<NativeWait> native_gemm_waits(const kernels::NativeGemmParams& param
   for (int u = 0; u < s.num_units(); ++u) {
     const kernels::Unit w = s.unit(u);
     const kernels::Tile tile = s.walk.tile(w.t);
-    if (s.waits_ready(tile.m0)) {
-      for_each_ready_piece(s.p, tile.m0, [&](const kernels::ReadyPiece& r, int64_t, int64_t) {
+    s.for_each_cta(tile.m0, [&](int64_t m0) {
+      if (!s.waits_ready(m0)) return;
+      for_each_ready_piece(s.p, m0, [&](const kernels::ReadyPiece& r, int64_t, int64_t) {
         const uint32_t* flag = s.p.ready + kernels::ready_index(s.p, r);
         if (seen.insert(flag).second) {
           waits.push_back({NativeWait::Kind::kReady, flag, w.t, static_cast<int>(r.chunk),
                            static_cast<int>(r.piece)});
         }
       });
-    }
+    });
     if (s.sums(w, tile.m0)) {
       for_each_sum_flag(s, tile.m0, tile.n0, [&](const uint32_t* flag, int peer, int channel) {
         if (seen.insert(flag).second)

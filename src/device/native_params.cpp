@@ -79,6 +79,31 @@ std::string to_native_params(const ChunkedGemmArgs& args, kernels::NativeGemmPar
     k->pre_ld = pre.stride(0);
     k->pre_dtype = pre.dtype();
   }
+  // The float8 scales: one f32 value (stride 0) or one per row / column (stride 1, contiguous).
+  auto scale_of = [](const Tensor& t, int64_t count, const char* name, const float** ptr,
+                     int64_t* stride) -> std::string {
+    if (!t.defined()) return "";
+    if (t.dtype() != DType::kF32 || (t.numel() != 1 && (t.numel() != count || !t.is_contiguous())))
+      return fmt::format("{} {} is not one f32 value or {} contiguous f32 values", name,
+                         t.describe(), count);
+    *ptr = static_cast<const float*>(t.data());
+    *stride = t.numel() == 1 ? 0 : 1;
+    return "";
+  };
+  std::string why = scale_of(args.a_scale, a.size(0), "a_scale", &k->a_scale, &k->a_scale_stride);
+  if (why.empty())
+    why = scale_of(args.b_scale, d.size(1), "b_scale", &k->b_scale, &k->b_scale_stride);
+  if (why.empty() && args.own_a_scale.defined()) {
+    if (!args.own_a.defined() || !args.a_scale.defined())
+      return "own_a_scale needs own_a and a_scale";
+    int64_t own_stride = 0;
+    const int64_t own_rows = args.own_a.size(0);
+    why = scale_of(args.own_a_scale, own_rows, "own_a_scale", &k->own_a_scale, &own_stride);
+    if (why.empty() && own_stride != k->a_scale_stride && own_rows != 1)
+      why = fmt::format("own_a_scale {} and a_scale {} are not both tensor-wise or both row-wise",
+                        args.own_a_scale.describe(), args.a_scale.describe());
+  }
+  if (!why.empty()) return why;
   if (args.sum_chunk >= 0) {
     const Tensor& parts = args.sum_parts;
     const Tensor& out = args.sum_out;

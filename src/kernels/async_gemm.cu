@@ -1,10 +1,11 @@
 // The native async-input GEMM's host side: the TMA descriptors, the launch of the kernel
-// instantiation for (dtype, B layout, epilogue, cluster) with its resolved params and plan, and
-// the host API of kernels.h. The kernel is in kernels/native/ (kernel.cuh and its parts); its
+// instantiation for (input dtype, B layout, epilogue, cluster) with its resolved params and plan,
+// and the host API of kernels.h. The kernel is in kernels/native/ (kernel.cuh and its parts); its
 // contract in params.h, its schedule in schedule.h.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <atomic>
@@ -101,17 +102,18 @@ bool encode_map(CUtensorMap* map, const void* base, CUtensorMapDataType type, in
   return true;
 }
 
-// The map's element type for a 16-bit dtype.
+// The map's element type for a dtype of the kernel (bf16, f16, or float8 as bytes).
 CUtensorMapDataType map_type(DType d) {
+  if (d == DType::kF8E4M3) return CU_TENSOR_MAP_DATA_TYPE_UINT8;
   return d == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 
-// A 2-D map of 16-bit elements: inner dim `inner` (contiguous), outer dim `outer` with row
-// stride `ld` elements, box inner x outer.
+// A 2-D map: inner dim `inner` (contiguous), outer dim `outer` with row stride `ld` elements of
+// `elem` bytes (2: 16-bit, 1: float8), box inner x outer.
 bool make_map(CUtensorMap* map, const void* base, CUtensorMapDataType type, int64_t inner,
-              int64_t outer, int64_t ld, uint32_t box_inner, uint32_t box_outer) {
+              int64_t outer, int64_t ld, uint32_t box_inner, uint32_t box_outer, int elem = 2) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * 2)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld * elem)};
   const cuuint32_t box[2] = {box_inner, box_outer};
   return encode_map(map, base, type, 2, dims, strides, box);
 }
@@ -142,12 +144,12 @@ int sm_count() {
   return count;
 }
 
-template <bool kF16, bool kBKMajor, bool kTmaStore, int kCluster>
+template <int kIn, bool kBKMajor, bool kTmaStore, int kCluster>
 cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
                    const CUtensorMap& map_a_own, const CUtensorMap& map_parts,
                    const CUtensorMap& map_sum, const CUtensorMap& map_a_out, const KernelParams& p,
                    int max_ctas, cudaStream_t stream) {
-  auto* kernel = async_gemm_kernel<kF16, kBKMajor, kTmaStore, kCluster>;
+  auto* kernel = async_gemm_kernel<kIn, kBKMajor, kTmaStore, kCluster>;
   cudaLaunchConfig_t config{};
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -191,41 +193,51 @@ struct Launch {
   const KernelParams& p;
   int max_ctas;
   cudaStream_t stream;
-  template <bool kF16, bool kBKMajor, bool kTmaStore, int kCluster>
+  template <int kIn, bool kBKMajor, bool kTmaStore, int kCluster>
   cudaError_t run() const {
-    return launch<kF16, kBKMajor, kTmaStore, kCluster>(map_a, map_b, map_c, map_a_own, map_parts,
-                                                       map_sum, map_a_out, p, max_ctas, stream);
+    return launch<kIn, kBKMajor, kTmaStore, kCluster>(map_a, map_b, map_c, map_a_own, map_parts,
+                                                      map_sum, map_a_out, p, max_ctas, stream);
   }
 };
 
-template <bool kF16>
+template <int kIn>
 cudaError_t launch_layout(bool b_k_major, bool tma_store, int cluster, const Launch& l) {
   if (b_k_major) {
-    if (!tma_store) return l.run<kF16, true, false, 1>();
-    return cluster == 2 ? l.run<kF16, true, true, 2>() : l.run<kF16, true, true, 1>();
+    if (!tma_store) return l.run<kIn, true, false, 1>();
+    return cluster == 2 ? l.run<kIn, true, true, 2>() : l.run<kIn, true, true, 1>();
   }
-  if (!tma_store) return l.run<kF16, false, false, 1>();
-  return cluster == 2 ? l.run<kF16, false, true, 2>() : l.run<kF16, false, true, 1>();
+  if (!tma_store) return l.run<kIn, false, false, 1>();
+  return cluster == 2 ? l.run<kIn, false, true, 2>() : l.run<kIn, false, true, 1>();
 }
 
+// float8: a k-major B only (validate.h).
+cudaError_t launch_float8(bool tma_store, int cluster, const Launch& l) {
+  if (!tma_store) return l.run<kInE4M3, true, false, 1>();
+  return cluster == 2 ? l.run<kInE4M3, true, true, 2>() : l.run<kInE4M3, true, true, 1>();
+}
+
+// One thread per element of C: its dot product in f32, in k order, times the float8 scales
+// (a_scale_at, b_scale), rounded once.
 template <typename In>
-__global__ void reference_gemm_kernel(const In* a, int64_t lda, const In* b, int64_t ldb,
-                                      bool b_k_major, void* c, int64_t ldc, DType c_dtype,
-                                      int64_t m, int64_t n, int64_t k) {
+__global__ void reference_gemm_kernel(const NativeGemmParams p) {
   const int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t row = blockIdx.y;
-  if (col >= n || row >= m) return;
+  if (col >= p.n || row >= p.m) return;
+  const In* a = static_cast<const In*>(p.a);
+  const In* b = static_cast<const In*>(p.b);
   float acc = 0.f;
-  for (int64_t i = 0; i < k; ++i) {
-    const In bv = b_k_major ? b[col * ldb + i] : b[i * ldb + col];
-    acc += static_cast<float>(a[row * lda + i]) * static_cast<float>(bv);
+  for (int64_t i = 0; i < p.k; ++i) {
+    const In bv = p.b_k_major ? b[col * p.ldb + i] : b[i * p.ldb + col];
+    acc += static_cast<float>(a[row * p.lda + i]) * static_cast<float>(bv);
   }
-  if (c_dtype == DType::kF32) {
-    static_cast<float*>(c)[row * ldc + col] = acc;
-  } else if (c_dtype == DType::kBF16) {
-    static_cast<__nv_bfloat16*>(c)[row * ldc + col] = __float2bfloat16_rn(acc);
+  if (const float* sa = a_scale_at(p, row)) acc *= *sa;
+  if (p.b_scale != nullptr) acc *= p.b_scale[col * p.b_scale_stride];
+  if (p.c_dtype == DType::kF32) {
+    static_cast<float*>(p.c)[row * p.ldc + col] = acc;
+  } else if (p.c_dtype == DType::kBF16) {
+    static_cast<__nv_bfloat16*>(p.c)[row * p.ldc + col] = __float2bfloat16_rn(acc);
   } else {
-    static_cast<__half*>(c)[row * ldc + col] = __float2half_rn(acc);
+    static_cast<__half*>(p.c)[row * p.ldc + col] = __float2half_rn(acc);
   }
 }
 
@@ -255,14 +267,19 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
   const CUtensorMapDataType c_type = map_type(a.c_dtype);  // 16-bit C only: TMA store, sums
   const bool tma_store = uses_tma_store(a);
   const int cluster = uses_cluster(a) ? 2 : 1;
+  // A and B in k-blocks of 128 bytes (k_block_of elements of in_bytes each).
+  const int in_bytes = float8_inputs(a) ? 1 : 2;
+  const auto kblk = static_cast<uint32_t>(k_block_of(a));
   CUtensorMap map_a{}, map_b{};
-  if (!make_map(&map_a, a.a, type, a.k, a.m, a.lda, kBK, kBM)) return cudaErrorInvalidValue;
+  if (!make_map(&map_a, a.a, type, a.k, a.m, a.lda, kblk, kBM, in_bytes))
+    return cudaErrorInvalidValue;
   // K-major B: one box of the CTA's share of the tile's rows (SwiGLU: two boxes of half the
   // tile's rows, the gate's and the up projection's); N-major: 64 x 64 boxes. B has b_cols(a)
   // columns (2N with the SwiGLU epilogue).
   const uint32_t b_box = a.swiglu ? kBN / 2 : kBN / cluster;
-  const bool ok_b = a.b_k_major ? make_map(&map_b, a.b, type, a.k, b_cols(a), a.ldb, kBK, b_box)
-                                : make_map(&map_b, a.b, type, b_cols(a), a.k, a.ldb, 64, kBK);
+  const bool ok_b = a.b_k_major
+                        ? make_map(&map_b, a.b, type, a.k, b_cols(a), a.ldb, kblk, b_box, in_bytes)
+                        : make_map(&map_b, a.b, type, b_cols(a), a.k, a.ldb, 64, kBK);
   if (!ok_b) return cudaErrorInvalidValue;
   const int ctas = ctas_of(a);
   if (ctas <= 0) return cudaErrorNoDevice;
@@ -277,7 +294,7 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
   CUtensorMap map_a_own{};
   if (p.own_chunk >= 0) {
     const int64_t rows = std::min(p.chunk_rows, a.m - a.own_chunk * p.chunk_rows);
-    if (!make_map(&map_a_own, a.own_a, type, a.k, rows, a.own_lda, kBK, kBM))
+    if (!make_map(&map_a_own, a.own_a, type, a.k, rows, a.own_lda, kblk, kBM, in_bytes))
       return cudaErrorInvalidValue;
   }
   // The reduce-scatter epilogue: the peers' parts (TMA-loaded into sum stages) and, where the
@@ -304,24 +321,26 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
   }
   // The copy of A: boxes of one consumer's 64 rows of an A stage.
   CUtensorMap map_a_out{};
-  if (a.a_out != nullptr && !make_map(&map_a_out, a.a_out, type, a.k, a.m, a.a_out_ld, kBK, 64))
+  if (a.a_out != nullptr &&
+      !make_map(&map_a_out, a.a_out, type, a.k, a.m, a.a_out_ld, kblk, 64, in_bytes)) {
     return cudaErrorInvalidValue;
+  }
   const Launch l{map_a, map_b, map_c, map_a_own, map_parts, map_sum, map_a_out, p, ctas, stream};
-  if (a.in_dtype == DType::kF16) return launch_layout<true>(a.b_k_major, tma_store, cluster, l);
-  return launch_layout<false>(a.b_k_major, tma_store, cluster, l);
+  if (float8_inputs(a)) return launch_float8(tma_store, cluster, l);
+  if (a.in_dtype == DType::kF16) return launch_layout<kInF16>(a.b_k_major, tma_store, cluster, l);
+  return launch_layout<kInBF16>(a.b_k_major, tma_store, cluster, l);
 }
 
 cudaError_t reference_gemm(const NativeGemmParams& a, cudaStream_t stream) {
   if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.m > 65535) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((a.n + 127) / 128), static_cast<unsigned>(a.m));
+  const NativeGemmParams p = resolved(a);
   if (a.in_dtype == DType::kBF16) {
-    reference_gemm_kernel<__nv_bfloat16><<<grid, 128, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(a.a), a.lda, static_cast<const __nv_bfloat16*>(a.b),
-        a.ldb, a.b_k_major, a.c, a.ldc, a.c_dtype, a.m, a.n, a.k);
+    reference_gemm_kernel<__nv_bfloat16><<<grid, 128, 0, stream>>>(p);
   } else if (a.in_dtype == DType::kF16) {
-    reference_gemm_kernel<__half><<<grid, 128, 0, stream>>>(
-        static_cast<const __half*>(a.a), a.lda, static_cast<const __half*>(a.b), a.ldb, a.b_k_major,
-        a.c, a.ldc, a.c_dtype, a.m, a.n, a.k);
+    reference_gemm_kernel<__half><<<grid, 128, 0, stream>>>(p);
+  } else if (a.in_dtype == DType::kF8E4M3) {
+    reference_gemm_kernel<__nv_fp8_e4m3><<<grid, 128, 0, stream>>>(p);
   } else {
     return cudaErrorInvalidValue;
   }

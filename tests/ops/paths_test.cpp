@@ -219,14 +219,14 @@ TEST_P(PathsTest, GroupSpanningNodesTakesTheFallback) {
   EXPECT_RANKS_OK(statuses);
 }
 
-// The native path takes bf16 or f16 operands (the kernel's contract, which the CPU backend's
-// emulation checks alike): asked for with f32 ones it fails saying why; under auto the ops stay
-// on the split path without measuring anything.
+// The native path takes bf16, f16 or float8 e4m3 operands (the kernel's contract, which the CPU
+// backend's emulation checks alike): asked for with f32 ones it fails saying why; under auto the
+// ops stay on the split path without measuring anything.
 TEST_P(PathsTest, NativeRequestedWhereItCannotRunSaysWhy) {
   auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
     EXPECT_THAT(error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kNative); }),
-                HasSubstr("the native path was requested but cannot run: inputs are not bf16 or "
-                          "f16"));
+                HasSubstr("the native path was requested but cannot run: inputs are not bf16, "
+                          "f16 or float8 e4m3"));
     EXPECT_THAT(error_of([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kNative); }),
                 HasSubstr("the native path was requested but cannot run"));
     all_gather_matmul_checked(ctx, PathChoice::kAuto);

@@ -1,6 +1,7 @@
 // The native GEMM's consumer part (warpgroups 1 and 2, 64 rows of the tile each): the main loop
-// of a unit, per k-block wait full[s] -> [TMA store of its A rows] -> 4 x wgmma m64n256k16 ->
-// (previous k-block done) release empty[s-1]. A part of async_gemm.cu (included only there).
+// of a unit, per k-block wait full[s] -> [TMA store of its A rows] -> 4 x wgmma m64n256k16
+// (float8: m64n256k32; either way 32 bytes of k each) -> (previous k-block done) release
+// empty[s-1]. A part of async_gemm.cu (included only there).
 #pragma once
 
 #include "kernels/native/epilogue.cuh"
@@ -18,7 +19,7 @@ namespace {
 // stage arrives, and releases a stage only once that store has read it:
 //   per k-block: wait full[s] -> TMA store A rows of s, commit -> MMAs -> wait until all but
 //   the newest store have read shared memory -> release s-1
-template <bool kF16, bool kBKMajor, bool kTmaStore, int kCluster>
+template <int kIn, bool kBKMajor, bool kTmaStore, int kCluster>
 __device__ __forceinline__ void mainloop(const KernelParams& p, const Stages& st, const Unit& w,
                                          float (&acc)[128], int consumer, bool leader, int& it,
                                          Pending& pending, const CUtensorMap& map_a_out,
@@ -32,20 +33,21 @@ __device__ __forceinline__ void mainloop(const KernelParams& p, const Stages& st
     if (store_a) {
       // The stage was written by TMA (the async proxy) and is read by TMA: the full barrier
       // orders the two, no proxy fence needed.
-      tma_store_2d(&map_a_out, a_rows, kb * kBK, a_out_row);
+      tma_store_2d(&map_a_out, a_rows, kb * k_block_of(p), a_out_row);
       asm volatile("cp.async.bulk.commit_group;" ::: "memory");
     }
     const uint32_t a_addr = smem_u32(a_rows);
     const uint32_t b_addr = smem_u32(st.b + s * kStageBBytes);
     wgmma_fence();
+    // 128-byte rows of k: 4 steps of 32 bytes (k16 of 16-bit inputs, k32 of float8).
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
+    for (int kk = 0; kk < 4; ++kk) {
       const uint64_t da = smem_desc(a_addr + kk * 32, 16, 1024);
       if constexpr (kBKMajor) {
-        wgmma<kF16, 0>(acc, da, smem_desc(b_addr + kk * 32, 16, 1024), kb > w.kb0 || kk > 0);
+        wgmma<kIn, 0>(acc, da, smem_desc(b_addr + kk * 32, 16, 1024), kb > w.kb0 || kk > 0);
       } else {
-        wgmma<kF16, 1>(acc, da, smem_desc(b_addr + kk * 2048, p.b_mn_lbo, p.b_mn_sbo),
-                       kb > w.kb0 || kk > 0);
+        wgmma<kIn, 1>(acc, da, smem_desc(b_addr + kk * 2048, p.b_mn_lbo, p.b_mn_sbo),
+                      kb > w.kb0 || kk > 0);
       }
     }
     wgmma_commit();

@@ -56,6 +56,37 @@ __device__ __forceinline__ FragmentPlace fragment_place(int64_t r0, int64_t rows
   return f;
 }
 
+// The scaled GEMM's epilogue (float8; params.h): acc(i, j) * sa(i) * sb(j), left to right (the
+// CPU backend's scaled GEMM and emulation round alike), for this thread's elements of one
+// consumer's 64 x 256 block at rows [r0, r0 + 64), columns [n0, n0 + 256). Rows from m and
+// columns from n on keep what they hold (never stored). A's row-wise scales may have been written
+// by a peer's copy during this kernel (the gathered chunks'): read through L2 (ld.global.cg),
+// never a line this SM's L1 could hold from before; the tile's rows waited for their chunk's flag
+// before their k-blocks were loaded, so the scales have landed too. (Loading the scales beside the
+// last k-block's MMAs instead made no measurable difference on 2 x H200.)
+__device__ __forceinline__ void scale_block(const KernelParams& p, float (&d)[128], int64_t r0,
+                                            int n0) {
+  const FragmentPlace f = fragment_place(r0, p.m);
+  const float* sa = f.row_ok ? a_scale_at(p, f.row) : nullptr;
+  const float* sa8 = f.row8_ok ? a_scale_at(p, f.row + 8) : nullptr;
+  const float s = sa != nullptr ? __ldcg(sa) : 1.f;
+  const float s8 = sa8 != nullptr ? __ldcg(sa8) : 1.f;
+  const float sb_all = p.b_scale != nullptr && p.b_scale_stride == 0 ? __ldg(p.b_scale) : 1.f;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const int64_t col = n0 + f.col + 8 * j;
+    float x = sb_all, y = sb_all;
+    if (p.b_scale != nullptr && p.b_scale_stride != 0) {
+      if (col < p.n) x = __ldg(p.b_scale + col);
+      if (col + 1 < p.n) y = __ldg(p.b_scale + col + 1);
+    }
+    d[4 * j] = d[4 * j] * s * x;
+    d[4 * j + 1] = d[4 * j + 1] * s * y;
+    d[4 * j + 2] = d[4 * j + 2] * s8 * x;
+    d[4 * j + 3] = d[4 * j + 3] * s8 * y;
+  }
+}
+
 // The thread's two pairs of one 8-column group: (x, y) at (f.row, col), (x8, y8) 8 rows below,
 // columns from `end` on left out.
 template <typename Out>

@@ -9,10 +9,11 @@
 //                                         (producer.cuh)
 //   warpgroups 1, 2 (consumers):          per k-block wait full[s] -> [TMA store of its A
 //                                         rows: the copy of A, tiles of the first column] ->
-//                                         4 x wgmma m64n256k16 ->
+//                                         4 x wgmma m64n256k16 (float8: k32) ->
 //                                         (previous k-block done) arrive empty[s-1]
 //                                         (consumer.cuh); per tile the epilogue (epilogue.cuh):
-//                                         [tail split parts] [reduce-scatter sum], 16-bit C
+//                                         [tail split parts] [float8 scales]
+//                                         [reduce-scatter sum], 16-bit C
 //                                         through shared memory and TMA stores (in two column
 //                                         halves), f32 C from registers, or the SwiGLU of the
 //                                         gate and up halves (staged as C, or from
@@ -48,7 +49,7 @@ namespace {
 // share its B tile: each loads one half of B and multicasts it into both CTAs' shared memory
 // (half the L2 -> SM traffic for B). A stage is refilled only after the consumers of both CTAs
 // released it (empty barriers count 4 arrivals: 2 consumers x 2 CTAs).
-template <bool kF16, bool kBKMajor, bool kTmaStore, int kCluster>
+template <int kIn, bool kBKMajor, bool kTmaStore, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     async_gemm_kernel(const __grid_constant__ CUtensorMap map_a,
                       const __grid_constant__ CUtensorMap map_b,
@@ -112,8 +113,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int r0 = tile.m0 + 64 * consumer;
     // The copy of A: the first column's tiles store the rows they load (each row once).
     const int a_out_row = p.a_out != nullptr && tile.n0 == 0 && r0 < p.m ? r0 : -1;
-    mainloop<kF16, kBKMajor, kTmaStore, kCluster>(p, st, w, acc, consumer, leader, it, pending,
-                                                  map_a_out, a_out_row);
+    mainloop<kIn, kBKMajor, kTmaStore, kCluster>(p, st, w, acc, consumer, leader, it, pending,
+                                                 map_a_out, a_out_row);
     if (w.part >= 0) {
       if (w.part < p.split - 1) {
         save_split_part(p, w, acc, consumer, leader);
@@ -122,6 +123,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       add_split_parts(p, w, acc, consumer, leader);
     }
 
+    // float8: the scales, on the whole accumulator (before the peers' parts, which are scaled).
+    if constexpr (kIn == kInE4M3) scale_block(p, acc, r0, tile.n0);
     if (sums) add_sum_parts<kTmaStore, kCluster>(p, st, acc, consumer, leader, it, pending);
     const int64_t sum_row = sum_row_of(p, r0);
     if (sums && !(kTmaStore && p.sum_tma_store)) {

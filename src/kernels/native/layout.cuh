@@ -7,7 +7,8 @@
 // swizzle written by TMA and read by wgmma) and a 32 KiB staging area for C: 225 KiB of the 227
 // a block may have.
 //
-// Shared-memory layouts, as TMA writes them and wgmma reads them (bf16/f16, 128-byte rows):
+// Shared-memory layouts, as TMA writes them and wgmma reads them (128-byte rows: 64 k of bf16/f16,
+// 128 k of float8, whose stages hold the same bytes):
 //   A stage:            128 rows (m) x 64 k               K-major, 8-row groups 1024 B apart
 //   B stage, K-major:   256 rows (n) x 64 k               same
 //   B stage, N-major:   4 boxes of 64 rows (k) x 64 n     box j = n 64j..64j+63, 8 KiB apart;

@@ -47,7 +47,7 @@ struct NativeGemmOperands {
   bool b_k_major = false;
   void* c = nullptr;  // [M, N], row stride ldc
   int64_t ldc = 0;
-  DType in_dtype = DType::kBF16;  // A and B: bf16 or f16
+  DType in_dtype = DType::kBF16;  // A and B: bf16, f16 or float8 e4m3 (then B k-major)
   DType c_dtype = DType::kBF16;   // f32, bf16 or f16
   int64_t m = 0, n = 0, k = 0;
   // The rows of chunk own_chunk as the caller holds them ([chunk rows, K], row stride own_lda):
@@ -75,6 +75,21 @@ struct NativeGemmOperands {
   void* pre = nullptr;
   int64_t pre_ld = 0;
   DType pre_dtype = DType::kBF16;
+  // The scaled (float8 e4m3) GEMM: C[i, j] = acc(i, j) * sa(i) * sb(j) in f32, rounded once, where
+  // acc accumulates as the tensor cores' fast float8 mode does (PyTorch's use_fast_accum; no
+  // promotion into separate f32 registers) and
+  //   sa(i) = a_scale[i * a_scale_stride], or own_a_scale[(i - the own chunk's first row) *
+  //           a_scale_stride] for the own chunk's rows where own_a_scale is given (own_a's
+  //           scales, wherever the tile read the row from);
+  //   sb(j) = b_scale[j * b_scale_stride].
+  // Stride 1: one f32 per row of A ([M]) or column of C ([N]), row-wise; 0: one value,
+  // tensor-wise. Null a_scale / b_scale: 1. 16-bit inputs take no scales. With the reduce-scatter
+  // epilogue the scales apply to acc before the parts are added (the parts are scaled already).
+  const float* a_scale = nullptr;
+  int64_t a_scale_stride = 0;
+  const float* own_a_scale = nullptr;
+  const float* b_scale = nullptr;
+  int64_t b_scale_stride = 0;
 };
 
 // The schedule and the protocol with the other streams and ranks: what the op chooses
@@ -154,9 +169,10 @@ struct NativeGemmLaunch {
   // Store C (and the SwiGLU epilogue's pre) from registers even where the TMA store could be
   // used (tests and measurements).
   bool force_register_store = false;
-  // CTAs per cluster: 1 (0: the default, 1), or 2 (pairs sharing each B tile through TMA
-  // multicast; only with the TMA store, no tail split). Correct, but no faster than single CTAs,
-  // so not the default (see docs/DECISIONS.md D17).
+  // CTAs per cluster: 1, or 2 (pairs sharing each B tile through TMA multicast; only with the TMA
+  // store, no tail split, no reduce-scatter or SwiGLU epilogue); 0: the default (cluster_of in
+  // schedule.h), 2 for float8 inputs, else 1 (pairs are no faster with 16-bit inputs, see
+  // docs/DECISIONS.md D17).
   int cluster = 0;
 };
 

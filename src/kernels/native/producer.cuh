@@ -75,6 +75,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, const Stages& st,
   // the consumers must not hang on their stages.
   bool sum_waiting = p.sum_count > 1;
   int it = 0;
+  const int kblk = k_block_of(p);  // elements of k per k-block (128 bytes of a row)
   for (int u = sched.cluster_id; u < sched.num_units; u += sched.clusters) {
     const Unit w = unit_of<kCluster>(u, p, sched.walk);
     const Tile tile = sched.walk.tile(w.t);
@@ -89,34 +90,34 @@ __device__ __forceinline__ void produce(const KernelParams& p, const Stages& st,
       const int s = it % kStages;
       mbar_wait(&st.empty[s], ((it / kStages) & 1) ^ 1);
       mbar_expect_tx(&st.full[s], kStageABytes + kStageBBytes);
-      tma_load_2d(st.a + s * kStageABytes, a_map, &st.full[s], kb * kBK, a_row);
+      tma_load_2d(st.a + s * kStageABytes, a_map, &st.full[s], kb * kblk, a_row);
       uint8_t* b = st.b + s * kStageBBytes;
       if constexpr (kCluster == 2) {
         // This CTA's half of B, into both CTAs.
         if constexpr (kBKMajor) {
-          tma_load_2d_multicast(b + cta * (kStageBBytes / 2), &map_b, &st.full[s], kb * kBK,
+          tma_load_2d_multicast(b + cta * (kStageBBytes / 2), &map_b, &st.full[s], kb * kblk,
                                 tile.n0 + (kBN / 2) * static_cast<int>(cta), 0x3);
         } else {
 #pragma unroll
           for (int j = 2 * cta; j < 2 * cta + 2; ++j)
-            tma_load_2d_multicast(b + j * 8192, &map_b, &st.full[s], tile.n0 + 64 * j, kb * kBK,
+            tma_load_2d_multicast(b + j * 8192, &map_b, &st.full[s], tile.n0 + 64 * j, kb * kblk,
                                   0x3);
         }
       } else if constexpr (kBKMajor) {
         if (p.swiglu) {
           // Two boxes of kBN / 2 rows (the map's box with the SwiGLU epilogue): the gate's, then
           // the up projection's (b_col_of), 16 KiB apart as one kBN-row box would lay them.
-          tma_load_2d(b, &map_b, &st.full[s], kb * kBK, static_cast<int>(b_col_of(p, tile.n0, 0)));
-          tma_load_2d(b + kStageBBytes / 2, &map_b, &st.full[s], kb * kBK,
+          tma_load_2d(b, &map_b, &st.full[s], kb * kblk, static_cast<int>(b_col_of(p, tile.n0, 0)));
+          tma_load_2d(b + kStageBBytes / 2, &map_b, &st.full[s], kb * kblk,
                       static_cast<int>(b_col_of(p, tile.n0, kBN / 2)));
         } else {
-          tma_load_2d(b, &map_b, &st.full[s], kb * kBK, tile.n0);
+          tma_load_2d(b, &map_b, &st.full[s], kb * kblk, tile.n0);
         }
       } else {
 #pragma unroll
         for (int j = 0; j < kBN / 64; ++j) {
           tma_load_2d(b + j * 8192, &map_b, &st.full[s],
-                      static_cast<int>(b_col_of(p, tile.n0, 64 * j)), kb * kBK);
+                      static_cast<int>(b_col_of(p, tile.n0, 64 * j)), kb * kblk);
         }
       }
     }

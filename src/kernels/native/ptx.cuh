@@ -77,10 +77,23 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
-template <bool kF16, int kTransB>
+// The inputs a kernel is built for (its kIn parameter).
+enum InKind : int { kInBF16 = 0, kInF16 = 1, kInE4M3 = 2 };
+
+// One m64n256 wgmma step over 32 bytes of k: k16 of bf16 / f16, or k32 of float8 e4m3 (which
+// reads both operands K-major: kTransB 0 only, no transpose operands in its form).
+template <int kIn, int kTransB>
 __device__ __forceinline__ void wgmma(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
                                       int scale_d) {
-  if constexpr (kF16) {
+  if constexpr (kIn == kInE4M3) {
+    static_assert(kTransB == 0, "float8 wgmma reads B K-major");
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {" ASYNCTP_WGMMA_ACC_REGS
+        "}, %128, %129, p, 1, 1;\n}\n"
+        : ASYNCTP_WGMMA_ACC_OPERANDS(d)
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  } else if constexpr (kIn == kInF16) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" ASYNCTP_WGMMA_ACC_REGS

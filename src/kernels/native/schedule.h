@@ -59,6 +59,8 @@ namespace asynctp::kernels {
 
 inline constexpr int kBM = 128;
 inline constexpr int kBN = 256;
+// A k-block is 128 bytes of each row of A and B: kBK 16-bit elements, or 2 kBK float8 ones
+// (k_block_of).
 inline constexpr int kBK = 64;
 inline constexpr int kGroupM = 16;
 inline constexpr int kMaxSplit = 4;
@@ -67,6 +69,19 @@ inline constexpr int kMinSplitKBlocks = 4;  // k-blocks per part at least (the p
 inline constexpr size_t kPartialBytes = 2 * 32 * 128 * 16;
 
 // ---- Defaults and pieces ----
+
+// Whether the inputs are float8 (e4m3): one byte each, the wgmma k32 shape, scales in the
+// epilogue.
+ASYNCTP_HOST_DEVICE bool float8_inputs(const NativeGemmParams& p) {
+  return p.in_dtype == DType::kF8E4M3;
+}
+// The elements of A and B in one k-block (128 bytes of a row).
+ASYNCTP_HOST_DEVICE int k_block_of(const NativeGemmParams& p) {
+  return float8_inputs(p) ? 2 * kBK : kBK;
+}
+ASYNCTP_HOST_DEVICE int64_t k_blocks_of(const NativeGemmParams& p) {
+  return (p.k + k_block_of(p) - 1) / k_block_of(p);
+}
 
 ASYNCTP_HOST_DEVICE int64_t chunk_rows_of(const NativeGemmParams& p) {
   return p.chunk_rows > 0 ? p.chunk_rows : p.m;
@@ -100,7 +115,8 @@ ASYNCTP_HOST_DEVICE bool tma_storable(const void* base, int64_t ld, DType dtype)
   return dtype != DType::kF32 && reinterpret_cast<uintptr_t>(base) % 16 == 0 && ld % 8 == 0;
 }
 // The TMA store needs a 16-bit C that TMA can store; clusters of two (B multicast) only come with
-// it, and only when asked for: they are no faster than single CTAs (see docs/DECISIONS.md D17).
+// it, and for 16-bit inputs only when asked for: they are no faster than single CTAs there (see
+// docs/DECISIONS.md D17).
 // The SwiGLU epilogue's pre, if any, goes the same way as C: through the staging area, as two
 // [M, N] halves (the gate's at pre, the up projection's at pre + N: N % 8 == 0 keeps the second
 // half's base 16-byte aligned), so it must be TMA-storable too.
@@ -111,8 +127,17 @@ ASYNCTP_HOST_DEVICE bool uses_tma_store(const NativeGemmParams& p) {
 }
 // The reduce-scatter and SwiGLU epilogues run on single CTAs: the sum stages are per CTA, while a
 // cluster's rings go in step; the SwiGLU tile's B is two boxes, which the multicast does not split.
+//
+// The default (cluster 0): single CTAs for 16-bit inputs, pairs for float8. A float8 k-block
+// feeds twice the MMAs of a 16-bit one from the same 48 KiB of A and B, so single CTAs ask L2
+// for twice the bytes per second, more than it gives; sharing B halves that (the GEMM alone,
+// 2 x H200: 1.09-1.31x cuBLASLt's time with single CTAs, 1.02-1.09x with pairs).
+ASYNCTP_HOST_DEVICE int cluster_of(const NativeGemmParams& p) {
+  if (p.cluster != 0) return p.cluster;
+  return float8_inputs(p) ? 2 : 1;
+}
 ASYNCTP_HOST_DEVICE bool uses_cluster(const NativeGemmParams& p) {
-  return p.cluster == 2 && uses_tma_store(p) && p.sum_chunk < 0 && !p.swiglu;
+  return cluster_of(p) == 2 && uses_tma_store(p) && p.sum_chunk < 0 && !p.swiglu;
 }
 // A (cluster) tile's rows.
 ASYNCTP_HOST_DEVICE int64_t tile_height(const NativeGemmParams& p) {
@@ -199,7 +224,7 @@ ASYNCTP_HOST_DEVICE Walk walk_of(const NativeGemmParams& p, int height, int grou
   w.tiles_m = static_cast<int>((p.m + height - 1) / height);
   w.tiles_n = static_cast<int>((p.n + w.width - 1) / w.width);
   w.num_tiles = w.tiles_m * w.tiles_n;
-  w.k_blocks = static_cast<int>((p.k + kBK - 1) / kBK);
+  w.k_blocks = static_cast<int>(k_blocks_of(p));
   w.pivot_m = static_cast<int>(walk_pivot(p.first_chunk * p.chunk_rows, height));
   w.group_m = group_m;
   return w;
@@ -279,7 +304,7 @@ inline int tail_split_of(const NativeGemmParams& p, int ctas, int sms) {
   const int64_t tiles = num_tiles(p, kBM);
   const int tail = static_cast<int>(tiles % ctas);
   if (tail == 0) return 1;
-  const int64_t k_blocks = (p.k + kBK - 1) / kBK;
+  const int64_t k_blocks = k_blocks_of(p);
   int split = static_cast<int>(std::min<int64_t>(ctas / tail, k_blocks / kMinSplitKBlocks));
   split = std::min(split, p.tail_split >= 2 ? std::min(p.tail_split, kMaxSplit) : kMaxSplit);
   return split >= 2 ? split : 1;
@@ -323,6 +348,16 @@ ASYNCTP_HOST_DEVICE int64_t ready_index(const NativeGemmParams& p, const ReadyPi
 // The own chunk's first row.
 ASYNCTP_HOST_DEVICE int64_t own_first_row(const NativeGemmParams& p) {
   return static_cast<int64_t>(p.own_chunk) * p.chunk_rows;
+}
+// Where the scaled GEMM's sa(row) is (params.h): in own_a_scale for the own chunk's rows where
+// given, else in a_scale; null where A has no scale (1).
+ASYNCTP_HOST_DEVICE const float* a_scale_at(const NativeGemmParams& p, int64_t row) {
+  const int64_t own_first = own_first_row(p);
+  if (p.own_a_scale != nullptr && p.own_chunk >= 0 && row >= own_first &&
+      row < own_first + p.chunk_rows) {
+    return p.own_a_scale + (row - own_first) * p.a_scale_stride;
+  }
+  return p.a_scale == nullptr ? nullptr : p.a_scale + row * p.a_scale_stride;
 }
 // Whether a CTA's 128 rows from m0 lie wholly inside the own chunk: read from own_a, no wait.
 ASYNCTP_HOST_DEVICE bool reads_own(const NativeGemmParams& p, int64_t m0) {

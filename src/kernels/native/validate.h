@@ -63,8 +63,34 @@ inline const char* swiglu_unsupported(const NativeGemmParams& a) {
 }
 
 // Why the native GEMM cannot run these params (dtype, alignment, strides, pieces), or nullptr.
+// Why the scaled (float8) GEMM's arguments are unusable, or nullptr.
+inline const char* float8_unsupported(const NativeGemmParams& a) {
+  // wgmma reads 8-bit operands K-major only.
+  if (!a.b_k_major) return "float8 inputs need a k-major B ([N, K] row-major, a transposed weight)";
+  if (a.swiglu) return "the SwiGLU epilogue takes bf16 or f16 inputs, not float8";
+  if ((a.a_scale == nullptr && a.own_a_scale != nullptr) ||
+      (a.a_scale != nullptr && a.a_scale_stride != 0 && a.a_scale_stride != 1) ||
+      (a.b_scale != nullptr && a.b_scale_stride != 0 && a.b_scale_stride != 1))
+    return "a scale's stride is not 0 (tensor-wise) or 1 (row-wise), or own_a_scale comes "
+           "without a_scale";
+  if (a.own_a_scale != nullptr && a.own_a == nullptr)
+    return "own_a_scale needs own_a (the own chunk's rows)";
+  const auto misaligned = [](const float* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4; };
+  if (misaligned(a.a_scale) || misaligned(a.own_a_scale) || misaligned(a.b_scale))
+    return "a scale is not 4-byte aligned";
+  return nullptr;
+}
+
 inline const char* native_gemm_unsupported(const NativeGemmParams& a) {
-  if (a.in_dtype != DType::kBF16 && a.in_dtype != DType::kF16) return "inputs are not bf16 or f16";
+  if (a.in_dtype != DType::kBF16 && a.in_dtype != DType::kF16 && a.in_dtype != DType::kF8E4M3)
+    return "inputs are not bf16, f16 or float8 e4m3";
+  if (float8_inputs(a)) {
+    if (const char* why = float8_unsupported(a)) return why;
+  } else if (a.a_scale != nullptr || a.own_a_scale != nullptr || a.b_scale != nullptr) {
+    return "scales are for float8 inputs; bf16 and f16 take none";
+  }
+  // TMA's 16-byte rules, in elements of A's and B's dtype.
+  const int64_t align = float8_inputs(a) ? 16 : 8;
   if (a.c_dtype != DType::kF32 && a.c_dtype != DType::kBF16 && a.c_dtype != DType::kF16) {
     return "the output is not f32, bf16 or f16";
   }
@@ -75,7 +101,7 @@ inline const char* native_gemm_unsupported(const NativeGemmParams& a) {
     return reinterpret_cast<uintptr_t>(ptr) % bytes != 0;
   };
   if (misaligned(a.a, 16) || misaligned(a.b, 16)) return "A or B is not 16-byte aligned (TMA)";
-  if (a.lda % 8 != 0 || a.ldb % 8 != 0)
+  if (a.lda % align != 0 || a.ldb % align != 0)
     return "a row stride of A or B is not a multiple of 16 bytes (TMA)";
   if (a.lda < a.k || a.ldb < (a.b_k_major ? a.k : b_cols(a)))
     return "a row stride shorter than its row";
@@ -104,12 +130,13 @@ inline const char* native_gemm_unsupported(const NativeGemmParams& a) {
     return "ready_stride is smaller than the number of chunks (pieces' flags would overlap)";
   if (a.own_a != nullptr) {
     if (a.own_chunk < 0 || a.own_chunk * rows >= a.m) return "own_chunk is out of range";
-    if (misaligned(a.own_a, 16) || a.own_lda % 8 != 0 || a.own_lda < a.k) {
+    if (misaligned(a.own_a, 16) || a.own_lda % align != 0 || a.own_lda < a.k) {
       return "the own chunk's A is not 16-byte aligned or its row stride is not a multiple of 16 "
              "bytes (TMA)";
     }
   }
-  if (a.a_out != nullptr && (misaligned(a.a_out, 16) || a.a_out_ld % 8 != 0 || a.a_out_ld < a.k)) {
+  if (a.a_out != nullptr &&
+      (misaligned(a.a_out, 16) || a.a_out_ld % align != 0 || a.a_out_ld < a.k)) {
     return "the copy of A is not 16-byte aligned, or its row stride is not a multiple of 16 bytes "
            "or is shorter than K (TMA)";
   }

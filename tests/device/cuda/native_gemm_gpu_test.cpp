@@ -2,7 +2,7 @@
 // kernel and cuBLASLt over odd shapes, both B layouts and every output dtype; chunks that land
 // one by one while the kernel runs (ready flags set by the copy stream); a chunk that never lands
 // (timeout error naming it); per-chunk completion counters that a copy stream waits on; the
-// reduce-scatter epilogue of the own chunk (and its timeout). And the
+// reduce-scatter epilogue of the own chunk (and its timeout); float8 with its scales. And the
 // CUDA partial-sum reduction against the CPU backend's bits. Skips, saying why, without a GPU.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -20,6 +20,7 @@
 #include "device/cuda/one_gpu.h"
 #include "device/native_params.h"
 #include "kernels/kernels.h"
+#include "kernels/native/schedule.h"
 #include "ops/cuda/gpu_testing.h"
 #include "support/tensor_testing.h"
 
@@ -880,6 +881,226 @@ TEST(CudaWaitFlags, HoldsTheStreamUntilTheFlagsAreUpThenTimesOutNamingThePeer) {
   gpu.be().write_flag(flags + 2, 8, gpu.stream());
   gpu.be().wait_flags(wait, gpu.stream());
   EXPECT_NO_THROW(gpu.be().synchronize());
+}
+
+// ---- float8 ----------------------------------------------------------------------------------
+
+// The largest relative difference of one row: max over rows of ||actual_i - expected_i|| /
+// ||expected_i||, so that a scale wrong on a single row shows (the whole matrix's norm hides it).
+double max_row_rel_diff(const Tensor& actual_host, const Tensor& expected_host) {
+  const int64_t n = expected_host.size(1);
+  double worst = 0;
+  for (int64_t i = 0; i < expected_host.size(0); ++i) {
+    double num = 0, den = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double e = get(expected_host, i * n + j);
+      const double d = get(actual_host, i * n + j) - e;
+      num += d * d;
+      den += e * e;
+    }
+    worst = std::max(worst, den == 0 ? std::sqrt(num) : std::sqrt(num / den));
+  }
+  return worst;
+}
+
+// The float8 (e4m3) native GEMM with fast accumulation, every scale combination (row-wise A and
+// column-wise B, tensor-wise, none) and output dtype, shapes off the tile grid in M, N and K (K a
+// multiple of 16, the TMA's row alignment in bytes) and a split tail wave (333 x 520 x 4096):
+// against the reference kernel (f32 accumulation in k order, then the scales), row by row, and
+// against cuBLASLt's scaled GEMM with fast accumulation. The tensor cores' fast float8 sum keeps
+// about 14 mantissa bits: over these K its error stays under 1e-2 of a row's norm.
+TEST(NativeFloat8, MatchesReferenceAndCublasLtWithEveryScale) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  struct Case {
+    Shape shape;
+    bool rowwise, colwise, scaled;
+  };
+  const Case cases[] = {
+      {{128, 256, 128}, true, true, true},      {{1, 8, 16}, true, true, true},
+      {{200, 312, 144}, false, true, true},     {{200, 312, 144}, true, false, true},
+      {{1000, 1000, 1024}, false, false, true}, {{333, 520, 4096}, true, true, true},
+      {{2048, 768, 512}, true, true, true},     {{260, 264, 272}, false, false, false}};
+  for (const Case& c : cases) {
+    const auto [m, n, k] = c.shape;
+    const uint64_t seed =
+        seed_of({static_cast<uint64_t>(m), static_cast<uint64_t>(n), static_cast<uint64_t>(k), 8});
+    OwnedTensor a = gpu.upload({m, k}, DType::kF8E4M3, seed);
+    OwnedTensor b = gpu.upload_b(k, n, /*k_major=*/true, DType::kF8E4M3, seed + 1);
+    OwnedTensor sa =
+        gpu.upload(c.rowwise ? Dims{m} : Dims{1}, DType::kF32, seed + 2, Values::kPositive);
+    OwnedTensor sb =
+        gpu.upload(c.colwise ? Dims{1, n} : Dims{1}, DType::kF32, seed + 3, Values::kPositive);
+    OwnedTensor ref = gpu.empty({m, n}, DType::kF32);
+    ChunkedGemmArgs args;
+    args.a = a;
+    args.b = b;
+    args.d = ref;
+    if (c.scaled) {
+      args.a_scale = sa;
+      args.b_scale = sb;
+    }
+    kernels::NativeGemmParams kp;
+    ASSERT_EQ(to_native_params(args, &kp), "");
+    ASSERT_EQ(kernels::reference_gemm(kp, static_cast<cudaStream_t>(gpu.stream().native_handle())),
+              cudaSuccess);
+    const OwnedTensor expected = gpu.download(ref);
+    for (DType out : {DType::kBF16, DType::kF32, DType::kF16}) {
+      SCOPED_TRACE(fmt::format("{}x{}x{} A scale {} B scale {} out {}", m, n, k,
+                               !c.scaled   ? "none"
+                               : c.rowwise ? "row-wise"
+                                           : "tensor-wise",
+                               !c.scaled   ? "none"
+                               : c.colwise ? "column-wise"
+                                           : "tensor-wise",
+                               out));
+      OwnedTensor d = gpu.empty({m, n}, out);
+      args.d = d;
+      ASSERT_EQ(gpu.be().native_gemm_unsupported(args), "");
+      gpu.be().native_gemm(args, gpu.stream());
+      const OwnedTensor got = gpu.download(d);
+      EXPECT_LT(max_row_rel_diff(got, expected), 1e-2);
+      if (!c.scaled) continue;  // cuBLASLt's float8 GEMM takes scales
+      OwnedTensor lt = gpu.empty({m, n}, out);
+      GemmArgs g;
+      g.a = a;
+      g.b = b;
+      g.d = lt;
+      g.a_scale = c.rowwise ? sa->view({m, 1}) : sa.tensor;
+      g.b_scale = sb;
+      g.fast_accum = true;
+      gpu.be().gemm(g, gpu.stream());
+      EXPECT_LT(max_row_rel_diff(got, gpu.download(lt)), 1e-2) << "against cuBLASLt";
+    }
+  }
+}
+
+// A float8 problem on the GPU: e4m3 A [m, k] and B [k, n] (column-major), row-wise A scales [m]
+// and column-wise B scales [1, n] (positive), seeded from `seed`; args() into d.
+struct Float8Problem {
+  OwnedTensor a, b, sa, sb;
+  Float8Problem(Gpu& gpu, int64_t m, int64_t n, int64_t k, uint64_t seed)
+      : a(gpu.upload({m, k}, DType::kF8E4M3, seed)),
+        b(gpu.upload_b(k, n, true, DType::kF8E4M3, seed + 1)),
+        sa(gpu.upload({m}, DType::kF32, seed + 2, Values::kPositive)),
+        sb(gpu.upload({1, n}, DType::kF32, seed + 3, Values::kPositive)) {}
+  ChunkedGemmArgs args(const Tensor& d) const {
+    ChunkedGemmArgs args;
+    args.a = a;
+    args.b = b;
+    args.d = d;
+    args.a_scale = sa;
+    args.b_scale = sb;
+    return args;
+  }
+};
+
+// float8 runs on CTA pairs sharing B by default (cluster_of); single CTAs and the register store
+// compute every tile in the same order: the same bits, row-wise scales, off the tile grid.
+TEST(NativeFloat8, SingleCtasAndRegisterStoresMatchPairs) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  const int64_t m = 700, n = 520;
+  const Float8Problem f8(gpu, m, n, 400, 91);
+  OwnedTensor pairs = gpu.empty({m, n}, DType::kBF16);
+  kernels::NativeGemmParams kp;
+  ASSERT_EQ(to_native_params(f8.args(pairs), &kp), "");
+  ASSERT_TRUE(kernels::uses_cluster(kp));
+  const auto stream = static_cast<cudaStream_t>(gpu.stream().native_handle());
+  ASSERT_EQ(kernels::async_gemm(kp, stream), cudaSuccess);
+  const OwnedTensor expected = gpu.download(pairs);
+  for (const bool registers : {false, true}) {
+    OwnedTensor d = gpu.empty({m, n}, DType::kBF16);
+    kp.c = d->data();
+    kp.cluster = 1;
+    kp.force_register_store = registers;
+    ASSERT_EQ(kernels::async_gemm(kp, stream), cudaSuccess);
+    EXPECT_TRUE(same_bits(gpu.download(d), expected))
+        << (registers ? "register store" : "single CTAs");
+  }
+}
+
+// The own chunk's rows take their scales from own_a_scale, wherever the tile read them from:
+// a's and a_scale's own rows are NaN (which must not show), own_a and own_a_scale hold the real
+// ones; chunks of 200 rows, off the tile grid, so tiles straddle the own chunk's edges (their
+// rows read from a, which for those edge rows holds the real values, as the op copies them).
+TEST(NativeFloat8, OwnChunkRowsTakeTheOwnScales) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  const int64_t m = 600, n = 264, k = 256, rows = 200;
+  const Float8Problem real(gpu, m, n, k, 81);
+  OwnedTensor ref = gpu.empty({m, n}, DType::kF32);
+  ChunkedGemmArgs args = real.args(ref);
+  kernels::NativeGemmParams kp;
+  ASSERT_EQ(to_native_params(args, &kp), "");
+  ASSERT_EQ(kernels::reference_gemm(kp, static_cast<cudaStream_t>(gpu.stream().native_handle())),
+            cudaSuccess);
+  const OwnedTensor expected = gpu.download(ref);
+
+  // Chunk 1 (rows [200, 400)) is the own one. a keeps the real values of the rows that edge
+  // tiles read (native_gemm_own_edge_rows), NaN elsewhere in the chunk; a_scale is NaN there.
+  const Float8Problem f8(gpu, m, n, k, 81);  // the same values, NaN written over below
+  const Tensor a = f8.a, sa = f8.sa;
+  OwnedTensor own = gpu.empty({rows, k}, DType::kF8E4M3);
+  gpu.be().copy(own, real.a->narrow(0, rows, rows), gpu.stream());
+  OwnedTensor own_sa = gpu.empty({rows}, DType::kF32);
+  gpu.be().copy(own_sa, real.sa->narrow(0, rows, rows), gpu.stream());
+  gpu.be().fill(sa.narrow(0, rows, rows), std::nanf(""), gpu.stream());
+  OwnedTensor d = gpu.empty({m, n}, DType::kBF16);
+  args.a = a;
+  args.a_scale = sa;
+  args.d = d;
+  args.chunk_rows = rows;
+  args.first_chunk = 1;
+  args.own_a = own;
+  args.own_a_scale = own_sa;
+  args.own_chunk = 1;
+  const Backend::OwnEdgeRows edges = gpu.be().native_gemm_own_edge_rows(args);
+  ASSERT_LT(edges.head + edges.tail, rows);
+  gpu.be().fill(a.narrow(0, rows + edges.head, rows - edges.head - edges.tail), std::nanf(""),
+                gpu.stream());
+  ASSERT_EQ(gpu.be().native_gemm_unsupported(args), "");
+  gpu.be().native_gemm(args, gpu.stream());
+  EXPECT_LT(max_row_rel_diff(gpu.download(d), expected), 1e-2);
+}
+
+// What the float8 kernel cannot take, each said: an N-major B (wgmma reads 8-bit operands
+// K-major), a row stride off 16 bytes, scales on 16-bit inputs, a scale of the wrong size.
+TEST(NativeFloat8, RejectsWhatItCannotRun) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  OwnedTensor a = gpu.upload({64, 128}, DType::kF8E4M3, 1);
+  OwnedTensor b = gpu.upload_b(128, 64, true, DType::kF8E4M3, 2);
+  OwnedTensor d = gpu.empty({64, 64}, DType::kBF16);
+  OwnedTensor s = gpu.upload({64}, DType::kF32, 3, Values::kPositive);
+  ChunkedGemmArgs args;
+  args.a = a;
+  args.b = b;
+  args.d = d;
+  args.a_scale = s;
+  args.b_scale = s;
+  EXPECT_EQ(gpu.be().native_gemm_unsupported(args), "");
+  OwnedTensor row_major = gpu.upload({128, 64}, DType::kF8E4M3, 2);
+  args.b = row_major;
+  EXPECT_THAT(gpu.be().native_gemm_unsupported(args), ::testing::HasSubstr("k-major B"));
+  args.b = b;
+  args.a = a->narrow(1, 0, 120).narrow(0, 0, 64);  // K 120 of row stride 128: fine
+  args.b = b->narrow(0, 0, 120);
+  EXPECT_EQ(gpu.be().native_gemm_unsupported(args), "");
+  OwnedTensor odd = gpu.upload({64, 120}, DType::kF8E4M3, 4);  // row stride 120 bytes
+  args.a = odd;
+  EXPECT_THAT(gpu.be().native_gemm_unsupported(args), ::testing::HasSubstr("multiple of 16 bytes"));
+  args.a = a;
+  args.b = b;
+  args.a_scale = s->narrow(0, 0, 32);
+  EXPECT_THAT(gpu.be().native_gemm_unsupported(args), ::testing::HasSubstr("a_scale"));
+  OwnedTensor a16 = gpu.upload({64, 128}, DType::kBF16, 5);
+  OwnedTensor b16 = gpu.upload_b(128, 64, true, DType::kBF16, 6);
+  args.a = a16;
+  args.b = b16;
+  args.a_scale = s;
+  EXPECT_THAT(gpu.be().native_gemm_unsupported(args),
+              ::testing::HasSubstr("scales are for float8"));
 }
 
 }  // namespace
