@@ -478,11 +478,13 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
     paths.native_symm_bytes = symm_bytes;
     const int64_t m = ctx.world_size() * plan->rows;
     for (size_t j = 0; j < c.bs.size() && paths.native_unsupported.empty(); ++j) {
-      const ChunkedGemmArgs args =
-          native_args(ctx, *plan, c,
-                      detail::shape_only_matrix(c.a_shard.dtype(), m, plan->k, c.a_shard.device()),
-                      detail::shape_only(c.bs[j]), detail::shape_only(c.outs[j]),
-                      c.pre_out.defined() ? detail::shape_only(c.pre_out) : Tensor());
+      const ChunkedGemmArgs args = native_args(
+          ctx, *plan, c,
+          detail::shape_only_matrix(c.a_shard.dtype(), m, plan->k, c.a_shard.device()),
+          detail::shape_only(c.bs[j]), detail::shape_only(c.outs[j]),
+          c.pre_out.defined() ? detail::shape_only(c.pre_out) : Tensor(),
+          native_a_scale(c, detail::shape_only_contiguous(DType::kF32, {m}, c.a_shard.device())),
+          c.scaled ? detail::shape_only(c.b_scale(j)) : Tensor());
       paths.native_unsupported = ctx.backend().native_gemm_unsupported(args);
     }
   }

@@ -4,7 +4,8 @@
 
 namespace asynctp::detail::agmm {
 
-// The native schedule on rank r of ws (row gather with no batch dims before g, bf16/f16):
+// The native schedule on rank r of ws (row gather with no batch dims before g; bf16/f16, or
+// float8 with fast accumulation, whose row-wise scales travel with the first piece):
 //
 //   compute: [own edge rows -> S_r[r], ready_r[r] = e] | native GEMM: own chunk from A_shard,
 //            then chunks r+1, r+2, ... as they land (each row of A also stored into a returned
@@ -35,8 +36,18 @@ namespace asynctp::detail::agmm {
 
 std::optional<NativePlan> native_plan(const AgMmCall& c, std::string* why) {
   if (c.scaled) {
-    *why = "float8 operands (the native GEMM takes bf16 or f16)";
-    return std::nullopt;
+    for (size_t j = 0; j < c.bs.size(); ++j) {
+      if (!c.fast(j)) {
+        *why = c.bs.size() > 1 ? fmt::format("B {}: {}", j, kNativeFloat8NeedsFastAccum)
+                               : std::string(kNativeFloat8NeedsFastAccum);
+        return std::nullopt;
+      }
+    }
+    if (c.rowwise() && !c.a_scale.is_contiguous()) {
+      *why = fmt::format("a strided row-wise A_scale {} (the GEMM reads the own rows' in place)",
+                         c.a_scale.describe());
+      return std::nullopt;
+    }
   }
   if (c.k_gather()) {
     *why = "the gather is on the contraction dim";
@@ -61,12 +72,14 @@ std::optional<NativePlan> native_plan(const AgMmCall& c, std::string* why) {
 }
 
 ChunkedGemmArgs native_args(OpContext& ctx, const NativePlan& plan, const AgMmCall& c,
-                            const Tensor& a, const Tensor& b, const Tensor& out,
-                            const Tensor& pre) {
+                            const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& pre,
+                            const Tensor& a_scale, const Tensor& b_scale) {
   const int ws = ctx.world_size();
   ChunkedGemmArgs args;
   args.a = a;
   args.b = b;
+  args.a_scale = a_scale;
+  args.b_scale = b_scale;
   args.d = out.view({ws * plan.rows, out.size(-1)});
   args.swiglu = c.swiglu;
   if (pre.defined()) args.pre_out = pre.view({ws * plan.rows, pre.size(-1)});
@@ -77,6 +90,11 @@ ChunkedGemmArgs native_args(OpContext& ctx, const NativePlan& plan, const AgMmCa
   return args;
 }
 
+Tensor native_a_scale(const AgMmCall& c, const Tensor& gathered_scales) {
+  if (!c.scaled) return Tensor();
+  return c.rowwise() ? gathered_scales : c.a_scale;
+}
+
 void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
@@ -85,7 +103,13 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   const int rank = ctx.rank();
   const DType dtype = c.a_shard.dtype();
   const size_t shard_bytes = c.a_shard.nbytes();
-  const PushBuffer buf(ctx, shard_bytes, 0);
+  // float8 with row-wise scales: each rank's scales ([rows] f32) go with its shard, into the scale
+  // slots, which hold the gathered scales [ws * rows] in rank order; pushed before the shard's
+  // first piece, so every flag of the shard stands for its scales too.
+  const bool rowwise = c.rowwise();
+  const PushBuffer buf(ctx, shard_bytes, rowwise ? c.a_scale.nbytes() : 0);
+  const Tensor own_scale = rowwise ? c.a_scale.view({plan.rows}) : Tensor();
+  auto scale_slot = [&](int owner, int p) { return buf.scale_slot(owner, p, {plan.rows}); };
   const uint32_t number = buf.number;
   auto slot = [&](int owner, int p) { return buf.slot(owner, p, {plan.rows, plan.k}, dtype); };
   // Piece q of chunk s is flagged by [channel + q][s] of the owner's pad.
@@ -99,8 +123,10 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   };
   // The flag of piece q of this rank's chunk on `owner`.
   auto flag_of = [&](int owner, int q) { return ready_of(owner) + q * ws + rank; };
-  // Piece q of this rank's chunk into `owner`'s slot, on the copy stream.
+  // Piece q of this rank's chunk into `owner`'s slot, on the copy stream (the first one behind
+  // the chunk's row-wise scales).
   auto copy_piece = [&](int owner, const Tensor& from, int q) {
+    if (rowwise && q == 0) be.copy(scale_slot(owner, rank), own_scale, copy);
     be.copy(piece_of(slot(owner, rank), q), piece_of(from, q), copy);
   };
   // Its flag, beside the copy stream (which goes on at once), behind everything on it so far.
@@ -128,8 +154,11 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   // The own chunk is read in place where the GEMM can address A_shard (contiguous, aligned:
   // the same for every B).
   std::vector<ChunkedGemmArgs> gemms;
+  const Tensor a_scale =
+      native_a_scale(c, rowwise ? buf.scale_slot(rank, 0, {ws * plan.rows}) : Tensor());
   for (size_t j = 0; j < c.bs.size(); ++j) {
-    gemms.push_back(native_args(ctx, plan, c, gathered, c.bs[j], c.outs[j], c.pre_out));
+    gemms.push_back(
+        native_args(ctx, plan, c, gathered, c.bs[j], c.outs[j], c.pre_out, a_scale, c.b_scale(j)));
     gemms.back().ready = ready;
     gemms.back().ready_value = number;
     gemms.back().ready_rows = pieces.rows;
@@ -137,11 +166,13 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   }
   ChunkedGemmArgs probe = gemms[0];
   probe.own_a = c.a_shard.is_contiguous() ? c.a_shard.view({plan.rows, plan.k}) : Tensor();
+  probe.own_a_scale = own_scale;
   probe.own_chunk = rank;
   const bool in_place = probe.own_a.defined() && be.native_gemm_unsupported(probe).empty();
   if (in_place) {
     for (ChunkedGemmArgs& args : gemms) {
       args.own_a = probe.own_a;
+      args.own_a_scale = own_scale;
       args.own_chunk = rank;
     }
   }
@@ -174,6 +205,7 @@ void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan) {
   ctx.mark("start", compute);
   if (!in_place) {
     be.copy(slot(rank, rank).view(c.a_shard.shape()), c.a_shard, compute);
+    if (rowwise) be.copy(scale_slot(rank, rank), own_scale, compute);
     for (int q = 0; q < pieces.count; ++q)
       be.write_flag(flag_of(rank, q), number, compute);
   }

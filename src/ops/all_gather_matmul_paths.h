@@ -106,9 +106,14 @@ struct NativePlan {
 // The native plan where the native GEMM can take the call's shapes, else nullopt and why.
 std::optional<NativePlan> native_plan(const AgMmCall& c, std::string* why);
 // The native GEMM's arguments for a (the gathered A), b and out, chunked by the shards; with
-// the call's SwiGLU epilogue, pre (the call's pre_out or a descriptor of it) as its pre_out.
+// the call's SwiGLU epilogue, pre (the call's pre_out or a descriptor of it) as its pre_out. The
+// scaled form: a_scale (the gathered row-wise scale [m], or the tensor-wise one) and b_scale (B's).
 ChunkedGemmArgs native_args(OpContext& ctx, const NativePlan& plan, const AgMmCall& c,
-                            const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& pre);
+                            const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& pre,
+                            const Tensor& a_scale = Tensor(), const Tensor& b_scale = Tensor());
+// The gathered row-wise scale's descriptor [m] of the GEMM (scale slots, contiguous in rank
+// order), or the tensor-wise scale; undefined unless scaled.
+Tensor native_a_scale(const AgMmCall& c, const Tensor& gathered_scales);
 void run_native(OpContext& ctx, const AgMmCall& c, const NativePlan& plan);
 
 }  // namespace asynctp::detail::agmm

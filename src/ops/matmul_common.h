@@ -99,6 +99,13 @@ void check_b_scale(const Tensor& scale, int64_t n, const char* op, const std::st
 // pieces and wait for each), at most kMaxPushPieces. One piece where that leaves no
 // room (piece_bytes 0, small or short shards).
 inline constexpr int kMaxPushPieces = 4;
+
+// Why the native path does not take a float8 call without fast accumulation: the native GEMM
+// accumulates float8 products in the tensor cores' fast mode only (no promotion into separate f32
+// registers, which cuBLASLt does without use_fast_accum).
+inline constexpr const char* kNativeFloat8NeedsFastAccum =
+    "float8 without fast accumulation (the native GEMM accumulates float8 products in the tensor "
+    "cores' fast mode only: pass use_fast_accum / fast_accum to take it)";
 struct PushPieces {
   int count = 1;
   int64_t rows = 0;

@@ -172,6 +172,7 @@ class ProductWriter {
   // compute stream). Several products share one accumulator: they must stay on one stream.
   bool single_product() const { return as_.size() == 1; }
   const Tensor& a0() const { return as_[0]; }
+  const Tensor& a_scale() const { return a_scale_; }
   void write(int d, const Tensor& dst) { write(d, dst, ctx_.stream()); }
   void write(int d, const Tensor& dst, Stream& stream) {
     const int ws = ctx_.world_size();
@@ -395,7 +396,7 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
                             [&] { return range_text(ctx, c, options.reduce_op, p); });
     switch (p) {
       case Path::kNative:
-        run_native(ctx, c, a0, *plan, options);
+        run_native(ctx, c, a0, writer.a_scale(), *plan, options);
         break;
       case Path::kSplit:
         run_split(ctx, c, writer, options);
@@ -520,14 +521,15 @@ void reserve_matmul_reduce_scatter(OpContext& ctx, std::span<const Tensor> as,
   if (paths.overlapped) {
     ctx.workspace().get(symm_bytes, ctx.stream());
     ctx.reserve_scratch(Scratch::kStaging, staging_shape(chunk, ws).product() * esize);
-    const MmRsCall call{op,
-                        {as.begin(), as.end()},
-                        {bs.begin(), bs.end()},
-                        Tensor(),
-                        Tensor(),
-                        detail::shape_only_contiguous(dtype, chunk, a.device()),
-                        g,
-                        is_float8(a.dtype())};
+    MmRsCall call{op,
+                  {as.begin(), as.end()},
+                  {bs.begin(), bs.end()},
+                  Tensor(),
+                  Tensor(),
+                  detail::shape_only_contiguous(dtype, chunk, a.device()),
+                  g,
+                  is_float8(a.dtype())};
+    call.fast_accum = options.fast_accum;
     std::string why;
     if (paths.native &&
         native_rs_check(ctx, call, detail::shape_only_contiguous(a.dtype(), a.shape(), a.device()),

@@ -53,8 +53,8 @@ namespace asynctp::detail::mmrs {
 // had ended.
 
 std::optional<NativeRsPlan> native_rs_plan(const MmRsCall& c, std::string* why) {
-  if (c.scaled) {
-    *why = "float8 operands (the native GEMM takes bf16 or f16)";
+  if (c.scaled && !c.fast_accum) {
+    *why = kNativeFloat8NeedsFastAccum;
     return std::nullopt;
   }
   if (c.as.size() != 1) {
@@ -89,12 +89,18 @@ std::optional<NativeRsPlan> native_rs_plan(const MmRsCall& c, std::string* why) 
   return plan;
 }
 
-ChunkedGemmArgs native_rs_args(OpContext& ctx, const Tensor& a2, const Tensor& b,
-                               const Tensor& p2) {
+// The native GEMM of the call's product: a2 [m, k] @ b into p2 [m, n], scaled (float8) by
+// a_scale (contiguous where row-wise) and the call's B scale.
+ChunkedGemmArgs native_rs_args(OpContext& ctx, const MmRsCall& c, const Tensor& a2, const Tensor& b,
+                               const Tensor& p2, const Tensor& a_scale) {
   ChunkedGemmArgs args;
   args.a = a2;
   args.b = b;
   args.d = p2;
+  if (c.scaled) {
+    args.a_scale = c.rowwise() ? a_scale.view({a2.size(0)}) : a_scale;
+    args.b_scale = c.b_scale;
+  }
   args.chunk_rows = a2.size(0) / ctx.world_size();
   args.first_chunk = (ctx.rank() + 1) % ctx.world_size();
   args.timeout = ctx.group().timeout();
@@ -102,8 +108,8 @@ ChunkedGemmArgs native_rs_args(OpContext& ctx, const Tensor& a2, const Tensor& b
   return args;
 }
 
-void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const NativeRsPlan& plan,
-                const MatmulReduceScatterOptions& options) {
+void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Tensor& a_scale,
+                const NativeRsPlan& plan, const MatmulReduceScatterOptions& options) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
   const int ws = ctx.world_size();
@@ -135,7 +141,8 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Native
     sm.reset_and_barrier(landed_of(rank), pieces.count * ws, kBarrierChannel, compute);
     ctx.mark("opened", compute);
   }
-  ChunkedGemmArgs args = native_rs_args(ctx, a.view({plan.m, plan.k}), c.bs[0], product);
+  ChunkedGemmArgs args =
+      native_rs_args(ctx, c, a.view({plan.m, plan.k}), c.bs[0], product, a_scale);
   detail::set_native_rs_reduction(args, rank, ws, pieces,
                                   sm.buffer(rank, {ws, rows, plan.n}, c.out.dtype(), slots.offset),
                                   c.out.view({rows, plan.n}), done, landed_of(rank), slots.number,
@@ -251,9 +258,15 @@ std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, c
     *why = fmt::format("the product's {} rows do not split evenly over {} ranks", plan->m, ws);
     return std::nullopt;
   }
+  // (The run's A scale is contiguous: the op copies a strided one first.)
+  const Tensor a_scale = c.rowwise() ? detail::shape_only_contiguous(DType::kF32, c.a_scale.shape(),
+                                                                     c.a_scale.device())
+                         : c.scaled  ? detail::shape_only(c.a_scale)
+                                     : Tensor();
   ChunkedGemmArgs args = native_rs_args(
-      ctx, detail::shape_only(a0.view({plan->m, plan->k})), detail::shape_only(c.bs[0]),
-      detail::shape_only_matrix(c.out.dtype(), plan->m, plan->n, c.out.device()));
+      ctx, c, detail::shape_only(a0.view({plan->m, plan->k})), detail::shape_only(c.bs[0]),
+      detail::shape_only_matrix(c.out.dtype(), plan->m, plan->n, c.out.device()), a_scale);
+  if (c.scaled && c.b_scale.defined()) args.b_scale = detail::shape_only(c.b_scale);
   // The run's own arguments but for the buffers (aligned, like the symmetric slots).
   const int64_t rows = plan->m / ws;
   auto* flags = reinterpret_cast<uint32_t*>(uintptr_t{1} << 20);

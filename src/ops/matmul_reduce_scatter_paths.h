@@ -88,7 +88,8 @@ struct NativeRsPlan {
 // and why.
 std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, const Tensor& a0,
                                             ReduceOp reduce_op, std::string* why);
-void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const NativeRsPlan& plan,
-                const MatmulReduceScatterOptions& options);
+// a: As[0], contiguous; a_scale: the call's A scale, contiguous where row-wise (scaled calls).
+void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Tensor& a_scale,
+                const NativeRsPlan& plan, const MatmulReduceScatterOptions& options);
 
 }  // namespace asynctp::detail::mmrs

@@ -31,12 +31,20 @@ struct NativeAgCase {
   // copies it after the GEMM instead.
   bool a_out_misaligned = false;
   size_t piece_bytes = 0;  // push pieces (0: one per shard)
+  // float8 (dtype e4m3, B column-major), fast accumulation: A_scale per row (else one value),
+  // B_scales per column (else one value); a row-wise A_scale padded (strided: not native).
+  bool rowwise = false;
+  bool colwise = false;
 
+  bool scaled() const { return is_float8(dtype); }
   std::string describe() const {
-    return fmt::format("A_shard {}{}, gather_dim {}, Ns [{}], B {}, out {}{}{}, pieces of {} bytes",
-                       dtype, shard, gather_dim, fmt::join(ns, ", "), layout_name(b_layout),
-                       out_dtype, return_a ? ", returning A" : "",
-                       a_out_misaligned ? " (misaligned)" : "", piece_bytes);
+    return fmt::format(
+        "A_shard {}{}, gather_dim {}, Ns [{}], B {}, out {}{}{}, pieces of {} bytes{}", dtype,
+        shard, gather_dim, fmt::join(ns, ", "), layout_name(b_layout), out_dtype,
+        return_a ? ", returning A" : "", a_out_misaligned ? " (misaligned)" : "", piece_bytes,
+        scaled() ? fmt::format(", A_scale {}, B_scales {}", rowwise ? "row-wise" : "tensor-wise",
+                               colwise ? "column-wise" : "tensor-wise")
+                 : "");
   }
 };
 
@@ -45,19 +53,35 @@ void check_ag(OpContext& ctx, const NativeAgCase& c, uint64_t id,
   SCOPED_TRACE(c.describe());
   Backend& be = ctx.backend();
   const int ws = ctx.world_size();
-  std::vector<OwnedTensor> shards;
-  for (int r = 0; r < ws; ++r)
+  std::vector<OwnedTensor> shards, scales;
+  for (int r = 0; r < ws; ++r) {
     shards.push_back(seeded(c.shard, c.dtype, {id, 1, uint64_t(r)}));
+    if (c.scaled() && c.rowwise) {
+      scales.push_back(
+          seeded(with_dim(c.shard, -1, 1), DType::kF32, {id, 3, uint64_t(r)}, Values::kPositive));
+    }
+  }
+  if (c.scaled() && !c.rowwise)
+    scales.push_back(seeded({1}, DType::kF32, {id, 3}, Values::kPositive));
   const OwnedTensor a_full = concat(be, shards, c.gather_dim);
-  std::vector<OwnedTensor> bs_owned, expected, outs_owned;
-  std::vector<Tensor> bs, outs;
+  const OwnedTensor scale_full = c.rowwise ? concat(be, scales, c.gather_dim) : OwnedTensor();
+  const Tensor a_scale_full =
+      c.rowwise ? scale_full.tensor : (c.scaled() ? scales[0].tensor : Tensor());
+  std::vector<OwnedTensor> bs_owned, b_scales_owned, expected, outs_owned;
+  std::vector<Tensor> bs, b_scales, outs;
   for (size_t i = 0; i < c.ns.size(); ++i) {
     bs_owned.push_back(
         seeded({c.shard.back(), c.ns[i]}, c.dtype, {id, 2, i}, Values::kRandom, c.b_layout));
     bs.push_back(bs_owned.back());
+    if (c.scaled()) {
+      b_scales_owned.push_back(seeded(c.colwise ? Dims{1, c.ns[i]} : Dims{1}, DType::kF32,
+                                      {id, 4, i}, Values::kPositive));
+      b_scales.push_back(b_scales_owned.back());
+    }
     expected.push_back(
         empty_host(all_gather_matmul_out_shape(shards[0], bs[i], c.gather_dim, ws), c.out_dtype));
-    reference_gemm(be, a_full, bs[i], expected.back());
+    reference_gemm(be, a_full, bs[i], expected.back(), a_scale_full,
+                   c.scaled() ? b_scales[i] : Tensor());
     outs_owned.push_back(filled(expected.back()->shape(), c.out_dtype, kSentinel));
     outs.push_back(outs_owned.back());
   }
@@ -74,9 +98,16 @@ void check_ag(OpContext& ctx, const NativeAgCase& c, uint64_t id,
   options.gather_dim = c.gather_dim;
   options.path = path;
   options.push_piece_bytes = c.piece_bytes;
-  all_gather_matmul(ctx, shards[ctx.rank()], bs, outs, a_out, options);
+  const char* op = c.scaled() ? "all_gather_scaled_matmul" : "all_gather_matmul";
+  if (c.scaled()) {
+    options.fast_accum = {true};
+    all_gather_scaled_matmul(ctx, shards[ctx.rank()], scales[c.rowwise ? ctx.rank() : 0], bs,
+                             b_scales, outs, a_out, options);
+  } else {
+    all_gather_matmul(ctx, shards[ctx.rank()], bs, outs, a_out, options);
+  }
   ctx.stream().synchronize();
-  expect_path(ctx, "all_gather_matmul", path == PathChoice::kSplit ? Path::kSplit : Path::kNative);
+  expect_path(ctx, op, path == PathChoice::kSplit ? Path::kSplit : Path::kNative);
   for (size_t i = 0; i < outs.size(); ++i)
     EXPECT_TRUE(same_bits(outs[i], expected[i])) << "outs[" << i << "]";
   if (c.return_a) {
@@ -91,10 +122,20 @@ struct NativeRsCase {
   DType dtype = DType::kBF16;
   ReduceOp op = ReduceOp::kSum;
   Layout b_layout = Layout::kContiguous;
+  // float8 (dtype e4m3, B column-major, out bf16), fast accumulation: A_scale per row (else one
+  // value), B_scale per column (else one value).
+  bool rowwise = false;
+  bool colwise = false;
 
+  bool scaled() const { return is_float8(dtype); }
+  DType out_dtype() const { return scaled() ? DType::kBF16 : dtype; }
   std::string describe() const {
-    return fmt::format("A {}{}, scatter_dim {}, N {}, B {}, {}", dtype, a_shape, scatter_dim, n,
-                       layout_name(b_layout), reduce_op_name(op));
+    return fmt::format(
+        "A {}{}, scatter_dim {}, N {}, B {}, {}{}", dtype, a_shape, scatter_dim, n,
+        layout_name(b_layout), reduce_op_name(op),
+        scaled() ? fmt::format(", A_scale {}, B_scale {}", rowwise ? "row-wise" : "tensor-wise",
+                               colwise ? "column-wise" : "tensor-wise")
+                 : "");
   }
 };
 
@@ -103,22 +144,30 @@ void check_rs(OpContext& ctx, const NativeRsCase& c, uint64_t id) {
   Backend& be = ctx.backend();
   const int ws = ctx.world_size(), rank = ctx.rank();
   const int64_t k = c.a_shape.back();
-  std::vector<OwnedTensor> as, bs;
+  std::vector<OwnedTensor> as, bs, a_scales, b_scales;
   OwnedTensor own_f32;               // P_rank in f32
   std::vector<OwnedTensor> rounded;  // P_r in out's dtype
   for (int r = 0; r < ws; ++r) {
     as.push_back(seeded(c.a_shape, c.dtype, {id, 1, uint64_t(r)}));
     bs.push_back(seeded({k, c.n}, c.dtype, {id, 2, uint64_t(r)}, Values::kRandom, c.b_layout));
+    if (c.scaled()) {
+      a_scales.push_back(seeded(c.rowwise ? with_dim(c.a_shape, -1, 1) : Dims{1}, DType::kF32,
+                                {id, 3, uint64_t(r)}, Values::kPositive));
+      b_scales.push_back(seeded(c.colwise ? Dims{1, c.n} : Dims{1}, DType::kF32,
+                                {id, 4, uint64_t(r)}, Values::kPositive));
+    }
+    const Tensor sa = c.scaled() ? a_scales[r].tensor : Tensor();
+    const Tensor sb = c.scaled() ? b_scales[r].tensor : Tensor();
     const Dims product = with_dim(c.a_shape, -1, c.n);
-    rounded.push_back(empty_host(product, c.dtype));
-    reference_gemm(be, as[r], bs[r], rounded.back());
+    rounded.push_back(empty_host(product, c.out_dtype()));
+    reference_gemm(be, as[r], bs[r], rounded.back(), sa, sb);
     if (r == rank) {
       own_f32 = empty_host(product, DType::kF32);
-      reference_gemm(be, as[r], bs[r], own_f32);
+      reference_gemm(be, as[r], bs[r], own_f32, sa, sb);
     }
   }
   const Dims out_shape = matmul_reduce_scatter_out_shape(as[0], bs[0], c.scatter_dim, ws);
-  OwnedTensor expected = empty_host(out_shape, c.dtype);
+  OwnedTensor expected = empty_host(out_shape, c.out_dtype());
   const Tensor own_chunk = chunk_of(own_f32, c.scatter_dim, ws, rank);
   const float inv = 1.0f / static_cast<float>(ws);
   for (int64_t i = 0; i < expected->numel(); ++i) {
@@ -128,15 +177,22 @@ void check_rs(OpContext& ctx, const NativeRsCase& c, uint64_t id) {
     if (c.op == ReduceOp::kAvg) x *= inv;
     set(expected, i, x);
   }
-  OwnedTensor out = empty_host(out_shape, c.dtype);
+  OwnedTensor out = empty_host(out_shape, c.out_dtype());
   fill_value(out, kSentinel);
   MatmulReduceScatterOptions options;
   options.reduce_op = c.op;
   options.scatter_dim = c.scatter_dim;
   options.path = PathChoice::kNative;
-  matmul_reduce_scatter(ctx, as[rank], bs[rank], out, options);
+  if (c.scaled()) {
+    options.fast_accum = true;
+    scaled_matmul_reduce_scatter(ctx, as[rank], a_scales[rank], bs[rank], b_scales[rank], out,
+                                 options);
+  } else {
+    matmul_reduce_scatter(ctx, as[rank], bs[rank], out, options);
+  }
   ctx.stream().synchronize();
-  expect_path(ctx, "matmul_reduce_scatter", Path::kNative);
+  expect_path(ctx, c.scaled() ? "scaled_matmul_reduce_scatter" : "matmul_reduce_scatter",
+              Path::kNative);
   EXPECT_TRUE(same_bits(out, expected));
 }
 
@@ -168,6 +224,42 @@ TEST_P(NativePathsTest, AllGatherMatmulMatchesUnfusedBitForBit) {
   EXPECT_RANKS_OK(statuses);
 }
 
+// float8 e4m3 with fast accumulation (B column-major, as the kernel reads it): every scale
+// combination, the row-wise scales pushed with the shards (in pieces too) and the own chunk's
+// read in place, on and off the tile grid, a returned A, every output dtype. The emulation
+// scales (acc * sa) * sb as the CPU reference does: the same bits.
+TEST_P(NativePathsTest, Float8AllGatherMatmulMatchesUnfusedBitForBit) {
+  std::vector<NativeAgCase> cases;
+  const DType outs[] = {DType::kBF16, DType::kF32, DType::kF16};
+  int i = 0;
+  for (bool rowwise : {false, true}) {
+    for (bool colwise : {false, true}) {
+      cases.push_back({.shard = i % 2 == 0 ? Dims{128, 32} : Dims{40, 48},
+                       .ns = i == 3 ? std::vector<int64_t>{24, 16} : std::vector<int64_t>{24},
+                       .dtype = DType::kF8E4M3,
+                       .out_dtype = outs[i % 3],
+                       .b_layout = Layout::kTransposed,
+                       .return_a = i == 1,
+                       .rowwise = rowwise,
+                       .colwise = colwise});
+      ++i;
+    }
+  }
+  cases.push_back({.shard = {1, 300, 16},
+                   .gather_dim = 1,
+                   .ns = {8},
+                   .dtype = DType::kF8E4M3,
+                   .b_layout = Layout::kTransposed,
+                   .piece_bytes = 128 * 16,
+                   .rowwise = true,
+                   .colwise = true});
+  auto statuses = run_ranks(GetParam(), [&](OpContext& ctx) {
+    for (size_t j = 0; j < cases.size(); ++j)
+      check_ag(ctx, cases[j], 400 + j);
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
 TEST_P(NativePathsTest, MatmulReduceScatterFollowsTheContractBitForBit) {
   const int ws = GetParam();
   std::vector<NativeRsCase> cases;
@@ -180,6 +272,19 @@ TEST_P(NativePathsTest, MatmulReduceScatterFollowsTheContractBitForBit) {
        .b_layout = Layout::kTransposed});
   add({.a_shape = {ws, 256, 16}, .n = 264, .op = ReduceOp::kAvg});
   add({.a_shape = {1, 128 * ws, 8}, .scatter_dim = 1, .n = 16, .dtype = DType::kF16});
+  // float8 e4m3 with fast accumulation: the scales apply to the own product before the peers'
+  // (scaled, rounded) partials are added.
+  for (bool rowwise : {false, true}) {
+    for (bool colwise : {false, true}) {
+      add({.a_shape = {128 * ws, 48},
+           .n = colwise ? 40 : 24,
+           .dtype = DType::kF8E4M3,
+           .op = rowwise && colwise ? ReduceOp::kAvg : ReduceOp::kSum,
+           .b_layout = Layout::kTransposed,
+           .rowwise = rowwise,
+           .colwise = colwise});
+    }
+  }
   auto statuses = run_ranks(ws, [&](OpContext& ctx) {
     for (size_t i = 0; i < cases.size(); ++i)
       check_rs(ctx, cases[i], 200 + i);

@@ -442,9 +442,10 @@ TEST_P(ScaledGpu, BothOpsMatchHostReference) {
   EXPECT_RANKS_OK(statuses);
 }
 
-// Fast accumulation (cuBLASLt's, GemmArgs::fast_accum) on a long K of random float8 values,
-// where it rounds differently from the exact f32 accumulation: both ops on both overlapped and
-// fallback paths, exact and fast, against an f64 host reference. The exact result is within the
+// Fast accumulation (cuBLASLt's, GemmArgs::fast_accum, and the native kernel's, which has no
+// other) on a long K of random float8 values, where it rounds differently from the exact f32
+// accumulation: both ops on every path, exact and fast (native: fast only), against an f64 host
+// reference. The exact result is within the
 // bf16 output's rounding; fast accumulation keeps a narrower running sum in the tensor cores
 // (about 14 mantissa bits on Hopper), whose error over K = 4096 random terms stays near
 // sqrt(K) * 2^-14 (4e-3) of the result's norm: 2e-2 bounds it with room, and bounds the
@@ -512,9 +513,23 @@ TEST_P(ScaledGpu, FastAccumulationStaysNearTheExactResult) {
         }
         const auto rs_expected = chunk_host(total, {ms * ws, n}, 0, ws, ctx.rank());
 
-        for (PathChoice path : {PathChoice::kSplit, PathChoice::kFallback}) {
+        for (PathChoice path : {PathChoice::kNative, PathChoice::kSplit, PathChoice::kFallback}) {
           std::vector<double> ag_exact, rs_exact;
           for (bool fast : {false, true}) {
+            // The native GEMM accumulates float8 in the fast mode only: asked for without it, the
+            // ops refuse, saying why.
+            if (path == PathChoice::kNative && !fast) {
+              const Tensor bs[] = {b_t};
+              const Tensor b_scales[] = {*sb};
+              OwnedTensor out = device_empty(ctx, {ms * ws, n}, DType::kBF16);
+              const Tensor outs[] = {out.tensor};
+              EXPECT_THAT(error_of([&] {
+                            all_gather_scaled_matmul(ctx, *a, *sa, bs, b_scales, outs, {},
+                                                     {.path = path});
+                          }),
+                          ::testing::HasSubstr("float8 without fast accumulation"));
+              continue;
+            }
             const std::string what =
                 fmt::format("{}, {}", path_choice_name(path), fast ? "fast" : "exact");
             OwnedTensor out = device_empty(ctx, {ms * ws, n}, DType::kBF16);
@@ -541,7 +556,10 @@ TEST_P(ScaledGpu, FastAccumulationStaysNearTheExactResult) {
               ag_values[i] = get(ag_out, i);
             for (int64_t i = 0; i < rs_out->numel(); ++i)
               rs_values[i] = get(rs_out, i);
-            if (!fast) {
+            if (path == PathChoice::kNative) {
+              expect_path(ctx, "all_gather_scaled_matmul", Path::kNative);
+              expect_path(ctx, "scaled_matmul_reduce_scatter", Path::kNative);
+            } else if (!fast) {
               ag_exact = std::move(ag_values);
               rs_exact = std::move(rs_values);
             } else {
