@@ -50,8 +50,9 @@ struct AllGatherMatmulOptions {
   // all_gather_scaled_matmul only: fast_accum[i] allows the GEMMs of Bs[i] to accumulate faster
   // and less exactly (torch._scaled_mm's use_fast_accum); one value: the same for every B; empty:
   // exact f32 accumulation. A permission (see GemmArgs::fast_accum): the CUDA backend lets
-  // cuBLASLt accumulate the float8 products fast; the CPU backend accumulates in f32 either way.
-  // The unscaled forms (all_gather_matmul, all_gather_matmul_swiglu) refuse it.
+  // cuBLASLt accumulate the float8 products fast, and only with it may the native path run them
+  // (the native kernel has no exact float8 accumulation); the CPU backend accumulates in f32
+  // either way. The unscaled forms (all_gather_matmul, all_gather_matmul_swiglu) refuse it.
   std::vector<bool> fast_accum = {};
 };
 

@@ -130,8 +130,8 @@ ASYNCTP_HOST_DEVICE bool uses_tma_store(const NativeGemmParams& p) {
 //
 // The default (cluster 0): single CTAs for 16-bit inputs, pairs for float8. A float8 k-block
 // feeds twice the MMAs of a 16-bit one from the same 48 KiB of A and B, so single CTAs ask L2
-// for twice the bytes per second, more than it gives; sharing B halves that (the GEMM alone,
-// 2 x H200: 1.09-1.31x cuBLASLt's time with single CTAs, 1.02-1.09x with pairs).
+// for twice the bytes per second, more than it gives; sharing B cuts that by a third (see
+// docs/DECISIONS.md D31).
 ASYNCTP_HOST_DEVICE int cluster_of(const NativeGemmParams& p) {
   if (p.cluster != 0) return p.cluster;
   return float8_inputs(p) ? 2 : 1;
