@@ -1,5 +1,6 @@
 #include "device/native_params.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "kernels/native/schedule.h"
@@ -52,6 +53,14 @@ std::string to_native_params(const ChunkedGemmArgs& args, kernels::NativeGemmPar
         (o.stride(1) != 1 && o.size(1) != 1)) {
       return fmt::format("own_a {} is not a [rows, {}] {} matrix with unit column stride",
                          o.describe(), a.size(1), a.dtype());
+    }
+    // The GEMM reads every row of the own chunk from it (and its scale from own_a_scale).
+    const int64_t rows = kernels::chunk_rows_of(*k);
+    const int64_t own_rows =
+        std::min(rows, std::max<int64_t>(0, a.size(0) - int64_t{args.own_chunk} * rows));
+    if (args.own_chunk >= 0 && o.size(0) < own_rows) {
+      return fmt::format("own_a {} holds fewer rows than own chunk {} ({} rows)", o.describe(),
+                         args.own_chunk, own_rows);
     }
     k->own_a = o.data();
     k->own_lda = o.stride(0);

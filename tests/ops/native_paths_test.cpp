@@ -32,9 +32,11 @@ struct NativeAgCase {
   bool a_out_misaligned = false;
   size_t piece_bytes = 0;  // push pieces (0: one per shard)
   // float8 (dtype e4m3, B column-major), fast accumulation: A_scale per row (else one value),
-  // B_scales per column (else one value); a row-wise A_scale padded (strided: not native).
+  // B_scales per column (else one value).
   bool rowwise = false;
   bool colwise = false;
+  // A_shard's layout: padded rows are not read in place (copied into the own slot first).
+  Layout a_layout = Layout::kContiguous;
 
   bool scaled() const { return is_float8(dtype); }
   std::string describe() const {
@@ -55,7 +57,7 @@ void check_ag(OpContext& ctx, const NativeAgCase& c, uint64_t id,
   const int ws = ctx.world_size();
   std::vector<OwnedTensor> shards, scales;
   for (int r = 0; r < ws; ++r) {
-    shards.push_back(seeded(c.shard, c.dtype, {id, 1, uint64_t(r)}));
+    shards.push_back(seeded(c.shard, c.dtype, {id, 1, uint64_t(r)}, Values::kRandom, c.a_layout));
     if (c.scaled() && c.rowwise) {
       scales.push_back(
           seeded(with_dim(c.shard, -1, 1), DType::kF32, {id, 3, uint64_t(r)}, Values::kPositive));
@@ -253,6 +255,12 @@ TEST_P(NativePathsTest, Float8AllGatherMatmulMatchesUnfusedBitForBit) {
                    .piece_bytes = 128 * 16,
                    .rowwise = true,
                    .colwise = true});
+  // A padded shard: copied into the own slot with its row-wise scales, read from there.
+  cases.push_back({.shard = {40, 32},
+                   .dtype = DType::kF8E4M3,
+                   .b_layout = Layout::kTransposed,
+                   .rowwise = true,
+                   .a_layout = Layout::kPadded});
   auto statuses = run_ranks(GetParam(), [&](OpContext& ctx) {
     for (size_t j = 0; j < cases.size(); ++j)
       check_ag(ctx, cases[j], 400 + j);
@@ -288,6 +296,48 @@ TEST_P(NativePathsTest, MatmulReduceScatterFollowsTheContractBitForBit) {
   auto statuses = run_ranks(ws, [&](OpContext& ctx) {
     for (size_t i = 0; i < cases.size(); ++i)
       check_rs(ctx, cases[i], 200 + i);
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
+// float8 on the native path needs fast accumulation and a contiguous row-wise A_scale: asked for
+// without them, both ops say why; under auto they run split.
+TEST_P(NativePathsTest, Float8WithoutFastAccumulationOrWithAStridedScaleSaysWhy) {
+  auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
+    const int ws = ctx.world_size();
+    const OwnedTensor a = seeded({64, 32}, DType::kF8E4M3, {500, uint64_t(ctx.rank())});
+    const OwnedTensor sa = seeded({64, 1}, DType::kF32, {501}, Values::kPositive);
+    const OwnedTensor padded_sa =
+        seeded({64, 1}, DType::kF32, {501}, Values::kPositive, Layout::kPadded);
+    const OwnedTensor b =
+        seeded({32, 16}, DType::kF8E4M3, {502}, Values::kRandom, Layout::kTransposed);
+    const OwnedTensor sb = seeded({1}, DType::kF32, {503}, Values::kPositive);
+    const Tensor bs[] = {b}, b_scales[] = {sb};
+    OwnedTensor out = empty_host({64 * ws, 16}, DType::kBF16);
+    const Tensor outs[] = {out};
+    auto gather = [&](const Tensor& a_scale, bool fast, PathChoice path) {
+      AllGatherMatmulOptions options;
+      options.path = path;
+      if (fast) options.fast_accum = {true};
+      all_gather_scaled_matmul(ctx, a, a_scale, bs, b_scales, outs, {}, options);
+    };
+    EXPECT_THAT(error_of([&] { gather(sa, false, PathChoice::kNative); }),
+                ::testing::HasSubstr("float8 without fast accumulation"));
+    EXPECT_THAT(error_of([&] { gather(padded_sa, true, PathChoice::kNative); }),
+                ::testing::HasSubstr("a strided row-wise A_scale"));
+    gather(sa, false, PathChoice::kAuto);
+    expect_path(ctx, "all_gather_scaled_matmul", Path::kSplit);
+    gather(sa, true, PathChoice::kAuto);
+    expect_path(ctx, "all_gather_scaled_matmul", Path::kNative);
+
+    const OwnedTensor a2 = seeded({128 * ws, 32}, DType::kF8E4M3, {504, uint64_t(ctx.rank())});
+    const OwnedTensor sa2 = seeded({1}, DType::kF32, {505}, Values::kPositive);
+    OwnedTensor out2 = empty_host({128, 16}, DType::kBF16);
+    EXPECT_THAT(error_of([&] {
+                  scaled_matmul_reduce_scatter(ctx, a2, sa2, b, sb, out2,
+                                               {.path = PathChoice::kNative});
+                }),
+                ::testing::HasSubstr("float8 without fast accumulation"));
   });
   EXPECT_RANKS_OK(statuses);
 }

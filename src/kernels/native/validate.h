@@ -62,7 +62,6 @@ inline const char* swiglu_unsupported(const NativeGemmParams& a) {
   return nullptr;
 }
 
-// Why the native GEMM cannot run these params (dtype, alignment, strides, pieces), or nullptr.
 // Why the scaled (float8) GEMM's arguments are unusable, or nullptr.
 inline const char* float8_unsupported(const NativeGemmParams& a) {
   // wgmma reads 8-bit operands K-major only.
@@ -81,6 +80,7 @@ inline const char* float8_unsupported(const NativeGemmParams& a) {
   return nullptr;
 }
 
+// Why the native GEMM cannot run these params (dtype, alignment, strides, pieces), or nullptr.
 inline const char* native_gemm_unsupported(const NativeGemmParams& a) {
   if (a.in_dtype != DType::kBF16 && a.in_dtype != DType::kF16 && a.in_dtype != DType::kF8E4M3)
     return "inputs are not bf16, f16 or float8 e4m3";

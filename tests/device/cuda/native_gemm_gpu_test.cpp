@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -898,7 +899,11 @@ double max_row_rel_diff(const Tensor& actual_host, const Tensor& expected_host) 
       num += d * d;
       den += e * e;
     }
-    worst = std::max(worst, den == 0 ? std::sqrt(num) : std::sqrt(num / den));
+    const double diff = den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+    // A NaN row (a NaN read where a real value was due) is the worst there is: std::max would
+    // drop it.
+    if (!std::isfinite(diff)) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, diff);
   }
   return worst;
 }

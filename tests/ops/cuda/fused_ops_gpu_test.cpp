@@ -528,6 +528,12 @@ TEST_P(ScaledGpu, FastAccumulationStaysNearTheExactResult) {
                                                      {.path = path});
                           }),
                           ::testing::HasSubstr("float8 without fast accumulation"));
+              OwnedTensor out2 = device_empty(ctx, {ms, n}, DType::kBF16);
+              EXPECT_THAT(error_of([&] {
+                            scaled_matmul_reduce_scatter(ctx, *a2, *sa2, b_t, *sb, out2,
+                                                         {.path = path});
+                          }),
+                          ::testing::HasSubstr("float8 without fast accumulation"));
               continue;
             }
             const std::string what =
