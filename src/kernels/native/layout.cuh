@@ -3,9 +3,9 @@
 //
 // One CTA per SM, 384 threads = 3 warpgroups: the producer (warpgroup 0, one thread; producer.cuh)
 // and two consumers (warpgroups 1, 2, 64 rows of the tile each; consumer.cuh, epilogue.cuh).
-// Tile 128 x 256, k-block 64, 4 stages of shared memory (16 KiB of A + 32 KiB of B each, 128-byte
-// swizzle written by TMA and read by wgmma) and a 32 KiB staging area for C: 225 KiB of the 227
-// a block may have.
+// Tile 128 x 256, k-block 64 (float8: 128), 4 stages of shared memory (16 KiB of A + 32 KiB of B
+// each, 128-byte swizzle written by TMA and read by wgmma) and a 32 KiB staging area for C: 225 KiB
+// of the 227 a block may have.
 //
 // Shared-memory layouts, as TMA writes them and wgmma reads them (128-byte rows: 64 k of bf16/f16,
 // 128 k of float8, whose stages hold the same bytes):

@@ -3,8 +3,8 @@
 // the per-rank pivot, the group height, the tail split, the done counters (their order and
 // counts), the own chunk's edge rows, and the indexing of pieces and flags.
 //
-// Tile 128 x 256 (each of the two consumers owns 64 rows), k-block 64. A cluster of two CTAs
-// takes 256-row tiles (each CTA its 128 rows): `height` is a (cluster) tile's rows.
+// Tile 128 x 256 (each of the two consumers owns 64 rows), k-block 64 (float8: 128). A cluster of
+// two CTAs takes 256-row tiles (each CTA its 128 rows): `height` is a (cluster) tile's rows.
 //
 // The walk (tile_at): tiles are numbered so that all tiles of the m-tile group starting at
 // `first_chunk`'s first whole m-tile come first, then the following rows, wrapping around (a
