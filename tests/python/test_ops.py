@@ -260,7 +260,9 @@ def case_scaled_matmul_reduce_scatter(scaling):
 def case_scaled_fast_accum():
     """use_fast_accum reaches the ops (per B for the all-gather form): accepted, and the results
     match PyTorch's unfused _scaled_mm with the same use_fast_accum (the CPU backend accumulates
-    in f32 whatever it says)."""
+    in f32 whatever it says). With fast accumulation for every B the native path takes the
+    all-gather (B column-major, as _scaled_mm wants it), without it the split path; and the
+    reduce-scatter where its chunks are whole 128-row tiles."""
     rank, ws = _world()
     name = _group_name()
     shape = (4, 3, 16)
@@ -280,6 +282,8 @@ def case_scaled_fast_accum():
             ref = torch._scaled_mm(A_ref.flatten(0, -2), B, scale_ref, B_scale,
                                    out_dtype=torch.float32, use_fast_accum=f)
             _assert_close(out, ref.view(*A_ref.shape[:-1], B.shape[1]), f"{what} B {i}")
+        path, reason = atp.last_path("all_gather_scaled_matmul", name)
+        assert path == ("native" if all(fast) else "split"), (what, path, reason)
     with pytest.raises(asynctp.InvalidArgumentError, match="use_fast_accum"):
         OPS.fused_all_gather_scaled_matmul(
             A, Bs, A_scale, B_scales, 0, name, [None, None], [None, None], [None, None], [True])
@@ -296,6 +300,20 @@ def case_scaled_fast_accum():
                                    out_dtype=torch.float32, use_fast_accum=fast)
         ref = _reduce_scatter(product.view(*full[:-1], N), 0, "sum")
         _assert_close(out, ref, f"reduce_scatter use_fast_accum {fast}")
+    # Chunks of 128 rows and N a multiple of 8, which the native reduce-scatter needs: it takes
+    # the call with fast accumulation.
+    A4 = _f8((128 * ws, 16), 190 + rank)
+    A_scale4 = _randn((128 * ws, 1), torch.float32, 191 + rank).abs() + 0.5
+    B4 = _f8((16, 16), 192 + rank).t()
+    B_scale4 = _randn((1, 16), torch.float32, 193 + rank).abs() + 0.5
+    out = OPS.fused_scaled_matmul_reduce_scatter(
+        A4, B4, A_scale4, B_scale4, "sum", 0, 0, name, [128 * ws, 16], out_dtype=torch.bfloat16,
+        use_fast_accum=True)
+    path, reason = atp.last_path("scaled_matmul_reduce_scatter", name)
+    assert path == "native", (path, reason)
+    product = torch._scaled_mm(A4, B4, A_scale4, B_scale4, out_dtype=torch.float32,
+                               use_fast_accum=True)
+    _assert_close(out, _reduce_scatter(product, 0, "sum"), "native reduce_scatter")
     return True
 
 
