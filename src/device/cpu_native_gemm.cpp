@@ -90,6 +90,7 @@ bool wait_raised(const kernels::NativeGemmParams& p, const uint32_t* flag, uint3
 struct EarlyReads {
   std::optional<NativeWait> wait;
   std::map<int64_t, std::vector<float>> a_rows;  // kReady: row of A -> its k values
+  std::map<int64_t, float> a_scales;             // kReady, float8: row of A -> its scale
   std::vector<float> part;                       // kSum: [kBM rows][tile width] of the part
 };
 
@@ -237,7 +238,8 @@ class Run {
   void scale_row(int64_t r, int n0, int64_t width) {
     const float* sa = kernels::a_scale_at(p_, r);
     if (sa == nullptr && p_.b_scale == nullptr) return;
-    const float row_scale = sa != nullptr ? *sa : 1.0f;
+    float row_scale = sa != nullptr ? *sa : 1.0f;
+    if (auto it = early_.a_scales.find(r); it != early_.a_scales.end()) row_scale = it->second;
     for (int64_t j = 0; j < width; ++j) {
       const float col_scale =
           p_.b_scale != nullptr ? p_.b_scale[(n0 + j) * p_.b_scale_stride] : 1.0f;
@@ -298,6 +300,8 @@ class Run {
             std::vector<float>& v = early_.a_rows[row];
             v.resize(static_cast<size_t>(p_.k));
             load_row(p_.in_dtype, p_.a, row * p_.lda, 1, p_.k, v.data());
+            // A row-wise scale lands with its rows (the op pushes it ahead of them).
+            if (const float* s = kernels::a_scale_at(p_, row)) early_.a_scales[row] = *s;
           }
         });
       });

@@ -43,9 +43,14 @@ constexpr float kGarbage = 1e30f;
 
 enum class Op { kAllGatherMatmul, kMatmulReduceScatter };
 
-// The native paths take 16-bit operands; their K of 8 keeps every partial product of the small
-// integers exact in bf16, so that the contract's sum (kernels/native/params.h) and the unfused
-// reference round alike. The native matmul_reduce_scatter needs chunks of 128 rows.
+// The native paths take 16-bit operands (or float8); their K of 8 keeps every partial product of
+// the small integers exact in bf16, so that the contract's sum (kernels/native/params.h) and the
+// unfused reference round alike. The native matmul_reduce_scatter needs chunks of 128 rows.
+//
+// float8 (native only): e4m3 operands, B column-major, fast accumulation, row-wise A scales that
+// change with every call and rank (a stale one shows) and column-wise B scales, all powers of two
+// from 1/2 to 2: a partial is a sum of at most 8 significant bits times a power of two, exact in
+// bf16.
 struct EdgeCase {
   Op op;
   PathChoice path;
@@ -53,13 +58,24 @@ struct EdgeCase {
   // The native matmul_reduce_scatter's inline push schedule (ContextOptions::push_inline_min_k
   // 0), else the schedule beside.
   bool inline_pushes = false;
+  bool float8 = false;
 
   bool native() const { return path == PathChoice::kNative; }
-  DType dtype() const { return native() ? DType::kBF16 : DType::kF32; }
+  DType dtype() const {
+    if (float8) return DType::kF8E4M3;
+    return native() ? DType::kBF16 : DType::kF32;
+  }
   // all_gather_matmul's output: f32 (the native GEMM stores it too); matmul_reduce_scatter's:
-  // A's dtype.
-  DType out_dtype() const { return op == Op::kAllGatherMatmul ? DType::kF32 : dtype(); }
-  int64_t k() const { return native() ? 8 : 32; }
+  // A's dtype (bf16 for float8).
+  DType out_dtype() const {
+    if (op == Op::kAllGatherMatmul) return DType::kF32;
+    return float8 ? DType::kBF16 : dtype();
+  }
+  // (float8: 16, the TMA's 16-byte rows; a partial then has at most 8 significant bits.)
+  int64_t k() const {
+    if (float8) return 16;
+    return native() ? 8 : 32;
+  }
   // The native matmul_reduce_scatter's chunks of 256 x 256: its GEMM takes longer to store one
   // than a push stream's jitter, so that a push that reads its done counter too early (a stale
   // count: see DroppingAnyEventWaitFails) reads rows not yet stored.
@@ -73,8 +89,9 @@ struct EdgeCase {
 };
 
 std::string name_of(const EdgeCase& c) {
-  return fmt::format("{}_{}{}_ws{}", c.op == Op::kAllGatherMatmul ? "AllGatherMatmul" : "MatmulRS",
-                     path_choice_name(c.path), c.inline_pushes ? "_inline" : "", c.ws);
+  return fmt::format(
+      "{}_{}{}{}_ws{}", c.op == Op::kAllGatherMatmul ? "AllGatherMatmul" : "MatmulRS",
+      path_choice_name(c.path), c.inline_pushes ? "_inline" : "", c.float8 ? "_float8" : "", c.ws);
 }
 
 std::string case_name(const ::testing::TestParamInfo<EdgeCase>& info) {
@@ -104,6 +121,14 @@ std::vector<EdgeCase> inline_cases(std::vector<EdgeCase> cases, std::vector<int>
   return cases;
 }
 
+// Both native ops with float8 operands at each of these world sizes.
+std::vector<EdgeCase> float8_cases(std::vector<EdgeCase> cases, std::vector<int> world_sizes) {
+  for (const Op op : {Op::kAllGatherMatmul, Op::kMatmulReduceScatter})
+    for (const int ws : world_sizes)
+      cases.push_back({op, PathChoice::kNative, ws, false, true});
+  return cases;
+}
+
 // The context of a run: the case's push schedule.
 ContextOptions context_of(const EdgeCase& c) {
   ContextOptions options;
@@ -122,32 +147,59 @@ int calls_per_run(const EdgeCase& c, Waits waits) {
   return waits == Waits::kEvent && c.native() && c.op == Op::kMatmulReduceScatter ? 6 : 3;
 }
 
+// A power of two from 1/2 to 2, by i.
+float power_of_two_scale(int64_t i) {
+  constexpr float kScales[] = {0.5f, 1.0f, 2.0f};
+  return kScales[i % 3];
+}
+
+// The float8 B's column-wise scale [1, n].
+OwnedTensor b_scale_of(const EdgeCase& c) {
+  OwnedTensor s = empty_host({1, c.n()}, DType::kF32);
+  for (int64_t j = 0; j < c.n(); ++j)
+    set(s, j, power_of_two_scale(j % 2));  // 1/2 or 1
+  return s;
+}
+
 // The inputs and expected output of iteration `it` on `rank`.
 struct Iteration {
-  OwnedTensor a;  // this rank's A_shard (all_gather_matmul) or A (matmul_reduce_scatter)
+  OwnedTensor a;        // this rank's A_shard (all_gather_matmul) or A (matmul_reduce_scatter)
+  OwnedTensor a_scale;  // float8: A's row-wise scale [rows, 1]
   OwnedTensor expected;
 };
 
-Iteration make_iteration(Backend& be, const EdgeCase& c, int rank, int it, const OwnedTensor& b) {
+Iteration make_iteration(Backend& be, const EdgeCase& c, int rank, int it, const OwnedTensor& b,
+                         const OwnedTensor& b_scale) {
   const int ws = c.ws;
+  const int64_t a_rows = c.op == Op::kAllGatherMatmul ? c.rows() : c.rows() * ws;
   auto a_of = [&](int r) {
-    const int64_t rows = c.op == Op::kAllGatherMatmul ? c.rows() : c.rows() * ws;
-    return seeded({rows, c.k()}, c.dtype(), {71, uint64_t(it), uint64_t(r)}, Values::kSmallInts);
+    return seeded({a_rows, c.k()}, c.dtype(), {71, uint64_t(it), uint64_t(r)}, Values::kSmallInts);
+  };
+  auto scale_of = [&](int r) {
+    if (!c.float8) return OwnedTensor();
+    OwnedTensor s = empty_host({a_rows, 1}, DType::kF32);
+    for (int64_t i = 0; i < a_rows; ++i)
+      set(s, i, power_of_two_scale(i + it + r));
+    return s;
   };
   Iteration out;
   out.a = a_of(rank);
+  out.a_scale = scale_of(rank);
   if (c.op == Op::kAllGatherMatmul) {
-    std::vector<OwnedTensor> shards;
-    for (int r = 0; r < ws; ++r)
+    std::vector<OwnedTensor> shards, scales;
+    for (int r = 0; r < ws; ++r) {
       shards.push_back(a_of(r));
+      if (c.float8) scales.push_back(scale_of(r));
+    }
     const OwnedTensor gathered = concat(be, shards, 0);
+    const OwnedTensor gathered_scale = c.float8 ? concat(be, scales, 0) : OwnedTensor();
     out.expected = empty_host({c.rows() * ws, c.n()}, c.out_dtype());
-    reference_gemm(be, gathered, b, out.expected);
+    reference_gemm(be, gathered, b, out.expected, gathered_scale.tensor, b_scale.tensor);
   } else {
     std::vector<OwnedTensor> products;
     for (int r = 0; r < ws; ++r) {
       products.push_back(empty_host({c.rows() * ws, c.n()}, DType::kF32));
-      reference_gemm(be, a_of(r), b, products.back());
+      reference_gemm(be, a_of(r), b, products.back(), scale_of(r).tensor, b_scale.tensor);
     }
     out.expected = empty_host({c.rows(), c.n()}, c.out_dtype());
     reference_reduce_scatter(be, out.expected, products, 0, rank, ReduceOp::kSum);
@@ -201,12 +253,15 @@ bool run_once(OpContext& ctx, const EdgeCase& c, const Drop& drop, std::string* 
   const int iterations = calls_per_run(c, waits);
   Backend& be = ctx.backend();
   Stream& stream = ctx.stream();
-  const OwnedTensor b = seeded({c.k(), c.n()}, c.dtype(), {72}, Values::kSmallInts);
+  const OwnedTensor b = seeded({c.k(), c.n()}, c.dtype(), {72}, Values::kSmallInts,
+                               c.float8 ? Layout::kTransposed : Layout::kContiguous);
+  const OwnedTensor b_scale = c.float8 ? b_scale_of(c) : OwnedTensor();
   std::vector<Iteration> its;
   for (int it = 0; it < iterations; ++it)
-    its.push_back(make_iteration(be, c, ctx.rank(), it, b));
+    its.push_back(make_iteration(be, c, ctx.rank(), it, b, b_scale));
   const Tensor& a0 = its[0].a;
   OwnedTensor a = empty_host(a0.shape(), c.dtype());
+  OwnedTensor a_scale = c.float8 ? empty_host({a0.size(0), 1}, DType::kF32) : OwnedTensor();
   std::vector<OwnedTensor> outs;
   for (int it = 0; it < iterations; ++it)
     outs.push_back(empty_host(its[it].expected->shape(), c.out_dtype()));
@@ -225,6 +280,10 @@ bool run_once(OpContext& ctx, const EdgeCase& c, const Drop& drop, std::string* 
       be.fill(a, kGarbage, stream);
       be.fill(outs[it], kGarbage, stream);
       be.copy(a, its[it].a, stream);
+      if (c.float8) {
+        be.fill(a_scale, kGarbage, stream);
+        be.copy(a_scale, its[it].a_scale, stream);
+      }
       if (waits == Waits::kFlag && ctx.rank() == 0 && it > 0) {
         // Rank 0's stream says when it reaches the call (its GEMM, which reads what a dropped
         // wait guarded, comes next), for the peers below.
@@ -247,17 +306,29 @@ bool run_once(OpContext& ctx, const EdgeCase& c, const Drop& drop, std::string* 
         options.path = c.path;
         const Tensor bs[] = {b.tensor};
         const Tensor out_views[] = {outs[it].tensor};
-        all_gather_matmul(ctx, a, bs, out_views, {}, options);
+        if (c.float8) {
+          options.fast_accum = {true};
+          const Tensor b_scales[] = {b_scale.tensor};
+          all_gather_scaled_matmul(ctx, a, a_scale, bs, b_scales, out_views, {}, options);
+        } else {
+          all_gather_matmul(ctx, a, bs, out_views, {}, options);
+        }
       } else {
         MatmulReduceScatterOptions options;
         options.path = c.path;
-        matmul_reduce_scatter(ctx, a, b, outs[it], options);
+        if (c.float8) {
+          options.fast_accum = true;
+          scaled_matmul_reduce_scatter(ctx, a, a_scale, b, b_scale, outs[it], options);
+        } else {
+          matmul_reduce_scatter(ctx, a, b, outs[it], options);
+        }
       }
       if (waits == Waits::kEvent && cpu::testing::dropped_event_wait()) *dropped = "an event wait";
       if (waits == Waits::kFlag && cpu::testing::dropped_flag_wait())
         *dropped = cpu::testing::dropped_flag_wait_name();
       reset(-1);
       be.fill(a, kGarbage, stream);  // the caller writes its input again
+      if (c.float8) be.fill(a_scale, kGarbage, stream);
     }
     stream.synchronize();
   } catch (const Error& e) {
@@ -444,9 +515,10 @@ TEST_P(EventEdgesTest, DroppingAnyEventWaitFails) {
 
 INSTANTIATE_TEST_SUITE_P(
     Ops, EventEdgesTest,
-    ::testing::ValuesIn(inline_cases(edge_cases({{PathChoice::kSplit, {2, 4}},
-                                                 {PathChoice::kFallback, {2, 4}},
-                                                 {PathChoice::kNative, {2, 3, 4}}}),
+    ::testing::ValuesIn(float8_cases(inline_cases(edge_cases({{PathChoice::kSplit, {2, 4}},
+                                                              {PathChoice::kFallback, {2, 4}},
+                                                              {PathChoice::kNative, {2, 3, 4}}}),
+                                                  {2, 4}),
                                      {2, 4})),
     case_name);
 
@@ -489,7 +561,7 @@ void expect_join_keeps_the_flags_in_order(int ws, const AgCall& first, const AgC
           std::vector<Iteration> its;
           std::vector<OwnedTensor> outs;
           for (int it = 0; it < 2; ++it) {
-            its.push_back(make_iteration(be, c, ctx.rank(), it, b));
+            its.push_back(make_iteration(be, c, ctx.rank(), it, b, OwnedTensor()));
             outs.push_back(empty_host(its.back().expected->shape(), c.out_dtype()));
           }
           bool ok = true;
@@ -566,10 +638,11 @@ TEST_P(FlagEdgesTest, DroppingAnyFlagWaitFails) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Ops, FlagEdgesTest,
-    ::testing::ValuesIn(inline_cases(edge_cases({{PathChoice::kNative, {2, 4}}}), {2, 4})),
-    case_name);
+INSTANTIATE_TEST_SUITE_P(Ops, FlagEdgesTest,
+                         ::testing::ValuesIn(float8_cases(
+                             inline_cases(edge_cases({{PathChoice::kNative, {2, 4}}}), {2, 4}),
+                             {2, 4})),
+                         case_name);
 
 }  // namespace
 }  // namespace asynctp
