@@ -62,8 +62,8 @@ __device__ __forceinline__ FragmentPlace fragment_place(int64_t r0, int64_t rows
 // columns from n on keep what they hold (never stored). A's row-wise scales may have been written
 // by a peer's copy during this kernel (the gathered chunks'): read through L2 (ld.global.cg),
 // never a line this SM's L1 could hold from before; the tile's rows waited for their chunk's flag
-// before their k-blocks were loaded, so the scales have landed too. (Loading the scales beside the
-// last k-block's MMAs instead made no measurable difference on 2 x H200.)
+// before their k-blocks were loaded, so the scales have landed too. (Loading them beside the last
+// k-block's MMAs instead measures the same on 2 x H200: docs/PERFORMANCE.md, float8.)
 __device__ __forceinline__ void scale_block(const KernelParams& p, float (&d)[128], int64_t r0,
                                             int n0) {
   const FragmentPlace f = fragment_place(r0, p.m);
