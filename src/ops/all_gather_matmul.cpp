@@ -481,10 +481,9 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
       const ChunkedGemmArgs args = native_args(
           ctx, *plan, c,
           detail::shape_only_matrix(c.a_shard.dtype(), m, plan->k, c.a_shard.device()),
-          detail::shape_only(c.bs[j]), detail::shape_only(c.outs[j]),
-          c.pre_out.defined() ? detail::shape_only(c.pre_out) : Tensor(),
+          detail::shape_only(c.bs[j]), detail::shape_only(c.outs[j]), detail::shape_only(c.pre_out),
           native_a_scale(c, detail::shape_only_contiguous(DType::kF32, {m}, c.a_shard.device())),
-          c.scaled ? detail::shape_only(c.b_scale(j)) : Tensor());
+          detail::shape_only(c.b_scale(j)));
       paths.native_unsupported = ctx.backend().native_gemm_unsupported(args);
     }
   }

@@ -127,6 +127,7 @@ void* dummy_address() {
 }  // namespace
 
 Tensor shape_only(const Tensor& t) {
+  if (!t.defined()) return Tensor();
   return Tensor(dummy_address(), t.dtype(), t.shape(), t.strides(), t.device());
 }
 

@@ -74,7 +74,8 @@ std::string problem_key(OpContext& ctx, const char* op, int64_t m, int64_t n, in
                         DType out, const Tensor& b, const std::string& variant);
 
 // A tensor of `t`'s shape, strides and dtype at a 256-byte aligned dummy address: for asking
-// Backend::native_gemm_unsupported about shapes and strides before the real buffers exist.
+// Backend::native_gemm_unsupported about shapes and strides before the real buffers exist. An
+// undefined `t` (an absent optional operand) gives an undefined tensor.
 Tensor shape_only(const Tensor& t);
 // A contiguous tensor of `shape` at that dummy address (reserve's descriptors of buffers).
 Tensor shape_only_contiguous(DType dtype, const Dims& shape, Device device);

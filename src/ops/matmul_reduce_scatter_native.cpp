@@ -90,16 +90,16 @@ std::optional<NativeRsPlan> native_rs_plan(const MmRsCall& c, std::string* why) 
 }
 
 // The native GEMM of the call's product: a2 [m, k] @ b into p2 [m, n], scaled (float8) by
-// a_scale (contiguous where row-wise) and the call's B scale.
+// a_scale (contiguous where row-wise) and b_scale.
 ChunkedGemmArgs native_rs_args(OpContext& ctx, const MmRsCall& c, const Tensor& a2, const Tensor& b,
-                               const Tensor& p2, const Tensor& a_scale) {
+                               const Tensor& p2, const Tensor& a_scale, const Tensor& b_scale) {
   ChunkedGemmArgs args;
   args.a = a2;
   args.b = b;
   args.d = p2;
   if (c.scaled) {
     args.a_scale = c.rowwise() ? a_scale.view({a2.size(0)}) : a_scale;
-    args.b_scale = c.b_scale;
+    args.b_scale = b_scale;
   }
   args.chunk_rows = a2.size(0) / ctx.world_size();
   args.first_chunk = (ctx.rank() + 1) % ctx.world_size();
@@ -142,7 +142,7 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Tensor
     ctx.mark("opened", compute);
   }
   ChunkedGemmArgs args =
-      native_rs_args(ctx, c, a.view({plan.m, plan.k}), c.bs[0], product, a_scale);
+      native_rs_args(ctx, c, a.view({plan.m, plan.k}), c.bs[0], product, a_scale, c.b_scale);
   detail::set_native_rs_reduction(args, rank, ws, pieces,
                                   sm.buffer(rank, {ws, rows, plan.n}, c.out.dtype(), slots.offset),
                                   c.out.view({rows, plan.n}), done, landed_of(rank), slots.number,
@@ -261,12 +261,11 @@ std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, c
   // (The run's A scale is contiguous: the op copies a strided one first.)
   const Tensor a_scale = c.rowwise() ? detail::shape_only_contiguous(DType::kF32, c.a_scale.shape(),
                                                                      c.a_scale.device())
-                         : c.scaled  ? detail::shape_only(c.a_scale)
-                                     : Tensor();
+                                     : detail::shape_only(c.a_scale);
   ChunkedGemmArgs args = native_rs_args(
       ctx, c, detail::shape_only(a0.view({plan->m, plan->k})), detail::shape_only(c.bs[0]),
-      detail::shape_only_matrix(c.out.dtype(), plan->m, plan->n, c.out.device()), a_scale);
-  if (c.scaled && c.b_scale.defined()) args.b_scale = detail::shape_only(c.b_scale);
+      detail::shape_only_matrix(c.out.dtype(), plan->m, plan->n, c.out.device()), a_scale,
+      detail::shape_only(c.b_scale));
   // The run's own arguments but for the buffers (aligned, like the symmetric slots).
   const int64_t rows = plan->m / ws;
   auto* flags = reinterpret_cast<uint32_t*>(uintptr_t{1} << 20);
