@@ -121,9 +121,10 @@ std::vector<EdgeCase> inline_cases(std::vector<EdgeCase> cases, std::vector<int>
   return cases;
 }
 
-// Both native ops with float8 operands at each of these world sizes.
-std::vector<EdgeCase> float8_cases(std::vector<EdgeCase> cases, std::vector<int> world_sizes) {
-  for (const Op op : {Op::kAllGatherMatmul, Op::kMatmulReduceScatter})
+// The native ops `ops` with float8 operands at each of these world sizes.
+std::vector<EdgeCase> float8_cases(std::vector<EdgeCase> cases, std::vector<Op> ops,
+                                   std::vector<int> world_sizes) {
+  for (const Op op : ops)
     for (const int ws : world_sizes)
       cases.push_back({op, PathChoice::kNative, ws, false, true});
   return cases;
@@ -513,13 +514,18 @@ TEST_P(EventEdgesTest, DroppingAnyEventWaitFails) {
       << "dropping these event waits changed no result on any rank";
 }
 
+// float8: the all-gather's event waits also order the row-wise scales' writes and pushes. The
+// native reduce-scatter's event waits are the bf16 case's (the scales live inside its GEMM, whose
+// flag waits FlagEdgesTest drops with float8 too); its drop of the op's stream's wait for a push
+// stream shows only where the next GEMM outpaces that push, which float8's K of 16 made too rare
+// to rely on under AddressSanitizer.
 INSTANTIATE_TEST_SUITE_P(
     Ops, EventEdgesTest,
     ::testing::ValuesIn(float8_cases(inline_cases(edge_cases({{PathChoice::kSplit, {2, 4}},
                                                               {PathChoice::kFallback, {2, 4}},
                                                               {PathChoice::kNative, {2, 3, 4}}}),
                                                   {2, 4}),
-                                     {2, 4})),
+                                     {Op::kAllGatherMatmul}, {2, 4})),
     case_name);
 
 // One all_gather_matmul call of a two-call sequence: its path, whether it returns A, and the
@@ -641,7 +647,7 @@ TEST_P(FlagEdgesTest, DroppingAnyFlagWaitFails) {
 INSTANTIATE_TEST_SUITE_P(Ops, FlagEdgesTest,
                          ::testing::ValuesIn(float8_cases(
                              inline_cases(edge_cases({{PathChoice::kNative, {2, 4}}}), {2, 4}),
-                             {2, 4})),
+                             {Op::kAllGatherMatmul, Op::kMatmulReduceScatter}, {2, 4})),
                          case_name);
 
 }  // namespace
