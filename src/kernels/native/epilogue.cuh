@@ -72,13 +72,18 @@ __device__ __forceinline__ void scale_block(const KernelParams& p, float (&d)[12
   const float s = sa != nullptr ? __ldcg(sa) : 1.f;
   const float s8 = sa8 != nullptr ? __ldcg(sa8) : 1.f;
   const float sb_all = p.b_scale != nullptr && p.b_scale_stride == 0 ? __ldg(p.b_scale) : 1.f;
+  // Column-wise: this thread's columns n0 + f.col + 8 j + {0, 1} as immediate offsets from one
+  // base, bounded by one count (an address per column kept 64 more registers live: the f32
+  // accumulators spilled).
+  const bool by_col = p.b_scale != nullptr && p.b_scale_stride != 0;
+  const float* sb = by_col ? p.b_scale + n0 + f.col : nullptr;
+  const int64_t cols = p.n - n0 - f.col;  // of this thread's columns from sb on, those in B
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
-    const int64_t col = n0 + f.col + 8 * j;
     float x = sb_all, y = sb_all;
-    if (p.b_scale != nullptr && p.b_scale_stride != 0) {
-      if (col < p.n) x = __ldg(p.b_scale + col);
-      if (col + 1 < p.n) y = __ldg(p.b_scale + col + 1);
+    if (by_col) {
+      if (8 * j < cols) x = __ldg(sb + 8 * j);
+      if (8 * j + 1 < cols) y = __ldg(sb + 8 * j + 1);
     }
     d[4 * j] = d[4 * j] * s * x;
     d[4 * j + 1] = d[4 * j + 1] * s * y;
