@@ -89,9 +89,9 @@ bool wait_raised(const kernels::NativeGemmParams& p, const uint32_t* flag, uint3
 // The rows a dropped wait guarded, read as the GEMM starts (see native_gemm_waits).
 struct EarlyReads {
   std::optional<NativeWait> wait;
-  std::map<int64_t, std::vector<float>> a_rows;  // kReady: row of A -> its k values
-  std::map<int64_t, float> a_scales;             // kReady, float8: row of A -> its scale
-  std::vector<float> part;                       // kSum: [kBM rows][tile width] of the part
+  std::map<int64_t, std::vector<float>> a_rows;     // kReady: row of A -> its k values
+  std::map<int64_t, float> a_scales;                // kReady, float8: row of A -> its scale
+  std::map<int64_t, std::vector<float>> part_rows;  // kSum: sum row -> the peer's part row
 };
 
 class Run {
@@ -120,7 +120,7 @@ class Run {
       const kernels::Tile tile = s_.walk.tile(w.t);
       s_.for_each_cta(tile.m0, [&](int64_t m0) {
         produce(w.t, m0);
-        const bool sums = s_.sums(w, m0);  // (single CTAs only)
+        const bool sums = s_.sums(w, m0);
         if (sums) wait_sum_parts(w.t, m0, tile.n0);
         for (int half = 0; half < 2; ++half)
           consume(m0, tile.n0, m0 + 64 * half, sums);
@@ -188,7 +188,7 @@ class Run {
       accumulate_row(a_row_.data(), p_.k, b_.data() + n0, b_cols_, width, acc_.data());
       scale_row(r, n0, width);
       if (sums) {
-        add_parts(r - m0, kernels::sum_row_of(p_, r), n0, width);
+        add_parts(kernels::sum_row_of(p_, r), n0, width);
         store_row(p_.c_dtype, p_.sum_out, kernels::sum_row_of(p_, r) * p_.sum_ldo + n0, 1, width,
                   acc_.data());
       } else {
@@ -260,15 +260,16 @@ class Run {
     }
   }
 
-  // acc_ += the peers' parts of sum-chunk row `row` (row `tile_row` of the tile), in rank order,
+  // acc_ += the peers' parts of sum-chunk row `row`, columns [n0, n0 + width), in rank order,
   // then x 1/count for avg: the kernel's sum, in f32.
-  void add_parts(int64_t tile_row, int64_t row, int n0, int64_t width) {
+  void add_parts(int64_t row, int n0, int64_t width) {
     for (int peer = 0; peer < p_.sum_count; ++peer) {
       if (peer == p_.sum_self) continue;
       const float* part = part_row_.data();
+      const auto early = early_.part_rows.find(row);
       if (early_.wait && early_.wait->kind == NativeWait::Kind::kSum && early_.wait->peer == peer &&
-          early_part_tile(n0, row)) {
-        part = early_.part.data() + tile_row * kBN;
+          n0 == early_n0_ && early != early_.part_rows.end()) {
+        part = early->second.data();
       } else {
         load_row(p_.c_dtype, p_.sum_parts, peer * p_.sum_part_stride + row * p_.sum_ld + n0, 1,
                  width, part_row_.data());
@@ -281,11 +282,6 @@ class Run {
       for (int64_t j = 0; j < width; ++j)
         acc_[j] *= inv;
     }
-  }
-
-  // Whether the tile holding sum row `row`, columns from n0, is the dropped wait's tile.
-  bool early_part_tile(int n0, int64_t row) const {
-    return n0 == early_n0_ && row / kBM * kBM == early_row0_;
   }
 
   // What the dropped wait guarded, read now (the GEMM's start).
@@ -307,15 +303,23 @@ class Run {
       });
       return;
     }
-    early_row0_ = kernels::sum_row_of(p_, tile.m0);
+    // The rows of the tile's CTAs that wait on the flag (with pairs, both CTAs' where their
+    // rows lie in one piece of the sum flags).
     early_n0_ = tile.n0;
     const int64_t width = std::min<int64_t>(p_.n, tile.n0 + kBN) - tile.n0;
-    early_.part.assign(static_cast<size_t>(kBM * kBN), 0.0f);
-    for (int64_t i = 0; i < kBM; ++i) {
-      load_row(p_.c_dtype, p_.sum_parts,
-               w.peer * p_.sum_part_stride + (early_row0_ + i) * p_.sum_ld + tile.n0, 1, width,
-               early_.part.data() + i * kBN);
-    }
+    s_.for_each_cta(tile.m0, [&](int64_t m0) {
+      bool waits = false;
+      for_each_sum_flag(s_, m0, tile.n0,
+                        [&](const uint32_t* flag, int, int) { waits = waits || flag == w.flag; });
+      if (!waits) return;
+      for (int64_t row = kernels::sum_row_of(p_, m0); row < kernels::sum_row_of(p_, m0) + kBM;
+           ++row) {
+        std::vector<float>& v = early_.part_rows[row];
+        v.resize(static_cast<size_t>(width));
+        load_row(p_.c_dtype, p_.sum_parts, w.peer * p_.sum_part_stride + row * p_.sum_ld + tile.n0,
+                 1, width, v.data());
+      }
+    });
   }
 
   Schedule s_;
@@ -327,8 +331,7 @@ class Run {
   std::set<const uint32_t*> counted_;  // the done counters counted in so far
   std::string stale_;                  // the first counter that did not start at 0
   EarlyReads early_;
-  int64_t early_row0_ = -1;
-  int early_n0_ = -1;
+  int early_n0_ = -1;  // kSum: the dropped wait's tile's first column
   NativeGemmFaults* faults_;
 };
 
@@ -351,12 +354,13 @@ std::vector<NativeWait> native_gemm_waits(const kernels::NativeGemmParams& param
         }
       });
     });
-    if (s.sums(w, tile.m0)) {
-      for_each_sum_flag(s, tile.m0, tile.n0, [&](const uint32_t* flag, int peer, int channel) {
+    s.for_each_cta(tile.m0, [&](int64_t m0) {
+      if (!s.sums(w, m0)) return;
+      for_each_sum_flag(s, m0, tile.n0, [&](const uint32_t* flag, int peer, int channel) {
         if (seen.insert(flag).second)
           waits.push_back({NativeWait::Kind::kSum, flag, w.t, peer, channel});
       });
-    }
+    });
   }
   return waits;
 }

@@ -190,7 +190,12 @@ TEST(NativeSchedule, WalkStartsAtThePivotAndFollowsThePushOrder) {
         seen[static_cast<size_t>(key)] = true;
         last_key = key;
       }
-      if (in_sum_chunk(v.r, tile.m0)) {
+      // A pair's CTAs reduce together or not at all (their rings go in step).
+      const bool sums = in_sum_chunk(v.r, tile.m0);
+      if (v.cluster == 2 && tile.m0 + kBM < p.m) {
+        EXPECT_EQ(in_sum_chunk(v.r, tile.m0 + kBM), sums) << "a pair's CTAs differ, tile " << t;
+      }
+      if (sums) {
         first_sum = std::min(first_sum, t);
       } else {
         last_other = t;
@@ -301,30 +306,54 @@ TEST(NativeSchedule, DoneOrderAndCountsFollowTheWalk) {
 
 // The native MM+RS's walk: groups never span two chunks, so the done counters complete chunk by
 // chunk in the walk's order (rank + 1, rank + 2, ...), each chunk's column pieces in column
-// order, and the own chunk (reduced, never counted) comes last: the order of the pushes.
+// order, and the own chunk (reduced, never counted) comes last: the order of the pushes. On
+// single CTAs (bf16) and on pairs (float8's default) where every chunk and counted piece is whole
+// 256-row tiles (pairs_can_sum), single CTAs elsewhere.
 TEST(NativeSchedule, ReduceScatterFinishesThePeersChunksOneByOneAndTheOwnLast) {
   NativeGemmParams a = shape(0, 8192);
   a.done = &g_flag;
   a.done_cols = 2048;  // 4 column pieces of 8 n-tiles
-  for (int ws : {2, 3, 4, 8}) {
-    for (int64_t chunk_tiles = 1; chunk_tiles <= 40; ++chunk_tiles) {
-      for (int rank = 0; rank < ws; ++rank) {
-        SCOPED_TRACE(fmt::format("ws {}, rank {}, chunks of {} m-tiles", ws, rank, chunk_tiles));
-        a.chunk_rows = 128 * chunk_tiles;
-        a.m = ws * a.chunk_rows;
-        a.sum_chunk = rank;
-        a.first_chunk = (rank + 1) % ws;
-        const int g = group_m_of(a, tile_height(a));
-        EXPECT_EQ(chunk_tiles % g, 0) << "a group of " << g << " spans two chunks";
-        std::vector<int> want;
-        for (int i = 1; i <= ws; ++i) {
-          for (int q = 0; q < 4; ++q)
-            want.push_back(4 * ((rank + i) % ws) + q);
+  for (const bool float8 : {false, true}) {
+    a.in_dtype = float8 ? DType::kF8E4M3 : DType::kBF16;
+    a.b_k_major = float8;
+    for (int ws : {2, 3, 4, 8}) {
+      for (int64_t chunk_tiles = 1; chunk_tiles <= 40; ++chunk_tiles) {
+        for (int rank = 0; rank < ws; ++rank) {
+          SCOPED_TRACE(fmt::format("{}, ws {}, rank {}, chunks of {} m-tiles",
+                                   float8 ? "float8" : "bf16", ws, rank, chunk_tiles));
+          a.chunk_rows = 128 * chunk_tiles;
+          a.m = ws * a.chunk_rows;
+          a.sum_chunk = rank;
+          a.first_chunk = (rank + 1) % ws;
+          const bool pairs = float8 && chunk_tiles % 2 == 0;
+          EXPECT_EQ(uses_cluster(a), pairs);
+          const int g = group_m_of(a, tile_height(a));
+          EXPECT_EQ(a.chunk_rows % (g * tile_height(a)), 0)
+              << "a group of " << g << " spans two chunks";
+          std::vector<int> want;
+          for (int i = 1; i <= ws; ++i) {
+            for (int q = 0; q < 4; ++q)
+              want.push_back(4 * ((rank + i) % ws) + q);
+          }
+          EXPECT_EQ(done_order(a), want);
+          // Counted pieces of 128 rows inside whole pair tiles: single CTAs.
+          a.done_rows = 128;
+          EXPECT_FALSE(uses_cluster(a));
+          a.done_rows = 0;
         }
-        EXPECT_EQ(done_order(a), want);
       }
     }
   }
+  // 16-bit inputs take pairs when asked for, on the same condition.
+  a.in_dtype = DType::kBF16;
+  a.b_k_major = false;
+  a.cluster = 2;
+  a.chunk_rows = 512;
+  a.m = 2 * a.chunk_rows;
+  EXPECT_TRUE(uses_cluster(a));
+  a.chunk_rows = 384;
+  a.m = 2 * a.chunk_rows;
+  EXPECT_FALSE(uses_cluster(a));
 }
 
 // The walk's group height: 16 m-tiles where nothing waits or counts; where rows become ready (AG)

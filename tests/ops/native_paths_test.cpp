@@ -281,7 +281,8 @@ TEST_P(NativePathsTest, MatmulReduceScatterFollowsTheContractBitForBit) {
   add({.a_shape = {ws, 256, 16}, .n = 264, .op = ReduceOp::kAvg});
   add({.a_shape = {1, 128 * ws, 8}, .scatter_dim = 1, .n = 16, .dtype = DType::kF16});
   // float8 e4m3 with fast accumulation: the scales apply to the own product before the peers'
-  // (scaled, rounded) partials are added.
+  // (scaled, rounded) partials are added. Chunks of 128 and 384 rows run on single CTAs, chunks
+  // of 256 and 512 on pairs (kernels::pairs_can_sum), over two column tiles there.
   for (bool rowwise : {false, true}) {
     for (bool colwise : {false, true}) {
       add({.a_shape = {128 * ws, 48},
@@ -292,6 +293,15 @@ TEST_P(NativePathsTest, MatmulReduceScatterFollowsTheContractBitForBit) {
            .rowwise = rowwise,
            .colwise = colwise});
     }
+  }
+  for (int64_t rows : {256, 384, 512}) {
+    add({.a_shape = {rows * ws, 32},
+         .n = rows == 384 ? 40 : 264,
+         .dtype = DType::kF8E4M3,
+         .op = rows == 512 ? ReduceOp::kAvg : ReduceOp::kSum,
+         .b_layout = Layout::kTransposed,
+         .rowwise = rows != 384,
+         .colwise = rows == 256});
   }
   auto statuses = run_ranks(ws, [&](OpContext& ctx) {
     for (size_t i = 0; i < cases.size(); ++i)

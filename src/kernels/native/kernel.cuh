@@ -20,9 +20,10 @@
 //                                         registers); then
 //                                         [done[chunk] += 1]
 //
-// The reduce-scatter epilogue (sum_chunk, single CTAs): the tiles of the own chunk, last in the
-// walk, add the peers' parts of their rows to the accumulators. The parts come through the
-// same stage ring as the k-blocks, so their loads run behind the tile's last MMAs:
+// The reduce-scatter epilogue (sum_chunk): the tiles of the own chunk, last in the walk, add the
+// peers' parts of their rows to the accumulators. The parts come through the same stage ring as
+// the k-blocks, so their loads run behind the tile's last MMAs (in a pair, each CTA loads the
+// parts of its own 128 rows; both CTAs take the same stages: pairs_can_sum):
 //
 //   producer:  k-blocks of the tile | wait the piece's landed flags | per peer s (rank order),
 //              per column half h: wait empty -> TMA part s, rows of the tile, columns of h
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Unit w = unit_of<kCluster>(u, p, sched.walk);
     Tile tile = sched.walk.tile(w.t);
     tile.m0 += kBM * static_cast<int>(sched.cta);
-    const bool sums = kCluster == 1 && sums_tile(p, p, w, tile.m0);  // (host: single CTAs)
+    const bool sums = sums_tile(p, p, w, tile.m0);
     const int r0 = tile.m0 + 64 * consumer;
     // The copy of A: the first column's tiles store the rows they load (each row once).
     const int a_out_row = p.a_out != nullptr && tile.n0 == 0 && r0 < p.m ? r0 : -1;

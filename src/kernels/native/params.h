@@ -132,7 +132,8 @@ struct NativeGemmSchedule {
   // sum_self, q = the tile's piece (see sum_cols); a timeout is reported with peer s and
   // channel sum_channel + q. Needs chunk_rows and sum_rows multiples of 128, a 16-bit C, an
   // even n, and parts the TMA can load (16-byte aligned, row and part strides multiples of 8
-  // elements). Runs on single CTAs (cluster is ignored).
+  // elements). Runs on pairs (cluster) only where chunk_rows, and done_rows and ready_rows where
+  // used, are multiples of 256 (schedule.h, pairs_can_sum); else on single CTAs.
   int sum_chunk = -1;
   int sum_self = -1;
   bool sum_avg = false;
@@ -170,7 +171,8 @@ struct NativeGemmLaunch {
   // used (tests and measurements).
   bool force_register_store = false;
   // CTAs per cluster: 1, or 2 (pairs sharing each B tile through TMA multicast; only with the TMA
-  // store, no tail split, no reduce-scatter or SwiGLU epilogue); 0: the default (cluster_of in
+  // store, no tail split, no SwiGLU epilogue, the reduce-scatter epilogue only on whole 256-row
+  // chunks and pieces: see sum_chunk); 0: the default (cluster_of in
   // schedule.h), 2 for float8 inputs, else 1 (pairs are no faster with 16-bit inputs, see
   // docs/DECISIONS.md D17).
   int cluster = 0;

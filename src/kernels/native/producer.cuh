@@ -121,7 +121,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, const Stages& st,
         }
       }
     }
-    if (kCluster == 1 && sums_tile(p, p, w, m0)) {
+    if (sums_tile(p, p, w, m0)) {
       // The peers' parts of this tile, once landed, into sum stages behind its k-blocks:
       // per peer (rank order) two column halves. The wait comes after this tile's k-blocks
       // are issued, so the consumers can reach their count of the previous tile's pending

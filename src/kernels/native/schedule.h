@@ -125,8 +125,9 @@ ASYNCTP_HOST_DEVICE bool uses_tma_store(const NativeGemmParams& p) {
   return !p.swiglu || p.pre == nullptr ||
          (tma_storable(p.pre, p.pre_ld, p.pre_dtype) && p.n % 8 == 0);
 }
-// The reduce-scatter and SwiGLU epilogues run on single CTAs: the sum stages are per CTA, while a
-// cluster's rings go in step; the SwiGLU tile's B is two boxes, which the multicast does not split.
+// The SwiGLU epilogue runs on single CTAs: its tile's B is two boxes, which the multicast does
+// not split. The reduce-scatter epilogue runs on pairs where both CTAs of every pair reduce or
+// neither does (pairs_can_sum).
 //
 // The default (cluster 0): single CTAs for 16-bit inputs, pairs for float8. A float8 k-block
 // feeds twice the MMAs of a 16-bit one from the same 48 KiB of A and B, so single CTAs ask L2
@@ -136,8 +137,20 @@ ASYNCTP_HOST_DEVICE int cluster_of(const NativeGemmParams& p) {
   if (p.cluster != 0) return p.cluster;
   return float8_inputs(p) ? 2 : 1;
 }
+// The reduce-scatter epilogue on a pair: its sum stages are per CTA (each CTA loads the parts of
+// its own 128 rows), while the two CTAs' rings go in step (a stage is refilled once both CTAs
+// released it), so both CTAs of every pair must take the same stages: the sum chunk is whole
+// 256-row tiles. The own chunk must also stay last in the walk (group_m_of): its groups divide
+// every chunk and piece only where the counted and waited pieces are whole 256-row tiles too.
+ASYNCTP_HOST_DEVICE bool pairs_can_sum(const NativeGemmParams& p) {
+  constexpr int64_t kPairRows = 2 * kBM;
+  return chunk_rows_of(p) % kPairRows == 0 &&
+         (p.done == nullptr || done_rows_of(p) % kPairRows == 0) &&
+         (p.ready == nullptr || ready_rows_of(p) % kPairRows == 0);
+}
 ASYNCTP_HOST_DEVICE bool uses_cluster(const NativeGemmParams& p) {
-  return cluster_of(p) == 2 && uses_tma_store(p) && p.sum_chunk < 0 && !p.swiglu;
+  return cluster_of(p) == 2 && uses_tma_store(p) && !p.swiglu &&
+         (p.sum_chunk < 0 || pairs_can_sum(p));
 }
 // A (cluster) tile's rows.
 ASYNCTP_HOST_DEVICE int64_t tile_height(const NativeGemmParams& p) {

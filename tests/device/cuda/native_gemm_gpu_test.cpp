@@ -605,16 +605,20 @@ TEST(NativeGemm, PublishesFinishedChunks) {
 // they neither touch D nor count in done, while the other chunks' pieces are counted in full.
 // Pieces of 128 rows, or of 256 columns (3: 256, 256, 8); column tail (n 520), the tail split
 // (24 tiles), bf16 sum and f16 mean, the reduced rows stored by TMA and (an output whose row
-// stride the TMA cannot take) from registers.
+// stride the TMA cannot take) from registers; on single CTAs and, with pieces by columns (whole
+// 256-row chunks and pieces), on CTA pairs.
 TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
   SKIP_UNLESS_GPUS(1);
-  for (const auto& [dt, op, padded, by_cols] :
-       {std::tuple{DType::kBF16, ReduceOp::kSum, false, false},
-        std::tuple{DType::kF16, ReduceOp::kAvg, false, false},
-        std::tuple{DType::kBF16, ReduceOp::kAvg, true, false},
-        std::tuple{DType::kBF16, ReduceOp::kSum, false, true}}) {
-    SCOPED_TRACE(fmt::format("out {} {}{}, pieces by {}", dt, reduce_op_name(op),
-                             padded ? " padded output" : "", by_cols ? "columns" : "rows"));
+  for (const auto& [dt, op, padded, by_cols, pairs] :
+       {std::tuple{DType::kBF16, ReduceOp::kSum, false, false, false},
+        std::tuple{DType::kF16, ReduceOp::kAvg, false, false, false},
+        std::tuple{DType::kBF16, ReduceOp::kAvg, true, false, false},
+        std::tuple{DType::kBF16, ReduceOp::kSum, false, true, false},
+        std::tuple{DType::kBF16, ReduceOp::kSum, false, true, true},
+        std::tuple{DType::kF16, ReduceOp::kAvg, true, true, true}}) {
+    SCOPED_TRACE(fmt::format("out {} {}{}, pieces by {}{}", dt, reduce_op_name(op),
+                             padded ? " padded output" : "", by_cols ? "columns" : "rows",
+                             pairs ? ", CTA pairs" : ""));
     Gpu gpu;
     const int64_t rows = 256, n = 520, k = 1024;
     const int chunks = 4, own = 2, pieces = by_cols ? 3 : 2;
@@ -654,7 +658,16 @@ TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
     args.sum_rows = by_cols ? 0 : rows / pieces;
     args.sum_cols = by_cols ? 256 : 0;
     args.sum_flag_stride = chunks;
-    gpu.be().native_gemm(args, gpu.stream());
+    if (pairs) {
+      kernels::NativeGemmParams kp;
+      ASSERT_EQ(to_native_params(args, &kp), "");
+      kp.cluster = 2;
+      ASSERT_TRUE(kernels::uses_cluster(kp));
+      ASSERT_EQ(kernels::async_gemm(kp, static_cast<cudaStream_t>(gpu.stream().native_handle())),
+                cudaSuccess);
+    } else {
+      gpu.be().native_gemm(args, gpu.stream());
+    }
 
     const OwnedTensor ref = gpu.download(reference_product(gpu, a->narrow(0, own * rows, rows), b));
     const OwnedTensor host_parts = gpu.download(parts);

@@ -457,120 +457,128 @@ TEST_P(ScaledGpu, FastAccumulationStaysNearTheExactResult) {
       2,
       [&](OpContext& ctx) {
         const int ws = ctx.world_size();
-        const int64_t ms = 128, k = 4096, n = 128;
-        const uint64_t r = static_cast<uint64_t>(ctx.rank());
-        auto a_scale_of = [&](uint64_t rank, int64_t rows) {
-          return row_a ? values_of({rows, 1}, DType::kF32, seed_of({32, rank}), Values::kPositive)
-                       : values_of({}, DType::kF32, seed_of({32, 0}), Values::kPositive);
-        };
-        DeviceTensor b = upload_seeded(ctx, {n, k}, DType::kF8E4M3, seed_of({31}), Values::kRandom);
-        const Tensor b_t = (*b).t();  // [k, n], column-major
-        DeviceTensor sb =
-            col_b ? upload_seeded(ctx, {1, n}, DType::kF32, seed_of({33}), Values::kPositive)
-                  : upload_seeded(ctx, {}, DType::kF32, seed_of({33}), Values::kPositive);
-        const std::vector<float> bkn = rows_of_transpose(to_vector(b.host), n, k);
-        const auto sbv = to_vector(sb.host);
-        // rows x n of (a @ B) scaled, for rank q's A of `rows` rows (seed `tag`).
-        auto product = [&](uint64_t tag, uint64_t q, int64_t rows) {
-          const auto av = values_of({rows, k}, DType::kF8E4M3, seed_of({tag, q}), Values::kRandom);
-          const auto sav = a_scale_of(q, rows);
-          std::vector<double> p(rows * n, 0.0);
-          host_gemm_add(av, bkn, p, rows, k, n);
-          for (int64_t i = 0; i < rows; ++i)
-            for (int64_t j = 0; j < n; ++j)
-              p[i * n + j] *= sav[row_a ? i : 0] * sbv[col_b ? j : 0];
-          return p;
-        };
-        auto upload_a_scale = [&](int64_t rows) {
-          return row_a ? upload_seeded(ctx, {rows, 1}, DType::kF32, seed_of({32, r}),
-                                       Values::kPositive)
-                       : upload_seeded(ctx, {}, DType::kF32, seed_of({32, 0}), Values::kPositive);
-        };
-        auto close = [](const Tensor& actual, const std::vector<double>& expected, double tol,
-                        const std::string& what) {
-          const double err = rel_error(actual, expected);
-          EXPECT_LT(err, tol) << what;
-        };
+        // Chunks of 128 rows: the native MM+RS on single CTAs; of 256: on CTA pairs.
+        for (const int64_t ms : {int64_t{128}, int64_t{256}}) {
+          SCOPED_TRACE(fmt::format("chunks of {} rows", ms));
+          const int64_t k = 4096, n = 128;
+          const uint64_t r = static_cast<uint64_t>(ctx.rank());
+          auto a_scale_of = [&](uint64_t rank, int64_t rows) {
+            return row_a ? values_of({rows, 1}, DType::kF32, seed_of({32, rank}), Values::kPositive)
+                         : values_of({}, DType::kF32, seed_of({32, 0}), Values::kPositive);
+          };
+          DeviceTensor b =
+              upload_seeded(ctx, {n, k}, DType::kF8E4M3, seed_of({31}), Values::kRandom);
+          const Tensor b_t = (*b).t();  // [k, n], column-major
+          DeviceTensor sb =
+              col_b ? upload_seeded(ctx, {1, n}, DType::kF32, seed_of({33}), Values::kPositive)
+                    : upload_seeded(ctx, {}, DType::kF32, seed_of({33}), Values::kPositive);
+          const std::vector<float> bkn = rows_of_transpose(to_vector(b.host), n, k);
+          const auto sbv = to_vector(sb.host);
+          // rows x n of (a @ B) scaled, for rank q's A of `rows` rows (seed `tag`).
+          auto product = [&](uint64_t tag, uint64_t q, int64_t rows) {
+            const auto av =
+                values_of({rows, k}, DType::kF8E4M3, seed_of({tag, q}), Values::kRandom);
+            const auto sav = a_scale_of(q, rows);
+            std::vector<double> p(rows * n, 0.0);
+            host_gemm_add(av, bkn, p, rows, k, n);
+            for (int64_t i = 0; i < rows; ++i)
+              for (int64_t j = 0; j < n; ++j)
+                p[i * n + j] *= sav[row_a ? i : 0] * sbv[col_b ? j : 0];
+            return p;
+          };
+          auto upload_a_scale = [&](int64_t rows) {
+            return row_a ? upload_seeded(ctx, {rows, 1}, DType::kF32, seed_of({32, r}),
+                                         Values::kPositive)
+                         : upload_seeded(ctx, {}, DType::kF32, seed_of({32, 0}), Values::kPositive);
+          };
+          auto close = [](const Tensor& actual, const std::vector<double>& expected, double tol,
+                          const std::string& what) {
+            const double err = rel_error(actual, expected);
+            EXPECT_LT(err, tol) << what;
+          };
 
-        // all_gather_scaled_matmul: A_shard [ms, k].
-        DeviceTensor a =
-            upload_seeded(ctx, {ms, k}, DType::kF8E4M3, seed_of({30, r}), Values::kRandom);
-        DeviceTensor sa = upload_a_scale(ms);
-        std::vector<double> ag_expected;
-        for (int q = 0; q < ws; ++q) {
-          const auto p = product(30, static_cast<uint64_t>(q), ms);
-          ag_expected.insert(ag_expected.end(), p.begin(), p.end());
-        }
-        // scaled_matmul_reduce_scatter: A [ms * ws, k] on every rank, scattered on dim 0.
-        DeviceTensor a2 =
-            upload_seeded(ctx, {ms * ws, k}, DType::kF8E4M3, seed_of({34, r}), Values::kRandom);
-        DeviceTensor sa2 = upload_a_scale(ms * ws);
-        std::vector<double> total(ms * ws * n, 0.0);
-        for (int q = 0; q < ws; ++q) {
-          const auto p = product(34, static_cast<uint64_t>(q), ms * ws);
-          for (size_t i = 0; i < total.size(); ++i)
-            total[i] += p[i];
-        }
-        const auto rs_expected = chunk_host(total, {ms * ws, n}, 0, ws, ctx.rank());
+          // all_gather_scaled_matmul: A_shard [ms, k].
+          DeviceTensor a =
+              upload_seeded(ctx, {ms, k}, DType::kF8E4M3, seed_of({30, r}), Values::kRandom);
+          DeviceTensor sa = upload_a_scale(ms);
+          std::vector<double> ag_expected;
+          for (int q = 0; q < ws; ++q) {
+            const auto p = product(30, static_cast<uint64_t>(q), ms);
+            ag_expected.insert(ag_expected.end(), p.begin(), p.end());
+          }
+          // scaled_matmul_reduce_scatter: A [ms * ws, k] on every rank, scattered on dim 0.
+          DeviceTensor a2 =
+              upload_seeded(ctx, {ms * ws, k}, DType::kF8E4M3, seed_of({34, r}), Values::kRandom);
+          DeviceTensor sa2 = upload_a_scale(ms * ws);
+          std::vector<double> total(ms * ws * n, 0.0);
+          for (int q = 0; q < ws; ++q) {
+            const auto p = product(34, static_cast<uint64_t>(q), ms * ws);
+            for (size_t i = 0; i < total.size(); ++i)
+              total[i] += p[i];
+          }
+          const auto rs_expected = chunk_host(total, {ms * ws, n}, 0, ws, ctx.rank());
 
-        for (PathChoice path : {PathChoice::kNative, PathChoice::kSplit, PathChoice::kFallback}) {
-          std::vector<double> ag_exact, rs_exact;
-          for (bool fast : {false, true}) {
-            // The native GEMM accumulates float8 in the fast mode only: asked for without it, the
-            // ops refuse, saying why.
-            if (path == PathChoice::kNative && !fast) {
+          for (PathChoice path : {PathChoice::kNative, PathChoice::kSplit, PathChoice::kFallback}) {
+            std::vector<double> ag_exact, rs_exact;
+            for (bool fast : {false, true}) {
+              // The native GEMM accumulates float8 in the fast mode only: asked for without it, the
+              // ops refuse, saying why.
+              if (path == PathChoice::kNative && !fast) {
+                const Tensor bs[] = {b_t};
+                const Tensor b_scales[] = {*sb};
+                OwnedTensor out = device_empty(ctx, {ms * ws, n}, DType::kBF16);
+                const Tensor outs[] = {out.tensor};
+                EXPECT_THAT(error_of([&] {
+                              all_gather_scaled_matmul(ctx, *a, *sa, bs, b_scales, outs, {},
+                                                       {.path = path});
+                            }),
+                            ::testing::HasSubstr("float8 without fast accumulation"));
+                OwnedTensor out2 = device_empty(ctx, {ms, n}, DType::kBF16);
+                EXPECT_THAT(error_of([&] {
+                              scaled_matmul_reduce_scatter(ctx, *a2, *sa2, b_t, *sb, out2,
+                                                           {.path = path});
+                            }),
+                            ::testing::HasSubstr("float8 without fast accumulation"));
+                continue;
+              }
+              const std::string what =
+                  fmt::format("{}, {}", path_choice_name(path), fast ? "fast" : "exact");
+              OwnedTensor out = device_empty(ctx, {ms * ws, n}, DType::kBF16);
+              AllGatherMatmulOptions ag;
+              ag.path = path;
+              if (fast) ag.fast_accum = {true};
               const Tensor bs[] = {b_t};
               const Tensor b_scales[] = {*sb};
-              OwnedTensor out = device_empty(ctx, {ms * ws, n}, DType::kBF16);
               const Tensor outs[] = {out.tensor};
-              EXPECT_THAT(error_of([&] {
-                            all_gather_scaled_matmul(ctx, *a, *sa, bs, b_scales, outs, {},
-                                                     {.path = path});
-                          }),
-                          ::testing::HasSubstr("float8 without fast accumulation"));
+              all_gather_scaled_matmul(ctx, *a, *sa, bs, b_scales, outs, {}, ag);
+              const OwnedTensor ag_out = download(ctx, out);
+              close(ag_out, ag_expected, fast ? 2e-2 : 1e-2, "all_gather_scaled_matmul " + what);
+
               OwnedTensor out2 = device_empty(ctx, {ms, n}, DType::kBF16);
-              EXPECT_THAT(error_of([&] {
-                            scaled_matmul_reduce_scatter(ctx, *a2, *sa2, b_t, *sb, out2,
-                                                         {.path = path});
-                          }),
-                          ::testing::HasSubstr("float8 without fast accumulation"));
-              continue;
-            }
-            const std::string what =
-                fmt::format("{}, {}", path_choice_name(path), fast ? "fast" : "exact");
-            OwnedTensor out = device_empty(ctx, {ms * ws, n}, DType::kBF16);
-            AllGatherMatmulOptions ag;
-            ag.path = path;
-            if (fast) ag.fast_accum = {true};
-            const Tensor bs[] = {b_t};
-            const Tensor b_scales[] = {*sb};
-            const Tensor outs[] = {out.tensor};
-            all_gather_scaled_matmul(ctx, *a, *sa, bs, b_scales, outs, {}, ag);
-            const OwnedTensor ag_out = download(ctx, out);
-            close(ag_out, ag_expected, fast ? 2e-2 : 1e-2, "all_gather_scaled_matmul " + what);
+              MatmulReduceScatterOptions rs;
+              rs.path = path;
+              rs.fast_accum = fast;
+              scaled_matmul_reduce_scatter(ctx, *a2, *sa2, b_t, *sb, out2, rs);
+              const OwnedTensor rs_out = download(ctx, out2);
+              close(rs_out, rs_expected, fast ? 2e-2 : 1e-2,
+                    "scaled_matmul_reduce_scatter " + what);
 
-            OwnedTensor out2 = device_empty(ctx, {ms, n}, DType::kBF16);
-            MatmulReduceScatterOptions rs;
-            rs.path = path;
-            rs.fast_accum = fast;
-            scaled_matmul_reduce_scatter(ctx, *a2, *sa2, b_t, *sb, out2, rs);
-            const OwnedTensor rs_out = download(ctx, out2);
-            close(rs_out, rs_expected, fast ? 2e-2 : 1e-2, "scaled_matmul_reduce_scatter " + what);
-
-            std::vector<double> ag_values(ag_out->numel()), rs_values(rs_out->numel());
-            for (int64_t i = 0; i < ag_out->numel(); ++i)
-              ag_values[i] = get(ag_out, i);
-            for (int64_t i = 0; i < rs_out->numel(); ++i)
-              rs_values[i] = get(rs_out, i);
-            if (path == PathChoice::kNative) {
-              expect_path(ctx, "all_gather_scaled_matmul", Path::kNative);
-              expect_path(ctx, "scaled_matmul_reduce_scatter", Path::kNative);
-            } else if (!fast) {
-              ag_exact = std::move(ag_values);
-              rs_exact = std::move(rs_values);
-            } else {
-              close(ag_out, ag_exact, 2e-2, "all_gather_scaled_matmul fast vs exact, " + what);
-              close(rs_out, rs_exact, 2e-2, "scaled_matmul_reduce_scatter fast vs exact, " + what);
+              std::vector<double> ag_values(ag_out->numel()), rs_values(rs_out->numel());
+              for (int64_t i = 0; i < ag_out->numel(); ++i)
+                ag_values[i] = get(ag_out, i);
+              for (int64_t i = 0; i < rs_out->numel(); ++i)
+                rs_values[i] = get(rs_out, i);
+              if (path == PathChoice::kNative) {
+                expect_path(ctx, "all_gather_scaled_matmul", Path::kNative);
+                expect_path(ctx, "scaled_matmul_reduce_scatter", Path::kNative);
+              } else if (!fast) {
+                ag_exact = std::move(ag_values);
+                rs_exact = std::move(rs_values);
+              } else {
+                close(ag_out, ag_exact, 2e-2, "all_gather_scaled_matmul fast vs exact, " + what);
+                close(rs_out, rs_exact, 2e-2,
+                      "scaled_matmul_reduce_scatter fast vs exact, " + what);
+              }
             }
           }
         }
