@@ -73,8 +73,8 @@ __device__ __forceinline__ void scale_block(const KernelParams& p, float (&d)[12
   const float s8 = sa8 != nullptr ? __ldcg(sa8) : 1.f;
   const float sb_all = p.b_scale != nullptr && p.b_scale_stride == 0 ? __ldg(p.b_scale) : 1.f;
   // Column-wise: this thread's columns n0 + f.col + 8 j + {0, 1} as immediate offsets from one
-  // base, bounded by one count (an address per column kept 64 more registers live: the f32
-  // accumulators spilled).
+  // base, bounded by one count, so that the 64 loads hold no address registers beside the 128
+  // accumulators (an address per column spills them).
   const bool by_col = p.b_scale != nullptr && p.b_scale_stride != 0;
   const float* sb = by_col ? p.b_scale + n0 + f.col : nullptr;
   const int64_t cols = p.n - n0 - f.col;  // of this thread's columns from sb on, those in B

@@ -148,7 +148,10 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 // release a full fence (MEMBAR.ALL.CTA + MEMBAR.ALL.GPU before the arrive), which the consumers
 // paid twice per k-block (see docs/DECISIONS.md D17). It orders nothing that is needed here:
 // what the arrive hands over is a stage that wgmma (the async proxy) has finished reading, which
-// wgmma.wait_group already guarantees, and the peer refills it with TMA, also the async proxy.
+// wgmma.wait_group already guarantees, and the peer refills it with TMA, also the async proxy. A
+// sum stage of the reduce-scatter epilogue is read by ldmatrix instead: every thread has used
+// the values it loaded, and fenced towards the async proxy, before the bar.sync that precedes
+// the arrive (add_sum_parts), so no read is outstanding when the peer's multicast may refill it.
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
