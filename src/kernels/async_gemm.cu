@@ -147,7 +147,7 @@ int sm_count() {
 template <int kIn, bool kBKMajor, bool kTmaStore, int kCluster>
 cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
                    const CUtensorMap& map_a_own, const CUtensorMap& map_parts,
-                   const CUtensorMap& map_sum, const CUtensorMap& map_a_out, const KernelParams& p,
+                   const CUtensorMap& map_sum, const CUtensorMap& map_a_out, KernelParams p,
                    int max_ctas, cudaStream_t stream) {
   auto* kernel = async_gemm_kernel<kIn, kBKMajor, kTmaStore, kCluster>;
   cudaLaunchConfig_t config{};
@@ -175,8 +175,14 @@ cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUt
   });
   if (attr_status != cudaSuccess) return attr_status;
   if (max_clusters <= 0) return cudaErrorInvalidConfiguration;
-  // One CTA per work unit at most: a tile, or one part of a split tile (split tiles exist only
-  // with single CTAs; with fewer tiles than SMs every part gets its own CTA).
+  // Pairs: the units run on the clusters that fit at once, which can be fewer than half the SMs
+  // (a GPC with an odd number of free SMs); the tail split's parts must all fit in them.
+  if constexpr (kCluster == 2) {
+    const int resident = static_cast<int>(std::min<int64_t>(max_clusters, max_ctas / kCluster));
+    static_cast<NativeGemmPlan&>(p) = plan_of(p, resident * kCluster, sm_count());
+  }
+  // One CTA (pair) per work unit at most: a tile, or one part of a split tile (with fewer tiles
+  // than slots every part gets its own).
   const int64_t units = num_units(p, num_tiles(p, int64_t{kBM} * kCluster));
   const int64_t clusters = std::min<int64_t>({max_clusters, max_ctas / kCluster, units});
   if (clusters <= 0) return cudaErrorInvalidConfiguration;

@@ -137,7 +137,8 @@ cudaError_t async_gemm(const NativeGemmParams& params, cudaStream_t stream);
 // Bytes of the tail-split workspace for the current device.
 size_t async_gemm_split_workspace_bytes();
 // The number of K-ranges each tile of the last wave is cut into for these params on the current
-// device (1: none).
+// device (1: none), for a grid of every CTA; a launch on pairs plans it for the clusters that fit
+// at once, which on a device whose free SMs cannot all pair up are fewer.
 int async_gemm_tail_split(const NativeGemmParams& params);
 // The obviously-correct reference for the tests: one thread per output, f32 accumulation.
 cudaError_t reference_gemm(const NativeGemmParams& params, cudaStream_t stream);

@@ -413,12 +413,13 @@ TEST(NativeSchedule, GroupsNeverSpanAPieceOrAChunk) {
   EXPECT_EQ(group_m_of(a, kBM), 10);
 }
 
-// The tail split never gives a tail tile more parts than the last wave's idle CTAs take (all
-// tail units fit in one wave, at most one per CTA), keeps every part at least kMinSplitKBlocks
-// deep, and the units cover every (tile, k-block) exactly once.
+// The tail split never gives a tail tile more parts than the last wave's idle slots take (CTAs,
+// or pairs: all tail units fit in one wave, at most one per slot), keeps every part at least
+// kMinSplitKBlocks deep and within the workspace, and the units cover every (tile, k-block)
+// exactly once.
 TEST(NativeSchedule, TailSplitFitsTheIdleCtasAndCoversEveryKBlockOnce) {
   Rng pick(5);
-  int splits = 0;
+  int splits = 0, pair_splits = 0;
   for (int trial = 0; trial < 3000; ++trial) {
     NativeGemmParams p = shape(128 * pick(1, 40) - pick(0, 127), 256 * pick(1, 20) - pick(0, 255),
                                64 * pick(1, 80) - pick(0, 63));
@@ -438,15 +439,23 @@ TEST(NativeSchedule, TailSplitFitsTheIdleCtasAndCoversEveryKBlockOnce) {
     if (p.tail_split >= 2) {
       EXPECT_LE(split, p.tail_split);
     }
-    if (p.split_workspace == nullptr || p.tail_split == 1 || v.cluster == 2 || ctas > sms) {
+    // Pairs: a slot is a cluster (both CTAs take the same unit).
+    const int slots = ctas / v.cluster;
+    if (p.split_workspace == nullptr || p.tail_split == 1 || ctas > sms || slots == 0) {
       EXPECT_EQ(split, 1);
     }
     if (split > 1) {
       ++splits;
+      pair_splits += v.cluster == 2 ? 1 : 0;
       const int tail = tiles - v.plan.full_tiles;
-      EXPECT_EQ(v.plan.full_tiles % ctas, 0);
-      EXPECT_EQ(tail, tiles % ctas);
-      EXPECT_LE(tail * split, ctas) << "more parts than idle CTAs";
+      EXPECT_EQ(v.plan.full_tiles % slots, 0);
+      EXPECT_EQ(tail, tiles % slots);
+      EXPECT_LE(tail * split, slots) << "more parts than idle slots";
+      // Every tail CTA's parts have their own flags and partials within the workspace.
+      const int last_slot = split_slot(tail - 1, v.cluster, v.cluster - 1);
+      EXPECT_LT(split_flag_index(last_slot, 1), 2 * sms);
+      EXPECT_LE(split_partial_index(v.plan, last_slot, split - 2, 1) + 32 * 128,
+                static_cast<int64_t>(sms) * (kPartialBytes / 16));
     } else {
       EXPECT_EQ(v.plan.full_tiles, tiles);
     }
@@ -469,6 +478,7 @@ TEST(NativeSchedule, TailSplitFitsTheIdleCtasAndCoversEveryKBlockOnce) {
       ASSERT_EQ(count, 1) << "tile " << key.first << " k-block " << key.second;
   }
   EXPECT_GT(splits, 100);  // the split is exercised, not only its absence
+  EXPECT_GT(pair_splits, 10);
 }
 
 // The own chunk's edge rows are exactly its rows that tiles read from `a` (tiles that are not

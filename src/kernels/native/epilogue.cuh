@@ -267,13 +267,13 @@ __device__ void wait_split_parts(const KernelParams& p, const uint32_t* flag, ui
 // A tail tile's K-range (w.part >= 0). Parts but the last leave their f32 accumulator in the
 // workspace and count it; the last one waits for them and adds them in part order (the same
 // bits on every run), then stores the tile as usual.
-__device__ __forceinline__ void save_split_part(const KernelParams& p, const Unit& w,
+__device__ __forceinline__ void save_split_part(const KernelParams& p, const Unit& w, int slot,
                                                 const float (&acc)[128], int consumer,
                                                 bool leader) {
   const int tid = threadIdx.x % 128;
-  uint32_t* flag = p.split_flags + split_flag_index(w.tail, consumer);
-  float4* dst = reinterpret_cast<float4*>(p.partials) +
-                split_partial_index(p, w.tail, w.part, consumer) + tid;
+  uint32_t* flag = p.split_flags + split_flag_index(slot, consumer);
+  float4* dst =
+      reinterpret_cast<float4*>(p.partials) + split_partial_index(p, slot, w.part, consumer) + tid;
 #pragma unroll
   for (int i = 0; i < 32; ++i)
     __stcg(dst + i * 128, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
@@ -284,15 +284,15 @@ __device__ __forceinline__ void save_split_part(const KernelParams& p, const Uni
   }
 }
 
-__device__ __forceinline__ void add_split_parts(const KernelParams& p, const Unit& w,
-                                                float (&acc)[128], int consumer, bool leader) {
+__device__ __forceinline__ void add_split_parts(const KernelParams& p, int slot, float (&acc)[128],
+                                                int consumer, bool leader) {
   const int tid = threadIdx.x % 128;
-  uint32_t* flag = p.split_flags + split_flag_index(w.tail, consumer);
+  uint32_t* flag = p.split_flags + split_flag_index(slot, consumer);
   if (leader) wait_split_parts(p, flag, static_cast<uint32_t>(p.split - 1));
   asm volatile("bar.sync %0, 128;" ::"r"(1 + consumer) : "memory");
   for (int part = 0; part < p.split - 1; ++part) {
     const float4* src = reinterpret_cast<const float4*>(p.partials) +
-                        split_partial_index(p, w.tail, part, consumer) + tid;
+                        split_partial_index(p, slot, part, consumer) + tid;
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const float4 v = __ldcg(src + i * 128);

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int it = 0;
   Pending pending;  // kTmaStore: the tile whose stores are in flight (the leader's)
   for (int u = sched.cluster_id; u < sched.num_units; u += sched.clusters) {
-    const Unit w = unit_of<kCluster>(u, p, sched.walk);
+    const Unit w = unit_of(u, p, sched.walk);
     Tile tile = sched.walk.tile(w.t);
     tile.m0 += kBM * static_cast<int>(sched.cta);
     const bool sums = sums_tile(p, p, w, tile.m0);
@@ -117,11 +117,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     mainloop<kIn, kBKMajor, kTmaStore, kCluster>(p, st, w, acc, consumer, leader, it, pending,
                                                  map_a_out, a_out_row);
     if (w.part >= 0) {
+      const int slot = split_slot(w.tail, kCluster, static_cast<int>(sched.cta));
       if (w.part < p.split - 1) {
-        save_split_part(p, w, acc, consumer, leader);
+        save_split_part(p, w, slot, acc, consumer, leader);
         continue;
       }
-      add_split_parts(p, w, acc, consumer, leader);
+      add_split_parts(p, slot, acc, consumer, leader);
     }
 
     // float8: the scales, on the whole accumulator (before the peers' parts, which are scaled).

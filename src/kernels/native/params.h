@@ -119,7 +119,7 @@ struct NativeGemmSchedule {
   // The tail split: when the tiles leave the last wave mostly idle (tiles % CTAs small), each
   // tile of that wave is cut into up to 4 K-ranges computed by otherwise idle CTAs, the last
   // one adding the others' f32 partials in a fixed order (same bits every run). Needs a
-  // workspace (NativeGemmLaunch::split_workspace) and single CTAs (cluster 1).
+  // workspace (NativeGemmLaunch::split_workspace); on pairs both CTAs take the same K-ranges.
   // 0 chosen by the kernel's host side, 1 off, n >= 2 at most n parts (never more than 4).
   int tail_split = 0;
   // The reduce-scatter epilogue (the native matmul_reduce_scatter, whose own chunk comes last):
@@ -171,7 +171,7 @@ struct NativeGemmLaunch {
   // used (tests and measurements).
   bool force_register_store = false;
   // CTAs per cluster: 1, or 2 (pairs sharing each B tile through TMA multicast; only with the TMA
-  // store, no tail split, no SwiGLU epilogue, the reduce-scatter epilogue only on whole 256-row
+  // store, no SwiGLU epilogue, the reduce-scatter epilogue only on whole 256-row
   // chunks and pieces: see sum_chunk); 0: the default (cluster_of in
   // schedule.h), 2 for float8 inputs, else 1 (pairs are no faster with 16-bit inputs, see
   // docs/DECISIONS.md D17).

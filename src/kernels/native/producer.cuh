@@ -77,7 +77,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, const Stages& st,
   int it = 0;
   const int kblk = k_block_of(p);  // elements of k per k-block (128 bytes of a row)
   for (int u = sched.cluster_id; u < sched.num_units; u += sched.clusters) {
-    const Unit w = unit_of<kCluster>(u, p, sched.walk);
+    const Unit w = unit_of(u, p, sched.walk);
     const Tile tile = sched.walk.tile(w.t);
     const int m0 = tile.m0 + kBM * static_cast<int>(cta);
     // A tile wholly inside the own chunk is read from the caller's A (always there);

@@ -39,7 +39,9 @@
 //                   | epilogue (store, done counter) | count = 0 for the next launch
 //
 // All tail units fit in one wave, at most one per CTA, so a last part never waits for a CTA
-// that is not running; the sum order is fixed, so the result is the same on every run.
+// that is not running; the sum order is fixed, so the result is the same on every run. With
+// pairs, G counts the clusters resident at once and each unit is a 256-row tile: both CTAs of a
+// pair take the same K-range, each keeping its own 128 rows' part (split_slot).
 // Not stream-K, nor several rounds of parts: with every CTA at its own k offset, A and B are no
 // longer shared in L2 by the CTAs running together (see docs/DECISIONS.md D13).
 //
@@ -304,42 +306,52 @@ ASYNCTP_HOST_DEVICE I num_units(const NativeGemmPlan& plan, I num_tiles) {
   return plan.full_tiles + (num_tiles - plan.full_tiles) * plan.split;
 }
 
-// Parts per tail tile on `ctas` CTAs of a device with `sms` SMs: as many as the idle CTAs of
-// the last wave can take, each part at least kMinSplitKBlocks deep. The tail units then fit in
-// one wave, at most one per CTA, so the last part of a tile never waits for a CTA that is not
-// running.
+// The units a launch of `ctas` CTAs runs at once: one a CTA, or one a pair (both CTAs of a
+// pair take the same unit, each its 128 rows).
+ASYNCTP_HOST_DEVICE int unit_slots(const NativeGemmParams& p, int ctas) {
+  return uses_cluster(p) ? ctas / 2 : ctas;
+}
+
+// Parts per tail tile on `ctas` CTAs (resident together: with pairs, the clusters that fit at
+// once) of a device with `sms` SMs: as many as the idle slots of the last wave can take, each
+// part at least kMinSplitKBlocks deep. The tail units then fit in one wave, at most one per
+// slot, so the last part of a tile never waits for a slot that is not running.
 inline int tail_split_of(const NativeGemmParams& p, int ctas, int sms) {
   // More CTAs than SMs could leave a part's CTA waiting for an SM that its partner holds.
-  if (p.split_workspace == nullptr || p.tail_split == 1 || uses_cluster(p) || ctas <= 0 ||
-      ctas > sms) {
-    return 1;
-  }
-  const int64_t tiles = num_tiles(p, kBM);
-  const int tail = static_cast<int>(tiles % ctas);
+  if (p.split_workspace == nullptr || p.tail_split == 1 || ctas <= 0 || ctas > sms) return 1;
+  const int slots = unit_slots(p, ctas);
+  if (slots <= 0) return 1;
+  const int64_t tiles = num_tiles(p, tile_height(p));
+  const int tail = static_cast<int>(tiles % slots);
   if (tail == 0) return 1;
   const int64_t k_blocks = k_blocks_of(p);
-  int split = static_cast<int>(std::min<int64_t>(ctas / tail, k_blocks / kMinSplitKBlocks));
+  int split = static_cast<int>(std::min<int64_t>(slots / tail, k_blocks / kMinSplitKBlocks));
   split = std::min(split, p.tail_split >= 2 ? std::min(p.tail_split, kMaxSplit) : kMaxSplit);
   return split >= 2 ? split : 1;
 }
 
 // The tail split's workspace: [split flags, rounded to 256 bytes][partials], for up to `sms`
-// CTAs (one tail tile per CTA at most).
+// CTAs (one tail tile per CTA at most; a pair's CTAs each keep their own 128 rows' part).
 inline size_t split_flag_bytes(int sms) {
   return (static_cast<size_t>(sms) * 2 * sizeof(uint32_t) + 255) / 256 * 256;
 }
 inline size_t split_workspace_bytes(int sms) {
   return split_flag_bytes(sms) + static_cast<size_t>(sms) * kPartialBytes;
 }
-// The counter of published parts of tail tile `tail`, consumer `consumer`.
-ASYNCTP_HOST_DEVICE int split_flag_index(int tail, int consumer) {
-  return 2 * tail + consumer;
+// A tail tile's CTA: tail tile `tail`, CTA `cta` of its cluster of `cluster` (the CTA's 128 rows,
+// whose parts are kept apart).
+ASYNCTP_HOST_DEVICE int split_slot(int tail, int cluster, int cta) {
+  return tail * cluster + cta;
 }
-// Where part `part` (< split - 1) of tail tile `tail` leaves consumer `consumer`'s
-// accumulators: the float4 index of thread 0's first one (thread t's i-th at + i * 128 + t).
-ASYNCTP_HOST_DEVICE int64_t split_partial_index(const NativeGemmPlan& plan, int tail, int part,
+// The counter of published parts of tail CTA `slot` (split_slot), consumer `consumer`.
+ASYNCTP_HOST_DEVICE int split_flag_index(int slot, int consumer) {
+  return 2 * slot + consumer;
+}
+// Where part `part` (< split - 1) of tail CTA `slot` leaves consumer `consumer`'s accumulators:
+// the float4 index of thread 0's first one (thread t's i-th at + i * 128 + t).
+ASYNCTP_HOST_DEVICE int64_t split_partial_index(const NativeGemmPlan& plan, int slot, int part,
                                                 int consumer) {
-  return ((static_cast<int64_t>(tail) * (plan.split - 1) + part) * 2 + consumer) * (32 * 128);
+  return ((static_cast<int64_t>(slot) * (plan.split - 1) + part) * 2 + consumer) * (32 * 128);
 }
 
 // ---- What a tile reads and waits for ----
@@ -493,7 +505,7 @@ inline NativeGemmPlan plan_of(const NativeGemmParams& p, int ctas, int sms) {
   plan.sum_col_pieces = col_pieces(p, p.sum_cols);
   plan.split = tail_split_of(p, ctas, sms);
   const int64_t tiles = num_tiles(p, height);
-  plan.full_tiles = static_cast<int>(plan.split > 1 ? tiles - tiles % ctas : tiles);
+  plan.full_tiles = static_cast<int>(plan.split > 1 ? tiles - tiles % unit_slots(p, ctas) : tiles);
   if (plan.split > 1) {
     plan.split_flags = static_cast<uint32_t*>(p.split_workspace);
     plan.partials =

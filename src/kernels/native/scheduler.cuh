@@ -24,15 +24,13 @@ __device__ __forceinline__ CtaSchedule cta_schedule(const KernelParams& p) {
   s.cluster_id = blockIdx.x / kCluster;
   s.clusters = gridDim.x / kCluster;
   s.walk = walk_of(p, kBM * kCluster, p.group_m);
-  // Clusters never split tiles (the host turns the tail split off for them).
-  s.num_units = kCluster == 1 ? num_units(p, s.walk.num_tiles) : s.walk.num_tiles;
+  s.num_units = num_units(p, s.walk.num_tiles);
   return s;
 }
 
-template <int kCluster>
+// Unit u: a whole (cluster) tile, or a K-range of a tail tile (both CTAs of a pair take the same).
 __device__ __forceinline__ Unit unit_of(int u, const KernelParams& p, const Walk& walk) {
-  return kCluster == 1 ? unit_at(u, p, walk.num_tiles, walk.k_blocks)
-                       : Unit{u, 0, walk.k_blocks, -1, 0};
+  return unit_at(u, p, walk.num_tiles, walk.k_blocks);
 }
 
 }  // namespace

@@ -1038,6 +1038,35 @@ TEST(NativeFloat8, SingleCtasAndRegisterStoresMatchPairs) {
   }
 }
 
+// The tail split on pairs: 20 pair tiles (1024 x 1280) leave most clusters idle, so each tile is
+// cut into K-ranges (both CTAs of a pair take the same ones, each keeping its own rows' parts).
+// Within the rounding of the unsplit GEMM, not its bits (f32 sums in another order, rounded to
+// bf16 over 1.3 million elements), the same bits run after run.
+TEST(NativeFloat8, TailSplitOnPairsMatchesUnsplitAndRepeatsBitForBit) {
+  SKIP_UNLESS_GPUS(1);
+  Gpu gpu;
+  const int64_t m = 1024, n = 1280;
+  const Float8Problem f8(gpu, m, n, 2048, 95);
+  auto run = [&](int tail_split) {
+    OwnedTensor d = gpu.empty({m, n}, DType::kBF16);
+    gpu.be().fill(d, std::nanf(""), gpu.stream());
+    ChunkedGemmArgs args = f8.args(d);
+    args.tail_split = tail_split;
+    kernels::NativeGemmParams kp;
+    EXPECT_EQ(to_native_params(args, &kp), "");
+    EXPECT_TRUE(kernels::uses_cluster(kp));
+    kp.split_workspace = reinterpret_cast<void*>(uintptr_t{1} << 20);  // for the rule only
+    EXPECT_EQ(kernels::async_gemm_tail_split(kp) > 1, tail_split != 1);
+    gpu.be().native_gemm(args, gpu.stream());
+    return gpu.download(d);
+  };
+  const OwnedTensor whole = run(1);
+  const OwnedTensor split = run(0);
+  EXPECT_LT(rel_diff(split, whole), 4e-3);
+  EXPECT_FALSE(same_bits(split, whole)) << "the tail split did not run";
+  EXPECT_TRUE(same_bits(split, run(0))) << "two runs differ";
+}
+
 // The own chunk's rows take their scales from own_a_scale, wherever the tile read them from:
 // a's and a_scale's own rows are NaN (which must not show), own_a and own_a_scale hold the real
 // ones; chunks of 200 rows, off the tile grid, so tiles straddle the own chunk's edges (their
