@@ -605,8 +605,8 @@ TEST(NativeGemm, PublishesFinishedChunks) {
 // they neither touch D nor count in done, while the other chunks' pieces are counted in full.
 // Pieces of 128 rows, or of 256 columns (3: 256, 256, 8); column tail (n 520), the tail split
 // (24 tiles), bf16 sum and f16 mean, the reduced rows stored by TMA and (an output whose row
-// stride the TMA cannot take) from registers; on single CTAs and, with pieces by columns (whole
-// 256-row chunks and pieces), on CTA pairs.
+// stride the TMA cannot take) from registers; on single CTAs and, with counted pieces by columns
+// (whole 256-row chunks and pieces), on CTA pairs.
 TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
   SKIP_UNLESS_GPUS(1);
   for (const auto& [dt, op, padded, by_cols, pairs] :
@@ -655,8 +655,11 @@ TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
     args.sum_avg = op == ReduceOp::kAvg;
     args.sum_flags = landed;
     args.sum_value = 7;
-    args.sum_rows = by_cols ? 0 : rows / pieces;
-    args.sum_cols = by_cols ? 256 : 0;
+    // The second pair case waits on the parts by 128-row pieces: a pair's two CTAs on different
+    // flags (the flags of 3 pieces are up; these take 2).
+    const bool sum_by_rows = !by_cols || (pairs && padded);
+    args.sum_rows = sum_by_rows ? rows / 2 : 0;
+    args.sum_cols = sum_by_rows ? 0 : 256;
     args.sum_flag_stride = chunks;
     if (pairs) {
       kernels::NativeGemmParams kp;
