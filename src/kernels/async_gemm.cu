@@ -175,8 +175,11 @@ cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUt
   });
   if (attr_status != cudaSuccess) return attr_status;
   if (max_clusters <= 0) return cudaErrorInvalidConfiguration;
-  // Pairs: the units run on the clusters that fit at once, which can be fewer than half the SMs
-  // (a GPC with an odd number of free SMs); the tail split's parts must all fit in them.
+  // Pairs: the units run on the clusters that fit at once on an idle device, which can be fewer
+  // than half the SMs (a GPC with an odd number of SMs); the tail split is planned for them.
+  // Kernels of other streams may hold SMs beyond reserve_sms, as they may with single CTAs: a
+  // last part then waits for parts whose clusters start later (each part's unit comes before
+  // its last part's), bounded by the split wait's timeout.
   if constexpr (kCluster == 2) {
     const int resident = static_cast<int>(std::min<int64_t>(max_clusters, max_ctas / kCluster));
     static_cast<NativeGemmPlan&>(p) = plan_of(p, resident * kCluster, sm_count());
@@ -291,6 +294,7 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
   if (ctas <= 0) return cudaErrorNoDevice;
   KernelParams p{};
   static_cast<NativeGemmParams&>(p) = resolved(a);
+  // (Pairs: launch<> plans again for the clusters that fit at once.)
   static_cast<NativeGemmPlan&>(p) = plan_of(p, ctas, sm_count());
   CUtensorMap map_c{};
   if (tma_store) {

@@ -248,8 +248,8 @@ __device__ __forceinline__ void add_part_half(const uint8_t* stage, float (&d)[1
   }
 }
 
-// The last part of a tail tile waits for the others (CTAs of this launch, all resident: the
-// tail units fit in one wave, at most one per CTA). Bounded all the same: a timeout is recorded
+// The last part of a tail tile waits for the others (slots of this launch, all resident: the
+// tail units fit in one wave, at most one per slot). Bounded all the same: a timeout is recorded
 // as what = 4 and the tile is finished with what has arrived.
 __device__ void wait_split_parts(const KernelParams& p, const uint32_t* flag, uint32_t parts) {
   if (load_acquire(flag) >= parts) return;

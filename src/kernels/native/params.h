@@ -189,9 +189,9 @@ struct NativeGemmPlan {
   int done_col_pieces = 1;  // done counters per done_rows rows: ceil(n / done_cols)
   int sum_col_pieces = 1;   // sum-flag pieces per sum_rows rows: ceil(n / sum_cols)
   // The tail split: tiles [0, full_tiles) are computed whole, each of the others in `split`
-  // K-ranges by different CTAs. partials: f32 accumulators of the parts but the last,
-  // [tail tile][part < split - 1][consumer][32 float4][128 threads]; split_flags:
-  // [tail tile][consumer] counters of published parts, 0 between launches.
+  // K-ranges by different slots (CTAs, or pairs). partials: f32 accumulators of the parts but the
+  // last, [tail CTA (split_slot)][part < split - 1][consumer][32 float4][128 threads];
+  // split_flags: [tail CTA][consumer] counters of published parts, 0 between launches.
   int full_tiles = 0;
   int split = 1;
   float* partials = nullptr;

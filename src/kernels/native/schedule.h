@@ -27,9 +27,10 @@
 // read 16 of A's 16 KiB blocks and 8 of B's 32 KiB ones: the fewest bytes for 132 tiles (height
 // 32 reads 32 x 16 + 4 x 32 KiB, height 8 about 8 x 16 + 17 x 32); see docs/DECISIONS.md D10.
 //
-// Tail split: with T tiles on G CTAs, the last wave holds T mod G tiles; where that is at most
-// half of G, each of its tiles is cut into s <= 4 K-ranges (s = G / tail, at least 4 k-blocks
-// each), one per otherwise idle CTA. Work units in loop order, for CTA i: units i, i+G, ...
+// Tail split: with T tiles on G slots (CTAs, or pairs), the last wave holds T mod G tiles; where
+// that is at most half of G, each of its tiles is cut into s <= 4 K-ranges (s = G / tail, at
+// least 4 k-blocks each), one per otherwise idle slot. Work units in loop order, for slot i:
+// units i, i+G, ...
 //
 //   units [0, T - tail):        whole tiles, as without the split
 //   units [T - tail, T + (s-1) tail): part p = v / tail of tail tile v mod tail
