@@ -247,6 +247,50 @@ def test_disagreeing_arm_is_not_timed(pool2):
             assert set(fields) == {"validation", "error"}
 
 
+def case_fast_accum_reaches_every_float8_gemm(fast: bool):
+    import torch
+    import torch.distributed as dist
+
+    from asynctp.torch import functional as atpf
+
+    argv = ["--config", "tiny", "--tokens", "16", "--dtype", "fp8", "--arms", "eager,asynctp",
+            "--warmup", "0", "--iters", "1", "--loops", "1", "--no-floor"]
+    args = layer.parse_args(argv + (["--fast-accum"] if fast else []))
+    seen = []  # (who, use_fast_accum) per float8 GEMM called
+    saved = torch._scaled_mm, atpf.fused_all_gather_scaled_matmul, \
+        atpf.fused_scaled_matmul_reduce_scatter
+
+    def scaled_mm(*a, **kw):
+        seen.append(("_scaled_mm", kw.get("use_fast_accum", False)))
+        return saved[0](*a, **kw)
+
+    def ag(*a, **kw):
+        seen.extend(("ag", f) for f in a[9])
+        return saved[1](*a, **kw)
+
+    def rs(*a, **kw):
+        seen.append(("rs", kw.get("use_fast_accum", False)))
+        return saved[2](*a, **kw)
+
+    torch._scaled_mm = scaled_mm
+    atpf.fused_all_gather_scaled_matmul, atpf.fused_scaled_matmul_reduce_scatter = ag, rs
+    try:
+        out = layer.run(args, dist.group.WORLD, torch.device("cpu"))
+    finally:
+        torch._scaled_mm, atpf.fused_all_gather_scaled_matmul, \
+            atpf.fused_scaled_matmul_reduce_scatter = saved
+    return out["meta"]["fast_accum"], out["failures"], sorted(set(seen))
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_fast_accum_reaches_every_float8_gemm(pool2, fast):
+    """--fast-accum: every _scaled_mm of the PyTorch arm and its reference, and both fused scaled
+    ops of the asynctp arm, are called with use_fast_accum; without it none is."""
+    for meta_fast, failures, seen in pool2.run(case_fast_accum_reaches_every_float8_gemm, fast):
+        assert meta_fast is fast and failures == []
+        assert seen == [("_scaled_mm", fast), ("ag", fast), ("rs", fast)]
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--config", "13b"], "--config '13b' is not one of"),
     (["--arms", "eager,fast"], "--arms 'fast' is not one of"),

@@ -66,6 +66,11 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="bf16,fp8",
                    help="comma-separated: bf16 (forward and backward), f32 (the same, for "
                         "tight checks), fp8 (float8 row-wise GEMMs, forward only)")
+    p.add_argument("--fast-accum", action="store_true",
+                   help="fp8: every float8 GEMM, of every arm, its reference and the floor, may "
+                        "accumulate fast (torch._scaled_mm's use_fast_accum=True, the fused ops' "
+                        "too: asynctp's native kernel takes only these); the JSON's meta says "
+                        "which ran")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {ARMS}")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps before the loops")
     p.add_argument("--warmup-ms", type=float, default=3000.0, metavar="MS",
@@ -436,13 +441,15 @@ def _usage_delta(before: dict, after: dict) -> dict:
     return out
 
 
-def build_model(arm, cfg, lc, params, group, float8, variant=None):
+def build_model(arm, cfg, lc, params, group, float8, variant=None, fast_accum=False):
     if arm == "eager":
-        return llama.torch_layer(cfg, lc, params, llama.DistCollectives(group), float8)
+        return llama.torch_layer(cfg, lc, params, llama.DistCollectives(group), float8,
+                                 fast_accum)
     if arm == "asynctp":
         return llama.asynctp_layer(cfg, lc, params, group, float8,
-                                   swiglu_epilogue=variant == "swiglu_epilogue")
-    return llama.torch_layer(cfg, lc, params, llama.FuncolCollectives(group), float8)
+                                   swiglu_epilogue=variant == "swiglu_epilogue",
+                                   fast_accum=fast_accum)
+    return llama.torch_layer(cfg, lc, params, llama.FuncolCollectives(group), float8, fast_accum)
 
 
 class _Variant:
@@ -478,7 +485,7 @@ def validate_variants(arm, case, ref, args, group, ctx, modes, result, on_valid)
         else:
             variant = mode or "eager"
         entry = result["variants"][variant] = {}
-        model = build_model(arm, cfg, lc, params, group, float8, variant)
+        model = build_model(arm, cfg, lc, params, group, float8, variant, args.fast_accum)
         try:
             if arm in COMPILED:
                 model = torch.compile(model, fullgraph=True, options=ctx.compile_options(mode))
@@ -628,11 +635,11 @@ def run_arms(arms, case, ref, args, group) -> dict:
 # ---- the floor -------------------------------------------------------------------------------
 
 
-def floor_steps(lc, S: int, dtype_name: str, backward: bool, device):
+def floor_steps(lc, S: int, dtype_name: str, backward: bool, device, fast_accum: bool = False):
     """The layer's GEMMs and its attention alone, at the layer's shapes: (gemms, attention)
     steps. Training: per linear (x [S, K], W [N, K]) the forward x W^T and the backward
-    dY W and dY^T x; SDPA forward and backward. float8: the four _scaled_mm of the forward and
-    the SDPA forward."""
+    dY W and dY^T x; SDPA forward and backward. float8: the four _scaled_mm of the forward
+    (use_fast_accum = fast_accum) and the SDPA forward."""
     dtype = torch.bfloat16 if dtype_name == "fp8" else DTYPES[dtype_name]
     g = torch.Generator(device=device).manual_seed(1)
 
@@ -650,7 +657,8 @@ def floor_steps(lc, S: int, dtype_name: str, backward: bool, device):
 
         def gemms():
             for a, b, a_s, b_s in ops:
-                torch._scaled_mm(a, b, a_s, b_s, out_dtype=torch.bfloat16)
+                torch._scaled_mm(a, b, a_s, b_s, out_dtype=torch.bfloat16,
+                                 use_fast_accum=fast_accum)
     else:
         mats = [(rand(S, K), rand(N, K), rand(S, N)) for K, N in linears]
 
@@ -677,7 +685,7 @@ def floor_steps(lc, S: int, dtype_name: str, backward: bool, device):
 
 
 def time_floor(lc, S, dtype_name, backward, args, device, group) -> dict:
-    gemms, attention = floor_steps(lc, S, dtype_name, backward, device)
+    gemms, attention = floor_steps(lc, S, dtype_name, backward, device, args.fast_accum)
 
     def both():
         gemms()
@@ -696,12 +704,14 @@ def time_floor(lc, S, dtype_name, backward, args, device, group) -> dict:
 # ---- the run ---------------------------------------------------------------------------------
 
 
-def scaled_mm_supported(device) -> str | None:
-    """None if row-wise _scaled_mm runs on this device, else why not."""
+def scaled_mm_supported(device, fast_accum: bool = False) -> str | None:
+    """None if row-wise _scaled_mm runs on this device (with use_fast_accum as the run calls
+    it), else why not."""
     try:
         a = torch.ones(16, 16, device=device).to(llama.F8)
         torch._scaled_mm(a, a.t(), torch.ones(16, 1, device=device),
-                         torch.ones(1, 16, device=device), out_dtype=torch.bfloat16)
+                         torch.ones(1, 16, device=device), out_dtype=torch.bfloat16,
+                         use_fast_accum=fast_accum)
         return None
     except Exception as exc:  # noqa: BLE001 (whatever this torch raises for its absence)
         return (f"row-wise torch._scaled_mm does not run on {device.type}: "
@@ -720,7 +730,8 @@ def run(args, group, device, on_row=None) -> dict:
         cfg = llama.CONFIGS[config_name]
         lc = llama.local_shapes(cfg, ws)
         for dtype_name in args.dtypes:
-            fp8_missing = scaled_mm_supported(device) if dtype_name == "fp8" else None
+            fp8_missing = (scaled_mm_supported(device, args.fast_accum) if dtype_name == "fp8"
+                           else None)
             for T in args.token_list:
                 S = T * ws
                 backward = dtype_name != "fp8"
@@ -739,7 +750,8 @@ def run(args, group, device, on_row=None) -> dict:
                 dy = torch.randn(T, cfg.hidden, generator=gen).to(device=device, dtype=dtype)
                 case = {"cfg": cfg, "lc": lc, "params": params, "x": x, "dy": dy, "name": name,
                         "dtype_name": dtype_name, "backward": backward, "seq_len": S}
-                reference = build_model("eager", cfg, lc, params, group, dtype_name == "fp8")
+                reference = build_model("eager", cfg, lc, params, group, dtype_name == "fp8",
+                                        fast_accum=args.fast_accum)
                 ref = run_once(reference, x, dy, backward)
                 del reference
                 torch._dynamo.reset()  # the arms of one case share nothing with another's
@@ -788,6 +800,7 @@ def _meta(args, group, device) -> dict:
         "iters": args.iters, "loops": args.loops,
         "cuda_graphs": device.type == "cuda" and not args.no_cuda_graphs,
         "pass_options": args.pass_options,
+        "fast_accum": args.fast_accum,
         "tolerance": TOLERANCE,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

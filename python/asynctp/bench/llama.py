@@ -24,6 +24,7 @@ matrix (one GEMM), and so are its gate and up rows.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -321,24 +322,26 @@ def quantize_rows(x: torch.Tensor):
 
 class _F8Weight(nn.Module):
     """W [N, K] quantized per output row: w_f8 [N, K], and its scale laid out for _scaled_mm's
-    right-hand side, [1, N]."""
+    right-hand side, [1, N]. fast_accum: _scaled_mm's use_fast_accum, for every product."""
 
-    def __init__(self, weight):
+    def __init__(self, weight, fast_accum: bool = False):
         super().__init__()
         w_f8, scale = quantize_rows(weight)
         self.register_buffer("w_f8", w_f8)
         self.register_buffer("w_scale", scale.t().contiguous())
+        self.fast_accum = fast_accum
 
     def mm(self, a_f8, a_scale, out_dtype):
         # w_f8.t() is [K, N] column-major, as _scaled_mm wants its second operand.
-        return torch._scaled_mm(a_f8, self.w_f8.t(), a_scale, self.w_scale, out_dtype=out_dtype)
+        return torch._scaled_mm(a_f8, self.w_f8.t(), a_scale, self.w_scale, out_dtype=out_dtype,
+                                use_fast_accum=self.fast_accum)
 
 
 class F8GatherLinear(_F8Weight):
     """x [T, K] -> quantize rows -> AG (values and scales) -> _scaled_mm -> [S, N/ws]."""
 
-    def __init__(self, weight, coll):
-        super().__init__(weight)
+    def __init__(self, weight, coll, fast_accum: bool = False):
+        super().__init__(weight, fast_accum)
         self.coll = coll
 
     def forward(self, x):
@@ -349,8 +352,8 @@ class F8GatherLinear(_F8Weight):
 class F8LinearScatter(_F8Weight):
     """h [S, K/ws] -> quantize rows -> _scaled_mm -> RS -> [T, N]."""
 
-    def __init__(self, weight, coll):
-        super().__init__(weight)
+    def __init__(self, weight, coll, fast_accum: bool = False):
+        super().__init__(weight, fast_accum)
         self.coll = coll
 
     def forward(self, h):
@@ -362,8 +365,8 @@ class AsynctpF8GatherLinear(_F8Weight):
     """The same through torch.ops.asynctp.fused_all_gather_scaled_matmul (row-wise A_scale of
     the shard, gathered with it)."""
 
-    def __init__(self, weight, group_name):
-        super().__init__(weight)
+    def __init__(self, weight, group_name, fast_accum: bool = False):
+        super().__init__(weight, fast_accum)
         self.group_name = group_name
 
     def forward(self, x):
@@ -372,15 +375,15 @@ class AsynctpF8GatherLinear(_F8Weight):
         x_f8, scale = quantize_rows(x)
         _, (y,) = atp.fused_all_gather_scaled_matmul(
             x_f8, [self.w_f8.t()], scale, [self.w_scale], 0, self.group_name, [None], [None],
-            [x.dtype], [False])
+            [x.dtype], [self.fast_accum])
         return y
 
 
 class AsynctpF8LinearScatter(_F8Weight):
     """The same through torch.ops.asynctp.fused_scaled_matmul_reduce_scatter."""
 
-    def __init__(self, weight, group_name):
-        super().__init__(weight)
+    def __init__(self, weight, group_name, fast_accum: bool = False):
+        super().__init__(weight, fast_accum)
         self.group_name = group_name
 
     def forward(self, h):
@@ -389,7 +392,7 @@ class AsynctpF8LinearScatter(_F8Weight):
         h_f8, scale = quantize_rows(h)
         return atp.fused_scaled_matmul_reduce_scatter(
             h_f8, self.w_f8.t(), scale, self.w_scale, "sum", 0, 0, self.group_name,
-            [h.shape[0], self.w_f8.shape[0]], out_dtype=h.dtype)
+            [h.shape[0], self.w_f8.shape[0]], out_dtype=h.dtype, use_fast_accum=self.fast_accum)
 
 
 class AsynctpSwigluGatherLinear(nn.Module):
@@ -418,24 +421,31 @@ class AsynctpSwigluGatherLinear(nn.Module):
 # ---- the layers of each arm ------------------------------------------------------------------
 
 
-def torch_layer(cfg, lc, params, coll, float8: bool) -> Layer:
-    """The layer over PyTorch's collectives `coll` (DistCollectives or FuncolCollectives)."""
-    col, row = (F8GatherLinear, F8LinearScatter) if float8 else (GatherLinear, LinearScatter)
+def torch_layer(cfg, lc, params, coll, float8: bool, fast_accum: bool = False) -> Layer:
+    """The layer over PyTorch's collectives `coll` (DistCollectives or FuncolCollectives).
+    fast_accum (float8): every _scaled_mm with use_fast_accum."""
+    col, row = GatherLinear, LinearScatter
+    if float8:
+        col = functools.partial(F8GatherLinear, fast_accum=fast_accum)
+        row = functools.partial(F8LinearScatter, fast_accum=fast_accum)
     return Layer(cfg, lc, params, col(params["wqkv.weight"], coll), row(params["wo.weight"], coll),
                  col(params["w13.weight"], coll), row(params["w2.weight"], coll))
 
 
-def asynctp_layer(cfg, lc, params, group, float8: bool, swiglu_epilogue: bool = False) -> Layer:
+def asynctp_layer(cfg, lc, params, group, float8: bool, swiglu_epilogue: bool = False,
+                  fast_accum: bool = False) -> Layer:
     """The layer over asynctp's eager modules (bf16) or its float8 fused ops (forward).
-    swiglu_epilogue (bf16): w13 and the SwiGLU as one fused op (AsynctpSwigluGatherLinear)."""
+    swiglu_epilogue (bf16): w13 and the SwiGLU as one fused op (AsynctpSwigluGatherLinear).
+    fast_accum (float8): the fused ops' use_fast_accum (the native kernel needs it)."""
     from ..torch.modules import ColumnParallelLinear, RowParallelLinear
 
     name = group.group_name
     if float8:
-        return Layer(cfg, lc, params, AsynctpF8GatherLinear(params["wqkv.weight"], name),
-                     AsynctpF8LinearScatter(params["wo.weight"], name),
-                     AsynctpF8GatherLinear(params["w13.weight"], name),
-                     AsynctpF8LinearScatter(params["w2.weight"], name))
+        col = functools.partial(AsynctpF8GatherLinear, fast_accum=fast_accum)
+        row = functools.partial(AsynctpF8LinearScatter, fast_accum=fast_accum)
+        return Layer(cfg, lc, params, col(params["wqkv.weight"], name),
+                     row(params["wo.weight"], name), col(params["w13.weight"], name),
+                     row(params["w2.weight"], name))
     ws = dist.get_world_size(group)
 
     def col(w):
