@@ -175,19 +175,14 @@ cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUt
   });
   if (attr_status != cudaSuccess) return attr_status;
   if (max_clusters <= 0) return cudaErrorInvalidConfiguration;
-  // Pairs: the units run on the clusters that fit at once on an idle device, which can be fewer
-  // than half the SMs (a GPC with an odd number of SMs); the tail split is planned for them.
-  // Kernels of other streams may hold SMs beyond reserve_sms, as they may with single CTAs: a
-  // last part then waits for parts whose clusters start later (each part's unit comes before
-  // its last part's), bounded by the split wait's timeout.
-  if constexpr (kCluster == 2) {
-    const int resident = static_cast<int>(std::min<int64_t>(max_clusters, max_ctas / kCluster));
-    static_cast<NativeGemmPlan&>(p) = plan_of(p, resident * kCluster, sm_count());
-  }
-  // One CTA (pair) per work unit at most: a tile, or one part of a split tile (with fewer tiles
-  // than slots every part gets its own).
-  const int64_t units = num_units(p, num_tiles(p, int64_t{kBM} * kCluster));
-  const int64_t clusters = std::min<int64_t>({max_clusters, max_ctas / kCluster, units});
+  // The slots that fit at once on an idle device (with pairs they can be fewer than half the
+  // SMs: a GPC with an odd number of SMs), the tail split planned for them, one slot per unit at
+  // most (launch_grid). Kernels of other streams may hold SMs beyond reserve_sms: a last part
+  // then waits for parts whose slots start later (each part's unit comes before its last
+  // part's), bounded by the split wait's timeout.
+  const LaunchGrid grid = launch_grid(p, max_clusters, max_ctas, sm_count());
+  static_cast<NativeGemmPlan&>(p) = grid.plan;
+  const int64_t clusters = grid.slots;
   if (clusters <= 0) return cudaErrorInvalidConfiguration;
   config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
   // Single CTAs launch without the cluster attribute (the driver's plain launch path).
@@ -294,7 +289,7 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
   if (ctas <= 0) return cudaErrorNoDevice;
   KernelParams p{};
   static_cast<NativeGemmParams&>(p) = resolved(a);
-  // (Pairs: launch<> plans again for the clusters that fit at once.)
+  // (launch<> plans the tail split again for the slots that fit at once: launch_grid.)
   static_cast<NativeGemmPlan&>(p) = plan_of(p, ctas, sm_count());
   CUtensorMap map_c{};
   if (tma_store) {

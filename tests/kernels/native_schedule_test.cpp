@@ -481,6 +481,46 @@ TEST(NativeSchedule, TailSplitFitsTheIdleCtasAndCoversEveryKBlockOnce) {
   EXPECT_GT(pair_splits, 10);
 }
 
+// A launch's grid: at most the slots that fit (CTAs, or pairs) and one per unit; the tail units
+// all run in the grid's last round, one per slot, so that a last part never waits for a part
+// that its own slot, or a slot not yet running, still has to compute.
+TEST(NativeSchedule, LaunchGridRunsTheTailUnitsTogetherOnePerSlot) {
+  Rng pick(7);
+  int splits = 0, pair_splits = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    NativeGemmParams p = shape(128 * pick(1, 60) - pick(0, 127), 256 * pick(1, 30) - pick(0, 255),
+                               64 * pick(1, 80) - pick(0, 63));
+    p.split_workspace = g_workspace;
+    p.cluster = pick(0, 1) == 0 ? 2 : 1;
+    const int sms = pick(1, 140);
+    const int max_ctas = pick(1, sms);
+    const int per_slot = uses_cluster(p) ? 2 : 1;
+    const int fit = pick(0, 3) == 0 ? sms : pick(1, std::max(1, max_ctas / per_slot));
+    SCOPED_TRACE(fmt::format("m {} n {} k {} sms {} max_ctas {} fit {} cluster {}", p.m, p.n, p.k,
+                             sms, max_ctas, fit, per_slot));
+    const NativeGemmParams r = resolved(p);
+    const LaunchGrid g = launch_grid(r, fit, max_ctas, sms);
+    const int64_t units = num_units(g.plan, num_tiles(r, tile_height(r)));
+    if (max_ctas / per_slot == 0) {
+      EXPECT_EQ(g.slots, 0);
+      continue;
+    }
+    ASSERT_GE(g.slots, 1);
+    EXPECT_LE(g.slots, fit);
+    EXPECT_LE(g.slots * per_slot, max_ctas);
+    EXPECT_LE(g.slots, units);
+    if (g.plan.split > 1) {
+      ++splits;
+      pair_splits += per_slot == 2 ? 1 : 0;
+      EXPECT_LE(units - g.plan.full_tiles, g.slots) << "more tail units than slots";
+      for (int64_t u = g.plan.full_tiles; u < units; ++u)
+        EXPECT_GE(u + g.slots, units) << "tail unit " << u << " is not its slot's last";
+    }
+  }
+  EXPECT_GT(splits, 100);
+  EXPECT_GT(pair_splits, 30);
+}
+
 // The own chunk's edge rows are exactly its rows that tiles read from `a` (tiles that are not
 // wholly inside the chunk, by reads_own, as the producer decides): the first `head` and the last
 // `tail` rows.

@@ -517,4 +517,21 @@ inline NativeGemmPlan plan_of(const NativeGemmParams& p, int ctas, int sms) {
   return plan;
 }
 
+// A launch's grid: the plan for the slots that run at once (`fit` of them fit on the device: CTAs,
+// or with pairs clusters; at most max_ctas CTAs), and how many slots it launches, one per unit at
+// most. Slot i runs units i, i + slots, ...: the tail units come last, at most one per slot.
+struct LaunchGrid {
+  NativeGemmPlan plan;
+  int slots = 0;
+};
+inline LaunchGrid launch_grid(const NativeGemmParams& p, int fit, int max_ctas, int sms) {
+  const int per_slot = uses_cluster(p) ? 2 : 1;
+  const int resident = std::min(fit, max_ctas / per_slot);
+  LaunchGrid g;
+  g.plan = plan_of(p, resident * per_slot, sms);
+  g.slots = static_cast<int>(
+      std::min<int64_t>(resident, num_units(g.plan, num_tiles(p, tile_height(p)))));
+  return g;
+}
+
 }  // namespace asynctp::kernels
