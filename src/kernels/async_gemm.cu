@@ -180,6 +180,7 @@ cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUt
   // most (launch_grid). Kernels of other streams may hold SMs beyond reserve_sms: a last part
   // then waits for parts whose slots start later (each part's unit comes before its last
   // part's), bounded by the split wait's timeout.
+  if (uses_cluster(p) != (kCluster == 2)) return cudaErrorInvalidValue;  // launch_grid's slots
   const LaunchGrid grid = launch_grid(p, max_clusters, max_ctas, sm_count());
   static_cast<NativeGemmPlan&>(p) = grid.plan;
   const int64_t clusters = grid.slots;
