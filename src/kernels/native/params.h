@@ -171,10 +171,9 @@ struct NativeGemmLaunch {
   // used (tests and measurements).
   bool force_register_store = false;
   // CTAs per cluster: 1, or 2 (pairs sharing each B tile through TMA multicast; only with the TMA
-  // store, no SwiGLU epilogue, the reduce-scatter epilogue only on whole 256-row
-  // chunks and pieces: see sum_chunk); 0: the default (cluster_of in
-  // schedule.h), 2 for float8 inputs, else 1 (pairs are no faster with 16-bit inputs, see
-  // docs/DECISIONS.md D17).
+  // store, no SwiGLU epilogue, the reduce-scatter epilogue only on whole 256-row chunks and
+  // pieces: see sum_chunk); 0: the default (cluster_of in schedule.h), 2 for float8 inputs, else
+  // 1 (pairs are no faster with 16-bit inputs, see docs/DECISIONS.md D17).
   int cluster = 0;
 };
 
