@@ -180,7 +180,7 @@ cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUt
   // most (launch_grid). Kernels of other streams may hold SMs beyond reserve_sms: a last part
   // then waits for parts whose slots start later (each part's unit comes before its last
   // part's), bounded by the split wait's timeout.
-  if (uses_cluster(p) != (kCluster == 2)) return cudaErrorInvalidValue;  // launch_grid's slots
+  if (ctas_per_tile(p) != kCluster) return cudaErrorInvalidValue;  // launch_grid's slots
   const LaunchGrid grid = launch_grid(p, max_clusters, max_ctas, sm_count());
   static_cast<NativeGemmPlan&>(p) = grid.plan;
   const int64_t clusters = grid.slots;
@@ -271,7 +271,7 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
   const CUtensorMapDataType type = map_type(a.in_dtype);
   const CUtensorMapDataType c_type = map_type(a.c_dtype);  // 16-bit C only: TMA store, sums
   const bool tma_store = uses_tma_store(a);
-  const int cluster = uses_cluster(a) ? 2 : 1;
+  const int cluster = ctas_per_tile(a);
   // A and B in k-blocks of 128 bytes (k_block_of elements of in_bytes each).
   const int in_bytes = float8_inputs(a) ? 1 : 2;
   const auto kblk = static_cast<uint32_t>(k_block_of(a));
@@ -290,8 +290,7 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
   if (ctas <= 0) return cudaErrorNoDevice;
   KernelParams p{};
   static_cast<NativeGemmParams&>(p) = resolved(a);
-  // (launch<> plans the tail split again for the slots that fit at once: launch_grid.)
-  static_cast<NativeGemmPlan&>(p) = plan_of(p, ctas, sm_count());
+  // The plan (the tail split for the slots that fit at once) is launch<>'s: launch_grid.
   CUtensorMap map_c{};
   if (tma_store) {
     if (!make_map(&map_c, a.c, c_type, a.n, a.m, a.ldc, 64, 64)) return cudaErrorInvalidValue;
@@ -320,7 +319,7 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
                                            a.sum_count, a.sum_ld, a.sum_part_stride)) {
       return cudaErrorInvalidValue;
     }
-    if (p.sum_tma_store &&
+    if (sum_tma_store_of(p) &&
         !make_map(&map_sum, a.sum_out, c_type, a.n, p.chunk_rows, a.sum_ldo, 64, 64)) {
       return cudaErrorInvalidValue;
     }

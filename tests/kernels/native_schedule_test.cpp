@@ -41,6 +41,13 @@ struct Rng {
   int operator()(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); }
 };
 
+// A random problem of up to m_tiles x n_tiles tiles and 80 k-blocks, each edge off its grid.
+NativeGemmParams random_shape(Rng& pick, int m_tiles, int n_tiles) {
+  const int64_t m = 128 * pick(1, m_tiles) - pick(0, 127);
+  const int64_t n = 256 * pick(1, n_tiles) - pick(0, 255);
+  return shape(m, n, 64 * pick(1, 80) - pick(0, 63));
+}
+
 // Random params for the walk: chunks on or off the tile grid, a pivot chunk, pieces of ready
 // flags (AG+MM), done counters by rows and columns (MM+RS, chunks on the grid), the reduced own
 // chunk, clusters of two.
@@ -421,8 +428,7 @@ TEST(NativeSchedule, TailSplitFitsTheIdleCtasAndCoversEveryKBlockOnce) {
   Rng pick(5);
   int splits = 0, pair_splits = 0;
   for (int trial = 0; trial < 3000; ++trial) {
-    NativeGemmParams p = shape(128 * pick(1, 40) - pick(0, 127), 256 * pick(1, 20) - pick(0, 255),
-                               64 * pick(1, 80) - pick(0, 63));
+    NativeGemmParams p = random_shape(pick, 40, 20);
     p.split_workspace = pick(0, 5) == 0 ? nullptr : g_workspace;
     p.tail_split = pick(0, 6);
     p.cluster = pick(0, 5) == 0 ? 2 : 1;
@@ -488,8 +494,7 @@ TEST(NativeSchedule, LaunchGridRunsTheTailUnitsTogetherOnePerSlot) {
   Rng pick(7);
   int splits = 0, pair_splits = 0;
   for (int trial = 0; trial < 3000; ++trial) {
-    NativeGemmParams p = shape(128 * pick(1, 60) - pick(0, 127), 256 * pick(1, 30) - pick(0, 255),
-                               64 * pick(1, 80) - pick(0, 63));
+    NativeGemmParams p = random_shape(pick, 60, 30);
     p.split_workspace = g_workspace;
     p.cluster = pick(0, 1) == 0 ? 2 : 1;
     const int sms = pick(1, 140);

@@ -155,9 +155,13 @@ ASYNCTP_HOST_DEVICE bool uses_cluster(const NativeGemmParams& p) {
   return cluster_of(p) == 2 && uses_tma_store(p) && !p.swiglu &&
          (p.sum_chunk < 0 || pairs_can_sum(p));
 }
+// The CTAs that take one (cluster) tile: 1, or 2 for a pair.
+ASYNCTP_HOST_DEVICE int ctas_per_tile(const NativeGemmParams& p) {
+  return uses_cluster(p) ? 2 : 1;
+}
 // A (cluster) tile's rows.
 ASYNCTP_HOST_DEVICE int64_t tile_height(const NativeGemmParams& p) {
-  return int64_t{kBM} * (uses_cluster(p) ? 2 : 1);
+  return int64_t{kBM} * ctas_per_tile(p);
 }
 // B's columns: n, or 2n with the SwiGLU epilogue (the gate's, then the up projection's).
 ASYNCTP_HOST_DEVICE int64_t b_cols(const NativeGemmParams& p) {
@@ -310,7 +314,7 @@ ASYNCTP_HOST_DEVICE I num_units(const NativeGemmPlan& plan, I num_tiles) {
 // The units a launch of `ctas` CTAs runs at once: one a CTA, or one a pair (both CTAs of a
 // pair take the same unit, each its 128 rows).
 ASYNCTP_HOST_DEVICE int unit_slots(const NativeGemmParams& p, int ctas) {
-  return uses_cluster(p) ? ctas / 2 : ctas;
+  return ctas / ctas_per_tile(p);
 }
 
 // Parts per tail tile on `ctas` CTAs (resident together: with pairs, the clusters that fit at
@@ -497,6 +501,12 @@ ASYNCTP_HOST_DEVICE int64_t sum_piece(const NativeGemmParams& p, const NativeGem
 
 // ---- The launch's plan ----
 
+// Whether the reduce-scatter epilogue stores the reduced rows through the staging area (TMA).
+inline bool sum_tma_store_of(const NativeGemmParams& p) {
+  return p.sum_chunk >= 0 && uses_tma_store(p) &&
+         reinterpret_cast<uintptr_t>(p.sum_out) % 16 == 0 && p.sum_ldo % 8 == 0;
+}
+
 // What the launcher derives from resolved params on `ctas` CTAs of a device with `sms` SMs.
 inline NativeGemmPlan plan_of(const NativeGemmParams& p, int ctas, int sms) {
   NativeGemmPlan plan;
@@ -512,8 +522,7 @@ inline NativeGemmPlan plan_of(const NativeGemmParams& p, int ctas, int sms) {
     plan.partials =
         reinterpret_cast<float*>(static_cast<uint8_t*>(p.split_workspace) + split_flag_bytes(sms));
   }
-  plan.sum_tma_store = p.sum_chunk >= 0 && uses_tma_store(p) &&
-                       reinterpret_cast<uintptr_t>(p.sum_out) % 16 == 0 && p.sum_ldo % 8 == 0;
+  plan.sum_tma_store = sum_tma_store_of(p);
   return plan;
 }
 
@@ -525,10 +534,9 @@ struct LaunchGrid {
   int slots = 0;
 };
 inline LaunchGrid launch_grid(const NativeGemmParams& p, int fit, int max_ctas, int sms) {
-  const int per_slot = uses_cluster(p) ? 2 : 1;
-  const int resident = std::min(fit, max_ctas / per_slot);
+  const int resident = std::min(fit, unit_slots(p, max_ctas));
   LaunchGrid g;
-  g.plan = plan_of(p, resident * per_slot, sms);
+  g.plan = plan_of(p, resident * ctas_per_tile(p), sms);
   g.slots = static_cast<int>(
       std::min<int64_t>(resident, num_units(g.plan, num_tiles(p, tile_height(p)))));
   return g;
