@@ -116,11 +116,11 @@ inline constexpr EnvVar kPath{
 inline constexpr EnvVar kTunePace{
     .name = "ASYNCTP_TUNE_PACE",
     .kind = EnvVar::Kind::kNumber,
-    .default_value = "1",
+    .default_value = "0",
     .doc =
-        "How `auto` times the paths of a new problem: each run followed by an idle pause this "
-        "many times its length (1: paced, the clocks of short bursts); 0: back to back, after "
-        "warming up at that load for 300 ms (the power-capped clocks of a training step). "
+        "How `auto` times the paths of a new problem: 0, back to back after warming up at that "
+        "load for 300 ms (the power-capped clocks of a training step); or each run followed by "
+        "an idle pause this many times its length (1: paced, the clocks of short bursts). "
         "Choices are cached per pace.",
     .min = 0,
     .max = 10,

@@ -12,7 +12,7 @@
 //      each running every candidate once in a balanced order, each run after a device barrier and
 //      a device spin as long as twice the host's enqueueing of a run (so that the device time
 //      holds none of it), and followed by an idle pause of pace() times its length
-//      (ASYNCTP_TUNE_PACE, the same on every rank, default 1; at 0 back to back, after
+//      (ASYNCTP_TUNE_PACE, the same on every rank; at 0, the default, back to back, after
 //      kSustainedWarmupMs of back-to-back rounds); kCloseCallRuns more rounds when the two fastest
 //      are within kCloseCall), each path's device time and host time (how long the host takes to
 //      enqueue the run) are its slowest rank's medians, and two paths are taken (ties: the earlier
@@ -92,13 +92,14 @@ class Dispatcher {
   // more rounds.
   static constexpr double kCloseCall = 0.03;
   static constexpr int kCloseCallRuns = 30;
-  // After each tuning run the host idles pace() x that run's time (ASYNCTP_TUNE_PACE, 1 by
-  // default): back to back the GPU reaches its power cap and the ranking of the paths can flip,
-  // so by default they are ranked at the clocks the bench (paced the same way) and PyTorch's
-  // anchor script measure at (see docs/DECISIONS.md D22). At pace 0 they are ranked at the
-  // clocks of that load instead: every rank first runs rounds of the candidates back to back
-  // until it has done so for kSustainedWarmupMs (the GPU's power cap is reached within a few
-  // hundred ms), then times the rounds with no pause.
+  // After each tuning run the host idles pace() x that run's time (ASYNCTP_TUNE_PACE, 0 by
+  // default). Back to back the GPU reaches its power cap and the ranking of the paths can flip
+  // (see docs/DECISIONS.md D22); a training step runs its GPUs flat out, so by default the paths
+  // are ranked at the clocks of that load: every rank first runs rounds of the candidates back
+  // to back until it has done so for kSustainedWarmupMs (the GPU's power cap is reached within a
+  // few hundred ms), then times the rounds with no pause. At pace 1 they are ranked at the
+  // clocks of short bursts, those the bench (paced the same way) and PyTorch's anchor script
+  // measure at.
   static constexpr double kSustainedWarmupMs = 300.0;
   // The longest spin a tuning run starts behind (twice the host's enqueueing of a run, so that
   // the device time holds none of it), in µs.

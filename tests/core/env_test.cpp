@@ -19,16 +19,8 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using testing::ScopedSetEnv;
 using ::testing::ThrowsMessage;
-
-// Sets a variable for one scope (the ScopedUnsetEnv restores its old value afterwards).
-class ScopedSetEnv {
- public:
-  ScopedSetEnv(const char* name, const char* value) : restore_(name) { ::setenv(name, value, 1); }
-
- private:
-  testing::ScopedUnsetEnv restore_;
-};
 
 // Variables of each kind, with ranges of their own, under names no real code reads.
 constexpr std::string_view kTestChoices[] = {"alpha", "beta"};

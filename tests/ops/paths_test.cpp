@@ -18,6 +18,7 @@
 
 #include "ops/matmul_common.h"
 #include "ops/op_testing.h"
+#include "support/env_testing.h"
 
 namespace asynctp {
 namespace {
@@ -303,6 +304,8 @@ TEST(DispatcherTest, CacheLocationFollowsTheEnvironment) {
 // win (the op ends when its slowest rank ends; the bench reports the slowest rank too), on every
 // rank alike, with the slowest rank's times in the decision.
 TEST(DispatcherTest, ChoosesByTheSlowestRank) {
+  // The counts of runs below are paced tuning's: no back-to-back warm-up rounds.
+  const testing::ScopedSetEnv paced("ASYNCTP_TUNE_PACE", "1");
   on_ranks_without_cache(2, [](OpContext& ctx) {
     using Ms = std::chrono::duration<double, std::milli>;
     // Margins of 10 ms: a loaded 2-core machine oversleeps by a few ms.
@@ -370,6 +373,8 @@ TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
 // Three candidates: the fallback, fastest on every rank, is taken, each candidate measured as
 // often as the others, the times in the decision and in the cache file.
 TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
+  // The counts of runs below are paced tuning's: no back-to-back warm-up rounds.
+  const testing::ScopedSetEnv paced("ASYNCTP_TUNE_PACE", "1");
   const std::filesystem::path file = cache_file("dispatch3");
   const HarnessOptions options = with_cache(file);
   auto statuses = run_ranks(
@@ -460,8 +465,8 @@ TEST(DispatcherTest, EagerCallsCountTheHostTimeCapturedCallsDoNot) {
 // ASYNCTP_TUNE_PACE=0: every rank first runs rounds back to back for kSustainedWarmupMs (the
 // same rounds on every rank: each run is a collective op), then times them with no pause; the
 // choice is cached with its pace. An entry without a pace was paced: measured anew at pace 0. A
-// later process at the entry's pace takes it from the file; one at another pace (1, the default:
-// paced) measures the problem anew and replaces the entry.
+// later process at the entry's pace takes it from the file; one at another pace (1: paced)
+// measures the problem anew and replaces the entry.
 TEST(DispatcherTest, TunesBackToBackAtPaceZeroAndCachesPerPace) {
   const std::filesystem::path file = cache_file("dispatch_pace");
   auto write_unpaced_entry = [&] {
@@ -617,6 +622,8 @@ TEST(DispatcherTest, SingleCandidateIsTakenUnmeasured) {
 // Ranks that can run different paths choose among those all of them can run, alike: measured
 // where two or more remain, taken unmeasured where one does.
 TEST(DispatcherTest, ChoosesAmongThePathsEveryRankCanRun) {
+  // The counts of runs below are paced tuning's: no back-to-back warm-up rounds.
+  const testing::ScopedSetEnv paced("ASYNCTP_TUNE_PACE", "1");
   on_ranks_without_cache(2, [](OpContext& ctx) {
     // Rank 1 cannot run the native path (which would be fastest).
     const std::vector<Path> offered =

@@ -1,5 +1,5 @@
-// Environment variables in tests: a variable unset for one scope and given back its old value
-// (or unset again) when the scope ends, whatever the test did with it meanwhile.
+// Environment variables in tests: a variable unset (or set) for one scope and given back its old
+// value (or unset again) when the scope ends, whatever the test did with it meanwhile.
 #pragma once
 
 #include <cstdlib>
@@ -28,6 +28,15 @@ class ScopedUnsetEnv {
  private:
   std::string name_;
   std::optional<std::string> saved_;
+};
+
+// Sets a variable for one scope (the ScopedUnsetEnv restores its old value afterwards).
+class ScopedSetEnv {
+ public:
+  ScopedSetEnv(const char* name, const char* value) : restore_(name) { ::setenv(name, value, 1); }
+
+ private:
+  ScopedUnsetEnv restore_;
 };
 
 }  // namespace asynctp::testing
