@@ -6,15 +6,18 @@
 //   baseline  ag-mm: all_gather of A (and of its row-wise scales), then the scaled GEMM;
 //             mm-rs: the scaled GEMM, then reduce_scatter
 //   auto      all_gather_scaled_matmul / scaled_matmul_reduce_scatter as the dispatcher chooses
+//   split     the fused op forced onto the split path
+//   native    the fused op forced onto the native path, where it can run ("-" otherwise: exact
+//             accumulation, a shape off its contract)
 //   graph     the auto op replayed from a CUDA graph (CUDA only)
 //
 // Scales: rowwise, A's one per row ([rows, 1]) and B's one per column ([1, N]); tensorwise, one
 // element each. --fast-accum lets every column's GEMMs accumulate fast (GemmArgs::fast_accum), as
 // PyTorch's float8 path does (use_fast_accum=True); without it every GEMM accumulates exactly.
 // The table's title and the JSON's "fast_accum" say which was timed. B is stored K-major ([N, K]
-// viewed as [K, N]), the layout float8 GEMMs take natively. Validation: fused against baseline,
-// both rounded to bf16 from f32 products of the same float8 values, so they differ only by rounding
-// order.
+// viewed as [K, N]), the layout float8 GEMMs take natively. Validation: each path of the fused op
+// (auto, split, native) against baseline, all rounded to bf16 from f32 products of the same
+// float8 values, so they differ only by rounding order.
 #include <cmath>
 #include <cstdio>
 
@@ -32,8 +35,8 @@ namespace {
 struct ScaledResult {
   BenchShape shape;
   std::string path;
-  double err = 0;
-  double gemm_ms = 0, baseline_ms = 0, fused_ms = 0, graph_ms = NAN;
+  double err = 0, err_split = 0, err_native = NAN;  // NAN: the native path cannot run
+  double gemm_ms = 0, baseline_ms = 0, fused_ms = 0, split_ms = 0, native_ms = NAN, graph_ms = NAN;
   std::map<std::string, double> host_us;
 };
 
@@ -84,6 +87,7 @@ ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const B
   MatmulReduceScatterOptions rs_options;
   rs_options.fast_accum = o.fast_accum;
   std::function<void()> gemm_fn, base_fn, fused_fn;
+  std::function<void(PathChoice)> fused_with;
   if (ag) {
     gemm_fn = [&] { scaled_gemm(a_full, a_scale_full, base_out); };
     base_fn = [&] {
@@ -91,8 +95,10 @@ ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const B
       if (rowwise) all_gather(ctx, a_scale, a_scale_full);
       gemm_fn();
     };
-    fused_fn = [&] {
-      all_gather_scaled_matmul(ctx, a, a_scale, b, b_scale, fused_out, {}, ag_options);
+    fused_with = [&](PathChoice path) {
+      AllGatherMatmulOptions options = ag_options;
+      options.path = path;
+      all_gather_scaled_matmul(ctx, a, a_scale, b, b_scale, fused_out, {}, options);
     };
   } else {
     gemm_fn = [&] { scaled_gemm(a, a_scale, product); };
@@ -100,27 +106,48 @@ ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const B
       gemm_fn();
       reduce_scatter(ctx, product, base_out, ReduceOp::kSum);
     };
-    fused_fn = [&] {
-      scaled_matmul_reduce_scatter(ctx, a, a_scale, b, b_scale, fused_out, rs_options);
+    fused_with = [&](PathChoice path) {
+      MatmulReduceScatterOptions options = rs_options;
+      options.path = path;
+      scaled_matmul_reduce_scatter(ctx, a, a_scale, b, b_scale, fused_out, options);
     };
   }
+  // An explicit auto, which ASYNCTP_PATH does not override.
+  fused_fn = [&] { fused_with(PathChoice::kAuto); };
 
   base_fn();
+  const auto base_h = to_host_f32(ctx, base_out);
+  auto error_of = [&] {
+    return max_over_ranks(*s.group, relative_error(to_host_f32(ctx, fused_out), base_h));
+  };
+  fused_with(PathChoice::kSplit);
+  r.err_split = error_of();
+  // The native path only where it can run: the same on every rank (it depends on shapes, dtypes,
+  // the accumulation and the backend only).
+  try {
+    fused_with(PathChoice::kNative);
+    r.err_native = error_of();
+  } catch (const Error& e) {
+    if (s.rank() == 0 && !o.json && ctx.backend().device().is_cuda())
+      std::printf("  (%s: %s)\n", shape.label.c_str(), e.what());
+  }
   fused_fn();
-  r.err = max_over_ranks(*s.group,
-                         relative_error(to_host_f32(ctx, fused_out), to_host_f32(ctx, base_out)));
+  r.err = error_of();
   const char* op_name = ag ? "all_gather_scaled_matmul" : "scaled_matmul_reduce_scatter";
   const auto last = ctx.usage().last(op_name);
   r.path = last ? std::string(path_name(last->path)) : "none";
-  ASYNCTP_CHECK(r.err <= 1e-2,
+  ASYNCTP_CHECK(r.err <= 1e-2 && r.err_split <= 1e-2 && !(r.err_native > 1e-2),
                 "{} {} ({}): the fused float8 result differs from the unfused one by {:.3g} "
-                "(relative; tolerance 1e-2)",
-                shape.op, shape.label, o.scaling, r.err);
+                "(auto), {:.3g} (split), {:.3g} (native) (relative; tolerance 1e-2)",
+                shape.op, shape.label, o.scaling, r.err, r.err_split, r.err_native);
 
   BenchColumns columns;
   columns.add(gemm_fn, &r.gemm_ms, "gemm");
   columns.add(base_fn, &r.baseline_ms, "baseline");
   columns.add(fused_fn, &r.fused_ms, "auto");
+  columns.add([&] { fused_with(PathChoice::kSplit); }, &r.split_ms, "split_path");
+  if (!std::isnan(r.err_native))
+    columns.add([&] { fused_with(PathChoice::kNative); }, &r.native_ms, "native_path");
   time_columns(s, std::move(columns), o.timing, &fused_fn, &r.graph_ms, &r.host_us);
   return r;
 }
@@ -138,8 +165,9 @@ int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
         "accumulation, median of %d runs, slowest rank, times in us\n",
         o.scaling.c_str(), s.world_size(), std::string(ctx.backend().name()).c_str(),
         ctx.backend().hardware().c_str(), o.fast_accum ? "fast" : "exact f32", o.timing.iters);
-    std::printf("%-6s %-26s %-16s %8s %9s %8s %8s %7s %7s %8s  %s\n", "op", "shape", "MxKxN",
-                "gemm", "baseline", "auto", "graph", "a/gemm", "base/a", "err", "auto took");
+    std::printf("%-6s %-26s %-16s %8s %9s %8s %8s %8s %8s %7s %7s %8s  %s\n", "op", "shape",
+                "MxKxN", "gemm", "baseline", "split", "native", "auto", "graph", "a/gemm", "base/a",
+                "err", "auto took");
     std::fflush(stdout);
   }
   nlohmann::json rows = nlohmann::json::array();
@@ -155,21 +183,27 @@ int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
                     {"fast_accum", o.fast_accum},
                     {"path", r.path},
                     {"rel_error_fused_vs_baseline", r.err},
+                    {"rel_error_split_path", r.err_split},
+                    {"rel_error_native_path", num(r.err_native)},
                     {"gemm_ms", r.gemm_ms},
                     {"baseline_ms", r.baseline_ms},
                     {"fused_ms", r.fused_ms},
+                    {"split_path_ms", r.split_ms},
+                    {"native_path_ms", num(r.native_ms)},
                     {"fused_graph_ms", num(r.graph_ms)},
                     {"fused_over_gemm", r.fused_ms / r.gemm_ms},
                     {"baseline_over_fused", r.baseline_ms / r.fused_ms},
                     {"host_us", r.host_us}});
     if (s.rank() == 0 && !o.json) {
       const std::string dims = fmt::format("{}x{}x{}", shape.m, shape.k, shape.n);
-      const std::string graph =
-          std::isnan(r.graph_ms) ? std::string("-") : fmt::format("{:.1f}", r.graph_ms * 1e3);
-      std::printf("%-6s %-26s %-16s %8.1f %9.1f %8.1f %8s %7.3f %7.3f %8.1e  %s\n",
+      auto us = [](double ms) {
+        return std::isnan(ms) ? std::string("-") : fmt::format("{:.1f}", ms * 1e3);
+      };
+      std::printf("%-6s %-26s %-16s %8.1f %9.1f %8.1f %8s %8.1f %8s %7.3f %7.3f %8.1e  %s\n",
                   shape.op.c_str(), shape.label.c_str(), dims.c_str(), r.gemm_ms * 1e3,
-                  r.baseline_ms * 1e3, r.fused_ms * 1e3, graph.c_str(), r.fused_ms / r.gemm_ms,
-                  r.baseline_ms / r.fused_ms, r.err, r.path.c_str());
+                  r.baseline_ms * 1e3, r.split_ms * 1e3, us(r.native_ms).c_str(), r.fused_ms * 1e3,
+                  us(r.graph_ms).c_str(), r.fused_ms / r.gemm_ms, r.baseline_ms / r.fused_ms, r.err,
+                  r.path.c_str());
       std::fflush(stdout);
     }
   }

@@ -153,19 +153,20 @@ TEST(Cli, BenchTableHasAColumnPerHeader) {
   }
 }
 
-// The float8 table at two ranks (CPU backend, a tiny shape): both ops validated against the
-// unfused reference and timed with both scalings, exact and with --fast-accum (fast accumulation
-// allowed in every GEMM), the JSON holding every column and saying which accumulation it timed; a
-// bad scaling is an error naming the option.
+// The float8 table at two ranks (CPU backend, a shape both native paths take): both ops, each
+// path, validated against the unfused reference and timed with both scalings, exact and with
+// --fast-accum (fast accumulation allowed in every GEMM), the JSON holding every column and saying
+// which accumulation it timed: the native path runs only with fast accumulation (the kernel has
+// none exact), its column null otherwise; a bad scaling is an error naming the option.
 TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
   for (const std::string scaling : {"rowwise", "tensorwise"}) {
     for (const std::string op : {"ag-mm", "mm-rs"}) {
       for (const bool fast : {false, true}) {
         SCOPED_TRACE(fmt::format("{} {} fast {}", scaling, op, fast));
         std::vector<std::string> args = {
-            "launch",   "--nproc", "2",         "--no-prefix", "--",    kBin,      "bench",
-            op,         "--shape", "128x64x96", "--scaled",    scaling, "--iters", "2",
-            "--warmup", "0",       "--backend", "cpu",         "--json"};
+            "launch",   "--nproc", "2",          "--no-prefix", "--",    kBin,      "bench",
+            op,         "--shape", "256x64x256", "--scaled",    scaling, "--iters", "2",
+            "--warmup", "0",       "--backend",  "cpu",         "--json"};
         if (fast) args.push_back("--fast-accum");
         const Finished bench = asynctp(args);
         ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
@@ -177,9 +178,18 @@ TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
         EXPECT_EQ(r.at("op"), op);
         EXPECT_EQ(r.at("fast_accum"), fast);
         EXPECT_LE(r.at("rel_error_fused_vs_baseline").get<double>(), 1e-2);
-        for (const char* key : {"gemm_ms", "baseline_ms", "fused_ms"})
+        EXPECT_LE(r.at("rel_error_split_path").get<double>(), 1e-2);
+        for (const char* key : {"gemm_ms", "baseline_ms", "fused_ms", "split_path_ms"})
           EXPECT_GT(r.at(key).get<double>(), 0.0) << key;
-        EXPECT_NE(r.at("path"), "none");
+        if (fast) {
+          EXPECT_LE(r.at("rel_error_native_path").get<double>(), 1e-2);
+          EXPECT_GT(r.at("native_path_ms").get<double>(), 0.0);
+          EXPECT_EQ(r.at("path"), "native");  // the CPU backend's auto: native where it runs
+        } else {
+          EXPECT_TRUE(r.at("rel_error_native_path").is_null());
+          EXPECT_TRUE(r.at("native_path_ms").is_null());
+          EXPECT_EQ(r.at("path"), "split");
+        }
       }
     }
   }
