@@ -58,6 +58,15 @@ void time_columns(Session& s, BenchColumns columns, const BenchTiming& timing,
                   const std::function<void()>* graphed, double* graph_ms,
                   std::map<std::string, double>* host_us);
 
+// The op's own step marks (ops/trace.h), median over 15 runs started together, printed by every
+// rank to stderr: where the time of one run goes, on the device and (in brackets) on the host.
+void print_trace(OpContext& ctx, int rank, const std::string& what,
+                 const std::function<void()>& run);
+// print_trace of the fused op on its split path, on its native path (where `native`: it can
+// run) and as auto chooses, fused_with(path) running it.
+void print_path_traces(Session& s, const BenchShape& shape, bool native,
+                       const std::function<void(PathChoice)>& fused_with);
+
 struct ScaledBenchOptions {
   std::string scaling;           // "rowwise" or "tensorwise"
   std::string suite, op, shape;  // as select_shapes takes them
@@ -66,6 +75,7 @@ struct ScaledBenchOptions {
   // Every GEMM timed (the scaled GEMM alone, the baseline's, the fused ops') may accumulate fast
   // (GemmArgs::fast_accum): the setting PyTorch's float8 path runs with (use_fast_accum=True).
   bool fast_accum = false;
+  bool trace = false;  // print_path_traces after timing (GPU only)
 };
 
 // The float8 table (bench_scaled.cpp): per shape, validation of the fused op against the unfused

@@ -100,6 +100,53 @@ void time_columns(Session& s, BenchColumns columns, const BenchTiming& timing,
   }
 }
 
+void print_trace(OpContext& ctx, int rank, const std::string& what,
+                 const std::function<void()>& run) {
+  constexpr int kRuns = 15;
+  OpTrace trace(ctx.backend());
+  std::vector<std::string> labels;
+  std::vector<std::vector<double>> device, host;
+  for (int i = 0; i < kRuns; ++i) {
+    ctx.align_ranks();
+    trace.clear();
+    ctx.set_trace(&trace);
+    run();
+    ctx.set_trace(nullptr);
+    const auto marks = trace.read();
+    if (i == 0) {
+      for (const auto& m : marks)
+        labels.push_back(m.label);
+      device.resize(marks.size());
+      host.resize(marks.size());
+    }
+    for (size_t j = 0; j < marks.size() && j < labels.size(); ++j) {
+      device[j].push_back(marks[j].device_ms);
+      host[j].push_back(marks[j].host_ms);
+    }
+  }
+  auto median_us = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return 1e3 * v[v.size() / 2];
+  };
+  std::string line;
+  for (size_t j = 0; j < labels.size(); ++j) {
+    line += fmt::format("{}{} {:.1f} ({:.1f})", j ? " | " : "", labels[j], median_us(device[j]),
+                        median_us(host[j]));
+  }
+  std::fprintf(stderr, "trace rank %d %s (us after start: device (host), median of %d): %s\n", rank,
+               what.c_str(), kRuns, line.c_str());
+}
+
+void print_path_traces(Session& s, const BenchShape& shape, bool native,
+                       const std::function<void(PathChoice)>& fused_with) {
+  std::vector<std::pair<const char*, PathChoice>> paths{{"split", PathChoice::kSplit}};
+  if (native) paths.push_back({"native", PathChoice::kNative});
+  paths.push_back({"auto", PathChoice::kAuto});
+  for (const auto& [name, path] : paths)
+    print_trace(*s.ctx, s.rank(), fmt::format("{} {} {}", shape.op, shape.label, name),
+                [&, path = path] { fused_with(path); });
+}
+
 namespace {
 
 struct BenchOptions {
@@ -147,45 +194,6 @@ void gemm(OpContext& ctx, const Tensor& a, const Tensor& b, const Tensor& d,
   args.b = b;
   args.d = d;
   ctx.backend().gemm(args, stream != nullptr ? *stream : ctx.stream());
-}
-
-// The op's own step marks (ops/trace.h), median over runs started together, printed by every
-// rank: where the time of one path goes, on the device and (in brackets) on the host.
-void print_trace(OpContext& ctx, int rank, const std::string& what,
-                 const std::function<void()>& run) {
-  constexpr int kRuns = 15;
-  OpTrace trace(ctx.backend());
-  std::vector<std::string> labels;
-  std::vector<std::vector<double>> device, host;
-  for (int i = 0; i < kRuns; ++i) {
-    ctx.align_ranks();
-    trace.clear();
-    ctx.set_trace(&trace);
-    run();
-    ctx.set_trace(nullptr);
-    const auto marks = trace.read();
-    if (i == 0) {
-      for (const auto& m : marks)
-        labels.push_back(m.label);
-      device.resize(marks.size());
-      host.resize(marks.size());
-    }
-    for (size_t j = 0; j < marks.size() && j < labels.size(); ++j) {
-      device[j].push_back(marks[j].device_ms);
-      host[j].push_back(marks[j].host_ms);
-    }
-  }
-  auto median_us = [](std::vector<double>& v) {
-    std::sort(v.begin(), v.end());
-    return 1e3 * v[v.size() / 2];
-  };
-  std::string line;
-  for (size_t j = 0; j < labels.size(); ++j) {
-    line += fmt::format("{}{} {:.1f} ({:.1f})", j ? " | " : "", labels[j], median_us(device[j]),
-                        median_us(host[j]));
-  }
-  std::fprintf(stderr, "trace rank %d %s (us after start: device (host), median of %d): %s\n", rank,
-               what.c_str(), kRuns, line.c_str());
 }
 
 bool bitwise_equal(OpContext& ctx, const Tensor& x, const Tensor& y) {
@@ -415,14 +423,7 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
   const bool gpu = ctx.backend().device().is_cuda();
   const double comm_ms = bandwidth_gbps > 0 ? r.comm_bytes / (bandwidth_gbps * 1e9) * 1e3 : 0.0;
   r.floor_ms = std::max(r.gemm_ms, comm_ms);
-  if (o.trace && gpu) {
-    std::vector<std::pair<const char*, PathChoice>> paths{{"split", PathChoice::kSplit}};
-    if (!std::isnan(r.err_native)) paths.push_back({"native", PathChoice::kNative});
-    paths.push_back({"auto", PathChoice::kAuto});
-    for (const auto& [name, path] : paths)
-      print_trace(ctx, s.rank(), fmt::format("{} {} {}", shape.op, shape.label, name),
-                  [&, path = path] { fused_with(path); });
-  }
+  if (o.trace && gpu) print_path_traces(s, shape, !std::isnan(r.err_native), fused_with);
   return r;
 }
 
@@ -468,7 +469,8 @@ int run_bench(const BenchOptions& o) {
                              .shape = o.shape,
                              .timing = o.timing,
                              .json = o.json,
-                             .fast_accum = o.fast_accum},
+                             .fast_accum = o.fast_accum,
+                             .trace = o.trace},
                             o.backend);
   }
   Session s = Session::join(o.backend);

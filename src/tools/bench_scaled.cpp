@@ -3,6 +3,9 @@
 // round-robin in one loop, median of --iters, slowest rank, paced by --pace):
 //   gemm      the scaled GEMM alone on the whole problem (cuBLASLt on CUDA): the bar, since the
 //             fused op should cost little more than it
+//   ngemm     with --fast-accum, the native kernel alone on the whole problem, every chunk present
+//             (it accumulates fast only): native - ngemm is what the communication adds, and
+//             ngemm / gemm the kernel against cuBLASLt
 //   baseline  ag-mm: all_gather of A (and of its row-wise scales), then the scaled GEMM;
 //             mm-rs: the scaled GEMM, then reduce_scatter
 //   auto      all_gather_scaled_matmul / scaled_matmul_reduce_scatter as the dispatcher chooses
@@ -36,7 +39,8 @@ struct ScaledResult {
   BenchShape shape;
   std::string path;
   double err = 0, err_split = 0, err_native = NAN;  // NAN: the native path cannot run
-  double gemm_ms = 0, baseline_ms = 0, fused_ms = 0, split_ms = 0, native_ms = NAN, graph_ms = NAN;
+  double gemm_ms = 0, native_gemm_ms = NAN, baseline_ms = 0, fused_ms = 0, split_ms = 0,
+         native_ms = NAN, graph_ms = NAN;
   std::map<std::string, double> host_us;
 };
 
@@ -143,12 +147,34 @@ ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const B
 
   BenchColumns columns;
   columns.add(gemm_fn, &r.gemm_ms, "gemm");
+  // The native kernel alone: the whole problem (the gathered A and its scales, as the baseline
+  // left them), every chunk present, into the baseline's output, checked against the baseline's
+  // result first (mm-rs: reduce-scattered as the baseline does).
+  ChunkedGemmArgs native_alone;
+  native_alone.a = ag ? a_full : a;
+  native_alone.a_scale = ag ? a_scale_full : a_scale;
+  native_alone.b = b;
+  native_alone.b_scale = b_scale;
+  native_alone.d = ag ? base_out : product;
+  if (o.fast_accum && ctx.backend().native_gemm_unsupported(native_alone).empty()) {
+    ctx.backend().native_gemm(native_alone, ctx.stream());
+    if (!ag) reduce_scatter(ctx, product, base_out, ReduceOp::kSum);
+    const double err = max_over_ranks(*s.group, relative_error(to_host_f32(ctx, base_out), base_h));
+    ASYNCTP_CHECK(err <= 1e-2,
+                  "{} {} ({}): the native kernel alone differs from the unfused result by {:.3g} "
+                  "(relative; tolerance 1e-2)",
+                  shape.op, shape.label, o.scaling, err);
+    columns.add([&] { ctx.backend().native_gemm(native_alone, ctx.stream()); }, &r.native_gemm_ms,
+                "native_gemm");
+  }
   columns.add(base_fn, &r.baseline_ms, "baseline");
   columns.add(fused_fn, &r.fused_ms, "auto");
   columns.add([&] { fused_with(PathChoice::kSplit); }, &r.split_ms, "split_path");
   if (!std::isnan(r.err_native))
     columns.add([&] { fused_with(PathChoice::kNative); }, &r.native_ms, "native_path");
   time_columns(s, std::move(columns), o.timing, &fused_fn, &r.graph_ms, &r.host_us);
+  if (o.trace && ctx.backend().device().is_cuda())
+    print_path_traces(s, shape, !std::isnan(r.err_native), fused_with);
   return r;
 }
 
@@ -165,9 +191,9 @@ int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
         "accumulation, median of %d runs, slowest rank, times in us\n",
         o.scaling.c_str(), s.world_size(), std::string(ctx.backend().name()).c_str(),
         ctx.backend().hardware().c_str(), o.fast_accum ? "fast" : "exact f32", o.timing.iters);
-    std::printf("%-6s %-26s %-16s %8s %9s %8s %8s %8s %8s %7s %7s %8s  %s\n", "op", "shape",
-                "MxKxN", "gemm", "baseline", "split", "native", "auto", "graph", "a/gemm", "base/a",
-                "err", "auto took");
+    std::printf("%-6s %-26s %-16s %8s %8s %9s %8s %8s %8s %8s %7s %7s %8s  %s\n", "op", "shape",
+                "MxKxN", "gemm", "ngemm", "baseline", "split", "native", "auto", "graph", "a/gemm",
+                "base/a", "err", "auto took");
     std::fflush(stdout);
   }
   nlohmann::json rows = nlohmann::json::array();
@@ -186,6 +212,7 @@ int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
                     {"rel_error_split_path", r.err_split},
                     {"rel_error_native_path", num(r.err_native)},
                     {"gemm_ms", r.gemm_ms},
+                    {"native_gemm_ms", num(r.native_gemm_ms)},
                     {"baseline_ms", r.baseline_ms},
                     {"fused_ms", r.fused_ms},
                     {"split_path_ms", r.split_ms},
@@ -199,11 +226,11 @@ int run_scaled_bench(const ScaledBenchOptions& o, const std::string& backend) {
       auto us = [](double ms) {
         return std::isnan(ms) ? std::string("-") : fmt::format("{:.1f}", ms * 1e3);
       };
-      std::printf("%-6s %-26s %-16s %8.1f %9.1f %8.1f %8s %8.1f %8s %7.3f %7.3f %8.1e  %s\n",
+      std::printf("%-6s %-26s %-16s %8.1f %8s %9.1f %8.1f %8s %8.1f %8s %7.3f %7.3f %8.1e  %s\n",
                   shape.op.c_str(), shape.label.c_str(), dims.c_str(), r.gemm_ms * 1e3,
-                  r.baseline_ms * 1e3, r.split_ms * 1e3, us(r.native_ms).c_str(), r.fused_ms * 1e3,
-                  us(r.graph_ms).c_str(), r.fused_ms / r.gemm_ms, r.baseline_ms / r.fused_ms, r.err,
-                  r.path.c_str());
+                  us(r.native_gemm_ms).c_str(), r.baseline_ms * 1e3, r.split_ms * 1e3,
+                  us(r.native_ms).c_str(), r.fused_ms * 1e3, us(r.graph_ms).c_str(),
+                  r.fused_ms / r.gemm_ms, r.baseline_ms / r.fused_ms, r.err, r.path.c_str());
       std::fflush(stdout);
     }
   }

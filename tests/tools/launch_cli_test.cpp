@@ -156,8 +156,9 @@ TEST(Cli, BenchTableHasAColumnPerHeader) {
 // The float8 table at two ranks (CPU backend, a shape both native paths take): both ops, each
 // path, validated against the unfused reference and timed with both scalings, exact and with
 // --fast-accum (fast accumulation allowed in every GEMM), the JSON holding every column and saying
-// which accumulation it timed: the native path runs only with fast accumulation (the kernel has
-// none exact), its column null otherwise; a bad scaling is an error naming the option.
+// which accumulation it timed: the native path and the native kernel alone run only with fast
+// accumulation (the kernel has none exact), their columns null otherwise; a bad scaling is an
+// error naming the option.
 TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
   for (const std::string scaling : {"rowwise", "tensorwise"}) {
     for (const std::string op : {"ag-mm", "mm-rs"}) {
@@ -184,10 +185,12 @@ TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
         if (fast) {
           EXPECT_LE(r.at("rel_error_native_path").get<double>(), 1e-2);
           EXPECT_GT(r.at("native_path_ms").get<double>(), 0.0);
+          EXPECT_GT(r.at("native_gemm_ms").get<double>(), 0.0);  // the kernel alone
           EXPECT_EQ(r.at("path"), "native");  // the CPU backend's auto: native where it runs
         } else {
           EXPECT_TRUE(r.at("rel_error_native_path").is_null());
           EXPECT_TRUE(r.at("native_path_ms").is_null());
+          EXPECT_TRUE(r.at("native_gemm_ms").is_null());
           EXPECT_EQ(r.at("path"), "split");
         }
       }
