@@ -153,7 +153,7 @@ struct BenchOptions {
   std::string op;  // empty with --suite: both
   std::string shape;
   std::string suite;
-  std::string dtype = "bf16";
+  std::string dtype;  // empty: bf16 (the float8 table refuses any other)
   std::string backend = "auto";
   BenchTiming timing;
   bool json = false;
@@ -463,6 +463,10 @@ int run_bench(const BenchOptions& o) {
   ASYNCTP_CHECK(!o.fast_accum || !o.scaled.empty(),
                 "--fast-accum is for the float8 table: give --scaled rowwise or tensorwise too");
   if (!o.scaled.empty()) {
+    // The float8 table has its own operands (e4m3 in, bf16 out) and no pieces column.
+    ASYNCTP_CHECK(o.dtype.empty(), "--dtype {} is for the 16-bit table; --scaled times e4m3 inputs",
+                  o.dtype);
+    ASYNCTP_CHECK(!o.native_pieces, "--native-pieces is for the 16-bit table, not --scaled");
     return run_scaled_bench({.scaling = o.scaled,
                              .suite = o.suite,
                              .op = o.op,
@@ -475,7 +479,7 @@ int run_bench(const BenchOptions& o) {
   }
   Session s = Session::join(o.backend);
   OpContext& ctx = *s.ctx;
-  const DType dtype = parse_dtype(o.dtype);
+  const DType dtype = parse_dtype(o.dtype.empty() ? "bf16" : o.dtype);
   ASYNCTP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16,
                 "--dtype must be f32, bf16 or f16, got {}", o.dtype);
   const std::vector<Shape> shapes = select_shapes(o.suite, o.op, o.shape, s.world_size());
@@ -551,7 +555,7 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--shape", o->shape, "MxKxN of the whole (gathered / unscattered) product");
   cmd->add_option("--suite", o->suite,
                   "a set of shapes: 'anchors' (the shapes of PyTorch's anchor measurements)");
-  cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16 (default: bf16)");
   cmd->add_option("--backend", o->backend, "auto, cpu or cuda")->capture_default_str();
   add_integer_option(cmd, "--iters", options::kIters, &o->timing.iters,
                      "timed runs (median reported)")

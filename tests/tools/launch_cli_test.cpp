@@ -157,8 +157,8 @@ TEST(Cli, BenchTableHasAColumnPerHeader) {
 // path, validated against the unfused reference and timed with both scalings, exact and with
 // --fast-accum (fast accumulation allowed in every GEMM), the JSON holding every column and saying
 // which accumulation it timed: the native path and the native kernel alone run only with fast
-// accumulation (the kernel has none exact), their columns null otherwise; a bad scaling is an
-// error naming the option.
+// accumulation (the kernel has none exact), their columns null otherwise; a bad scaling, or an
+// option of the 16-bit table (--dtype, --native-pieces), is an error naming the option.
 TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
   for (const std::string scaling : {"rowwise", "tensorwise"}) {
     for (const std::string op : {"ag-mm", "mm-rs"}) {
@@ -200,6 +200,15 @@ TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
       {"bench", "ag-mm", "--shape", "128x64x96", "--scaled", "blockwise", "--backend", "cpu"});
   EXPECT_TRUE(bad.exited && bad.exit_code != 0) << bad.describe();
   EXPECT_THAT(bad.err, AllOf(HasSubstr("--scaled"), HasSubstr("blockwise")));
+  // Options of the 16-bit table are refused with --scaled, not ignored.
+  const Finished dtype = asynctp({"bench", "ag-mm", "--shape", "128x64x96", "--scaled", "rowwise",
+                                  "--dtype", "f16", "--backend", "cpu"});
+  EXPECT_TRUE(dtype.exited && dtype.exit_code != 0) << dtype.describe();
+  EXPECT_THAT(dtype.err, AllOf(HasSubstr("--dtype f16"), HasSubstr("--scaled")));
+  const Finished pieces = asynctp({"bench", "ag-mm", "--shape", "128x64x96", "--scaled", "rowwise",
+                                   "--native-pieces", "65536", "--backend", "cpu"});
+  EXPECT_TRUE(pieces.exited && pieces.exit_code != 0) << pieces.describe();
+  EXPECT_THAT(pieces.err, AllOf(HasSubstr("--native-pieces"), HasSubstr("--scaled")));
 }
 
 // The 16-bit table at two ranks (CPU backend) on a shape the native paths take: every column
