@@ -1,6 +1,7 @@
 // What `asynctp bench`'s bf16 and float8 tables share: the anchor shapes.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -57,6 +58,24 @@ struct BenchTiming {
 void time_columns(Session& s, BenchColumns columns, const BenchTiming& timing,
                   const std::function<void()>* graphed, double* graph_ms,
                   std::map<std::string, double>* host_us);
+
+// The fused op's split and native paths, each run once into `out` after `out` was filled with NaN
+// (an element a path leaves unwritten then shows as an infinite error), error_of() measuring it
+// on every rank against the caller's reference. The native path counts as unable to run where the
+// op says so ("cannot run": a shape, dtype or accumulation off its contract, alike on every rank,
+// its reason printed by rank 0 where `say_why`); any other failure propagates. An error is NaN
+// only where the native path cannot run.
+struct PathErrors {
+  double split = NAN;
+  double native = NAN;
+};
+PathErrors check_paths(Session& s, const Tensor& out,
+                       const std::function<void(PathChoice)>& fused_with,
+                       const std::function<double()>& error_of, bool say_why);
+// fused_with(path) into `out`, filled with NaN first (see check_paths).
+void run_into_nan(OpContext& ctx, const Tensor& out, const std::function<void()>& run);
+// "-" for NaN, else microseconds with one decimal.
+std::string us_or_dash(double ms);
 
 // The op's own step marks (ops/trace.h), median over 15 runs started together, printed by every
 // rank to stderr: where the time of one run goes, on the device and (in brackets) on the host.

@@ -100,6 +100,33 @@ void time_columns(Session& s, BenchColumns columns, const BenchTiming& timing,
   }
 }
 
+void run_into_nan(OpContext& ctx, const Tensor& out, const std::function<void()>& run) {
+  ctx.backend().fill(out, NAN, ctx.stream());
+  run();
+}
+
+PathErrors check_paths(Session& s, const Tensor& out,
+                       const std::function<void(PathChoice)>& fused_with,
+                       const std::function<double()>& error_of, bool say_why) {
+  OpContext& ctx = *s.ctx;
+  PathErrors e;
+  run_into_nan(ctx, out, [&] { fused_with(PathChoice::kSplit); });
+  e.split = error_of();
+  try {
+    run_into_nan(ctx, out, [&] { fused_with(PathChoice::kNative); });
+  } catch (const Error& err) {
+    if (std::string_view(err.what()).find("cannot run") == std::string_view::npos) throw;
+    if (s.rank() == 0 && say_why) std::printf("  (%s)\n", err.what());
+    return e;
+  }
+  e.native = error_of();
+  return e;
+}
+
+std::string us_or_dash(double ms) {
+  return std::isnan(ms) ? std::string("-") : fmt::format("{:.1f}", ms * 1e3);
+}
+
 void print_trace(OpContext& ctx, int rank, const std::string& what,
                  const std::function<void()>& run) {
   constexpr int kRuns = 15;
@@ -339,26 +366,20 @@ Result bench_shape(Session& s, const BenchOptions& o, DType dtype, const Shape& 
       matmul_reduce_scatter(ctx, a32, b32, ref, {.path = PathChoice::kFallback});
     }
     const auto ref_h = to_host_f32(ctx, ref);
-    // Each explicit path against the reference (native only where it can run: the same on every
-    // rank, since it depends on shapes, dtypes and the backend only).
-    fused_with(PathChoice::kSplit);
-    r.err_split = max_over_ranks(*s.group, relative_error(to_host_f32(ctx, fused_out), ref_h));
-    try {
-      fused_with(PathChoice::kNative);
-      r.err_native = max_over_ranks(*s.group, relative_error(to_host_f32(ctx, fused_out), ref_h));
-      if (ag && o.native_pieces) {
-        native_pieces_fn();
-        r.err_native =
-            std::max(r.err_native,
-                     max_over_ranks(*s.group, relative_error(to_host_f32(ctx, fused_out), ref_h)));
-      }
-    } catch (const Error& e) {
-      if (s.rank() == 0 && !o.json && ctx.backend().device().is_cuda()) {
-        std::printf("  (%s: %s)\n", shape.label.c_str(), e.what());
-      }
+    // Each explicit path against the reference.
+    auto error_of = [&] {
+      return max_over_ranks(*s.group, relative_error(to_host_f32(ctx, fused_out), ref_h));
+    };
+    const PathErrors paths = check_paths(s, fused_out, fused_with, error_of,
+                                         !o.json && ctx.backend().device().is_cuda());
+    r.err_split = paths.split;
+    r.err_native = paths.native;
+    if (!std::isnan(r.err_native) && ag && o.native_pieces) {
+      run_into_nan(ctx, fused_out, native_pieces_fn);
+      r.err_native = std::max(r.err_native, error_of());
     }
     base_fn();
-    fused_fn();
+    run_into_nan(ctx, fused_out, fused_fn);
     const auto fused_h = to_host_f32(ctx, fused_out);
     const auto base_h = to_host_f32(ctx, base_out);
     r.err_fused = max_over_ranks(*s.group, relative_error(fused_h, ref_h));
@@ -505,19 +526,16 @@ int run_bench(const BenchOptions& o) {
     rows.push_back(to_json(r));
     if (s.rank() == 0 && !o.json) {
       const std::string dims = fmt::format("{}x{}x{}", r.shape.m, r.shape.k, r.shape.n);
-      auto us = [](double ms) {
-        return std::isnan(ms) ? std::string("-") : fmt::format("{:.1f}", ms * 1e3);
-      };
       const std::string npiece =
-          o.native_pieces ? fmt::format(" {:>8}", us(r.native_pieces_ms)) : std::string();
+          o.native_pieces ? fmt::format(" {:>8}", us_or_dash(r.native_pieces_ms)) : std::string();
       std::printf(
           "%-6s %-26s %-16s %8.1f %8s %8.1f %9.1f %8s %8s%s %8.1f %8s %8.1f %7.3f %7.3f %8.1e  "
           "%s\n",
           r.shape.op.c_str(), r.shape.label.c_str(), dims.c_str(), r.gemm_ms * 1e3,
-          us(r.native_gemm_ms).c_str(), r.collective_ms * 1e3, r.baseline_ms * 1e3,
-          us(r.split_ms).c_str(), us(r.native_ms).c_str(), npiece.c_str(), r.fused_ms * 1e3,
-          us(r.graph_ms).c_str(), r.floor_ms * 1e3, r.fused_ms / r.floor_ms,
-          r.baseline_ms / r.fused_ms, r.err_fused, r.path.c_str());
+          us_or_dash(r.native_gemm_ms).c_str(), r.collective_ms * 1e3, r.baseline_ms * 1e3,
+          us_or_dash(r.split_ms).c_str(), us_or_dash(r.native_ms).c_str(), npiece.c_str(),
+          r.fused_ms * 1e3, us_or_dash(r.graph_ms).c_str(), r.floor_ms * 1e3,
+          r.fused_ms / r.floor_ms, r.baseline_ms / r.fused_ms, r.err_fused, r.path.c_str());
       std::fflush(stdout);
     }
   }

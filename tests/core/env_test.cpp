@@ -17,9 +17,9 @@
 namespace asynctp {
 namespace {
 
+using asynctp::testing::ScopedSetEnv;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using testing::ScopedSetEnv;
 using ::testing::ThrowsMessage;
 
 // Variables of each kind, with ranges of their own, under names no real code reads.

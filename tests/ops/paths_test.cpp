@@ -331,6 +331,8 @@ TEST(DispatcherTest, ChoosesByTheSlowestRank) {
 // file rewritten at this version; a later process then takes the choice from the file without
 // measuring anything.
 TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
+  // Entries without a pace were measured paced: at pace 1 only the check under test rejects them.
+  const testing::ScopedSetEnv paced("ASYNCTP_TUNE_PACE", "1");
   const std::filesystem::path file = cache_file("dispatch");
   write_cache(file, Dispatcher::kCacheVersion - 1, {{"test|stale", {{"path", "native"}}}});
   const HarnessOptions options = with_cache(file);
@@ -535,6 +537,12 @@ TEST(DispatcherTest, TunesBackToBackAtPaceZeroAndCachesPerPace) {
 
 // Ranks at different paces would run different rounds of collective ops: a named error on every
 // rank, before anything runs.
+// Unset, ASYNCTP_TUNE_PACE is 0: the paths are ranked back to back, at a training step's clocks.
+TEST(DispatcherTest, TunesBackToBackByDefault) {
+  const testing::ScopedUnsetEnv unset("ASYNCTP_TUNE_PACE");
+  on_ranks_without_cache(1, [](OpContext& ctx) { EXPECT_EQ(Dispatcher(ctx, "off").pace(), 0.0); });
+}
+
 TEST(DispatcherTest, RanksAtDifferentPacesAreANamedError) {
   auto statuses = run_ranks(2, [](OpContext& ctx) {
     ::setenv("ASYNCTP_TUNE_PACE", ctx.rank() == 0 ? "1" : "0", 1);
@@ -553,6 +561,8 @@ TEST(DispatcherTest, RanksAtDifferentPacesAreANamedError) {
 // A cached path that is no longer a candidate (here: native, where only split and the fallback
 // can run now, e.g. under a smaller workspace limit) is measured again, not taken.
 TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
+  // Entries without a pace were measured paced: at pace 1 only the check under test rejects them.
+  const testing::ScopedSetEnv paced("ASYNCTP_TUNE_PACE", "1");
   const std::filesystem::path file = cache_file("dispatch_gone");
   write_cache(file, Dispatcher::kCacheVersion,
               {{"test|gone", {{"path", "native"}, {"captured_path", "native"}}}});

@@ -169,6 +169,7 @@ TEST(Cli, ScaledBenchValidatesAndTimesBothOps) {
             op,         "--shape", "256x64x256", "--scaled",    scaling, "--iters", "2",
             "--warmup", "0",       "--backend",  "cpu",         "--json"};
         if (fast) args.push_back("--fast-accum");
+        if (fast && op == "mm-rs") args.push_back("--trace");  // taken; traces only on a GPU
         const Finished bench = asynctp(args);
         ASSERT_TRUE(bench.exited && bench.exit_code == 0) << bench.describe();
         const auto doc = nlohmann::json::parse(bench.out);
