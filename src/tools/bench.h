@@ -77,12 +77,9 @@ void run_into_nan(OpContext& ctx, const Tensor& out, const std::function<void()>
 // "-" for NaN, else microseconds with one decimal.
 std::string us_or_dash(double ms);
 
-// The op's own step marks (ops/trace.h), median over 15 runs started together, printed by every
-// rank to stderr: where the time of one run goes, on the device and (in brackets) on the host.
-void print_trace(OpContext& ctx, int rank, const std::string& what,
-                 const std::function<void()>& run);
-// print_trace of the fused op on its split path, on its native path (where `native`: it can
-// run) and as auto chooses, fused_with(path) running it.
+// Each rank's timeline of the fused op (its own step marks, ops/trace.h, median over 15 runs
+// started together, device and, in brackets, host times) to stderr, on its split path, on its
+// native path (where `native`: it can run) and as auto chooses, fused_with(path) running it.
 void print_path_traces(Session& s, const BenchShape& shape, bool native,
                        const std::function<void(PathChoice)>& fused_with);
 

@@ -127,6 +127,10 @@ std::string us_or_dash(double ms) {
   return std::isnan(ms) ? std::string("-") : fmt::format("{:.1f}", ms * 1e3);
 }
 
+namespace {
+
+// The op's own step marks, median over runs started together, printed by every rank: where the
+// time of one run goes, on the device and (in brackets) on the host.
 void print_trace(OpContext& ctx, int rank, const std::string& what,
                  const std::function<void()>& run) {
   constexpr int kRuns = 15;
@@ -163,6 +167,8 @@ void print_trace(OpContext& ctx, int rank, const std::string& what,
   std::fprintf(stderr, "trace rank %d %s (us after start: device (host), median of %d): %s\n", rank,
                what.c_str(), kRuns, line.c_str());
 }
+
+}  // namespace
 
 void print_path_traces(Session& s, const BenchShape& shape, bool native,
                        const std::function<void(PathChoice)>& fused_with) {

@@ -134,11 +134,10 @@ ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const B
   const char* op_name = ag ? "all_gather_scaled_matmul" : "scaled_matmul_reduce_scatter";
   const auto last = ctx.usage().last(op_name);
   r.path = last ? std::string(path_name(last->path)) : "none";
-  ASYNCTP_CHECK(
-      r.err <= 1e-2 && r.err_split <= 1e-2 && (std::isnan(paths.native) || paths.native <= 1e-2),
-      "{} {} ({}): the fused float8 result differs from the unfused one by {:.3g} "
-      "(auto), {:.3g} (split), {:.3g} (native) (relative; tolerance 1e-2)",
-      shape.op, shape.label, o.scaling, r.err, r.err_split, r.err_native);
+  ASYNCTP_CHECK(r.err <= 1e-2 && r.err_split <= 1e-2 && !(r.err_native > 1e-2),  // NaN: cannot run
+                "{} {} ({}): the fused float8 result differs from the unfused one by {:.3g} "
+                "(auto), {:.3g} (split), {:.3g} (native) (relative; tolerance 1e-2)",
+                shape.op, shape.label, o.scaling, r.err, r.err_split, r.err_native);
 
   BenchColumns columns;
   columns.add(gemm_fn, &r.gemm_ms, "gemm");
@@ -152,7 +151,6 @@ ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const B
   native_alone.b_scale = b_scale;
   native_alone.d = ag ? base_out : product;
   if (o.fast_accum && ctx.backend().native_gemm_unsupported(native_alone).empty()) {
-    ctx.backend().fill(base_out, NAN, ctx.stream());
     run_into_nan(ctx, native_alone.d,
                  [&] { ctx.backend().native_gemm(native_alone, ctx.stream()); });
     if (!ag) reduce_scatter(ctx, product, base_out, ReduceOp::kSum);
