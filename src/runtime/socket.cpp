@@ -9,7 +9,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <random>
 #include <thread>
+#include <utility>
 
 #include "core/error.h"
 
@@ -138,7 +141,38 @@ bool recv_all(int fd, void* data, size_t size, const Deadline& deadline) {
   return true;
 }
 
+namespace {
+// The kernel's ephemeral ports: those it hands to bind(0) and to outgoing connections.
+std::pair<int, int> ephemeral_ports() {
+  int lo = 32768, hi = 60999;  // Linux's default, where the file cannot be read
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int l = 0, h = 0;
+  if (in >> l >> h && 0 < l && l <= h) lo = l, hi = h;
+  return {lo, hi};
+}
+}  // namespace
+
 int pick_free_port() {
+  // The port is picked now and listened on later (by rank 0, after the launcher's fork and exec):
+  // one below the ephemeral range cannot be handed, in between, to another program's bind(0) or
+  // outgoing connection. Only another program picking explicitly can take it, and it draws from
+  // ~20,000 ports. Where the range leaves no such ports, the kernel picks.
+  constexpr int kLowest = 10000, kAttempts = 32;
+  const int below = ephemeral_ports().first;
+  if (below - kLowest >= 1000) {
+    std::mt19937 rng(std::random_device{}());
+    std::uniform_int_distribution<int> ports(kLowest, below - 1);
+    for (int attempt = 0; attempt < kAttempts; ++attempt) {
+      const int port = ports(rng);
+      try {
+        int bound = 0;
+        Fd fd = tcp_listen("", port, &bound);
+        return bound;
+      } catch (const Error&) {
+        // taken: draw another
+      }
+    }
+  }
   int port = 0;
   Fd fd = tcp_listen("", 0, &port);
   return port;

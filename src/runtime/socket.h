@@ -53,7 +53,8 @@ void send_all(int fd, const void* data, size_t size);
 // closed the connection.
 bool recv_all(int fd, void* data, size_t size, const Deadline& deadline);
 
-// A TCP port that was free a moment ago (bound, read, closed).
+// A TCP port that was free a moment ago (bound, closed), below the kernel's ephemeral range where
+// that range leaves room, so that nothing the kernel numbers takes it before it is listened on.
 int pick_free_port();
 
 // The process at the other end of a connected Unix socket, as the kernel saw it when the

@@ -102,42 +102,41 @@ struct HostStore {
   }
 };
 
-// Runs body(ctx, rank, ws) on every rank, with a CPU context over a group from `how`.
+// Runs body(ctx, rank, ws) on every rank, with a CPU context over a group from `how` (from the
+// variables: run again on another port when a test beside it took the picked one).
 template <typename Body>
 void run_c(int ws, Bootstrap how, Body body, int64_t timeout_ms = kTimeoutMs) {
-  const int env_port = free_port();
-  HarnessOptions options;
+  auto with_group = [&](const RendezvousInfo& info, asynctp_group group) {
+    int32_t rank = -1, world = -1;
+    C_ASSERT_OK(asynctp_group_rank(group, &rank));
+    C_ASSERT_OK(asynctp_group_world_size(group, &world));
+    EXPECT_EQ(rank, info.rank);
+    EXPECT_EQ(world, ws);
+    asynctp_context_options o;
+    asynctp_context_options_init(&o);
+    o.backend = "cpu";
+    o.dispatch_cache = "off";
+    asynctp_context ctx = nullptr;
+    C_ASSERT_OK(asynctp_context_create(group, &o, &ctx));
+    // The context keeps the group alive: the handle may go first.
+    C_ASSERT_OK(asynctp_group_destroy(group));
+    body(ctx, rank, world);
+    C_EXPECT_OK(asynctp_context_destroy(ctx));
+  };
+  if (how == Bootstrap::kEnv) {
+    EXPECT_RANKS_OK(run_env_ranks(ws, timeout_ms, with_group));
+    return;
+  }
   auto statuses = run_processes(
       ws,
       [&](const RendezvousInfo& info) {
-        std::unique_ptr<HostStore> host;
+        HostStore host(info.master_addr, info.master_port, info.rank, info.store_secret);
+        const asynctp_store_callbacks cb = host.callbacks();
         asynctp_group group = nullptr;
-        if (how == Bootstrap::kEnv) {
-          set_env(info, ws, env_port);
-          C_ASSERT_OK(asynctp_group_from_env(timeout_ms, &group));
-        } else {
-          host = std::make_unique<HostStore>(info.master_addr, info.master_port, info.rank,
-                                             info.store_secret);
-          const asynctp_store_callbacks cb = host->callbacks();
-          C_ASSERT_OK(asynctp_group_from_store(&cb, info.rank, ws, info.rank, timeout_ms, &group));
-        }
-        int32_t rank = -1, world = -1;
-        C_ASSERT_OK(asynctp_group_rank(group, &rank));
-        C_ASSERT_OK(asynctp_group_world_size(group, &world));
-        EXPECT_EQ(rank, info.rank);
-        EXPECT_EQ(world, ws);
-        asynctp_context_options o;
-        asynctp_context_options_init(&o);
-        o.backend = "cpu";
-        o.dispatch_cache = "off";
-        asynctp_context ctx = nullptr;
-        C_ASSERT_OK(asynctp_context_create(group, &o, &ctx));
-        // The context keeps the group alive: the handle may go first.
-        C_ASSERT_OK(asynctp_group_destroy(group));
-        body(ctx, rank, world);
-        C_EXPECT_OK(asynctp_context_destroy(ctx));
+        C_ASSERT_OK(asynctp_group_from_store(&cb, info.rank, ws, info.rank, timeout_ms, &group));
+        with_group(info, group);
       },
-      options);
+      HarnessOptions{});
   EXPECT_RANKS_OK(statuses);
 }
 

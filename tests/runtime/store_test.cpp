@@ -15,8 +15,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -286,6 +288,26 @@ TEST(StoreServing, ClientGivesUpAtItsDeadlineWhenThereIsNoServer) {
                                         port)))));
   EXPECT_GE(seconds_since(start), 0.25);
   EXPECT_LT(seconds_since(start), 5.0);
+}
+
+// A picked port lies below the kernel's ephemeral range (so that no bind(0) or outgoing connection
+// elsewhere is handed it before the store listens on it), differs from pick to pick, and can be
+// listened on.
+TEST(StoreServing, PickedPortsLieBelowTheEphemeralRangeAndCanBeListenedOn) {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int lo = 0, hi = 0;
+  ASSERT_TRUE(range >> lo >> hi);
+  if (lo < 11000) GTEST_SKIP() << "the ephemeral range starts at " << lo << ": the kernel picks";
+  std::set<int> seen;
+  for (int i = 0; i < 8; ++i) {
+    const int port = net::pick_free_port();
+    EXPECT_GE(port, 10000);
+    EXPECT_LT(port, lo);
+    seen.insert(port);
+    StoreServer server("127.0.0.1", port, kSecret);
+    EXPECT_EQ(server.port(), port);
+  }
+  EXPECT_GT(seen.size(), 1u) << "eight picks gave one port";
 }
 
 TEST(StoreServing, BindsAFreePortWhenAskedForPortZero) {
