@@ -46,8 +46,28 @@ constexpr bool is_float8(DType dtype) {
 }
 
 // Short name used in messages and on the command line: f32, bf16, f16, f8e4m3, f8e5m2, i64, u64,
-// bool.
-std::string_view dtype_name(DType dtype);
+// bool. Inline: the kernels' checks name dtypes too (kernels/native/validate.h).
+constexpr std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kF8E4M3:
+      return "f8e4m3";
+    case DType::kF8E5M2:
+      return "f8e5m2";
+    case DType::kI64:
+      return "i64";
+    case DType::kU64:
+      return "u64";
+    case DType::kBool:
+      return "bool";
+  }
+  return "unknown";
+}
 // PyTorch's name: float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, int64, uint64,
 // bool.
 std::string_view torch_dtype_name(DType dtype);

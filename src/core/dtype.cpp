@@ -7,28 +7,6 @@
 
 namespace asynctp {
 
-std::string_view dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kF16:
-      return "f16";
-    case DType::kF8E4M3:
-      return "f8e4m3";
-    case DType::kF8E5M2:
-      return "f8e5m2";
-    case DType::kI64:
-      return "i64";
-    case DType::kU64:
-      return "u64";
-    case DType::kBool:
-      return "bool";
-  }
-  return "unknown";
-}
-
 std::string_view torch_dtype_name(DType dtype) {
   switch (dtype) {
     case DType::kF32:

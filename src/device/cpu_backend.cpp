@@ -153,18 +153,14 @@ class CpuBackend final : public Backend {
   std::string native_gemm_unsupported(const ChunkedGemmArgs& args) override {
     kernels::NativeGemmParams k;
     if (std::string why = native_params(args, &k); !why.empty()) return why;
-    const char* why = kernels::native_gemm_unsupported(k);
-    return why == nullptr ? "" : std::string(why);
+    return kernels::native_gemm_unsupported(k);
   }
 
   // The kernel's emulation (device/cpu_native_gemm.h), on the stream's worker.
   void native_gemm(const ChunkedGemmArgs& args, Stream& stream) override {
     kernels::NativeGemmParams k;
     std::string why = native_params(args, &k);
-    if (why.empty()) {
-      const char* unsupported = kernels::native_gemm_unsupported(k);
-      if (unsupported != nullptr) why = unsupported;
-    }
+    if (why.empty()) why = kernels::native_gemm_unsupported(k);
     ASYNCTP_CHECK(why.empty(), "native GEMM of a {} by b {} into d {}: {}", args.a.describe(),
                   args.b.describe(), args.d.describe(), why);
     cpu::CpuStream& s = as_cpu(stream, "native_gemm");

@@ -252,10 +252,10 @@ int ctas_of(const NativeGemmParams& a) {
 
 }  // namespace
 
-const char* async_gemm_unsupported(const NativeGemmParams& a) {
-  if (const char* why = native_gemm_unsupported(a)) return why;
+std::string async_gemm_unsupported(const NativeGemmParams& a) {
+  if (std::string why = native_gemm_unsupported(a); !why.empty()) return why;
   if (encode_tiled() == nullptr) return "the driver has no cuTensorMapEncodeTiled";
-  return nullptr;
+  return "";
 }
 
 size_t async_gemm_split_workspace_bytes() {
@@ -267,7 +267,7 @@ int async_gemm_tail_split(const NativeGemmParams& a) {
 }
 
 cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
-  if (async_gemm_unsupported(a) != nullptr) return cudaErrorInvalidValue;
+  if (!async_gemm_unsupported(a).empty()) return cudaErrorInvalidValue;
   const CUtensorMapDataType type = map_type(a.in_dtype);
   const CUtensorMapDataType c_type = map_type(a.c_dtype);  // 16-bit C only: TMA store, sums
   const bool tma_store = uses_tma_store(a);

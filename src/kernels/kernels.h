@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 
 #include <asynctp/dtype.h>
 #include "kernels/native/params.h"
@@ -131,8 +132,8 @@ cudaError_t scale_epilogue(void* d, DType d_dtype, int64_t ldd, const float* src
 // land. Its contract is NativeGemmParams (native/params.h); its schedule (walk, done counters,
 // own edge rows) the functions of native/schedule.h.
 
-// Why the kernel cannot run these params (dtype, alignment, strides), or nullptr.
-const char* async_gemm_unsupported(const NativeGemmParams& params);
+// Why the kernel cannot run these params (dtype, alignment, strides, naming the values), or "".
+std::string async_gemm_unsupported(const NativeGemmParams& params);
 cudaError_t async_gemm(const NativeGemmParams& params, cudaStream_t stream);
 // Bytes of the tail-split workspace for the current device.
 size_t async_gemm_split_workspace_bytes();

@@ -355,8 +355,7 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
   std::string native_gemm_unsupported(const ChunkedGemmArgs& args) override {
     kernels::NativeGemmParams k;
     if (std::string why = to_async_gemm(args, &k); !why.empty()) return why;
-    const char* why = kernels::async_gemm_unsupported(k);
-    return why == nullptr ? "" : std::string(why);
+    return kernels::async_gemm_unsupported(k);
   }
 
   void native_gemm(const ChunkedGemmArgs& args, Stream& stream) override {
@@ -364,8 +363,8 @@ class CudaBackend final : public Backend, public CudaBackendInternals {
     const std::string why = to_async_gemm(args, &k);
     ASYNCTP_CHECK(why.empty(), "native GEMM of a {} by b {} into d {}: {}", args.a.describe(),
                   args.b.describe(), args.d.describe(), why);
-    const char* unsupported = kernels::async_gemm_unsupported(k);
-    ASYNCTP_CHECK(unsupported == nullptr, "native GEMM of a {} by b {} into d {}: {}",
+    const std::string unsupported = kernels::async_gemm_unsupported(k);
+    ASYNCTP_CHECK(unsupported.empty(), "native GEMM of a {} by b {} into d {}: {}",
                   args.a.describe(), args.b.describe(), args.d.describe(), unsupported);
     k.slot = error_slot_device_;
     k.split_workspace = split_workspace(raw(stream));

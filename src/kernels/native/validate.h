@@ -1,147 +1,244 @@
 // What the native GEMM cannot run: the contract's preconditions (params.h), as plain C++ so that
-// every implementation of the contract checks the same. Each answer names the bad argument.
+// every implementation of the contract checks the same. Each answer names the bad argument and
+// its value; "" where the params are usable.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
+#include "asynctp/dtype.h"
 #include "kernels/native/schedule.h"
 
 namespace asynctp::kernels {
 
-// Why the reduce-scatter epilogue's arguments are unusable, or nullptr.
-inline const char* sum_unsupported(const NativeGemmParams& a) {
-  const int64_t rows = chunk_rows_of(a);
-  if (rows % kBM != 0) return "the reduce-scatter epilogue needs chunk_rows % 128 == 0";
-  if (a.sum_chunk < 0 || (a.sum_chunk + 1) * rows > a.m) return "sum_chunk is out of range";
-  if (a.sum_count < 1 || a.sum_count > 64) return "sum_count is out of range (1 to 64)";
-  if (a.sum_self < 0 || a.sum_self >= a.sum_count) return "sum_self is out of range";
-  if (a.sum_count > 1 && (a.sum_parts == nullptr || a.sum_flags == nullptr))
-    return "the reduce-scatter epilogue needs its parts and their flags";
-  if (a.sum_out == nullptr) return "the reduce-scatter epilogue needs an output";
-  if (a.n % 2 != 0) return "the reduce-scatter epilogue needs an even n";
-  if (a.sum_count > 1 && a.timeout_ns == 0) return "waiting for the parts needs a timeout";
-  const int64_t q = sum_rows_of(a);
-  if (q % kBM != 0 || q > rows) return "sum_rows is not a multiple of 128 up to chunk_rows";
-  if (a.sum_cols < 0 || a.sum_cols % kBN != 0) return "sum_cols is not a multiple of 256";
-  if (a.sum_count > 1 && a.sum_flag_stride < a.sum_count &&
-      (rows + q - 1) / q * col_pieces(a, a.sum_cols) > 1)
-    return "sum_flag_stride is smaller than sum_count (pieces' flags would overlap)";
-  if (a.c_dtype == DType::kF32) return "the reduce-scatter epilogue needs a 16-bit C";
-  const auto misaligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4; };
-  if (misaligned(a.sum_out) || a.sum_ldo % 2 != 0 || a.sum_ldo < a.n)
-    return "the reduced output is not aligned to two elements or its row stride is odd or short";
-  // The parts are TMA-loaded (a 3-D map: column, chunk row, rank).
-  if (a.sum_count > 1 &&
-      (reinterpret_cast<uintptr_t>(a.sum_parts) % 16 != 0 || a.sum_ld % 8 != 0 || a.sum_ld < a.n ||
-       a.sum_part_stride % 8 != 0 || a.sum_part_stride < rows * a.sum_ld)) {
-    return "the parts are not 16-byte aligned, or their row stride or part stride is not a "
-           "multiple of 16 bytes or is short (TMA)";
+namespace validate_detail {
+// One value a reason is about: a number, or a name (text, for a dtype).
+struct Value {
+  const char* name;
+  int64_t number;
+  const char* text = nullptr;
+};
+
+// "reason (name = value, ...)"; the success path never calls it, so it allocates nothing.
+inline std::string why(const char* reason, std::initializer_list<Value> values = {}) {
+  std::string out = reason;
+  const char* sep = " (";
+  for (const Value& v : values) {
+    out += sep;
+    out += v.name;
+    out += " = ";
+    out += v.text != nullptr ? std::string(v.text) : std::to_string(v.number);
+    sep = ", ";
   }
-  return nullptr;
+  if (values.size() > 0) out += ')';
+  return out;
 }
 
-// Why the SwiGLU epilogue's arguments are unusable, or nullptr.
-inline const char* swiglu_unsupported(const NativeGemmParams& a) {
+inline Value dtype_value(const char* name, DType dtype) {
+  return {name, 0, dtype_name(dtype).data()};
+}
+
+// A pointer's offset from the last `bytes` boundary (0: aligned).
+inline int64_t offset(const void* ptr, uintptr_t bytes) {
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptr) % bytes);
+}
+}  // namespace validate_detail
+
+// Why the reduce-scatter epilogue's arguments are unusable, or "".
+inline std::string sum_unsupported(const NativeGemmParams& a) {
+  using validate_detail::offset;
+  using validate_detail::why;
+  const int64_t rows = chunk_rows_of(a);
+  if (rows % kBM != 0)
+    return why("the reduce-scatter epilogue needs chunk_rows % 128 == 0", {{"chunk_rows", rows}});
+  if (a.sum_chunk < 0 || (a.sum_chunk + 1) * rows > a.m)
+    return why("sum_chunk is out of range",
+               {{"sum_chunk", a.sum_chunk}, {"chunk_rows", rows}, {"m", a.m}});
+  if (a.sum_count < 1 || a.sum_count > 64)
+    return why("sum_count is out of range (1 to 64)", {{"sum_count", a.sum_count}});
+  if (a.sum_self < 0 || a.sum_self >= a.sum_count)
+    return why("sum_self is out of range", {{"sum_self", a.sum_self}, {"sum_count", a.sum_count}});
+  if (a.sum_count > 1 && (a.sum_parts == nullptr || a.sum_flags == nullptr))
+    return why("the reduce-scatter epilogue needs its parts and their flags",
+               {{"sum_count", a.sum_count}});
+  if (a.sum_out == nullptr) return why("the reduce-scatter epilogue needs an output");
+  if (a.n % 2 != 0) return why("the reduce-scatter epilogue needs an even n", {{"n", a.n}});
+  if (a.sum_count > 1 && a.timeout_ns == 0) return why("waiting for the parts needs a timeout");
+  const int64_t q = sum_rows_of(a);
+  if (q % kBM != 0 || q > rows)
+    return why("sum_rows is not a multiple of 128 up to chunk_rows",
+               {{"sum_rows", q}, {"chunk_rows", rows}});
+  if (a.sum_cols < 0 || a.sum_cols % kBN != 0)
+    return why("sum_cols is not a multiple of 256", {{"sum_cols", a.sum_cols}});
+  if (a.sum_count > 1 && a.sum_flag_stride < a.sum_count &&
+      (rows + q - 1) / q * col_pieces(a, a.sum_cols) > 1)
+    return why("sum_flag_stride is smaller than sum_count (pieces' flags would overlap)",
+               {{"sum_flag_stride", a.sum_flag_stride}, {"sum_count", a.sum_count}});
+  if (a.c_dtype == DType::kF32)
+    return why("the reduce-scatter epilogue needs a 16-bit C",
+               {validate_detail::dtype_value("c", a.c_dtype)});
+  if (offset(a.sum_out, 4) != 0 || a.sum_ldo % 2 != 0 || a.sum_ldo < a.n)
+    return why(
+        "the reduced output is not aligned to two elements or its row stride is odd or "
+        "short",
+        {{"address % 4", offset(a.sum_out, 4)}, {"sum_ldo", a.sum_ldo}, {"n", a.n}});
+  // The parts are TMA-loaded (a 3-D map: column, chunk row, rank).
+  if (a.sum_count > 1 && (offset(a.sum_parts, 16) != 0 || a.sum_ld % 8 != 0 || a.sum_ld < a.n ||
+                          a.sum_part_stride % 8 != 0 || a.sum_part_stride < rows * a.sum_ld)) {
+    return why(
+        "the parts are not 16-byte aligned, or their row stride or part stride is not a "
+        "multiple of 16 bytes or is short (TMA)",
+        {{"address % 16", offset(a.sum_parts, 16)},
+         {"sum_ld", a.sum_ld},
+         {"sum_part_stride", a.sum_part_stride},
+         {"n", a.n},
+         {"chunk_rows", rows}});
+  }
+  return "";
+}
+
+// Why the SwiGLU epilogue's arguments are unusable, or "".
+inline std::string swiglu_unsupported(const NativeGemmParams& a) {
+  using validate_detail::offset;
+  using validate_detail::why;
   if (a.done != nullptr || a.sum_chunk >= 0)
-    return "the SwiGLU epilogue does not count done rows or reduce (MM+RS only)";
+    return why("the SwiGLU epilogue does not count done rows or reduce (MM+RS only)");
   // Pairs of columns are stored together, the up half's from column N on.
-  if (a.n % 2 != 0) return "the SwiGLU epilogue needs an even N";
+  if (a.n % 2 != 0) return why("the SwiGLU epilogue needs an even N", {{"n", a.n}});
   // A row-major B's up half is TMA-loaded from column N on: a box must start on a 16-byte
   // boundary (an unaligned start is an illegal instruction on the GPU).
   if (!a.b_k_major && a.n % 8 != 0)
-    return "the SwiGLU epilogue with a row-major B needs N % 8 == 0 (TMA loads the up half from "
-           "column N, a 16-byte boundary)";
-  if (2 * a.n > (1ll << 31) - kBN) return "the SwiGLU epilogue's 2N is over 2^31";
+    return why(
+        "the SwiGLU epilogue with a row-major B needs N % 8 == 0 (TMA loads the up half "
+        "from column N, a 16-byte boundary)",
+        {{"n", a.n}});
+  if (2 * a.n > (1ll << 31) - kBN)
+    return why("the SwiGLU epilogue's 2N is over 2^31", {{"n", a.n}});
   if (a.pre != nullptr) {
     if (a.pre_dtype != DType::kF32 && a.pre_dtype != DType::kBF16 && a.pre_dtype != DType::kF16)
-      return "the pre-activation output is not f32, bf16 or f16";
-    if (a.pre_ld < 2 * a.n || a.pre_ld % 2 != 0 || reinterpret_cast<uintptr_t>(a.pre) % 8 != 0)
-      return "the pre-activation output's row stride is odd or shorter than 2N, or it is not "
-             "8-byte aligned";
+      return why("the pre-activation output is not f32, bf16 or f16",
+                 {validate_detail::dtype_value("pre", a.pre_dtype)});
+    if (a.pre_ld < 2 * a.n || a.pre_ld % 2 != 0 || offset(a.pre, 8) != 0)
+      return why(
+          "the pre-activation output's row stride is odd or shorter than 2N, or it is not "
+          "8-byte aligned",
+          {{"pre_ld", a.pre_ld}, {"n", a.n}, {"address % 8", offset(a.pre, 8)}});
   }
-  return nullptr;
+  return "";
 }
 
-// Why the scaled (float8) GEMM's arguments are unusable, or nullptr.
-inline const char* float8_unsupported(const NativeGemmParams& a) {
+// Why the scaled (float8) GEMM's arguments are unusable, or "".
+inline std::string float8_unsupported(const NativeGemmParams& a) {
+  using validate_detail::offset;
+  using validate_detail::why;
   // wgmma reads 8-bit operands K-major only.
-  if (!a.b_k_major) return "float8 inputs need a k-major B ([N, K] row-major, a transposed weight)";
-  if (a.swiglu) return "the SwiGLU epilogue takes bf16 or f16 inputs, not float8";
+  if (!a.b_k_major)
+    return why("float8 inputs need a k-major B ([N, K] row-major, a transposed weight)");
+  if (a.swiglu) return why("the SwiGLU epilogue takes bf16 or f16 inputs, not float8");
   if ((a.a_scale == nullptr && a.own_a_scale != nullptr) ||
       (a.a_scale != nullptr && a.a_scale_stride != 0 && a.a_scale_stride != 1) ||
       (a.b_scale != nullptr && a.b_scale_stride != 0 && a.b_scale_stride != 1))
-    return "a scale's stride is not 0 (tensor-wise) or 1 (row-wise), or own_a_scale comes "
-           "without a_scale";
+    return why(
+        "a scale's stride is not 0 (tensor-wise) or 1 (row-wise), or own_a_scale comes "
+        "without a_scale",
+        {{"a_scale_stride", a.a_scale_stride},
+         {"b_scale_stride", a.b_scale_stride},
+         {"a_scale given", a.a_scale != nullptr},
+         {"own_a_scale given", a.own_a_scale != nullptr}});
   if (a.own_a_scale != nullptr && a.own_a == nullptr)
-    return "own_a_scale needs own_a (the own chunk's rows)";
-  const auto misaligned = [](const float* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4; };
-  if (misaligned(a.a_scale) || misaligned(a.own_a_scale) || misaligned(a.b_scale))
-    return "a scale is not 4-byte aligned";
-  return nullptr;
+    return why("own_a_scale needs own_a (the own chunk's rows)");
+  if (offset(a.a_scale, 4) != 0 || offset(a.own_a_scale, 4) != 0 || offset(a.b_scale, 4) != 0)
+    return why("a scale is not 4-byte aligned", {{"a_scale % 4", offset(a.a_scale, 4)},
+                                                 {"own_a_scale % 4", offset(a.own_a_scale, 4)},
+                                                 {"b_scale % 4", offset(a.b_scale, 4)}});
+  return "";
 }
 
-// Why the native GEMM cannot run these params (dtype, alignment, strides, pieces), or nullptr.
-inline const char* native_gemm_unsupported(const NativeGemmParams& a) {
+// Why the native GEMM cannot run these params (dtype, alignment, strides, pieces), or "".
+inline std::string native_gemm_unsupported(const NativeGemmParams& a) {
+  using validate_detail::dtype_value;
+  using validate_detail::offset;
+  using validate_detail::why;
   if (a.in_dtype != DType::kBF16 && a.in_dtype != DType::kF16 && a.in_dtype != DType::kF8E4M3)
-    return "inputs are not bf16, f16 or float8 e4m3";
+    return why("inputs are not bf16, f16 or float8 e4m3", {dtype_value("inputs", a.in_dtype)});
   if (float8_inputs(a)) {
-    if (const char* why = float8_unsupported(a)) return why;
+    if (std::string w = float8_unsupported(a); !w.empty()) return w;
   } else if (a.a_scale != nullptr || a.own_a_scale != nullptr || a.b_scale != nullptr) {
-    return "scales are for float8 inputs; bf16 and f16 take none";
+    return why("scales are for float8 inputs; bf16 and f16 take none",
+               {dtype_value("inputs", a.in_dtype)});
   }
   // TMA's 16-byte rules, in elements of A's and B's dtype.
   const int64_t align = float8_inputs(a) ? 16 : 8;
-  if (a.c_dtype != DType::kF32 && a.c_dtype != DType::kBF16 && a.c_dtype != DType::kF16) {
-    return "the output is not f32, bf16 or f16";
-  }
-  if (a.m <= 0 || a.n <= 0 || a.k <= 0) return "an empty problem";
+  if (a.c_dtype != DType::kF32 && a.c_dtype != DType::kBF16 && a.c_dtype != DType::kF16)
+    return why("the output is not f32, bf16 or f16", {dtype_value("c", a.c_dtype)});
+  if (a.m <= 0 || a.n <= 0 || a.k <= 0)
+    return why("an empty problem", {{"m", a.m}, {"n", a.n}, {"k", a.k}});
   if (a.m > (1ll << 31) - kBM || a.n > (1ll << 31) - kBN || a.k > (1ll << 31))
-    return "a dimension over 2^31";
-  const auto misaligned = [](const void* ptr, uintptr_t bytes) {
-    return reinterpret_cast<uintptr_t>(ptr) % bytes != 0;
-  };
-  if (misaligned(a.a, 16) || misaligned(a.b, 16)) return "A or B is not 16-byte aligned (TMA)";
+    return why("a dimension over 2^31", {{"m", a.m}, {"n", a.n}, {"k", a.k}});
+  if (offset(a.a, 16) != 0 || offset(a.b, 16) != 0)
+    return why("A or B is not 16-byte aligned (TMA)",
+               {{"a % 16", offset(a.a, 16)}, {"b % 16", offset(a.b, 16)}});
   if (a.lda % align != 0 || a.ldb % align != 0)
-    return "a row stride of A or B is not a multiple of 16 bytes (TMA)";
+    return why("a row stride of A or B is not a multiple of 16 bytes (TMA)",
+               {{"lda", a.lda}, {"ldb", a.ldb}, {"elements per 16 bytes", align}});
   if (a.lda < a.k || a.ldb < (a.b_k_major ? a.k : b_cols(a)))
-    return "a row stride shorter than its row";
-  if (a.ldc < a.n || a.ldc % 2 != 0 || misaligned(a.c, 8))
-    return "C's row stride is odd or C is not 8-byte aligned";
+    return why(
+        "a row stride shorter than its row",
+        {{"lda", a.lda}, {"ldb", a.ldb}, {"k", a.k}, {"b's row", a.b_k_major ? a.k : b_cols(a)}});
+  if (a.ldc < a.n || a.ldc % 2 != 0 || offset(a.c, 8) != 0)
+    return why("C's row stride is odd or shorter than n, or C is not 8-byte aligned",
+               {{"ldc", a.ldc}, {"n", a.n}, {"c % 8", offset(a.c, 8)}});
   const int64_t rows = chunk_rows_of(a);
-  if (rows <= 0 || (a.m + rows - 1) / rows > 1 << 20) return "chunk_rows is out of range";
-  if (a.first_chunk < 0 || a.first_chunk * rows >= a.m) return "first_chunk is out of range";
+  if (rows <= 0 || (a.m + rows - 1) / rows > 1 << 20)
+    return why("chunk_rows is out of range (at most 2^20 chunks)",
+               {{"chunk_rows", a.chunk_rows}, {"m", a.m}});
+  if (a.first_chunk < 0 || a.first_chunk * rows >= a.m)
+    return why("first_chunk is out of range",
+               {{"first_chunk", a.first_chunk}, {"chunk_rows", rows}, {"m", a.m}});
   if (a.done != nullptr && rows % kBM != 0)
-    return "publishing per-chunk completion needs chunk_rows % 128 == 0";
+    return why("publishing per-chunk completion needs chunk_rows % 128 == 0",
+               {{"chunk_rows", rows}});
   if (a.done != nullptr &&
       (a.done_rows < 0 || done_rows_of(a) % kBM != 0 || rows % done_rows_of(a) != 0))
-    return "done_rows is not a multiple of 128 that divides chunk_rows";
+    return why("done_rows is not a multiple of 128 that divides chunk_rows",
+               {{"done_rows", a.done_rows}, {"chunk_rows", rows}});
   if (a.done != nullptr && (a.done_cols < 0 || a.done_cols % kBN != 0))
-    return "done_cols is not a multiple of 256";
+    return why("done_cols is not a multiple of 256", {{"done_cols", a.done_cols}});
   if (a.sum_chunk >= 0) {
-    if (const char* why = sum_unsupported(a)) return why;
+    if (std::string w = sum_unsupported(a); !w.empty()) return w;
   }
   if (a.swiglu) {
-    if (const char* why = swiglu_unsupported(a)) return why;
+    if (std::string w = swiglu_unsupported(a); !w.empty()) return w;
   }
-  if (a.ready != nullptr && a.timeout_ns == 0) return "waiting for chunks needs a timeout";
+  if (a.ready != nullptr && a.timeout_ns == 0) return why("waiting for chunks needs a timeout");
   if (a.ready_rows < 0 || a.ready_rows > rows)
-    return "ready_rows is out of range (0 to chunk_rows)";
+    return why("ready_rows is out of range (0 to chunk_rows)",
+               {{"ready_rows", a.ready_rows}, {"chunk_rows", rows}});
   if (ready_rows_of(a) < rows && a.ready_stride < (a.m + rows - 1) / rows)
-    return "ready_stride is smaller than the number of chunks (pieces' flags would overlap)";
+    return why("ready_stride is smaller than the number of chunks (pieces' flags would overlap)",
+               {{"ready_stride", a.ready_stride}, {"chunks", (a.m + rows - 1) / rows}});
   if (a.own_a != nullptr) {
-    if (a.own_chunk < 0 || a.own_chunk * rows >= a.m) return "own_chunk is out of range";
-    if (misaligned(a.own_a, 16) || a.own_lda % align != 0 || a.own_lda < a.k) {
-      return "the own chunk's A is not 16-byte aligned or its row stride is not a multiple of 16 "
-             "bytes (TMA)";
+    if (a.own_chunk < 0 || a.own_chunk * rows >= a.m)
+      return why("own_chunk is out of range",
+                 {{"own_chunk", a.own_chunk}, {"chunk_rows", rows}, {"m", a.m}});
+    if (offset(a.own_a, 16) != 0 || a.own_lda % align != 0 || a.own_lda < a.k) {
+      return why(
+          "the own chunk's A is not 16-byte aligned or its row stride is not a multiple "
+          "of 16 bytes or is shorter than K (TMA)",
+          {{"own_a % 16", offset(a.own_a, 16)}, {"own_lda", a.own_lda}, {"k", a.k}});
     }
   }
   if (a.a_out != nullptr &&
-      (misaligned(a.a_out, 16) || a.a_out_ld % align != 0 || a.a_out_ld < a.k)) {
-    return "the copy of A is not 16-byte aligned, or its row stride is not a multiple of 16 bytes "
-           "or is shorter than K (TMA)";
+      (offset(a.a_out, 16) != 0 || a.a_out_ld % align != 0 || a.a_out_ld < a.k)) {
+    return why(
+        "the copy of A is not 16-byte aligned, or its row stride is not a multiple of 16 "
+        "bytes or is shorter than K (TMA)",
+        {{"a_out % 16", offset(a.a_out, 16)}, {"a_out_ld", a.a_out_ld}, {"k", a.k}});
   }
-  if (a.reserve_sms < 0 || a.reserve_sms > 8) return "reserve_sms is out of range (0 to 8)";
-  return nullptr;
+  if (a.reserve_sms < 0 || a.reserve_sms > 8)
+    return why("reserve_sms is out of range (0 to 8)", {{"reserve_sms", a.reserve_sms}});
+  return "";
 }
 
 }  // namespace asynctp::kernels
