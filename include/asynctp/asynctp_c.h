@@ -67,7 +67,9 @@ typedef enum asynctp_device_type {
 
 /* Which path an op takes: AUTO measures once per problem and keeps the fastest. SPLIT is the
  * pipeline of per-chunk GEMMs beside the copy engine; NATIVE one async-input GEMM kernel;
- * FALLBACK the collective, then one GEMM (or the reverse). DEFAULT: the context's choice. */
+ * FALLBACK the collective, then one GEMM (or the reverse). DEFAULT: the context's choice. A
+ * SPLIT or NATIVE that cannot run the call (off its contract, or over the workspace limit) is
+ * ASYNCTP_ERROR_UNSUPPORTED, the last error saying why; nothing is enqueued. */
 typedef enum asynctp_path {
   ASYNCTP_PATH_DEFAULT = -1,
   ASYNCTP_PATH_AUTO = 0,

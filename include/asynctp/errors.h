@@ -34,6 +34,15 @@ class CaptureError : public Error {
   using Error::Error;
 };
 
+// A path the caller asked for (PathChoice::kNative or kSplit, ASYNCTP_PATH_NATIVE or _SPLIT)
+// cannot run this call: its arguments are off that path's contract (dtype, shape, alignment,
+// accumulation) or its symmetric workspace would pass the limit. The message says which. Nothing
+// was enqueued, and the same call on the default path runs.
+class PathUnavailableError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Every wait is bounded by a timeout in milliseconds.
 using Millis = std::chrono::milliseconds;
 

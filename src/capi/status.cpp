@@ -64,6 +64,9 @@ asynctp_status status_from_current_exception(const char* function) {
   } catch (const StoreFailure& e) {
     status = ASYNCTP_ERROR_INTERNAL;
     message = e.what();
+  } catch (const PathUnavailableError& e) {
+    status = ASYNCTP_ERROR_UNSUPPORTED;
+    message = e.what();
   } catch (const CaptureError& e) {
     status = ASYNCTP_ERROR_CAPTURE;
     message = e.what();

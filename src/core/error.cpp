@@ -28,4 +28,8 @@ void throw_capture(const char* file, int line, const std::string& message) {
   throw CaptureError(fmt::format("{} ({}:{})", message, short_path(file), line));
 }
 
+void throw_path_unavailable(const char* file, int line, const std::string& message) {
+  throw PathUnavailableError(fmt::format("{} ({}:{})", message, short_path(file), line));
+}
+
 }  // namespace asynctp::detail

@@ -21,6 +21,7 @@ namespace asynctp::detail {
                                       const std::string& message);
 [[noreturn]] void throw_timeout(const char* file, int line, const std::string& message);
 [[noreturn]] void throw_capture(const char* file, int line, const std::string& message);
+[[noreturn]] void throw_path_unavailable(const char* file, int line, const std::string& message);
 std::string_view short_path(const char* file);
 }  // namespace asynctp::detail
 
@@ -62,6 +63,15 @@ struct fmt::formatter<asynctp::Dims> : fmt::formatter<std::string> {
     if (!(cond)) [[unlikely]] {                                                         \
       ::asynctp::detail::throw_capture(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
     }                                                                                   \
+  } while (0)
+
+// ASYNCTP_PATH_CHECK(cond, "format {}", args...): throws asynctp::PathUnavailableError when cond
+// is false (cond: the path the caller asked for can run the call).
+#define ASYNCTP_PATH_CHECK(cond, ...)                                                            \
+  do {                                                                                           \
+    if (!(cond)) [[unlikely]] {                                                                  \
+      ::asynctp::detail::throw_path_unavailable(__FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
+    }                                                                                            \
   } while (0)
 
 // ASYNCTP_SYSCHECK(expr, "context"): for POSIX calls returning -1 on failure; adds errno text.

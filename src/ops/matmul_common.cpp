@@ -46,12 +46,12 @@ PathDecision choose_path(OpContext& ctx, std::optional<PathChoice> requested, si
   std::string native_why = paths.native_unsupported;
   if (native_why.empty()) native_why = symm_problem(paths.native_symm_bytes);
   if (choice == PathChoice::kNative) {
-    ASYNCTP_CHECK(native_why.empty(), "{}: the native path was requested but cannot run: {}", op,
-                  native_why);
+    ASYNCTP_PATH_CHECK(native_why.empty(), "{}: the native path was requested but cannot run: {}",
+                       op, native_why);
     return {Path::kNative, "", true};
   }
   if (choice == PathChoice::kSplit) {
-    ASYNCTP_CHECK(split_why.empty(), "{}: the split path was requested but {}", op, split_why);
+    ASYNCTP_PATH_CHECK(split_why.empty(), "{}: the split path was requested but {}", op, split_why);
     return {Path::kSplit, "", true};
   }
   // In order of preference where nothing is measured (and for ties); no allocation: every auto

@@ -153,6 +153,12 @@ TEST(CapiErrors, StatusesAndMessages) {
                   ASYNCTP_ERROR_INVALID_ARGUMENT, "reduce_op is 4");
     EXPECT_STATUS(asynctp_barrier(nullptr, ASYNCTP_CONTEXT_STREAM), ASYNCTP_ERROR_INVALID_ARGUMENT,
                   "ctx");
+    // Valid, but not on the path asked for: f32 operands on the native path.
+    EXPECT_STATUS(asynctp_all_gather_matmul(ctx, &ad, &bd, 1, &od, nullptr, 0, ASYNCTP_PATH_NATIVE,
+                                            ASYNCTP_CONTEXT_STREAM),
+                  ASYNCTP_ERROR_UNSUPPORTED,
+                  "the native path was requested but cannot run: inputs are not bf16, f16 or "
+                  "float8 e4m3 (inputs = f32)");
     // Valid, but not served: the scaled form gathering the contraction dim.
     const HostTensor f8a({3, 4}, ASYNCTP_F8E4M3), f8b({8, 2}, ASYNCTP_F8E4M3);
     const HostTensor scale = host_of({1.0f}, {1}, ASYNCTP_F32);

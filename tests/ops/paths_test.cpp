@@ -147,11 +147,12 @@ TEST_P(PathsTest, WorkspaceLimitTooSmallTakesTheFallback) {
                     fmt::format("it needs {} bytes of symmetric workspace",
                                 3 * ((32 * ws + 255) / 256 * 256)));
         // Insisting on the split path is an error that gives the reason.
-        EXPECT_THAT(error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kSplit); }),
-                    HasSubstr(fmt::format("all_gather_matmul: the split path was requested but it "
-                                          "needs {} bytes of symmetric workspace per rank and the "
-                                          "limit is {}",
-                                          ag_workspace_bytes(ws), limit)));
+        EXPECT_THAT([&] { all_gather_matmul_checked(ctx, PathChoice::kSplit); },
+                    ThrowsMessage<PathUnavailableError>(HasSubstr(
+                        fmt::format("all_gather_matmul: the split path was requested but it "
+                                    "needs {} bytes of symmetric workspace per rank and the "
+                                    "limit is {}",
+                                    ag_workspace_bytes(ws), limit))));
         EXPECT_THAT(error_of([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kSplit); }),
                     HasSubstr("matmul_reduce_scatter: the split path was requested but it needs"));
         EXPECT_EQ(ctx.usage().count(kAgMm, Path::kFallback),
@@ -221,15 +222,17 @@ TEST_P(PathsTest, GroupSpanningNodesTakesTheFallback) {
 }
 
 // The native path takes bf16, f16 or float8 e4m3 operands (the kernel's contract, which the CPU
-// backend's emulation checks alike): asked for with f32 ones it fails saying why; under auto the
-// ops stay on the split path without measuring anything.
+// backend's emulation checks alike): asked for with f32 ones it fails saying why, as a
+// PathUnavailableError; under auto the ops stay on the split path without measuring anything.
 TEST_P(PathsTest, NativeRequestedWhereItCannotRunSaysWhy) {
   auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
-    EXPECT_THAT(error_of([&] { all_gather_matmul_checked(ctx, PathChoice::kNative); }),
-                HasSubstr("the native path was requested but cannot run: inputs are not bf16, "
-                          "f16 or float8 e4m3"));
-    EXPECT_THAT(error_of([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kNative); }),
-                HasSubstr("the native path was requested but cannot run"));
+    EXPECT_THAT([&] { all_gather_matmul_checked(ctx, PathChoice::kNative); },
+                ThrowsMessage<PathUnavailableError>(
+                    HasSubstr("the native path was requested but cannot run: inputs are not bf16, "
+                              "f16 or float8 e4m3 (inputs = f32)")));
+    EXPECT_THAT([&] { matmul_reduce_scatter_checked(ctx, PathChoice::kNative); },
+                ThrowsMessage<PathUnavailableError>(
+                    HasSubstr("the native path was requested but cannot run")));
     all_gather_matmul_checked(ctx, PathChoice::kAuto);
     expect_path(ctx, kAgMm, Path::kSplit);
     EXPECT_EQ(ctx.usage().count(kAgMm, Path::kNative), 0);

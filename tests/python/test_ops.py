@@ -545,6 +545,31 @@ def test_timeout(pool2):
     assert skipped == "skipped" and message
 
 
+def case_path_that_cannot_run():
+    """A path asked for by set_options that cannot run a call (f32 on the native path) raises
+    asynctp.UnsupportedError saying why, on every rank; the default path then runs it."""
+    atp.set_options(timeout_s=60, path="native", dispatch_cache="off")
+    try:
+        group = dist.new_group(list(range(dist.get_world_size())))
+        A, B = _randn((4, 16), torch.float32, 1), _randn((16, 8), torch.float32, 2)
+        message = _raises(asynctp.UnsupportedError, atp.fused_all_gather_matmul, A, [B], 0,
+                          group.group_name)
+        dist.destroy_process_group(group)
+    finally:
+        atp.set_options(timeout_s=60, dispatch_cache="off")
+    group = dist.new_group(list(range(dist.get_world_size())))
+    _, (out,) = atp.fused_all_gather_matmul(A, [B], 0, group.group_name)
+    assert out.shape == (4 * dist.get_world_size(), 8)
+    dist.destroy_process_group(group)
+    return message
+
+
+def test_path_that_cannot_run(pool2):
+    for message in pool2.run(case_path_that_cannot_run):
+        assert "the native path was requested but cannot run: inputs are not bf16" in message
+        assert "(inputs = f32)" in message
+
+
 def case_destroyed_by_torchs_own_function():
     """A group destroyed by torch's destroy_process_group as bound before asynctp.torch was
     imported (`from torch.distributed import destroy_process_group` at the top of a script)

@@ -84,8 +84,10 @@ def __getattr__(name: str):
 def set_options(*, timeout_s=None, path=None, max_workspace_mb=None, dispatch_cache=None) -> None:
     """Options of the contexts made from now on (a context is made on a group's first op):
     timeout_s bounds every wait (default: ASYNCTP_TIMEOUT or 300 s); path is "auto", "split",
-    "native" or "fallback"; max_workspace_mb limits each symmetric workspace; dispatch_cache is
-    where measured path choices are kept ("off": in memory). None keeps the library's default."""
+    "native" or "fallback" (a split or native path that cannot run a call raises
+    asynctp.UnsupportedError saying why); max_workspace_mb limits each symmetric workspace;
+    dispatch_cache is where measured path choices are kept ("off": in memory). None keeps the
+    library's default."""
     if path is not None:
         _contexts.path_value(path)
     if timeout_s is not None and (
