@@ -92,6 +92,7 @@ struct ScaledBenchOptions {
   // (GemmArgs::fast_accum): the setting PyTorch's float8 path runs with (use_fast_accum=True).
   bool fast_accum = false;
   bool trace = false;  // print_path_traces after timing (GPU only)
+  bool graph = true;   // the auto op replayed from a CUDA graph, a column (GPU only)
 };
 
 // The float8 table (bench_scaled.cpp): per shape, validation of the fused op against the unfused

@@ -500,7 +500,8 @@ int run_bench(const BenchOptions& o) {
                              .timing = o.timing,
                              .json = o.json,
                              .fast_accum = o.fast_accum,
-                             .trace = o.trace},
+                             .trace = o.trace,
+                             .graph = o.graph},
                             o.backend);
   }
   Session s = Session::join(o.backend);

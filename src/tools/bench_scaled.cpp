@@ -167,7 +167,8 @@ ScaledResult bench_scaled_shape(Session& s, const ScaledBenchOptions& o, const B
   columns.add([&] { fused_with(PathChoice::kSplit); }, &r.split_ms, "split_path");
   if (!std::isnan(r.err_native))
     columns.add([&] { fused_with(PathChoice::kNative); }, &r.native_ms, "native_path");
-  time_columns(s, std::move(columns), o.timing, &fused_fn, &r.graph_ms, &r.host_us);
+  time_columns(s, std::move(columns), o.timing, o.graph ? &fused_fn : nullptr, &r.graph_ms,
+               &r.host_us);
   if (o.trace && ctx.backend().device().is_cuda())
     print_path_traces(s, shape, !std::isnan(r.err_native), fused_with);
   return r;
