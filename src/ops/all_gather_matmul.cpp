@@ -383,6 +383,9 @@ std::string problem_key(OpContext& ctx, const AgMmCall& c) {
   if (c.a_out.defined()) variant.push_back("returns A");
   if (c.rowwise()) variant.push_back("row-wise A scale");
   if (c.pre_out.defined()) variant.push_back("returns the products");
+  if (detail::off_16_bytes(c.bs) || detail::off_16_bytes(c.outs) ||
+      detail::off_16_bytes(c.pre_out) || detail::off_16_bytes(c.b_scales))
+    variant.push_back("operands off 16-byte alignment");
   // Fast accumulation changes the GEMMs' times, so the paths' too.
   std::vector<size_t> fast;
   for (size_t i = 0; i < c.bs.size(); ++i)
@@ -477,13 +480,15 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
   if (plan) {
     paths.native_symm_bytes = symm_bytes;
     const int64_t m = ctx.world_size() * plan->rows;
+    // The caller's operands as they are (their alignment counts, and the call memos key it); the
+    // gathered A and its scales, the op's own buffers, at an aligned dummy address.
     for (size_t j = 0; j < c.bs.size() && paths.native_unsupported.empty(); ++j) {
       const ChunkedGemmArgs args = native_args(
           ctx, *plan, c,
-          detail::shape_only_matrix(c.a_shard.dtype(), m, plan->k, c.a_shard.device()),
-          detail::shape_only(c.bs[j]), detail::shape_only(c.outs[j]), detail::shape_only(c.pre_out),
+          detail::shape_only_matrix(c.a_shard.dtype(), m, plan->k, c.a_shard.device()), c.bs[j],
+          c.outs[j], c.pre_out,
           native_a_scale(c, detail::shape_only_contiguous(DType::kF32, {m}, c.a_shard.device())),
-          detail::shape_only(c.b_scale(j)));
+          c.b_scale(j));
       paths.native_unsupported = ctx.backend().native_gemm_unsupported(args);
     }
   }

@@ -7,8 +7,9 @@
 //
 // What the key holds: the op (its name's address: each op passes a string literal), every
 // option that the checks or the choice read, and for each tensor argument its dtype, device,
-// shape and strides (an undefined tensor as one word). Pointers are not in it: what depends on
-// them (the native GEMM's alignment checks) is still checked on every call.
+// shape, strides and its data's offset from a 16-byte boundary (an undefined tensor as one
+// word). Pointers are not in it, only those offsets: all that the native GEMM's alignment checks
+// read of them (16 bytes for TMA, 8 or 4 for some outputs and the scales).
 // Only settled decisions are kept (PathDecision::settled): a path the caller asked for, or one
 // the dispatcher measured (or took unmeasured on a backend that does not time paths), never a
 // capture's provisional first candidate.

@@ -126,6 +126,14 @@ void* dummy_address() {
 }
 }  // namespace
 
+bool off_16_bytes(const Tensor& t) {
+  return t.defined() && reinterpret_cast<uintptr_t>(t.data()) % 16 != 0;
+}
+
+bool off_16_bytes(std::span<const Tensor> ts) {
+  return std::any_of(ts.begin(), ts.end(), [](const Tensor& t) { return off_16_bytes(t); });
+}
+
 Tensor shape_only(const Tensor& t) {
   if (!t.defined()) return Tensor();
   return Tensor(dummy_address(), t.dtype(), t.shape(), t.strides(), t.device());

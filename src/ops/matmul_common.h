@@ -82,6 +82,11 @@ Tensor shape_only_contiguous(DType dtype, const Dims& shape, Device device);
 // A contiguous [rows, cols] matrix at that dummy address.
 Tensor shape_only_matrix(DType dtype, int64_t rows, int64_t cols, Device device);
 
+// Whether a defined tensor's data lies off a 16-byte boundary, where the native kernel's TMA
+// cannot read or write it: such a call keeps its path choices apart from the aligned call's.
+bool off_16_bytes(const Tensor& t);
+bool off_16_bytes(std::span<const Tensor> ts);
+
 void check_on_device(OpContext& ctx, const Tensor& t, const char* op, const std::string& name);
 void check_gemm_dtype(const Tensor& t, const char* op, const std::string& name, bool scaled);
 void check_out_dtype(const Tensor& t, const char* op, const std::string& name);

@@ -325,6 +325,9 @@ std::string problem_key(OpContext& ctx, const MmRsCall& c, ReduceOp reduce_op) {
   if (c.as.size() > 1) variant.push_back(fmt::format("{} products", c.as.size()));
   if (c.rowwise()) variant.push_back("row-wise A scale");
   if (reduce_op == ReduceOp::kAvg) variant.push_back("avg");
+  if (detail::off_16_bytes(c.as) || detail::off_16_bytes(c.bs) || detail::off_16_bytes(c.out) ||
+      detail::off_16_bytes(c.a_scale) || detail::off_16_bytes(c.b_scale))
+    variant.push_back("operands off 16-byte alignment");
   // Fast accumulation changes the GEMMs' times, so the paths' too.
   if (c.scaled && c.fast_accum) variant.push_back("fast accum");
   return detail::problem_key(ctx, c.op, m, c.n(), k, c.a().dtype(), c.out.dtype(), c.bs[0],

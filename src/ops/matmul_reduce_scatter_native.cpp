@@ -258,15 +258,16 @@ std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, c
     *why = fmt::format("the product's {} rows do not split evenly over {} ranks", plan->m, ws);
     return std::nullopt;
   }
-  // (The run's A scale is contiguous: the op copies a strided one first.)
+  // The run's operands as they are (their alignment counts, and the call memos key it); the op's
+  // own buffers (the product, the slots, the flags, a row-wise A scale, which the op copies
+  // contiguous first) at an aligned dummy address, as the symmetric slots are aligned.
   const Tensor a_scale = c.rowwise() ? detail::shape_only_contiguous(DType::kF32, c.a_scale.shape(),
                                                                      c.a_scale.device())
-                                     : detail::shape_only(c.a_scale);
-  ChunkedGemmArgs args = native_rs_args(
-      ctx, c, detail::shape_only(a0.view({plan->m, plan->k})), detail::shape_only(c.bs[0]),
-      detail::shape_only_matrix(c.out.dtype(), plan->m, plan->n, c.out.device()), a_scale,
-      detail::shape_only(c.b_scale));
-  // The run's own arguments but for the buffers (aligned, like the symmetric slots).
+                                     : c.a_scale;
+  ChunkedGemmArgs args =
+      native_rs_args(ctx, c, a0.view({plan->m, plan->k}), c.bs[0],
+                     detail::shape_only_matrix(c.out.dtype(), plan->m, plan->n, c.out.device()),
+                     a_scale, c.b_scale);
   const int64_t rows = plan->m / ws;
   auto* flags = reinterpret_cast<uint32_t*>(uintptr_t{1} << 20);
   detail::set_native_rs_reduction(

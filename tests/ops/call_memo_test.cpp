@@ -22,7 +22,7 @@ detail::CallMemo memo_of(Path path, int dim) {
 }
 
 TEST(CallMemosTest, KeysTellApartEveryPieceOfMetadata) {
-  float data[64] = {};
+  alignas(16) float data[65] = {};
   const Tensor base(data, DType::kF32, {4, 8});
   const std::vector<std::pair<std::string, Tensor>> variants = {
       {"shape", Tensor(data, DType::kF32, {8, 4})},
@@ -32,14 +32,16 @@ TEST(CallMemosTest, KeysTellApartEveryPieceOfMetadata) {
       {"device index", Tensor(data, DType::kF32, {4, 8}, Device::cuda(1))},
       {"rank", Tensor(data, DType::kF32, {1, 4, 8})},
       {"undefined", Tensor()},
+      // What the native GEMM's alignment checks read of the pointer.
+      {"offset from a 16-byte boundary", Tensor(data + 1, DType::kF32, {4, 8})},
   };
   detail::CallMemos memos;
   memos.start(kOp);
   memos.add(base);
   ASSERT_EQ(memos.find(), nullptr);
   memos.remember(memo_of(Path::kNative, 0));
-  // The data pointer is not part of the key.
-  float other[64] = {};
+  // The data pointer is not part of the key, only its offset from a 16-byte boundary.
+  alignas(16) float other[64] = {};
   memos.start(kOp);
   memos.add(base.with_data(other));
   ASSERT_NE(memos.find(), nullptr);

@@ -18,6 +18,8 @@ namespace asynctp {
 namespace {
 
 using namespace asynctp::testing;  // NOLINT(google-build-using-namespace)
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 
 struct NativeAgCase {
   Dims shard;
@@ -306,6 +308,73 @@ TEST_P(NativePathsTest, MatmulReduceScatterFollowsTheContractBitForBit) {
   auto statuses = run_ranks(ws, [&](OpContext& ctx) {
     for (size_t i = 0; i < cases.size(); ++i)
       check_rs(ctx, cases[i], 200 + i);
+  });
+  EXPECT_RANKS_OK(statuses);
+}
+
+// `t`'s values in a copy 2 bytes off a 16-byte boundary (a view one element into its storage).
+struct Misaligned {
+  OwnedTensor storage;
+  Tensor view;
+};
+Misaligned misaligned_copy(OpContext& ctx, const Tensor& t) {
+  Misaligned m{empty_host({t.numel() + 1}, t.dtype()), Tensor()};
+  m.view = m.storage->narrow(0, 1, t.numel()).view(t.shape());
+  ctx.backend().copy(m.view, t, ctx.stream());
+  ctx.stream().synchronize();
+  return m;
+}
+
+// The native kernel loads A and B by TMA (16-byte aligned); a B or an A off that alignment, with
+// the shapes and strides of a call that ran native, takes the split path under auto, with the
+// same result as split on the aligned operands, and the aligned call after it native again.
+// Asked for, native says why, naming the offset.
+TEST_P(NativePathsTest, OperandsOffTheKernelsAlignmentTakeSplitAndSayWhyWhenNativeIsAskedFor) {
+  auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
+    const int ws = ctx.world_size(), rank = ctx.rank();
+    const OwnedTensor shard = seeded({128, 32}, DType::kBF16, {600, uint64_t(rank)});
+    const OwnedTensor b = seeded({32, 24}, DType::kBF16, {601});
+    const Misaligned b_off = misaligned_copy(ctx, b);
+    OwnedTensor expected = empty_host({128 * ws, 24}, DType::kBF16);
+    OwnedTensor out = empty_host({128 * ws, 24}, DType::kBF16);
+    auto gather = [&](const Tensor& bt, const Tensor& into, PathChoice path) {
+      AllGatherMatmulOptions options;
+      options.path = path;
+      const Tensor bs[] = {bt}, outs[] = {into};
+      all_gather_matmul(ctx, shard, bs, outs, {}, options);
+      ctx.stream().synchronize();
+    };
+    gather(b, expected, PathChoice::kAuto);
+    expect_path(ctx, "all_gather_matmul", Path::kNative);
+    gather(b_off.view, out, PathChoice::kAuto);
+    expect_path(ctx, "all_gather_matmul", Path::kSplit);
+    EXPECT_TRUE(same_bits(out, expected));
+    gather(b, out, PathChoice::kAuto);
+    expect_path(ctx, "all_gather_matmul", Path::kNative);
+    EXPECT_THAT([&] { gather(b_off.view, out, PathChoice::kNative); },
+                ThrowsMessage<PathUnavailableError>(HasSubstr("b % 16 = 2")));
+
+    const OwnedTensor a = seeded({128 * ws, 32}, DType::kBF16, {602, uint64_t(rank)});
+    const Misaligned a_off = misaligned_copy(ctx, a);
+    OwnedTensor rs_expected = empty_host({128, 24}, DType::kBF16);
+    OwnedTensor rs_out = empty_host({128, 24}, DType::kBF16);
+    auto scatter = [&](const Tensor& at, const Tensor& into, PathChoice path) {
+      MatmulReduceScatterOptions options;
+      options.path = path;
+      matmul_reduce_scatter(ctx, at, b, into, options);
+      ctx.stream().synchronize();
+    };
+    scatter(a, rs_out, PathChoice::kAuto);
+    expect_path(ctx, "matmul_reduce_scatter", Path::kNative);
+    // (The native sum rounds the peers' partials first: compared with the split path's.)
+    scatter(a, rs_expected, PathChoice::kSplit);
+    scatter(a_off.view, rs_out, PathChoice::kAuto);
+    expect_path(ctx, "matmul_reduce_scatter", Path::kSplit);
+    EXPECT_TRUE(same_bits(rs_out, rs_expected));
+    scatter(a, rs_out, PathChoice::kAuto);
+    expect_path(ctx, "matmul_reduce_scatter", Path::kNative);
+    EXPECT_THAT([&] { scatter(a_off.view, rs_out, PathChoice::kNative); },
+                ThrowsMessage<PathUnavailableError>(HasSubstr("a % 16 = 2")));
   });
   EXPECT_RANKS_OK(statuses);
 }
