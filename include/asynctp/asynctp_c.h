@@ -46,7 +46,7 @@ typedef enum asynctp_status {
   ASYNCTP_OK = 0,
   ASYNCTP_ERROR_INVALID_ARGUMENT = 1, /* a bad shape, dtype, device, handle or option */
   ASYNCTP_ERROR_TIMEOUT = 2,          /* a bounded wait gave up (names rank, peer, channel) */
-  ASYNCTP_ERROR_UNSUPPORTED = 3,      /* valid, but this build or backend cannot do it */
+  ASYNCTP_ERROR_UNSUPPORTED = 3,      /* valid, but this build, backend or path asked for cannot */
   ASYNCTP_ERROR_CAPTURE = 4,          /* not allowed during CUDA-graph capture (e.g. growth) */
   ASYNCTP_ERROR_PEER = 5,             /* a peer failed or went away */
   ASYNCTP_ERROR_INTERNAL = 6          /* anything else (a CUDA, NCCL or system error, ...) */

@@ -37,7 +37,7 @@ class CaptureError : public Error {
 // A path the caller asked for (PathChoice::kNative or kSplit, ASYNCTP_PATH_NATIVE or _SPLIT)
 // cannot run this call: its arguments are off that path's contract (dtype, shape, alignment,
 // accumulation) or its symmetric workspace would pass the limit. The message says which. Nothing
-// was enqueued, and the same call on the default path runs.
+// was enqueued, and the same call on auto runs.
 class PathUnavailableError : public Error {
  public:
   using Error::Error;

@@ -70,7 +70,8 @@ class TimeoutError(Error, builtins.TimeoutError):  # noqa: A001 (asynctp.Timeout
 
 
 class UnsupportedError(Error, NotImplementedError):
-    """Valid, but this build, backend or version cannot do it (a bias, a result scale...)."""
+    """Valid, but this build, backend or version cannot do it (a bias, a result scale...), or
+    the path asked for (set_options(path=...)) cannot run the call."""
 
     status = ERROR_UNSUPPORTED
 

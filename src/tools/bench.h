@@ -63,8 +63,8 @@ void time_columns(Session& s, BenchColumns columns, const BenchTiming& timing,
 // (an element a path leaves unwritten then shows as an infinite error), error_of() measuring it
 // on every rank against the caller's reference. The native path counts as unable to run where the
 // op says so (PathUnavailableError: a shape, dtype or accumulation off its contract, alike on
-// every rank, its reason printed by rank 0 where `say_why`); any other failure propagates. An error is NaN
-// only where the native path cannot run.
+// every rank, its reason printed by rank 0 where `say_why`); any other failure propagates. An
+// error is NaN only where the native path cannot run.
 struct PathErrors {
   double split = NAN;
   double native = NAN;

@@ -158,7 +158,7 @@ TEST(CapiErrors, StatusesAndMessages) {
                                             ASYNCTP_CONTEXT_STREAM),
                   ASYNCTP_ERROR_UNSUPPORTED,
                   "the native path was requested but cannot run: inputs are not bf16, f16 or "
-                  "float8 e4m3 (inputs = f32)");
+                  "float8 e4m3; got inputs = f32");
     // Valid, but not served: the scaled form gathering the contraction dim.
     const HostTensor f8a({3, 4}, ASYNCTP_F8E4M3), f8b({8, 2}, ASYNCTP_F8E4M3);
     const HostTensor scale = host_of({1.0f}, {1}, ASYNCTP_F32);

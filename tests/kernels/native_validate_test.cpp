@@ -65,15 +65,16 @@ TEST(NativeValidate, UsableParamsGiveNoReason) {
 TEST(NativeValidate, EachReasonNamesTheValuesItIsAbout) {
   NativeGemmParams p = usable();
   p.in_dtype = DType::kF32;
-  EXPECT_EQ(native_gemm_unsupported(p), "inputs are not bf16, f16 or float8 e4m3 (inputs = f32)");
+  EXPECT_EQ(native_gemm_unsupported(p),
+            "inputs are not bf16, f16 or float8 e4m3; got inputs = f32");
 
   p = usable(512, 0);
-  EXPECT_EQ(native_gemm_unsupported(p), "an empty problem (m = 512, n = 0, k = 256)");
+  EXPECT_EQ(native_gemm_unsupported(p), "an empty problem; got m = 512, n = 0, k = 256");
 
   p = usable();
   p.b = g_memory + 2;
   EXPECT_EQ(native_gemm_unsupported(p),
-            "A or B is not 16-byte aligned (TMA) (a % 16 = 0, b % 16 = 2)");
+            "A or B is not 16-byte aligned (TMA); got a % 16 = 0, b % 16 = 2");
 
   p = usable();
   p.lda = 260;  // 520 bytes: not a multiple of 16
@@ -85,21 +86,24 @@ TEST(NativeValidate, EachReasonNamesTheValuesItIsAbout) {
   p.chunk_rows = 200;
   p.done = g_flags;
   EXPECT_EQ(native_gemm_unsupported(p),
-            "publishing per-chunk completion needs chunk_rows % 128 == 0 (chunk_rows = 200)");
+            "publishing per-chunk completion needs chunk_rows % 128 == 0; got chunk_rows = 200");
 
   p = usable();
   p.reserve_sms = 9;
-  EXPECT_EQ(native_gemm_unsupported(p), "reserve_sms is out of range (0 to 8) (reserve_sms = 9)");
+  EXPECT_EQ(native_gemm_unsupported(p),
+            "reserve_sms is out of range (0 to 8); got reserve_sms = 9");
 }
 
 TEST(NativeValidate, EpiloguesNameTheirValues) {
   NativeGemmParams p = usable_sum();
   p.sum_self = 2;
-  EXPECT_EQ(native_gemm_unsupported(p), "sum_self is out of range (sum_self = 2, sum_count = 2)");
+  EXPECT_EQ(native_gemm_unsupported(p),
+            "sum_self is out of range; got sum_self = 2, sum_count = 2");
 
   p = usable_sum();
   p.c_dtype = DType::kF32;
-  EXPECT_EQ(native_gemm_unsupported(p), "the reduce-scatter epilogue needs a 16-bit C (c = f32)");
+  EXPECT_EQ(native_gemm_unsupported(p),
+            "the reduce-scatter epilogue needs a 16-bit C; got c = f32");
 
   p = usable_sum();
   p.sum_part_stride = 100;
@@ -107,11 +111,18 @@ TEST(NativeValidate, EpiloguesNameTheirValues) {
               AllOf(StartsWith("the parts are not 16-byte aligned"),
                     HasSubstr("sum_part_stride = 100"), HasSubstr("chunk_rows = 256")));
 
+  p = usable_sum();
+  p.sum_flags = nullptr;
+  EXPECT_EQ(native_gemm_unsupported(p),
+            "the reduce-scatter epilogue needs its parts and their flags; got sum_count = 2, "
+            "sum_parts = set, sum_flags = null");
+
   p = usable(512, 12);
   p.ldb = 24;  // B holds gate and up: 2N columns
   p.ldc = 16;
   p.swiglu = true;
-  EXPECT_THAT(native_gemm_unsupported(p), AllOf(HasSubstr("N % 8 == 0"), HasSubstr("(n = 12)")));
+  EXPECT_THAT(native_gemm_unsupported(p),
+              AllOf(HasSubstr("N % 8 == 0"), HasSubstr("; got n = 12")));
 
   p = usable();
   p.in_dtype = DType::kF8E4M3;
@@ -122,7 +133,8 @@ TEST(NativeValidate, EpiloguesNameTheirValues) {
   p.a_scale_stride = 3;
   EXPECT_THAT(native_gemm_unsupported(p),
               AllOf(StartsWith("a scale's stride is not 0 (tensor-wise) or 1 (row-wise)"),
-                    HasSubstr("a_scale_stride = 3")));
+                    HasSubstr("a_scale_stride = 3, b_scale_stride = 0, a_scale = set, "
+                              "own_a_scale = null")));
 }
 
 }  // namespace

@@ -7,23 +7,22 @@
 #include <initializer_list>
 #include <string>
 
-#include "asynctp/dtype.h"
 #include "kernels/native/schedule.h"
 
 namespace asynctp::kernels {
 
 namespace validate_detail {
-// One value a reason is about: a number, or a name (text, for a dtype).
+// One value a reason is about: a number, or text (a dtype's name, whether a pointer is set).
 struct Value {
   const char* name;
   int64_t number;
   const char* text = nullptr;
 };
 
-// "reason (name = value, ...)"; the success path never calls it, so it allocates nothing.
+// "reason; got name = value, ..."; the success path never calls it, so it allocates nothing.
 inline std::string why(const char* reason, std::initializer_list<Value> values = {}) {
   std::string out = reason;
-  const char* sep = " (";
+  const char* sep = "; got ";
   for (const Value& v : values) {
     out += sep;
     out += v.name;
@@ -31,12 +30,16 @@ inline std::string why(const char* reason, std::initializer_list<Value> values =
     out += v.text != nullptr ? std::string(v.text) : std::to_string(v.number);
     sep = ", ";
   }
-  if (values.size() > 0) out += ')';
   return out;
 }
 
 inline Value dtype_value(const char* name, DType dtype) {
   return {name, 0, dtype_name(dtype).data()};
+}
+
+// Whether a pointer argument is given: "set" or "null".
+inline Value set_value(const char* name, const void* ptr) {
+  return {name, 0, ptr != nullptr ? "set" : "null"};
 }
 
 // A pointer's offset from the last `bytes` boundary (0: aligned).
@@ -61,7 +64,9 @@ inline std::string sum_unsupported(const NativeGemmParams& a) {
     return why("sum_self is out of range", {{"sum_self", a.sum_self}, {"sum_count", a.sum_count}});
   if (a.sum_count > 1 && (a.sum_parts == nullptr || a.sum_flags == nullptr))
     return why("the reduce-scatter epilogue needs its parts and their flags",
-               {{"sum_count", a.sum_count}});
+               {{"sum_count", a.sum_count},
+                validate_detail::set_value("sum_parts", a.sum_parts),
+                validate_detail::set_value("sum_flags", a.sum_flags)});
   if (a.sum_out == nullptr) return why("the reduce-scatter epilogue needs an output");
   if (a.n % 2 != 0) return why("the reduce-scatter epilogue needs an even n", {{"n", a.n}});
   if (a.sum_count > 1 && a.timeout_ns == 0) return why("waiting for the parts needs a timeout");
@@ -82,14 +87,14 @@ inline std::string sum_unsupported(const NativeGemmParams& a) {
     return why(
         "the reduced output is not aligned to two elements or its row stride is odd or "
         "short",
-        {{"address % 4", offset(a.sum_out, 4)}, {"sum_ldo", a.sum_ldo}, {"n", a.n}});
+        {{"sum_out % 4", offset(a.sum_out, 4)}, {"sum_ldo", a.sum_ldo}, {"n", a.n}});
   // The parts are TMA-loaded (a 3-D map: column, chunk row, rank).
   if (a.sum_count > 1 && (offset(a.sum_parts, 16) != 0 || a.sum_ld % 8 != 0 || a.sum_ld < a.n ||
                           a.sum_part_stride % 8 != 0 || a.sum_part_stride < rows * a.sum_ld)) {
     return why(
         "the parts are not 16-byte aligned, or their row stride or part stride is not a "
         "multiple of 16 bytes or is short (TMA)",
-        {{"address % 16", offset(a.sum_parts, 16)},
+        {{"sum_parts % 16", offset(a.sum_parts, 16)},
          {"sum_ld", a.sum_ld},
          {"sum_part_stride", a.sum_part_stride},
          {"n", a.n},
@@ -123,7 +128,7 @@ inline std::string swiglu_unsupported(const NativeGemmParams& a) {
       return why(
           "the pre-activation output's row stride is odd or shorter than 2N, or it is not "
           "8-byte aligned",
-          {{"pre_ld", a.pre_ld}, {"n", a.n}, {"address % 8", offset(a.pre, 8)}});
+          {{"pre_ld", a.pre_ld}, {"n", a.n}, {"pre % 8", offset(a.pre, 8)}});
   }
   return "";
 }
@@ -144,8 +149,8 @@ inline std::string float8_unsupported(const NativeGemmParams& a) {
         "without a_scale",
         {{"a_scale_stride", a.a_scale_stride},
          {"b_scale_stride", a.b_scale_stride},
-         {"a_scale given", a.a_scale != nullptr},
-         {"own_a_scale given", a.own_a_scale != nullptr}});
+         validate_detail::set_value("a_scale", a.a_scale),
+         validate_detail::set_value("own_a_scale", a.own_a_scale)});
   if (a.own_a_scale != nullptr && a.own_a == nullptr)
     return why("own_a_scale needs own_a (the own chunk's rows)");
   if (offset(a.a_scale, 4) != 0 || offset(a.own_a_scale, 4) != 0 || offset(a.b_scale, 4) != 0)

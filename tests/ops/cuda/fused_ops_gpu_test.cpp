@@ -528,17 +528,20 @@ TEST_P(ScaledGpu, FastAccumulationStaysNearTheExactResult) {
                 const Tensor b_scales[] = {*sb};
                 OwnedTensor out = device_empty(ctx, {ms * ws, n}, DType::kBF16);
                 const Tensor outs[] = {out.tensor};
-                EXPECT_THAT(error_of([&] {
-                              all_gather_scaled_matmul(ctx, *a, *sa, bs, b_scales, outs, {},
-                                                       {.path = path});
-                            }),
-                            ::testing::HasSubstr("float8 without fast accumulation"));
+                EXPECT_THAT(
+                    [&] {
+                      all_gather_scaled_matmul(ctx, *a, *sa, bs, b_scales, outs, {},
+                                               {.path = path});
+                    },
+                    ::testing::ThrowsMessage<PathUnavailableError>(
+                        ::testing::HasSubstr("float8 without fast accumulation")));
                 OwnedTensor out2 = device_empty(ctx, {ms, n}, DType::kBF16);
-                EXPECT_THAT(error_of([&] {
-                              scaled_matmul_reduce_scatter(ctx, *a2, *sa2, b_t, *sb, out2,
-                                                           {.path = path});
-                            }),
-                            ::testing::HasSubstr("float8 without fast accumulation"));
+                EXPECT_THAT(
+                    [&] {
+                      scaled_matmul_reduce_scatter(ctx, *a2, *sa2, b_t, *sb, out2, {.path = path});
+                    },
+                    ::testing::ThrowsMessage<PathUnavailableError>(
+                        ::testing::HasSubstr("float8 without fast accumulation")));
                 continue;
               }
               const std::string what =
