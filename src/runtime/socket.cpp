@@ -12,7 +12,6 @@
 #include <fstream>
 #include <random>
 #include <thread>
-#include <utility>
 
 #include "core/error.h"
 
@@ -142,13 +141,13 @@ bool recv_all(int fd, void* data, size_t size, const Deadline& deadline) {
 }
 
 namespace {
-// The kernel's ephemeral ports: those it hands to bind(0) and to outgoing connections.
-std::pair<int, int> ephemeral_ports() {
-  int lo = 32768, hi = 60999;  // Linux's default, where the file cannot be read
+// The lowest of the kernel's ephemeral ports, those it hands to bind(0) and to outgoing
+// connections.
+int lowest_ephemeral_port() {
   std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
-  int l = 0, h = 0;
-  if (in >> l >> h && 0 < l && l <= h) lo = l, hi = h;
-  return {lo, hi};
+  int lo = 0;
+  if (in >> lo && lo > 0) return lo;
+  return 32768;  // Linux's default, where the file cannot be read
 }
 }  // namespace
 
@@ -158,7 +157,7 @@ int pick_free_port() {
   // outgoing connection. Only another program picking explicitly can take it, and it draws from
   // ~20,000 ports. Where the range leaves no such ports, the kernel picks.
   constexpr int kLowest = 10000, kAttempts = 32;
-  const int below = ephemeral_ports().first;
+  const int below = lowest_ephemeral_port();
   if (below - kLowest >= 1000) {
     std::mt19937 rng(std::random_device{}());
     std::uniform_int_distribution<int> ports(kLowest, below - 1);

@@ -190,11 +190,10 @@ inline std::vector<float> matmul(const std::vector<float>& a, const std::vector<
   return out;
 }
 
-// A port nobody listens on now, for rank 0's own store when a group comes from the variables.
+// A port nobody listens on now, for rank 0's own store when a group comes from the variables
+// (below the ephemeral range: see net::pick_free_port).
 inline int free_port() {
-  int port = 0;
-  net::Fd fd = net::tcp_listen("127.0.0.1", 0, &port);
-  return port;
+  return net::pick_free_port();
 }
 
 // The torchrun variables of rank info.rank of ws, rank 0 serving the store on port, and the

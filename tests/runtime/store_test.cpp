@@ -295,8 +295,8 @@ TEST(StoreServing, ClientGivesUpAtItsDeadlineWhenThereIsNoServer) {
 // listened on.
 TEST(StoreServing, PickedPortsLieBelowTheEphemeralRangeAndCanBeListenedOn) {
   std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
-  int lo = 0, hi = 0;
-  ASSERT_TRUE(range >> lo >> hi);
+  int lo = 0;
+  if (!(range >> lo)) GTEST_SKIP() << "no /proc/sys/net/ipv4/ip_local_port_range to compare with";
   if (lo < 11000) GTEST_SKIP() << "the ephemeral range starts at " << lo << ": the kernel picks";
   std::set<int> seen;
   for (int i = 0; i < 8; ++i) {
