@@ -138,6 +138,39 @@ def test_empty_shards(pool):
     pool.run(case_empty_shards)
 
 
+def _one_element_in(t):
+    """A copy of t that starts one element into its storage: off the native kernel's 16-byte
+    alignment (a fused weight's slice can be such a view)."""
+    view = torch.empty(t.numel() + 1, dtype=t.dtype)[1:].view(t.shape)
+    return view.copy_(t)
+
+
+def case_misaligned_views():
+    """Operands one element into their storage, after an aligned call of the same shapes took the
+    native path: each op runs them on another path, with the unfused result."""
+    rank, ws = _world()
+    name = _group_name()
+    taken = []
+    A = _randn((128, 32), torch.bfloat16, 100 + rank)
+    B = _randn((32, 24), torch.bfloat16, 7)
+    for b in (B, _one_element_in(B)):
+        _, (out,) = atp.fused_all_gather_matmul(A, [b], 0, name)
+        taken.append(atp.last_path("all_gather_matmul", name)[0])
+        _assert_close(out, _all_gather(A, 0).float() @ B.float(), f"AG+MM, B {taken[-1]}")
+    A_rs = _randn((128 * ws, 32), torch.bfloat16, 200 + rank)
+    for a in (A_rs, _one_element_in(A_rs)):
+        out = atp.fused_matmul_reduce_scatter(a, B, "sum", 0, name)
+        taken.append(atp.last_path("matmul_reduce_scatter", name)[0])
+        _assert_close(out, _reduce_scatter(A_rs.float() @ B.float(), 0, "sum"),
+                      f"MM+RS, A {taken[-1]}")
+    return taken
+
+
+def test_misaligned_views(pool):
+    for taken in pool.run(case_misaligned_views):
+        assert taken == ["native", "split", "native", "split"]
+
+
 # ---- matmul_reduce_scatter and the sum of products -------------------------------------------
 
 RS_SHAPES = [((8, 16), (0, 1, -1)), ((4, 6, 8), (0, 1, 2))]
