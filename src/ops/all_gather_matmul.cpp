@@ -384,7 +384,8 @@ std::string problem_key(OpContext& ctx, const AgMmCall& c) {
   if (c.rowwise()) variant.push_back("row-wise A scale");
   if (c.pre_out.defined()) variant.push_back("returns the products");
   if (detail::off_16_bytes(c.bs) || detail::off_16_bytes(c.outs) ||
-      detail::off_16_bytes(c.pre_out) || detail::off_16_bytes(c.b_scales))
+      detail::off_16_bytes(c.pre_out) || detail::off_16_bytes(c.a_scale) ||
+      detail::off_16_bytes(c.b_scales))
     variant.push_back("operands off 16-byte alignment");
   // Fast accumulation changes the GEMMs' times, so the paths' too.
   std::vector<size_t> fast;

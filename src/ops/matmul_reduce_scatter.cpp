@@ -524,9 +524,14 @@ void reserve_matmul_reduce_scatter(OpContext& ctx, std::span<const Tensor> as,
   if (paths.overlapped) {
     ctx.workspace().get(symm_bytes, ctx.stream());
     ctx.reserve_scratch(Scratch::kStaging, staging_shape(chunk, ws).product() * esize);
+    // Shapes and strides only: the reservation covers the native path whatever the pointers of
+    // the calls it is for.
+    std::vector<Tensor> shaped_bs;
+    for (const Tensor& b : bs)
+      shaped_bs.push_back(detail::shape_only(b));
     MmRsCall call{op,
                   {as.begin(), as.end()},
-                  {bs.begin(), bs.end()},
+                  {shaped_bs.begin(), shaped_bs.end()},
                   Tensor(),
                   Tensor(),
                   detail::shape_only_contiguous(dtype, chunk, a.device()),

@@ -259,11 +259,12 @@ std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, c
     return std::nullopt;
   }
   // The run's operands as they are (their alignment counts, and the call memos key it); the op's
-  // own buffers (the product, the slots, the flags, a row-wise A scale, which the op copies
-  // contiguous first) at an aligned dummy address, as the symmetric slots are aligned.
-  const Tensor a_scale = c.rowwise() ? detail::shape_only_contiguous(DType::kF32, c.a_scale.shape(),
-                                                                     c.a_scale.device())
-                                     : c.a_scale;
+  // own buffers (the product, the slots, the flags, a strided row-wise A scale's contiguous copy)
+  // at an aligned dummy address, as the symmetric slots are aligned.
+  const Tensor a_scale =
+      c.rowwise() && !c.a_scale.is_contiguous()
+          ? detail::shape_only_contiguous(DType::kF32, c.a_scale.shape(), c.a_scale.device())
+          : c.a_scale;
   ChunkedGemmArgs args =
       native_rs_args(ctx, c, a0.view({plan->m, plan->k}), c.bs[0],
                      detail::shape_only_matrix(c.out.dtype(), plan->m, plan->n, c.out.device()),

@@ -325,10 +325,11 @@ Misaligned misaligned_copy(OpContext& ctx, const Tensor& t) {
   return m;
 }
 
-// The native kernel loads A and B by TMA (16-byte aligned); a B or an A off that alignment, with
-// the shapes and strides of a call that ran native, takes the split path under auto, with the
-// same result as split on the aligned operands, and the aligned call after it native again.
-// Asked for, native says why, naming the offset.
+// The native kernel loads A and B by TMA (16-byte aligned) and stores C 8-byte and the reduced
+// output 4-byte aligned; a B, an A or an output off that alignment, with the shapes and strides
+// of a call that ran native, takes the split path under auto, with the same result as split on
+// the aligned operands, and the aligned call after it native again. Asked for, native says why,
+// naming the offset.
 TEST_P(NativePathsTest, OperandsOffTheKernelsAlignmentTakeSplitAndSayWhyWhenNativeIsAskedFor) {
   auto statuses = run_ranks(GetParam(), [](OpContext& ctx) {
     const int ws = ctx.world_size(), rank = ctx.rank();
@@ -349,6 +350,10 @@ TEST_P(NativePathsTest, OperandsOffTheKernelsAlignmentTakeSplitAndSayWhyWhenNati
     gather(b_off.view, out, PathChoice::kAuto);
     expect_path(ctx, "all_gather_matmul", Path::kSplit);
     EXPECT_TRUE(same_bits(out, expected));
+    const Misaligned out_off = misaligned_copy(ctx, out);  // C must be 8-byte aligned
+    gather(b, out_off.view, PathChoice::kAuto);
+    expect_path(ctx, "all_gather_matmul", Path::kSplit);
+    EXPECT_TRUE(same_bits(out_off.view, expected));
     gather(b, out, PathChoice::kAuto);
     expect_path(ctx, "all_gather_matmul", Path::kNative);
     EXPECT_THAT([&] { gather(b_off.view, out, PathChoice::kNative); },
@@ -371,6 +376,10 @@ TEST_P(NativePathsTest, OperandsOffTheKernelsAlignmentTakeSplitAndSayWhyWhenNati
     scatter(a_off.view, rs_out, PathChoice::kAuto);
     expect_path(ctx, "matmul_reduce_scatter", Path::kSplit);
     EXPECT_TRUE(same_bits(rs_out, rs_expected));
+    const Misaligned rs_out_off = misaligned_copy(ctx, rs_out);  // the sum's 4-byte alignment
+    scatter(a, rs_out_off.view, PathChoice::kAuto);
+    expect_path(ctx, "matmul_reduce_scatter", Path::kSplit);
+    EXPECT_TRUE(same_bits(rs_out_off.view, rs_expected));
     scatter(a, rs_out, PathChoice::kAuto);
     expect_path(ctx, "matmul_reduce_scatter", Path::kNative);
     EXPECT_THAT([&] { scatter(a_off.view, rs_out, PathChoice::kNative); },
