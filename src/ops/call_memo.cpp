@@ -14,10 +14,9 @@ void CallMemos::add(const Tensor& t) {
   }
   // dtype, device, rank and the data's offset from a 16-byte boundary in one word, then the shape
   // and the strides.
-  const auto offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data()) % 16);
   key_.push_back(static_cast<int64_t>(t.dtype()) | static_cast<int64_t>(t.device().kind) << 8 |
                  static_cast<int64_t>(t.device().index) << 16 | int64_t{t.dim()} << 32 |
-                 offset << 40);
+                 offset_from_16_bytes(t) << 40);
   for (int d = 0; d < t.dim(); ++d) {
     key_.push_back(t.size(d));
     key_.push_back(t.stride(d));

@@ -126,8 +126,12 @@ void* dummy_address() {
 }
 }  // namespace
 
+int64_t offset_from_16_bytes(const Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data()) % 16) : 0;
+}
+
 bool off_16_bytes(const Tensor& t) {
-  return t.defined() && reinterpret_cast<uintptr_t>(t.data()) % 16 != 0;
+  return offset_from_16_bytes(t) != 0;
 }
 
 bool off_16_bytes(std::span<const Tensor> ts) {

@@ -82,6 +82,10 @@ Tensor shape_only_contiguous(DType dtype, const Dims& shape, Device device);
 // A contiguous [rows, cols] matrix at that dummy address.
 Tensor shape_only_matrix(DType dtype, int64_t rows, int64_t cols, Device device);
 
+// A tensor's data's offset from the last 16-byte boundary (0 for an undefined tensor): all that
+// the native kernel's alignment checks read of a pointer (16 bytes for TMA, 8 or 4 for some
+// outputs and the scales).
+int64_t offset_from_16_bytes(const Tensor& t);
 // Whether a defined tensor's data lies off a 16-byte boundary, where the native kernel's TMA
 // cannot read or write it: such a call keeps its path choices apart from the aligned call's.
 bool off_16_bytes(const Tensor& t);
