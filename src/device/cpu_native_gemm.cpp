@@ -191,15 +191,21 @@ class Run {
         add_parts(kernels::sum_row_of(p_, r), n0, width);
         store_row(p_.c_dtype, p_.sum_out, kernels::sum_row_of(p_, r) * p_.sum_ldo + n0, 1, width,
                   acc_.data());
+      } else if (p_.push_chunks > 0) {  // the kernel's own pushes: into the owner's slot
+        const int64_t chunk = r / p_.chunk_rows;
+        store_row(p_.c_dtype, p_.push_c[chunk], (r - chunk * p_.chunk_rows) * p_.push_ld + n0, 1,
+                  width, acc_.data());
       } else {
         store_row(p_.c_dtype, p_.c, r * p_.ldc + n0, 1, width, acc_.data());
       }
     }
     if (counter != nullptr) {
-      // Counted once stored (release): the stream waits on it then read the rows.
+      // Counted once stored (release): the stream waits on it then read the rows; with the
+      // kernel's own pushes, the count that completes the piece raises the owner's flag.
       const uint32_t before =
-          std::atomic_ref<uint32_t>(*counter).fetch_add(1, std::memory_order_release);
+          std::atomic_ref<uint32_t>(*counter).fetch_add(1, std::memory_order_acq_rel);
       futex_wake(counter);
+      if (p_.push_chunks > 0) raise_pushed(counter, before);
       // A counter starts every GEMM at 0 (its push resets it, and the next op's GEMM starts
       // behind that reset): a count on top of an earlier one lets the push that waits on it pass
       // before these rows are stored. On a GPU that is a race on the data; here it is an error.
@@ -211,6 +217,20 @@ class Run {
             p_.rank, counter - p_.done, before);
       }
     }
+  }
+
+  // The kernel's own pushes: the count that completed piece `counter` (before + 1 reached its
+  // done_count) sets it back to 0 and raises the piece's flag on the chunk's owner (epilogue.cuh,
+  // publish_done).
+  void raise_pushed(uint32_t* counter, uint32_t before) {
+    const int64_t index = counter - p_.done;
+    if (before + 1 != kernels::done_count(p_, index)) return;
+    std::atomic_ref<uint32_t>(*counter).store(0, std::memory_order_relaxed);
+    const int64_t per_chunk = p_.chunk_rows / p_.done_rows * s_.plan.done_col_pieces;
+    const int64_t chunk = index / per_chunk;
+    uint32_t* flag = p_.push_flags[chunk] + (index - chunk * per_chunk) * p_.push_flag_stride;
+    std::atomic_ref<uint32_t>(*flag).store(p_.push_value, std::memory_order_release);
+    futex_wake(flag);
   }
 
   // The SwiGLU epilogue of row r, output columns [n0, n0 + width): the gate's accumulators in

@@ -51,7 +51,8 @@ struct MapKey {
   }
 };
 
-// Encoded maps, by what they encode. Every launch encodes two to seven maps, each a driver call
+// Encoded maps, by what they encode. Every launch encodes two to seven maps (and one per peer
+// chunk with the kernel's own pushes), each a driver call
 // on the host's critical path of an eager op, and a training or serving loop launches over the
 // same few buffers (the symmetric slots, the weights, outputs the caching allocator hands out
 // again) call after call. Direct-mapped and per thread (no lock): a miss just encodes.
@@ -147,8 +148,8 @@ int sm_count() {
 template <int kIn, bool kBKMajor, bool kTmaStore, int kCluster>
 cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUtensorMap& map_c,
                    const CUtensorMap& map_a_own, const CUtensorMap& map_parts,
-                   const CUtensorMap& map_sum, const CUtensorMap& map_a_out, KernelParams p,
-                   int max_ctas, cudaStream_t stream) {
+                   const CUtensorMap& map_sum, const CUtensorMap& map_a_out,
+                   const PushMaps& push_maps, KernelParams p, int max_ctas, cudaStream_t stream) {
   auto* kernel = async_gemm_kernel<kIn, kBKMajor, kTmaStore, kCluster>;
   cudaLaunchConfig_t config{};
   cudaLaunchAttribute attr[1];
@@ -189,19 +190,21 @@ cudaError_t launch(const CUtensorMap& map_a, const CUtensorMap& map_b, const CUt
   // Single CTAs launch without the cluster attribute (the driver's plain launch path).
   if constexpr (kCluster == 1) config.numAttrs = 0;
   return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, map_a_own, map_parts, map_sum,
-                            map_a_out, p);
+                            map_a_out, push_maps, p);
 }
 
 // The kernel for (dtype, B layout, epilogue, cluster), with the launch arguments.
 struct Launch {
   const CUtensorMap &map_a, &map_b, &map_c, &map_a_own, &map_parts, &map_sum, &map_a_out;
+  const PushMaps& push_maps;
   const KernelParams& p;
   int max_ctas;
   cudaStream_t stream;
   template <int kIn, bool kBKMajor, bool kTmaStore, int kCluster>
   cudaError_t run() const {
     return launch<kIn, kBKMajor, kTmaStore, kCluster>(map_a, map_b, map_c, map_a_own, map_parts,
-                                                      map_sum, map_a_out, p, max_ctas, stream);
+                                                      map_sum, map_a_out, push_maps, p, max_ctas,
+                                                      stream);
   }
 };
 
@@ -291,8 +294,9 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
   KernelParams p{};
   static_cast<NativeGemmParams&>(p) = resolved(a);
   // The plan (the tail split for the slots that fit at once) is launch<>'s: launch_grid.
+  // (With the kernel's own pushes every tile goes to a push map or the reduced output: no C.)
   CUtensorMap map_c{};
-  if (tma_store) {
+  if (tma_store && a.push_chunks == 0) {
     if (!make_map(&map_c, a.c, c_type, a.n, a.m, a.ldc, 64, 64)) return cudaErrorInvalidValue;
   }
   // The own chunk's rows straight from the caller's A: [chunk rows, K] with row stride own_lda.
@@ -330,7 +334,16 @@ cudaError_t async_gemm(const NativeGemmParams& a, cudaStream_t stream) {
       !make_map(&map_a_out, a.a_out, type, a.k, a.m, a.a_out_ld, kblk, 64, in_bytes)) {
     return cudaErrorInvalidValue;
   }
-  const Launch l{map_a, map_b, map_c, map_a_own, map_parts, map_sum, map_a_out, p, ctas, stream};
+  // The kernel's own pushes: each peer chunk's slot on its owner, [chunk rows, n], boxes as C's.
+  PushMaps push_maps{};
+  for (int c = 0; c < a.push_chunks; ++c) {
+    if (c != a.sum_chunk &&
+        !make_map(&push_maps.map[c], a.push_c[c], c_type, a.n, p.chunk_rows, a.push_ld, 64, 64)) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  const Launch l{map_a,     map_b,     map_c, map_a_own, map_parts, map_sum,
+                 map_a_out, push_maps, p,     ctas,      stream};
   if (float8_inputs(a)) return launch_float8(tma_store, cluster, l);
   if (a.in_dtype == DType::kF16) return launch_layout<kInF16>(a.b_k_major, tma_store, cluster, l);
   return launch_layout<kInBF16>(a.b_k_major, tma_store, cluster, l);

@@ -44,6 +44,10 @@ int64_t ContextOptions::default_push_inline_min_k() {
   return static_cast<int64_t>(envvars::kPushInlineMinK.integer());
 }
 
+bool ContextOptions::default_kernel_push() {
+  return envvars::kKernelPush.flag();
+}
+
 std::unique_ptr<OpContext> OpContext::create(std::shared_ptr<Group> group, ContextOptions options) {
   ASYNCTP_CHECK(group != nullptr, "OpContext::create needs a group");
   return std::unique_ptr<OpContext>(new OpContext(std::move(group), std::move(options)));

@@ -328,8 +328,10 @@ std::string problem_key(OpContext& ctx, const MmRsCall& c, ReduceOp reduce_op) {
   if (detail::off_16_bytes(c.as) || detail::off_16_bytes(c.bs) || detail::off_16_bytes(c.out) ||
       detail::off_16_bytes(c.a_scale) || detail::off_16_bytes(c.b_scale))
     variant.push_back("operands off 16-byte alignment");
-  // Fast accumulation changes the GEMMs' times, so the paths' too.
+  // Fast accumulation changes the GEMMs' times, so the paths' too; so does who pushes the native
+  // path's rows.
   if (c.scaled && c.fast_accum) variant.push_back("fast accum");
+  if (kernel_pushes(ctx, c.n())) variant.push_back("kernel push");
   return detail::problem_key(ctx, c.op, m, c.n(), k, c.a().dtype(), c.out.dtype(), c.bs[0],
                              fmt::format("{}", fmt::join(variant, ", ")));
 }
@@ -542,7 +544,8 @@ void reserve_matmul_reduce_scatter(OpContext& ctx, std::span<const Tensor> as,
     if (paths.native &&
         native_rs_check(ctx, call, detail::shape_only_contiguous(a.dtype(), a.shape(), a.device()),
                         options.reduce_op, &why)) {
-      ctx.reserve_scratch(Scratch::kPartial, product.product() * esize);
+      // (The GEMM's C holds the peers' products only where copy streams push them.)
+      if (!kernel_pushes(ctx, n)) ctx.reserve_scratch(Scratch::kPartial, product.product() * esize);
       ctx.flags(native_done_flags(ws, detail::native_rs_pieces(n, chunk_size)));
     }
   }

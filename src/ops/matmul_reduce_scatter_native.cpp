@@ -20,7 +20,21 @@ namespace asynctp::detail::mmrs {
 //   so that the push stream's next copy does not wait for them; a stream's last piece, which
 //   no copy follows, has them on the push stream itself)
 //
-// That is the schedule "beside": up to kMaxPushPieces pieces a chunk, so that each piece's copy
+// With ContextOptions::kernel_push the GEMM pushes itself, and the op is one launch:
+//
+//   compute: (captured: reset landed, barrier) | native GEMM: chunks r+1, ..., r-1, each tile
+//            TMA-stored straight into its slot on the chunk's owner (over NVLink); the CTA whose
+//            count completes a piece raises landed_d[q][r] = e there (release, system scope) and
+//            sets the piece's counter back to 0; then the own chunk r, reduced as below
+//
+// with the same pieces, flags and buffers as the copy streams' schedules that follow, so that
+// the owner's side is the same whoever pushed (ranks may even differ), and the peers' rows never
+// pass through this GPU's memory (the copy streams read them back from here first). Not the
+// default: every peer chunk's bytes then cross the link while its tiles are computed (at ws 2,
+// the first half of the GEMM), the copy streams' over the whole GEMM (docs/DECISIONS.md D32).
+//
+// By default copy streams push, as drawn above, the schedule "beside": up to kMaxPushPieces
+// pieces a chunk, so that each piece's copy
 // follows the one before at once, in CUDA graphs (where host calls cost nothing) and in eager
 // calls whose K is below ContextOptions::push_inline_min_k. Every other eager call (all of them
 // by default) pushes "inline", in about a third of the host calls (docs/DECISIONS.md D27):
@@ -89,6 +103,22 @@ std::optional<NativeRsPlan> native_rs_plan(const MmRsCall& c, std::string* why) 
   return plan;
 }
 
+// The kernel's own pushes (kernel_pushes): chunk d's tiles go to slot_of(d) on owner d ([chunk
+// rows, n]: slot `rank` there), and piece q's flag is flags_of(d)[q * ws], raised to `value`.
+template <typename SlotOf, typename FlagsOf>
+void set_kernel_pushes(ChunkedGemmArgs& args, int64_t n, int rank, int ws, const SlotOf& slot_of,
+                       const FlagsOf& flags_of, uint32_t value) {
+  args.push_chunks = ws;
+  args.push_ld = n;
+  args.push_flag_stride = ws;
+  args.push_value = value;
+  for (int d = 0; d < ws; ++d) {
+    if (d == rank) continue;
+    args.push_c[d] = slot_of(d);
+    args.push_flags[d] = flags_of(d);
+  }
+}
+
 // The native GEMM of the call's product: a2 [m, k] @ b into p2 [m, n], scaled (float8) by
 // a_scale (contiguous where row-wise) and b_scale.
 ChunkedGemmArgs native_rs_args(OpContext& ctx, const MmRsCall& c, const Tensor& a2, const Tensor& b,
@@ -131,7 +161,13 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Tensor
     if (pieces.count == 1) return m;
     return m.narrow(1, q * pieces.cols, std::min(pieces.cols, plan.n - q * pieces.cols));
   };
-  const Tensor product = ctx.scratch(Scratch::kPartial, {plan.m, plan.n}, c.out.dtype());
+  // The GEMM's C: the peers' products stored here for the copy streams; with the kernel's own
+  // pushes nothing is stored into C (its rows go to the peers, the own chunk to out), so none is
+  // allocated (a shape at an address nothing maps).
+  const bool kernel_push = kernel_pushes(ctx, plan.n);
+  const Tensor product =
+      kernel_push ? detail::shape_only_matrix(c.out.dtype(), plan.m, plan.n, c.out.device())
+                  : ctx.scratch(Scratch::kPartial, {plan.m, plan.n}, c.out.dtype());
   uint32_t* done = ctx.flags(native_done_flags(ws, pieces));
 
   ctx.mark("start", compute);
@@ -147,6 +183,17 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Tensor
                                   sm.buffer(rank, {ws, rows, plan.n}, c.out.dtype(), slots.offset),
                                   c.out.view({rows, plan.n}), done, landed_of(rank), slots.number,
                                   channel, options.reduce_op == ReduceOp::kAvg);
+  if (kernel_push) {
+    // The GEMM pushes (file comment): each peer chunk's tiles into its slot on that peer, each
+    // piece's flag raised there by the CTA that completes its count, which it also sets back to 0.
+    set_kernel_pushes(
+        args, plan.n, rank, ws, [&](int d) { return slots.at(d, rank).data(); },
+        [&](int d) { return landed_of(d) + rank; }, slots.number);
+    be.native_gemm(args, compute);
+    ctx.mark("gemm", compute);
+    ctx.mark("end", compute);
+    return;
+  }
   // The pieces to push, in the order the GEMM finishes them (native_gemm_done_order: chunk by
   // chunk, rank + 1, rank + 2, ..., each by columns); the own chunk is reduced in the GEMM's
   // epilogue, never counted. Piece t goes on push stream t (mod the push streams): each piece
@@ -271,11 +318,17 @@ std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, c
                      a_scale, c.b_scale);
   const int64_t rows = plan->m / ws;
   auto* flags = reinterpret_cast<uint32_t*>(uintptr_t{1} << 20);
-  detail::set_native_rs_reduction(
-      args, ctx.rank(), ws, detail::native_rs_pieces(plan->n, chunk_bytes(c.out)),
-      detail::shape_only_matrix(c.out.dtype(), ws * rows, plan->n, c.out.device())
-          .view({ws, rows, plan->n}),
-      c.out.view({rows, plan->n}), flags, flags, 1, 0, reduce_op == ReduceOp::kAvg);
+  const Tensor parts = detail::shape_only_matrix(c.out.dtype(), ws * rows, plan->n, c.out.device());
+  detail::set_native_rs_reduction(args, ctx.rank(), ws,
+                                  detail::native_rs_pieces(plan->n, chunk_bytes(c.out)),
+                                  parts.view({ws, rows, plan->n}), c.out.view({rows, plan->n}),
+                                  flags, flags, 1, 0, reduce_op == ReduceOp::kAvg);
+  if (kernel_pushes(ctx, plan->n)) {
+    // The slots (aligned symmetric buffers) at the parts' aligned dummy address.
+    set_kernel_pushes(
+        args, plan->n, ctx.rank(), ws, [&](int) { return parts.data(); },
+        [&](int) { return flags; }, 1);
+  }
   *why = ctx.backend().native_gemm_unsupported(args);
   if (!why->empty()) return std::nullopt;
   return plan;

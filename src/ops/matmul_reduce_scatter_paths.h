@@ -80,6 +80,14 @@ struct Slots : OpBuffer {
 };
 
 // The native path (matmul_reduce_scatter_native.cpp).
+// Whether its GEMM pushes the peers' rows of a product with n columns itself
+// (ContextOptions::kernel_push; up to kMaxPushChunks ranks, and rows TMA can store into the
+// slots: n % 8 == 0), rather than copy streams.
+inline bool kernel_pushes(const OpContext& ctx, int64_t n) {
+  return ctx.options().kernel_push &&
+         ctx.world_size() <= kernels::NativeGemmParams::kMaxPushChunks && n % 8 == 0;
+}
+
 struct NativeRsPlan {
   int64_t m = 0, k = 0, n = 0;
 };

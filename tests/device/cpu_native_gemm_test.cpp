@@ -147,6 +147,115 @@ TEST_F(CpuNativeGemmTest, ReducesTheSumChunkAsTheContractSays) {
   EXPECT_TRUE(same_bits(out, expected));
 }
 
+// The kernel's own pushes: chunks 0 and 2 of 3 (128 rows each, N = 520: three column pieces of
+// 256) go to their push_c buffers (row stride 528), never to d; each piece's flag is raised to
+// push_value and its counter set back to 0 by the count that completes it; chunk 1, this rank's,
+// is reduced with the parts as without. Pushes the kernel cannot store are refused, naming why.
+TEST_F(CpuNativeGemmTest, PushesTheOtherChunksItselfAndRaisesTheirFlags) {
+  const int64_t rows = 128, n = 520, ld = 528;
+  const int chunks = 3, own = 1, pieces = 3;
+  OwnedTensor a = empty_host({chunks * rows, 16}, DType::kBF16);
+  OwnedTensor b = empty_host({16, n}, DType::kBF16);
+  fill_seeded(a, seed_of({21}), Values::kRandom);
+  fill_seeded(b, seed_of({22}), Values::kRandom);
+  OwnedTensor product = empty_host({chunks * rows, n}, DType::kF32);
+  be_->gemm({.a = a, .b = b, .d = product}, stream());
+  OwnedTensor parts = empty_host({chunks, rows, n}, DType::kBF16);
+  fill_seeded(parts, seed_of({23}), Values::kRandom);
+  OwnedTensor d = empty_host({chunks * rows, n}, DType::kBF16);
+  OwnedTensor out = empty_host({rows, n}, DType::kBF16);
+  OwnedTensor slots = empty_host({chunks, rows, ld}, DType::kBF16);
+  be_->fill(d, std::nanf(""), stream());
+  be_->fill(slots, std::nanf(""), stream());
+  // landed (the parts' flags), done, pushed: [pieces][chunks] each.
+  uint32_t* landed = flags(3 * pieces * chunks);
+  uint32_t* done = landed + pieces * chunks;
+  uint32_t* pushed = done + pieces * chunks;
+  for (int q = 0; q < pieces; ++q) {
+    for (int c = 0; c < chunks; ++c) {
+      if (c != own) be_->write_flag(landed + q * chunks + c, 7, stream());
+    }
+  }
+  ChunkedGemmArgs args = chunked(a, b, d);
+  args.first_chunk = own + 1;
+  args.done = done;
+  args.done_cols = 256;
+  args.sum_chunk = own;
+  args.sum_self = own;
+  args.sum_parts = parts;
+  args.sum_out = out;
+  args.sum_flags = landed;
+  args.sum_value = 7;
+  args.sum_cols = 256;
+  args.sum_flag_stride = chunks;
+  args.push_chunks = chunks;
+  args.push_ld = ld;
+  args.push_flag_stride = chunks;
+  args.push_value = 9;
+  for (int c = 0; c < chunks; ++c) {
+    if (c == own) continue;
+    args.push_c[c] = slots->narrow(0, c, 1).data();
+    args.push_flags[c] = pushed + c;
+  }
+  ASSERT_EQ(be_->native_gemm_unsupported(args), "");
+  be_->native_gemm(args, stream());
+  stream().synchronize();
+  OwnedTensor expected_out = empty_host({rows, n}, DType::kBF16);
+  for (int64_t i = 0; i < rows * n; ++i) {
+    float x = get(product, own * rows * n + i);
+    for (int c = 0; c < chunks; ++c)
+      if (c != own) x += get(parts, c * rows * n + i);
+    testing::set(expected_out, i, x);
+  }
+  EXPECT_TRUE(same_bits(out, expected_out));
+  for (int c = 0; c < chunks; ++c) {
+    if (c == own) continue;
+    OwnedTensor expected = empty_host({rows, n}, DType::kBF16);
+    for (int64_t i = 0; i < rows * n; ++i)
+      testing::set(expected, i, get(product, c * rows * n + i));
+    EXPECT_TRUE(same_bits(slots->narrow(0, c, 1).view({rows, ld}).narrow(1, 0, n), expected))
+        << "chunk " << c;
+  }
+  int64_t untouched = 0;
+  for (int64_t i = 0; i < chunks * rows * ld; ++i)
+    untouched += std::isnan(get(slots, i)) ? 1 : 0;
+  EXPECT_EQ(untouched, rows * ld + (chunks - 1) * rows * (ld - n));
+  for (int64_t i = 0; i < chunks * rows * n; ++i) {
+    ASSERT_TRUE(std::isnan(get(d, i))) << "the GEMM stored into C at " << i;
+  }
+  for (int i = 0; i < pieces * chunks; ++i) {
+    EXPECT_EQ(std::atomic_ref<uint32_t>(done[i]).load(), 0u) << "counter " << i;
+    EXPECT_EQ(std::atomic_ref<uint32_t>(pushed[i]).load(), i % chunks == own ? 0u : 9u)
+        << "flag of chunk " << i % chunks << ", piece " << i / chunks;
+  }
+  // What the pushes need, named.
+  ChunkedGemmArgs bad = args;
+  bad.push_ld = 524;  // not a multiple of 16 bytes
+  EXPECT_THAT(be_->native_gemm_unsupported(bad), HasSubstr("push_ld = 524"));
+  bad = args;
+  bad.push_c[0] = static_cast<char*>(args.push_c[0]) + 2;
+  EXPECT_THAT(be_->native_gemm_unsupported(bad), HasSubstr("push_c % 16 = 2"));
+  bad = args;
+  bad.push_chunks = 2;
+  EXPECT_THAT(be_->native_gemm_unsupported(bad), HasSubstr("push_chunks = 2, chunks = 3"));
+  bad = args;
+  bad.done = nullptr;
+  EXPECT_THAT(be_->native_gemm_unsupported(bad), HasSubstr("need done counters"));
+  bad = args;
+  bad.push_flag_stride = 0;  // three pieces a chunk on one flag
+  EXPECT_THAT(be_->native_gemm_unsupported(bad), HasSubstr("pieces a chunk = 3"));
+  bad = args;
+  bad.done_cols = 0;  // counted by whole chunks, flagged by 256 columns
+  EXPECT_THAT(be_->native_gemm_unsupported(bad), HasSubstr("the sum flags'"));
+  bad = args;
+  bad.push_chunks = -1;
+  EXPECT_THAT(be_->native_gemm_unsupported(bad), HasSubstr("push_chunks is negative"));
+  bad = args;
+  bad.a = a->narrow(0, 0, chunks * rows - 8);  // a short last chunk
+  bad.d = d->narrow(0, 0, chunks * rows - 8);
+  EXPECT_THAT(be_->native_gemm_unsupported(bad), HasSubstr("m % chunk_rows == 0"));
+}
+
 TEST_F(CpuNativeGemmTest, AReadyWaitTimesOutNamingTheChunk) {
   OwnedTensor a = empty_host({256, 8}, DType::kBF16), b = empty_host({8, 8}, DType::kBF16);
   OwnedTensor d = empty_host({256, 8}, DType::kBF16);

@@ -59,6 +59,9 @@ struct EdgeCase {
   // 0), else the schedule beside.
   bool inline_pushes = false;
   bool float8 = false;
+  // The native matmul_reduce_scatter's pushes by its GEMM (ContextOptions::kernel_push), else
+  // by copy streams (inline_pushes says which schedule).
+  bool kernel_push = false;
 
   bool native() const { return path == PathChoice::kNative; }
   DType dtype() const {
@@ -89,9 +92,10 @@ struct EdgeCase {
 };
 
 std::string name_of(const EdgeCase& c) {
-  return fmt::format(
-      "{}_{}{}{}_ws{}", c.op == Op::kAllGatherMatmul ? "AllGatherMatmul" : "MatmulRS",
-      path_choice_name(c.path), c.inline_pushes ? "_inline" : "", c.float8 ? "_float8" : "", c.ws);
+  return fmt::format("{}_{}{}{}{}_ws{}",
+                     c.op == Op::kAllGatherMatmul ? "AllGatherMatmul" : "MatmulRS",
+                     path_choice_name(c.path), c.inline_pushes ? "_inline" : "",
+                     c.kernel_push ? "_kernelpush" : "", c.float8 ? "_float8" : "", c.ws);
 }
 
 std::string case_name(const ::testing::TestParamInfo<EdgeCase>& info) {
@@ -121,6 +125,18 @@ std::vector<EdgeCase> inline_cases(std::vector<EdgeCase> cases, std::vector<int>
   return cases;
 }
 
+// The native matmul_reduce_scatter pushed by its GEMM (bf16, and float8 where `float8`) at each
+// of these world sizes.
+std::vector<EdgeCase> kernel_push_cases(std::vector<EdgeCase> cases, std::vector<int> world_sizes,
+                                        bool float8) {
+  for (const int ws : world_sizes) {
+    cases.push_back({Op::kMatmulReduceScatter, PathChoice::kNative, ws, false, false, true});
+    if (float8)
+      cases.push_back({Op::kMatmulReduceScatter, PathChoice::kNative, ws, false, true, true});
+  }
+  return cases;
+}
+
 // The native ops `ops` with float8 operands at each of these world sizes.
 std::vector<EdgeCase> float8_cases(std::vector<EdgeCase> cases, std::vector<Op> ops,
                                    std::vector<int> world_sizes) {
@@ -134,6 +150,7 @@ std::vector<EdgeCase> float8_cases(std::vector<EdgeCase> cases, std::vector<Op> 
 ContextOptions context_of(const EdgeCase& c) {
   ContextOptions options;
   options.push_inline_min_k = c.inline_pushes ? 0 : std::numeric_limits<int64_t>::max();
+  options.kernel_push = c.kernel_push;
   return options;
 }
 
@@ -493,6 +510,10 @@ TEST_P(EventEdgesTest, DroppingAnyEventWaitFails) {
     // forked.
     EXPECT_EQ(waits, c.ws == 2 ? 2 : c.ws + 1);
     if (c.ws > 2) redundant = {waits - 1};
+  } else if (c.kernel_push) {
+    // The native matmul_reduce_scatter pushed by its GEMM: one launch on the op's stream, no
+    // other stream, no event wait.
+    EXPECT_EQ(waits, 0);
   } else if (c.inline_pushes) {
     // The native matmul_reduce_scatter pushing inline (one copy stream, the flags on it): the
     // copy stream behind the op's stream (where the first op zeroes its done counters), and the
@@ -521,11 +542,13 @@ TEST_P(EventEdgesTest, DroppingAnyEventWaitFails) {
 // to rely on under AddressSanitizer.
 INSTANTIATE_TEST_SUITE_P(
     Ops, EventEdgesTest,
-    ::testing::ValuesIn(float8_cases(inline_cases(edge_cases({{PathChoice::kSplit, {2, 4}},
-                                                              {PathChoice::kFallback, {2, 4}},
-                                                              {PathChoice::kNative, {2, 3, 4}}}),
-                                                  {2, 4}),
-                                     {Op::kAllGatherMatmul}, {2, 4})),
+    ::testing::ValuesIn(
+        kernel_push_cases(float8_cases(inline_cases(edge_cases({{PathChoice::kSplit, {2, 4}},
+                                                                {PathChoice::kFallback, {2, 4}},
+                                                                {PathChoice::kNative, {2, 3, 4}}}),
+                                                    {2, 4}),
+                                       {Op::kAllGatherMatmul}, {2, 4}),
+                          {2}, false)),
     case_name);
 
 // One all_gather_matmul call of a two-call sequence: its path, whether it returns A, and the
@@ -645,9 +668,11 @@ TEST_P(FlagEdgesTest, DroppingAnyFlagWaitFails) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, FlagEdgesTest,
-                         ::testing::ValuesIn(float8_cases(
-                             inline_cases(edge_cases({{PathChoice::kNative, {2, 4}}}), {2, 4}),
-                             {Op::kAllGatherMatmul, Op::kMatmulReduceScatter}, {2, 4})),
+                         ::testing::ValuesIn(kernel_push_cases(
+                             float8_cases(inline_cases(edge_cases({{PathChoice::kNative, {2, 4}}}),
+                                                       {2, 4}),
+                                          {Op::kAllGatherMatmul, Op::kMatmulReduceScatter}, {2, 4}),
+                             {2, 3, 4}, true)),
                          case_name);
 
 }  // namespace

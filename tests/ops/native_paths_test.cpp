@@ -305,11 +305,25 @@ TEST_P(NativePathsTest, MatmulReduceScatterFollowsTheContractBitForBit) {
          .rowwise = rows != 384,
          .colwise = rows == 256});
   }
-  auto statuses = run_ranks(ws, [&](OpContext& ctx) {
-    for (size_t i = 0; i < cases.size(); ++i)
-      check_rs(ctx, cases[i], 200 + i);
-  });
-  EXPECT_RANKS_OK(statuses);
+  // Pushed by the GEMM (ContextOptions::kernel_push), by copy streams (the default), and by the
+  // GEMM on odd ranks only: both raise the same flags into the same slots, so ranks may differ.
+  for (const std::string_view pushes : {"the GEMM", "copy streams", "the GEMM on odd ranks"}) {
+    SCOPED_TRACE(fmt::format("pushed by {}", pushes));
+    const HarnessOptions options;
+    auto statuses = run_processes(
+        ws,
+        [&](const RendezvousInfo& info) {
+          ContextOptions context = options.context;
+          context.kernel_push =
+              pushes == "the GEMM" || (pushes != "copy streams" && info.rank % 2 == 1);
+          auto ctx = OpContext::create(Group::create(info, rank_group_options(options, info.rank)),
+                                       context);
+          for (size_t i = 0; i < cases.size(); ++i)
+            check_rs(*ctx, cases[i], 200 + i);
+        },
+        options);
+    EXPECT_RANKS_OK(statuses);
+  }
 }
 
 // `t`'s values in a copy 2 bytes off a 16-byte boundary (a view one element into its storage).

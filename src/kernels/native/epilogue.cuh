@@ -175,11 +175,46 @@ __device__ __forceinline__ void stage_block(uint8_t* staging, const float (&d)[1
 // ordering towards observers (the host, the peers) that never read these counters while the
 // kernel runs (see docs/DECISIONS.md D14). (The TMA stores were waited for with wait_group 0, whose
 // completion includes the async-to-generic proxy ordering.)
+//
+// With the kernel's own pushes (push_chunks > 0) the rows went to their owner over NVLink, and
+// the owner's reduction waits on a flag that this kernel raises. Each half tile's stores
+// (complete: wait_group 0) are ordered before its count by a release at GPU scope, which is all
+// the CTAs that count need; the CTA whose count completes the piece acquires every other count,
+// and so every store of the piece, at system scope, sets the counter back to 0 for the next
+// launch (no other CTA touches it again in this one) and raises the flag on the owner (release,
+// system scope): the owner's acquire of the flag follows every store by causality order, whose
+// links need only include the two threads they join. A system-scope release on every count
+// instead measured 0.4-5% slower on the four scatter anchors (docs/DECISIONS.md D32).
 __device__ __forceinline__ void publish_done(const KernelParams& p, int r0, int n0) {
-  uint32_t* counter = p.done + done_index(p, p, r0, n0);
+  const int64_t index = done_index(p, p, r0, n0);
+  uint32_t* counter = p.done + index;
+  if (p.push_chunks <= 0) {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+    return;
+  }
   asm volatile("fence.acq_rel.gpu;" ::: "memory");
-  asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+  uint32_t before;
+  asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;"
+               : "=r"(before)
+               : "l"(counter)
+               : "memory");
+  if (before + 1 != done_count(p, index)) return;
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(counter), "r"(0u) : "memory");
+  // Counter index = chunk * per_chunk + the piece within the chunk (done_index; the sum flags'
+  // piece numbering where sum_rows and sum_cols are done_rows and done_cols).
+  const int64_t per_chunk = p.chunk_rows / p.done_rows * p.done_col_pieces;
+  const int64_t chunk = index / per_chunk;
+  uint32_t* flag = p.push_flags[chunk] + (index - chunk * per_chunk) * p.push_flag_stride;
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(flag), "r"(p.push_value) : "memory");
 }
+
+// The TMA maps of the kernel's own pushes: map[c] addresses push_c[c] ([chunk rows, n], 64 x 64
+// boxes, as C's); unused entries zero.
+struct PushMaps {
+  CUtensorMap map[NativeGemmParams::kMaxPushChunks];
+};
 
 // The leader's record of the tile whose TMA stores are in flight (kTmaStore): its rows are
 // counted in done once those stores are complete.
@@ -364,15 +399,21 @@ __device__ __forceinline__ void store_sum_registers(const KernelParams& p, const
 //   leader: earlier stores have read the staging area (before the first half: the previous tile's
 //   stores done and its chunk published) | bar | all: registers -> staging | proxy fence | bar |
 //   leader: 2 TMA stores, commit (the last ones run during the next tile)
-// A tile of the sum chunk goes to sum_out (map_sum, chunk rows) and is not counted.
+// A tile of the sum chunk goes to sum_out (map_sum, chunk rows) and is not counted; with the
+// kernel's own pushes, a tile of another chunk to its owner's slot (push.map[chunk], chunk rows).
 __device__ __forceinline__ void store_tile_tma(const KernelParams& p, const Stages& st,
                                                const CUtensorMap& map_c, const CUtensorMap& map_sum,
-                                               const float (&acc)[128], int consumer, bool leader,
-                                               bool sums, int r0, int64_t sum_row, int n0,
-                                               Pending& pending) {
+                                               const PushMaps& push, const float (&acc)[128],
+                                               int consumer, bool leader, bool sums, int r0,
+                                               int64_t sum_row, int n0, Pending& pending) {
   uint8_t* staging = st.c + consumer * (kCBytes / 2);
   const CUtensorMap* map = sums ? &map_sum : &map_c;
-  const int row = sums ? static_cast<int>(sum_row) : r0;
+  int row = sums ? static_cast<int>(sum_row) : r0;
+  if (!sums && p.push_chunks > 0) {  // the kernel's own pushes: into the chunk owner's slot
+    const int chunk = static_cast<int>(r0 / p.chunk_rows);
+    map = &push.map[chunk];
+    row = r0 - static_cast<int>(chunk * p.chunk_rows);
+  }
   const bool row_ok = sums || r0 < p.m;
   auto store_half = [&](auto half) {
     constexpr int kHalf = decltype(half)::value;

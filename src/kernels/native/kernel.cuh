@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                       const __grid_constant__ CUtensorMap map_a_own,
                       const __grid_constant__ CUtensorMap map_parts,
                       const __grid_constant__ CUtensorMap map_sum,
-                      const __grid_constant__ CUtensorMap map_a_out, const KernelParams p) {
+                      const __grid_constant__ CUtensorMap map_a_out,
+                      const __grid_constant__ PushMaps push_maps, const KernelParams p) {
   extern __shared__ uint8_t smem_raw[];
   // 1024-byte aligned (the 128-byte swizzle's atom) by an offset from smem_raw rather than by
   // masking its generic address: a pointer rebuilt from an integer loses its address space, so
@@ -137,8 +138,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (p.swiglu) {
         store_swiglu_tma(p, st, map_c, map_parts, map_sum, acc, consumer, leader, r0, tile.n0);
       } else {
-        store_tile_tma(p, st, map_c, map_sum, acc, consumer, leader, sums, r0, sum_row, tile.n0,
-                       pending);
+        store_tile_tma(p, st, map_c, map_sum, push_maps, acc, consumer, leader, sums, r0, sum_row,
+                       tile.n0, pending);
       }
     } else if (p.swiglu) {
       store_swiglu_registers(p, acc, r0, tile.n0);

@@ -16,8 +16,9 @@
 //     rows overlap;
 //   - done (optional, MM+RS): after the stores of each 64-row half tile in rows
 //     [i * done_rows, (i + 1) * done_rows), done[i] is incremented (release at GPU scope: for
-//     this GPU's stream waits and copy engines, not for the host or a peer); those rows are
-//     complete when done[i] reaches done_count(params, i). Needs chunk_rows % 128 == 0;
+//     this GPU's stream waits and copy engines, not for the host or a peer; with the kernel's
+//     own pushes, a peer is told by push_flags instead); those rows are complete when done[i]
+//     reaches done_count(params, i). Needs chunk_rows % 128 == 0;
 //   - sum (optional, MM+RS): the own chunk's tiles add the peers' landed partials to their
 //     accumulators and store the reduced chunk instead (NativeGemmSchedule::sum_chunk).
 #pragma once
@@ -145,6 +146,22 @@ struct NativeGemmSchedule {
   int64_t sum_cols = 0;
   int64_t sum_flag_stride = 0;
   int sum_channel = 0;
+  // The kernel's own pushes (the native matmul_reduce_scatter; push_chunks > 0, with done
+  // counters and the reduce-scatter epilogue): a tile of chunk c != sum_chunk (c < push_chunks)
+  // is stored into push_c[c] instead of C: [chunk rows, n], row stride push_ld, C's dtype (the
+  // slot for this rank in chunk c's owner's memory, mapped here, which the TMA stores write over
+  // NVLink). done counts the pieces as without; the CTA whose count completes piece q of chunk c
+  // sets that counter back to 0 and raises push_flags[c][q * push_flag_stride] to push_value,
+  // release at system scope behind every store of the piece (the owner's sum waits on it). No
+  // copy, flag write or stream wait on the host's side: the op is one launch. Nothing is stored
+  // into C then (its address is never dereferenced; its shape and strides are checked as ever).
+  static constexpr int kMaxPushChunks = 8;
+  int push_chunks = 0;
+  void* push_c[kMaxPushChunks] = {};
+  int64_t push_ld = 0;
+  uint32_t* push_flags[kMaxPushChunks] = {};
+  int64_t push_flag_stride = 0;
+  uint32_t push_value = 1;
   // The SwiGLU epilogue (the gate/up projection of a SwiGLU MLP): B holds 2N columns, the gate's
   // [0, N) then the up projection's [N, 2N), and C is [M, N] with
   //   C[i, j] = silu(g) * u,  g = acc(i, j), u = acc(i, N + j)

@@ -427,7 +427,7 @@ ASYNCTP_HOST_DEVICE int64_t done_index(const NativeGemmParams& p, const NativeGe
 
 // The value done[index] reaches once every tile of its rows and columns is stored: its 64-row
 // halves (those inside m) times its n-tiles.
-inline uint32_t done_count(const NativeGemmParams& p, int index) {
+ASYNCTP_HOST_DEVICE uint32_t done_count(const NativeGemmParams& p, int64_t index) {
   const int64_t rows = done_rows_of(p), cols = piece_cols(p, p.done_cols);
   const int pieces = col_pieces(p, p.done_cols);
   const int64_t first = index / pieces * rows;

@@ -103,6 +103,55 @@ inline std::string sum_unsupported(const NativeGemmParams& a) {
   return "";
 }
 
+// Why the kernel's own pushes (push_chunks > 0) are unusable, or "".
+inline std::string push_unsupported(const NativeGemmParams& a) {
+  using validate_detail::offset;
+  using validate_detail::why;
+  const int64_t rows = chunk_rows_of(a);
+  if (a.push_chunks > NativeGemmParams::kMaxPushChunks || a.push_chunks != num_chunks(a))
+    return why("push_chunks is not the number of chunks, or is over kMaxPushChunks",
+               {{"push_chunks", a.push_chunks},
+                {"chunks", num_chunks(a)},
+                {"kMaxPushChunks", NativeGemmParams::kMaxPushChunks}});
+  // Every push map spans a whole chunk of rows.
+  if (a.m % rows != 0)
+    return why("the kernel's pushes need whole chunks (m % chunk_rows == 0)",
+               {{"m", a.m}, {"chunk_rows", rows}});
+  if (a.done == nullptr || a.sum_chunk < 0)
+    return why("the kernel's pushes need done counters and the reduce-scatter epilogue",
+               {validate_detail::set_value("done", a.done), {"sum_chunk", a.sum_chunk}});
+  // A completed counter raises the owner's flag of the same piece: the done counters' pieces
+  // are the sum flags'.
+  if (done_rows_of(a) != sum_rows_of(a) || piece_cols(a, a.done_cols) != piece_cols(a, a.sum_cols))
+    return why("the kernel's pushes need the done counters' pieces to be the sum flags'",
+               {{"done_rows", done_rows_of(a)},
+                {"sum_rows", sum_rows_of(a)},
+                {"done_cols", piece_cols(a, a.done_cols)},
+                {"sum_cols", piece_cols(a, a.sum_cols)}});
+  // The pushed rows go through the staging area and TMA stores, as C's would.
+  if (!uses_tma_store(a))
+    return why("the kernel's pushes need the TMA store (a 16-bit C TMA can store)",
+               {validate_detail::dtype_value("c", a.c_dtype), {"ldc", a.ldc}});
+  if (a.push_ld < a.n || a.push_ld % 8 != 0)
+    return why("the pushed rows' row stride is shorter than n or not a multiple of 16 bytes",
+               {{"push_ld", a.push_ld}, {"n", a.n}});
+  const int64_t pieces = rows / done_rows_of(a) * col_pieces(a, a.done_cols);
+  if (a.push_flag_stride < 0 || (pieces > 1 && a.push_flag_stride == 0))
+    return why("push_flag_stride is negative, or 0 with several pieces a chunk",
+               {{"push_flag_stride", a.push_flag_stride}, {"pieces a chunk", pieces}});
+  for (int c = 0; c < a.push_chunks; ++c) {
+    if (c == a.sum_chunk) continue;
+    if (a.push_c[c] == nullptr || a.push_flags[c] == nullptr || offset(a.push_c[c], 16) != 0)
+      return why("a pushed chunk's destination or flags are missing, or it is not 16-byte aligned",
+                 {{"chunk", c},
+                  validate_detail::set_value("push_c", a.push_c[c]),
+                  validate_detail::set_value("push_flags", a.push_flags[c]),
+                  {"push_c % 16", offset(a.push_c[c], 16)},
+                  {"chunk_rows", rows}});
+  }
+  return "";
+}
+
 // Why the SwiGLU epilogue's arguments are unusable, or "".
 inline std::string swiglu_unsupported(const NativeGemmParams& a) {
   using validate_detail::offset;
@@ -215,6 +264,10 @@ inline std::string native_gemm_unsupported(const NativeGemmParams& a) {
   }
   if (a.swiglu) {
     if (std::string w = swiglu_unsupported(a); !w.empty()) return w;
+  }
+  if (a.push_chunks < 0) return why("push_chunks is negative", {{"push_chunks", a.push_chunks}});
+  if (a.push_chunks > 0) {
+    if (std::string w = push_unsupported(a); !w.empty()) return w;
   }
   if (a.ready != nullptr && a.timeout_ns == 0) return why("waiting for chunks needs a timeout");
   if (a.ready_rows < 0 || a.ready_rows > rows)

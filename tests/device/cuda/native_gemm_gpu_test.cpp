@@ -715,6 +715,128 @@ TEST(NativeGemm, ReducesTheOwnChunkWithThePeersParts) {
   }
 }
 
+// The kernel's own pushes (push_chunks): each other chunk's tiles go to its push_c (here local
+// buffers standing for the owners' slots, [rows, n] with a padded row stride), never to C; the
+// CTA that completes a piece raises its push flag to push_value and sets the counter back to 0;
+// the own chunk is reduced with the parts as without. On single CTAs and on pairs, each whole and
+// with the last wave split by K.
+TEST(NativeGemm, PushesThePeersChunksItselfAndRaisesTheirFlags) {
+  SKIP_UNLESS_GPUS(1);
+  for (const auto& [pairs, tail_split] :
+       {std::pair{false, 1}, std::pair{false, 4}, std::pair{true, 1}, std::pair{true, 4}}) {
+    SCOPED_TRACE(fmt::format("{}, tail split {}", pairs ? "CTA pairs" : "single CTAs", tail_split));
+    Gpu gpu;
+    const int64_t rows = 256, n = 520, k = 1024, ld = n + 8;
+    const int chunks = 4, own = 1, pieces = 3;
+    const uint32_t value = 9;
+    OwnedTensor a = gpu.upload({chunks * rows, k}, DType::kBF16, 41);
+    OwnedTensor b = gpu.upload({k, n}, DType::kBF16, 42);
+    OwnedTensor d = gpu.empty({chunks * rows, n}, DType::kBF16);
+    gpu.be().fill(d, std::nanf(""), gpu.stream());
+    OwnedTensor parts = gpu.upload({chunks, rows, n}, DType::kBF16, 43);
+    OwnedTensor out = gpu.empty({rows, n}, DType::kBF16);
+    OwnedTensor slots = gpu.empty({chunks, rows, ld}, DType::kBF16);
+    gpu.be().fill(slots, std::nanf(""), gpu.stream());
+    // landed (the parts' flags, all up), done, pushed: [pieces][chunks] each.
+    Buffer flag_buf = gpu.be().allocate(3 * pieces * chunks * sizeof(uint32_t));
+    auto* landed = static_cast<uint32_t*>(flag_buf.data());
+    uint32_t* done = landed + pieces * chunks;
+    uint32_t* pushed = done + pieces * chunks;
+    gpu.be().zero_flags(landed, 3 * pieces * chunks, gpu.stream());
+    for (int q = 0; q < pieces; ++q) {
+      for (int s = 0; s < chunks; ++s) {
+        if (s != own) gpu.be().write_flag(landed + q * chunks + s, 7, gpu.stream());
+      }
+    }
+    ChunkedGemmArgs args;
+    args.a = a;
+    args.b = b;
+    args.d = d;
+    args.chunk_rows = rows;
+    args.first_chunk = own + 1;
+    args.tail_split = tail_split;
+    args.done = done;
+    args.done_cols = 256;
+    args.sum_chunk = own;
+    args.sum_parts = parts;
+    args.sum_out = out;
+    args.sum_self = own;
+    args.sum_flags = landed;
+    args.sum_value = 7;
+    args.sum_cols = 256;
+    args.sum_flag_stride = chunks;
+    args.push_chunks = chunks;
+    args.push_ld = ld;
+    args.push_flag_stride = chunks;
+    args.push_value = value;
+    for (int c = 0; c < chunks; ++c) {
+      if (c == own) continue;
+      args.push_c[c] = slots->narrow(0, c, 1).data();
+      args.push_flags[c] = pushed + c;
+    }
+    kernels::NativeGemmParams kp;
+    ASSERT_EQ(to_native_params(args, &kp), "");
+    kp.cluster = pairs ? 2 : 1;
+    ASSERT_EQ(kernels::uses_cluster(kp), pairs);
+    const size_t split_bytes = kernels::async_gemm_split_workspace_bytes();
+    Buffer split_ws = gpu.be().allocate(split_bytes);
+    gpu.be().zero_flags(static_cast<uint32_t*>(split_ws.data()), split_bytes / sizeof(uint32_t),
+                        gpu.stream());
+    kp.split_workspace = split_ws.data();
+    EXPECT_EQ(kernels::async_gemm_tail_split(kp) > 1, tail_split > 1);
+    ASSERT_EQ(kernels::async_gemm(kp, static_cast<cudaStream_t>(gpu.stream().native_handle())),
+              cudaSuccess);
+    gpu.stream().synchronize();
+
+    const OwnedTensor ref_all = gpu.download(reference_product(gpu, a, b));
+    const OwnedTensor host_parts = gpu.download(parts);
+    const OwnedTensor got_out = gpu.download(out);
+    const OwnedTensor got_slots = gpu.download(slots);
+    const OwnedTensor got_d = gpu.download(d);
+    OwnedTensor want_out = empty_host({rows, n}, DType::kF32);
+    for (int64_t i = 0; i < rows * n; ++i) {
+      float x = get(ref_all, own * rows * n + i);
+      for (int s = 0; s < chunks; ++s) {
+        if (s != own) x += get(host_parts, s * rows * n + i);
+      }
+      set(want_out, i, x);
+    }
+    EXPECT_LT(rel_diff(got_out, want_out), 4e-3);
+    // Each other chunk in its slot (the padding and the own slot untouched), nothing in C.
+    OwnedTensor got_pushed = empty_host({(chunks - 1) * rows * n}, DType::kF32);
+    OwnedTensor want_pushed = empty_host({(chunks - 1) * rows * n}, DType::kF32);
+    int64_t j = 0, untouched = 0;
+    for (int c = 0; c < chunks; ++c) {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t col = 0; col < ld; ++col) {
+          const float v = get(got_slots, (c * rows + r) * ld + col);
+          if (c == own || col >= n) {
+            untouched += std::isnan(v) ? 1 : 0;
+            continue;
+          }
+          set(got_pushed, j, v);
+          set(want_pushed, j++, get(ref_all, (c * rows + r) * n + col));
+        }
+      }
+    }
+    EXPECT_EQ(untouched, rows * ld + (chunks - 1) * rows * (ld - n));
+    EXPECT_LT(rel_diff(got_pushed, want_pushed), 4e-3);
+    int64_t c_untouched = 0;
+    for (int64_t i = 0; i < chunks * rows * n; ++i)
+      c_untouched += std::isnan(get(got_d, i)) ? 1 : 0;
+    EXPECT_EQ(c_untouched, chunks * rows * n) << "the kernel stored into C";
+    std::vector<uint32_t> host(2 * pieces * chunks);
+    ASSERT_EQ(cudaMemcpy(host.data(), done, host.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (int i = 0; i < pieces * chunks; ++i) {
+      EXPECT_EQ(host[i], 0u) << "done counter " << i << " not set back to 0";
+      const int q = i / chunks, c = i % chunks;
+      EXPECT_EQ(host[pieces * chunks + i], c == own ? 0u : value)
+          << "push flag of chunk " << c << ", piece " << q;
+    }
+  }
+}
+
 // A peer whose part never lands: the own chunk's tiles give up after the timeout, and the error
 // names this rank, the peer and the piece's channel.
 TEST(NativeGemm, PeerPartThatNeverLandsTimesOutNamingIt) {

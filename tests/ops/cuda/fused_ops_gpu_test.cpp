@@ -1029,7 +1029,9 @@ TEST(FusedOpsGpu, ReduceScatterBuffersAcrossEagerOpsNativeOpsAndReplays) {
 // op's partial in the sum. The bits are the same on every number of streams (the pieces' sums do
 // not depend on which stream landed them). "Streams" 0: the eager ops push inline
 // (ContextOptions::push_inline_min_k 0: 2 pieces a chunk on one copy stream, the flags and the
-// next counter wait in one batch); the others keep the schedule beside.
+// next counter wait in one batch); the others keep the schedule beside. "Streams" -1: the GEMM
+// pushes itself (ContextOptions::kernel_push: its TMA stores into the peers' slots, and the flag
+// raised by the CTA that completes a piece), eager and replayed alike.
 TEST(FusedOpsGpu, NativeReduceScatterPushesOnSeveralStreams) {
   SKIP_UNLESS_GPUS(2);
   constexpr int kOps = 4;
@@ -1041,9 +1043,10 @@ TEST(FusedOpsGpu, NativeReduceScatterPushesOnSeveralStreams) {
   };
   for (const int ws : {2, 4}) {
     if (gpu_rank_slots() < ws) continue;
-    for (const int streams : {1, 2, 3, 0}) {
+    for (const int streams : {1, 2, 3, 0, -1}) {
       SCOPED_TRACE(fmt::format("world size {}, push_streams {}", ws, streams));
       HarnessOptions options = gpu_options();
+      options.context.kernel_push = streams == -1;
       options.context.push_streams = std::max(streams, 1);
       options.context.push_inline_min_k = streams == 0 ? 0 : std::numeric_limits<int64_t>::max();
       auto statuses = run_ranks(
@@ -1109,7 +1112,9 @@ TEST(FusedOpsGpu, NativeReduceScatterPushesOnSeveralStreams) {
         EXPECT_TRUE(bytes_of(2) == one) << "rank " << r << ", op " << i << ": 2 streams differ";
         EXPECT_TRUE(bytes_of(3) == one) << "rank " << r << ", op " << i << ": 3 streams differ";
         EXPECT_TRUE(bytes_of(0) == one) << "rank " << r << ", op " << i << ": inline differs";
-        for (const int streams : {1, 2, 3, 0})
+        EXPECT_TRUE(bytes_of(-1) == one)
+            << "rank " << r << ", op " << i << ": the GEMM's own pushes differ";
+        for (const int streams : {1, 2, 3, 0, -1})
           std::filesystem::remove(file_of(ws, streams, r, i));
       }
     }
@@ -1268,6 +1273,7 @@ TEST(FusedOpsGpu, CaptureAfterAFlagStreamLeftUnjoined) {
   SKIP_UNLESS_GPUS(2);
   HarnessOptions options = gpu_options();
   options.context.push_streams = 2;
+  options.context.kernel_push = false;
   auto statuses = run_ranks(
       2,
       [&](OpContext& ctx) {
