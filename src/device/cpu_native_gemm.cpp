@@ -201,9 +201,10 @@ class Run {
     }
     if (counter != nullptr) {
       // Counted once stored (release): the stream waits on it then read the rows; with the
-      // kernel's own pushes, the count that completes the piece raises the owner's flag.
+      // kernel's own pushes, the count that completes the piece raises the owner's flag (this
+      // thread made every count of this run, so it needs no acquire to see the piece's rows).
       const uint32_t before =
-          std::atomic_ref<uint32_t>(*counter).fetch_add(1, std::memory_order_acq_rel);
+          std::atomic_ref<uint32_t>(*counter).fetch_add(1, std::memory_order_release);
       futex_wake(counter);
       if (p_.push_chunks > 0) raise_pushed(counter, before);
       // A counter starts every GEMM at 0 (its push resets it, and the next op's GEMM starts
