@@ -318,6 +318,11 @@ TEST(CheckNoOverlapTest, ZeroSizeAndUndefinedOverlapNothing) {
 // The check runs on every op call: timed alone, in thread CPU time, for an all_gather_matmul
 // of three Bs returning A (8 inputs, 5 outputs, none overlapping).
 TEST(CheckNoOverlapTest, CostsWellUnderAMicrosecond) {
+#if defined(__SANITIZE_ADDRESS__)
+  // A bound on the Release build's cost (the ctest stage times it); AddressSanitizer's
+  // instrumentation at -O1 takes about twice that on a loaded 2-core machine.
+  GTEST_SKIP() << "timed in the Release build, not under AddressSanitizer";
+#endif
   const Pool pool;
   const Tensor a = pool.at(0, DType::kBF16, {64, 128}, {128, 1});
   const Tensor a_scale = pool.at(20000, DType::kF32, {64, 1});
