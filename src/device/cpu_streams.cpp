@@ -46,6 +46,7 @@ std::vector<std::weak_ptr<Worker>> g_all;
 std::atomic<int64_t> g_drop{-1};
 std::atomic<bool> g_dropped{false};
 std::atomic<testing::HoldBack> g_hold{testing::HoldBack::kLastItem};
+std::atomic<int64_t> g_stall_ms{kFaultStall.count()};
 std::mutex g_gate_mu;
 std::shared_ptr<HeldBack> g_gate;  // guarded by g_gate_mu: the streams' gate since the reset
 std::atomic<int64_t> g_flag_waits{0};
@@ -62,6 +63,10 @@ std::string g_flag_name;  // guarded by g_flag_name_mu
 // dropped reaches the point of that wait.
 class HeldBack {
  public:
+  explicit HeldBack(std::chrono::milliseconds stall = kFaultStall) : stall_(stall) {}
+  // How long the held work stalls once released (see stall_while_the_streams_run).
+  std::chrono::milliseconds stall() const { return stall_; }
+
   void release() {
     {
       const std::lock_guard lock(mu_);
@@ -75,20 +80,22 @@ class HeldBack {
   }
 
  private:
+  const std::chrono::milliseconds stall_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool released_ = false;
 };
 
-// The stall of held-back work once released (see HeldBack): kFaultStall during which the streams
-// run. Where the host closes a gate in the meantime (its reset for the next op), the stall starts
-// again once that gate opens: the held work then lands behind the next op's first items however
-// slowly the host enqueues that op, as a held item on a GPU would (the host runs ahead there).
-// The gates a stall waits through are bounded (each by kHoldLimit).
-static void stall_while_the_streams_run() {
+// The stall of held-back work once released (see HeldBack): `stall` (the fault switch's, as its
+// reset before the dropped wait set it) during which the streams run. Where the host closes a gate
+// in the meantime (its reset for the next op), the stall starts again once that gate opens: the
+// held work then lands behind the next op's first items however slowly the host enqueues that op,
+// as a held item on a GPU would (the host runs ahead there). The gates a stall waits through are
+// bounded (each by kHoldLimit).
+static void stall_while_the_streams_run(std::chrono::milliseconds stall) {
   constexpr int kMostGates = 4;
   for (int gates = 0;; ++gates) {
-    std::this_thread::sleep_for(kFaultStall);
+    std::this_thread::sleep_for(stall);
     std::shared_ptr<HeldBack> gate;
     {
       const std::lock_guard lock(g_gate_mu);
@@ -250,7 +257,7 @@ class Worker {
       }
       if (held) {
         held->wait_released();
-        stall_while_the_streams_run();
+        stall_while_the_streams_run(held->stall());
       }
       if (!skip) {
         if (item.jitter && jitter_) {
@@ -406,7 +413,7 @@ class CpuEvent final : public Event {
       // whatever s reads or writes of that work without the wait, it does too early.
       g_dropped = true;
       if (!progress_) return;
-      auto held = std::make_shared<HeldBack>();
+      auto held = std::make_shared<HeldBack>(std::chrono::milliseconds(g_stall_ms.load()));
       {
         const std::lock_guard lock(progress_->mu);
         // Item seq_ is the record's marker; the one before it, the last work recorded.
@@ -459,7 +466,10 @@ std::unique_ptr<Event> make_cpu_event() {
 
 namespace testing {
 
-void reset_event_waits(int64_t drop, HoldBack hold) {
+void reset_event_waits(int64_t drop, HoldBack hold, std::chrono::milliseconds stall) {
+  ASYNCTP_CHECK(stall.count() >= 0 && stall <= kHoldLimit,
+                "reset_event_waits: stall {} ms is outside 0 .. kHoldLimit ({} ms)", stall.count(),
+                kHoldLimit.count());
   open_gate();
   if (drop >= 0) {
     auto gate = std::make_shared<HeldBack>();
@@ -472,6 +482,7 @@ void reset_event_waits(int64_t drop, HoldBack hold) {
       if (auto worker = w.lock()) worker->mark_op_start(gate);
   }
   g_hold = hold;
+  g_stall_ms = stall.count();
   g_drop = drop;
   g_dropped = false;
   g_event_waits = 0;

@@ -38,7 +38,7 @@ namespace asynctp::cpu {
 // The largest random delay before a work item when jitter is on.
 inline constexpr int kMaxJitterUs = 200;
 // How long the fault switches hold back the work a dropped wait was for (the event switch: from
-// when the stream whose wait was dropped reaches that point).
+// when the stream whose wait was dropped reaches that point, unless its reset says otherwise).
 inline constexpr std::chrono::milliseconds kFaultStall{20};
 // The longest the event fault switch holds a stream for a release (see testing::reset_event_waits)
 // that may never come: where the held work is what the releasing stream waits for itself.
@@ -105,8 +105,10 @@ std::unique_ptr<Event> make_cpu_event();
 // counted from 0 since the last reset, and the one numbered `drop` (if any) does not wait; instead
 // the recorded work it stood for is held back: the `hold` part of it waits until the blocked
 // stream reaches the point of the dropped wait (a marker item there; at most kHoldLimit), then
-// kFaultStall more, of the streams' running time (a stall that the next reset's gate, below,
-// interrupts starts again when it opens): the schedule in which a missing wait shows. So that this
+// `stall` more (kFaultStall unless told), of the streams' running time (a stall that the next
+// reset's gate, below, interrupts starts again when it opens): the schedule in which a missing
+// wait shows. A longer stall shows a race whose other side is a slow item (a GEMM under a
+// sanitizer, on a loaded machine) that the blocked stream runs after the wait. So that this
 // work has not run already (the host enqueues an op slower than the workers run it, where a GPU's
 // host runs ahead), no stream starts an item enqueued after a reset with a wait to drop until the
 // host has reached that wait (at most kHoldLimit; a reset opens the streams too). The tests that
@@ -120,7 +122,8 @@ enum class HoldBack {
   // than the last (a copy that reads what the consumer writes next) which no other wait covers.
   kUncovered,
 };
-void reset_event_waits(int64_t drop = -1, HoldBack hold = HoldBack::kLastItem);
+void reset_event_waits(int64_t drop = -1, HoldBack hold = HoldBack::kLastItem,
+                       std::chrono::milliseconds stall = kFaultStall);
 // Event::block calls since the last reset.
 int64_t event_waits();
 // Whether the wait to drop was reached (and dropped) since the last reset.

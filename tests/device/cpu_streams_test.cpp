@@ -5,7 +5,9 @@
 // fill is held back until the consumer has passed the wait's place, so y is always the old x.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "device/backend.h"
 #include "device/cpu_backend.h"
@@ -61,6 +63,39 @@ TEST_F(CpuStreamFaultsTest, ADroppedWaitHoldsTheRecordedWorkBackUntilTheConsumer
   EXPECT_EQ(consumer_reads(/*drop=*/true, HoldBack::kLastItem, /*two_fills=*/false), 0.0f);
   // x's fill, followed by z's: every item since the reset is held.
   EXPECT_EQ(consumer_reads(/*drop=*/true, HoldBack::kUncovered, /*two_fills=*/true), 0.0f);
+}
+
+// The stall a reset asks for holds the released work behind a slow item that the consumer runs
+// after the dropped wait: the producer's fill of x lands after the consumer's own (slower than
+// kFaultStall) write of x.
+TEST_F(CpuStreamFaultsTest, ALongerStallLandsTheHeldWorkBehindTheConsumersSlowItem) {
+  auto producer = backend_->create_stream("producer");
+  auto consumer = backend_->create_stream("consumer");
+  auto event = backend_->create_event();
+  OwnedTensor x = empty_host({1}, DType::kF32);
+  testing::fill_value(x, 0.0f);
+  cpu::testing::reset_event_waits(0, HoldBack::kLastItem, std::chrono::milliseconds(150));
+  backend_->fill(x, 1.0f, *producer);
+  event->record(*producer);
+  event->block(*consumer);
+  cpu::as_cpu(*consumer, "slow")
+      .enqueue(
+          "slow", [] { std::this_thread::sleep_for(std::chrono::milliseconds(40)); },
+          /*jitter=*/false);
+  backend_->fill(x, 2.0f, *consumer);
+  EXPECT_TRUE(cpu::testing::dropped_event_wait());
+  cpu::testing::reset_event_waits();
+  backend_->synchronize();
+  EXPECT_EQ(testing::get(x, 0), 1.0f) << "the held fill ran before the consumer's";
+}
+
+TEST_F(CpuStreamFaultsTest, AStallLongerThanTheHoldLimitIsRefused) {
+  EXPECT_THROW(
+      cpu::testing::reset_event_waits(0, HoldBack::kLastItem, cpu::kHoldLimit + cpu::kFaultStall),
+      Error);
+  EXPECT_THROW(
+      cpu::testing::reset_event_waits(0, HoldBack::kLastItem, std::chrono::milliseconds(-1)),
+      Error);
 }
 
 TEST(CpuAllocationPoisonTest, FillsAllocationsWithThePoisonWhileOn) {

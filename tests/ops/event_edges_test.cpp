@@ -255,12 +255,18 @@ bool all_ranks_right(OpContext& ctx, bool ok) {
 // a dropped flag wait guarded (read as the native GEMM starts) is then a peer's of an earlier op.
 constexpr Millis kPeerDelay{30};
 
+// The event fault switch's stall for a slow machine's schedule: long enough for the blocked
+// stream's next native GEMM to store its product (tens of ms under ASan on a loaded machine, where
+// kFaultStall let a held push read the product before that GEMM overwrote it).
+constexpr Millis kSlowStall{150};
+
 // What a run drops: wait k (-1: none) of `waits`; an event wait's recorded work held back as
-// `hold` says.
+// `hold` says, stalling `stall` once released.
 struct Drop {
   Waits waits;
   int64_t k = -1;
   cpu::testing::HoldBack hold = cpu::testing::HoldBack::kLastItem;
+  Millis stall = cpu::kFaultStall;
 };
 
 // Runs the op calls_per_run(c, drop.waits) times, each call (with the writes of its inputs before
@@ -287,7 +293,7 @@ bool run_once(OpContext& ctx, const EdgeCase& c, const Drop& drop, std::string* 
   dropped->clear();
   auto reset = [&](int64_t k) {
     if (waits == Waits::kEvent) {
-      cpu::testing::reset_event_waits(k, drop.hold);
+      cpu::testing::reset_event_waits(k, drop.hold, drop.stall);
     } else {
       cpu::testing::reset_flag_waits(k);
     }
@@ -432,8 +438,9 @@ Outcome try_drop(const EdgeCase& c, const Drop& drop) {
 }
 
 // Rank 0 drops each wait of `waits` in turn. An event wait's recorded work is held back first as
-// its last item, and where that changes no result, as all of it (HoldBack): a drop is noticed
-// where either schedule shows it. Stops at the first test failure (check HasFailure).
+// its last item, and where that changes no result, as all of it (HoldBack), and where that changes
+// none either, as all of it for kSlowStall: a drop is noticed where any of these schedules shows
+// it. Stops at the first test failure (check HasFailure).
 Drops drop_each(const EdgeCase& c, Waits waits) {
   Drops drops;
   if (try_drop(c, {waits}) == Outcome::kFailed) return drops;
@@ -441,6 +448,8 @@ Drops drop_each(const EdgeCase& c, Waits waits) {
     Outcome outcome = try_drop(c, {waits, k, cpu::testing::HoldBack::kLastItem});
     if (waits == Waits::kEvent && outcome == Outcome::kUnnoticed)
       outcome = try_drop(c, {waits, k, cpu::testing::HoldBack::kUncovered});
+    if (waits == Waits::kEvent && outcome == Outcome::kUnnoticed)
+      outcome = try_drop(c, {waits, k, cpu::testing::HoldBack::kUncovered, kSlowStall});
     switch (outcome) {
       case Outcome::kFailed:
         return drops;
