@@ -37,6 +37,14 @@ enum class PathChoice : uint8_t { kAuto, kSplit, kFallback, kNative };
 PathChoice parse_path_choice(std::string_view text);
 std::string_view path_choice_name(PathChoice choice);
 
+// Who pushes the native matmul_reduce_scatter's peer rows (ContextOptions::kernel_push): copy
+// streams (kOff), the GEMM itself (kOn), or whichever `auto` measures faster per problem (kAuto).
+enum class KernelPush : uint8_t { kAuto, kOff, kOn };
+// "auto", "0" / "off" / "false" / "no", "1" / "on" / "true" / "yes" (any case); throws Error
+// naming anything else.
+KernelPush parse_kernel_push(std::string_view text);
+std::string_view kernel_push_name(KernelPush push);  // "auto", "0", "1"
+
 struct PathRecord {
   Path path = Path::kSplit;
   // Why the fallback ran (the caller asked, measured fastest, or what stops the overlapped
@@ -106,18 +114,20 @@ struct ContextOptions {
   // measured as fast or faster on every shape tried, push-bound ones (K = 1024) included (see
   // docs/DECISIONS.md D27). ASYNCTP_PUSH_INLINE_MIN_K sets it.
   int64_t push_inline_min_k = default_push_inline_min_k();
-  // The native matmul_reduce_scatter's pushes by its GEMM (true): the epilogue stores each peer
-  // chunk's tiles into that peer's slot over NVLink and raises the piece's flag there once the
-  // piece is stored, so that the op is one launch, with no copy streams, and the peers' rows
-  // never pass through this GPU's memory. false (the default): the GEMM stores them here and
-  // counts them, and copy streams wait for the counts and push (push_streams,
-  // push_inline_min_k). Both raise the same flags into the same slots, so ranks may differ. Up
-  // to 8 ranks and N % 8 == 0 (else the copy streams push). At ws 2 the GEMM's pushes saved
-  // 13-20 us of host time a call and 20-30% on products of 1024^3 and 2048^3, and cost 5-13% on
-  // the large scatter anchors (bf16; float8 up to 33%), where every byte must cross the link in
-  // the first half of the GEMM rather than over all of it (docs/DECISIONS.md D32).
-  // ASYNCTP_KERNEL_PUSH sets it.
-  bool kernel_push = default_kernel_push();
+  // Who pushes the native matmul_reduce_scatter's peer rows. kOn: its GEMM, whose epilogue
+  // stores each peer chunk's tiles into that peer's slot over NVLink and raises the piece's flag
+  // there once the piece is stored, so that the op is one launch, with no copy streams, and the
+  // peers' rows never pass through this GPU's memory. kOff: the GEMM stores them here and counts
+  // them, and copy streams wait for the counts and push (push_streams, push_inline_min_k).
+  // kAuto (the default): under PathChoice::kAuto the dispatcher measures both beside the other
+  // paths and takes the faster per problem (dispatch.h); otherwise, and where nothing is
+  // measured (the CPU backend), the copy streams. Both raise the same flags into the same
+  // slots, so ranks may differ. The GEMM pushes for up to 8 ranks and N % 8 == 0 (else the copy
+  // streams push). At ws 2 its pushes saved 13-20 us of host time a call and 20-30% on products
+  // of 1024^3 and 2048^3, and cost 5-13% on the large scatter anchors (bf16; float8 up to 33%),
+  // where every byte must cross the link in the first half of the GEMM rather than over all of
+  // it (docs/DECISIONS.md D32). ASYNCTP_KERNEL_PUSH sets it.
+  KernelPush kernel_push = default_kernel_push();
   // Where the measured path choices of PathChoice::kAuto are kept between runs: "" the default
   // location ($ASYNCTP_CACHE_DIR/dispatch.json), "off" none.
   std::string dispatch_cache;
@@ -128,7 +138,7 @@ struct ContextOptions {
   static size_t default_push_piece_bytes();
   static int default_push_streams();
   static int64_t default_push_inline_min_k();
-  static bool default_kernel_push();
+  static KernelPush default_kernel_push();
   static constexpr int kMaxPushStreams = 4;
 };
 

@@ -78,6 +78,7 @@ inline constexpr std::string_view kPathChoices[] = {"auto", "native", "split", "
 inline constexpr std::string_view kLogLevelChoices[] = {"trace", "debug",    "info", "warn",
                                                         "error", "critical", "off"};
 inline constexpr std::string_view kSkipAsanChoices[] = {"0", "1"};
+inline constexpr std::string_view kKernelPushChoices[] = {"auto", "0", "1"};
 
 inline constexpr EnvVar kTimeout{
     .name = "ASYNCTP_TIMEOUT",
@@ -221,12 +222,14 @@ inline constexpr EnvVar kPushInlineMinK{
 
 inline constexpr EnvVar kKernelPush{
     .name = "ASYNCTP_KERNEL_PUSH",
-    .kind = EnvVar::Kind::kFlag,
-    .default_value = "0",
+    .kind = EnvVar::Kind::kChoice,
+    .default_value = "auto",
     .doc =
         "1: the native matmul_reduce_scatter's GEMM stores each peer's rows into that peer's "
         "memory itself and raises its flags (one launch: 13-20 us less host time a call, faster "
-        "on small shapes, slower on large ones at ws 2); 0: copy streams push them.",
+        "on small shapes, slower on large ones at ws 2); 0: copy streams push them; auto: "
+        "ASYNCTP_PATH=auto measures both per problem, else copy streams.",
+    .choices = kKernelPushChoices,
 };
 
 inline constexpr EnvVar kGemmAutotune{

@@ -22,6 +22,7 @@ namespace asynctp {
 namespace {
 
 std::atomic<bool> g_poison{false};
+std::atomic<bool> g_times_paths{false};
 
 using cpu::as_cpu;
 using cpu::load_row;
@@ -43,7 +44,8 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int rank)
       : streams_(rank, static_cast<uint64_t>(envvars::kCpuStreamJitter.integer())),
-        compute_(streams_.create("asynctp compute")) {}
+        compute_(streams_.create("asynctp compute")),
+        times_paths_(g_times_paths.load()) {}
 
   std::string_view name() const override { return "cpu"; }
   Device device() const override { return Device::cpu(); }
@@ -62,6 +64,7 @@ class CpuBackend final : public Backend {
   }
   std::unique_ptr<Event> create_event(bool) override { return cpu::make_cpu_event(); }
   bool capturing(Stream&) override { return false; }
+  bool times_paths() const override { return times_paths_; }
   void synchronize() override { streams_.synchronize(); }
   void check_errors() override { streams_.check_errors(); }
 
@@ -456,6 +459,7 @@ class CpuBackend final : public Backend {
 
   cpu::StreamSet streams_;
   std::unique_ptr<cpu::CpuStream> compute_;
+  const bool times_paths_;  // cpu::testing::time_paths as the backend was made
   // The done counters of the latest native GEMM that counts any, and its faults: a dropped
   // wait_flag on one of them holds back its tiles.
   struct Counted {
@@ -474,6 +478,9 @@ std::unique_ptr<Backend> make_cpu_backend(int rank) {
 namespace cpu::testing {
 void poison_allocations(bool on) {
   g_poison = on;
+}
+void time_paths(bool on) {
+  g_times_paths = on;
 }
 }  // namespace cpu::testing
 

@@ -17,6 +17,10 @@ namespace cpu::testing {
 // positive int32), so a wait that runs before the flags' zeroing goes through at once.
 inline constexpr unsigned char kPoisonByte = 0x5A;
 void poison_allocations(bool on);
+// Test-only: whether the CPU backends made from now on say that their timings tell the paths
+// apart (Backend::times_paths; off by default), so that `auto` measures the ops' routes with the
+// dispatcher as on a GPU: what the tests of that plumbing need. Forked ranks inherit it.
+void time_paths(bool on);
 }  // namespace cpu::testing
 
 }  // namespace asynctp

@@ -494,7 +494,7 @@ void run(OpContext& ctx, AgMmCall c, const AllGatherMatmulOptions& options) {
     }
   }
   paths.key = problem_key(ctx, c);
-  paths.run = [&](Path p) { run_path(ctx, c, p, plan); };
+  paths.run = [&](Route r) { run_path(ctx, c, r.path, plan); };
   const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, paths);
   ctx.usage().record(c.op, decision.path, decision.reason, decision.warns());
   // (Kept before the run: the key is the memos' one buffer.)

@@ -44,8 +44,8 @@ int64_t ContextOptions::default_push_inline_min_k() {
   return static_cast<int64_t>(envvars::kPushInlineMinK.integer());
 }
 
-bool ContextOptions::default_kernel_push() {
-  return envvars::kKernelPush.flag();
+KernelPush ContextOptions::default_kernel_push() {
+  return parse_kernel_push(envvars::kKernelPush.choice());
 }
 
 std::unique_ptr<OpContext> OpContext::create(std::shared_ptr<Group> group, ContextOptions options) {

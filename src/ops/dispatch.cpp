@@ -55,9 +55,23 @@ nlohmann::json read_cache(const std::string& path, bool& warned) {
   return nlohmann::json::object();
 }
 
-// A path as a number for the ranks' exchange through the store (0: none).
-int path_code(std::optional<Path> p) {
-  return !p ? 0 : *p == Path::kSplit ? 1 : *p == Path::kNative ? 2 : 3;
+// Every route, in the order the cache's fields are written.
+constexpr Route kRoutes[] = {Path::kNative, Route(Path::kNative, true), Path::kSplit,
+                             Path::kFallback};
+
+// A route as a number for the ranks' exchange through the store (0: none), below kCodes.
+constexpr int kCodes = 8;
+int route_code(std::optional<Route> r) {
+  if (!r) return 0;
+  switch (r->path) {
+    case Path::kSplit:
+      return 1;
+    case Path::kNative:
+      return r->kernel_push ? 4 : 2;
+    case Path::kFallback:
+      break;
+  }
+  return 3;
 }
 
 // `rounds` rounded up to whole blocks of `rows` rounds (the balanced orders' rows).
@@ -66,6 +80,14 @@ size_t whole_blocks(size_t rounds, size_t rows) {
 }
 
 }  // namespace
+
+std::string_view route_name(Route r) {
+  return r.path == Path::kNative && r.kernel_push ? "native_push" : path_name(r.path);
+}
+
+std::ostream& operator<<(std::ostream& os, Route r) {
+  return os << route_name(r);
+}
 
 int Dispatcher::tuning_rounds(size_t candidates) {
   return static_cast<int>(whole_blocks(kTuneRuns, balanced_order_rows(candidates)));
@@ -97,11 +119,11 @@ std::optional<DispatchTiming> Dispatcher::decision(const std::string& key) const
   return it->second;
 }
 
-std::optional<std::pair<Path, Path>> Dispatcher::disk_lookup(const std::string& key) {
+std::optional<std::pair<Route, Route>> Dispatcher::disk_lookup(const std::string& key) {
   if (cache_path_.empty()) return std::nullopt;
   const nlohmann::json j = read_cache(cache_path_, cache_warned_);
   if (!j.contains("entries") || !j["entries"].contains(key)) return std::nullopt;
-  // An entry is {"path": "split", "captured_path": "native", "<path>_us": ...}: anything else
+  // An entry is {"path": "split", "captured_path": "native", "<route>_us": ...}: anything else
   // was not written by this program, so it is reported rather than guessed at or silently
   // measured over.
   const nlohmann::json& entry = j["entries"][key];
@@ -122,14 +144,14 @@ std::optional<std::pair<Path, Path>> Dispatcher::disk_lookup(const std::string& 
   // Measured at another pace (ASYNCTP_TUNE_PACE; entries without one were paced): not this
   // choice, measured anew and replaced.
   if (entry.value("pace", 1.0) != pace_) return std::nullopt;
-  auto named = [&](const char* field) -> std::optional<Path> {
-    const std::string path = entry.value(field, "");
-    for (Path p : {Path::kNative, Path::kSplit, Path::kFallback})
-      if (path == path_name(p)) return p;
+  auto named = [&](const char* field) -> std::optional<Route> {
+    const std::string name = entry.value(field, "");
+    for (Route r : kRoutes)
+      if (name == route_name(r)) return r;
     return std::nullopt;
   };
-  const std::optional<Path> eager = named("path");
-  const std::optional<Path> captured = named("captured_path");
+  const std::optional<Route> eager = named("path");
+  const std::optional<Route> captured = named("captured_path");
   if (!eager || !captured) return std::nullopt;
   return std::pair{*eager, *captured};
 }
@@ -142,12 +164,13 @@ void Dispatcher::disk_store(const std::string& key, const DispatchTiming& timing
     if (path.has_parent_path()) fs::create_directories(path.parent_path());
     nlohmann::json j = read_cache(cache_path_, cache_warned_);
     j["version"] = Dispatcher::kCacheVersion;
-    nlohmann::json entry = {{"path", std::string(path_name(timing.path))},
-                            {"captured_path", std::string(path_name(timing.captured_path))},
+    nlohmann::json entry = {{"path", std::string(route_name(timing.path))},
+                            {"captured_path", std::string(route_name(timing.captured_path))},
                             {"pace", timing.pace}};
-    for (Path p : {Path::kNative, Path::kSplit, Path::kFallback}) {
-      if (timing.us(p) > 0) entry[fmt::format("{}_us", path_name(p))] = timing.us(p);
-      if (timing.host_us(p) > 0) entry[fmt::format("{}_host_us", path_name(p))] = timing.host_us(p);
+    for (Route r : kRoutes) {
+      if (timing.us(r) > 0) entry[fmt::format("{}_us", route_name(r))] = timing.us(r);
+      if (timing.host_us(r) > 0)
+        entry[fmt::format("{}_host_us", route_name(r))] = timing.host_us(r);
     }
     j["entries"][key] = std::move(entry);
     // Write beside and rename: readers never see a half-written file.
@@ -182,23 +205,23 @@ std::vector<std::vector<double>> Dispatcher::over_ranks(const std::vector<double
   return all;
 }
 
-Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
-                      const std::function<void(Path)>& run) {
-  // Every call of an op comes here: the remembered choice first. (A remembered path that can no
+Route Dispatcher::pick(const std::string& key, std::span<const Route> offered,
+                       const std::function<void(Route)>& run) {
+  // Every call of an op comes here: the remembered choice first. (A remembered route that can no
   // longer run here is chosen anew, as the first time.)
   const bool captured = ctx_.capturing();
   if (auto it = decisions_.find(key); it != decisions_.end()) {
     const DispatchTiming& t = it->second;
-    const Path path = t.path_for(captured);
-    if (std::find(offered.begin(), offered.end(), path) != offered.end()) return path;
+    const Route route = t.path_for(captured);
+    if (std::find(offered.begin(), offered.end(), route) != offered.end()) return route;
     if (captured) {
-      // Nothing can be measured during capture: of the paths offered now, the one measured
+      // Nothing can be measured during capture: of the routes offered now, the one measured
       // fastest on the device (the first offered where none was measured).
-      Path best = offered.empty() ? path : offered[0];
-      for (Path p : offered)
-        if (t.us(p) > 0 && (t.us(best) <= 0 || t.us(p) < t.us(best))) best = p;
+      Route best = offered.empty() ? route : offered[0];
+      for (Route r : offered)
+        if (t.us(r) > 0 && (t.us(best) <= 0 || t.us(r) < t.us(best))) best = r;
       ASYNCTP_LOG_INFO("{}: its captured path {} cannot run in this capture; taking {}", key,
-                       path_name(path), path_name(best));
+                       route_name(route), route_name(best));
       return best;
     }
   }
@@ -206,7 +229,7 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   for (size_t i = 0; i < offered.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
       ASYNCTP_CHECK(offered[i] != offered[j], "dispatcher: path {} named twice for {}",
-                    path_name(offered[i]), key);
+                    route_name(offered[i]), key);
     }
   }
   if (offered.size() == 1) return offered[0];
@@ -215,7 +238,7 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
     ASYNCTP_LOG_INFO(
         "{}: first seen during CUDA-graph capture, where nothing can be measured: taking the {} "
         "path (run it once before capturing to have it measured)",
-        key, path_name(offered[0]));
+        key, route_name(offered[0]));
     return offered[0];
   }
   const int ws = ctx_.world_size();
@@ -224,11 +247,11 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   //    and choose among the paths they all can run, so that they all choose alike. It carries
   //    each rank's pace too: ranks at different paces would run different numbers of rounds.
   int mask = 0;
-  for (Path p : offered)
-    mask |= 1 << path_code(p);
-  const std::optional<std::pair<Path, Path>> cached = disk_lookup(key);
-  // Both cached paths in one number: eager + 4 x captured (0: no entry).
-  const int code = cached ? path_code(cached->first) + 4 * path_code(cached->second) : 0;
+  for (Route r : offered)
+    mask |= 1 << route_code(r);
+  const std::optional<std::pair<Route, Route>> cached = disk_lookup(key);
+  // Both cached routes in one number: eager + kCodes x captured (0: no entry).
+  const int code = cached ? route_code(cached->first) + kCodes * route_code(cached->second) : 0;
   bool agree = code != 0;
   int shared = mask;
   const std::vector<std::vector<double>> exchanged =
@@ -242,20 +265,20 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
                   "the same value on every rank",
                   key, r, theirs[2], exchanged[0][2]);
   }
-  std::vector<Path> candidates;
-  for (Path p : offered)
-    if ((shared & (1 << path_code(p))) != 0) candidates.push_back(p);
+  std::vector<Route> candidates;
+  for (Route r : offered)
+    if ((shared & (1 << route_code(r))) != 0) candidates.push_back(r);
   ASYNCTP_CHECK(!candidates.empty(), "dispatcher: no path can run {} on every rank", key);
-  if (agree && (shared & (1 << path_code(cached->first))) != 0 &&
-      (shared & (1 << path_code(cached->second))) != 0) {
+  if (agree && (shared & (1 << route_code(cached->first))) != 0 &&
+      (shared & (1 << route_code(cached->second))) != 0) {
     DispatchTiming t;
     t.path = cached->first;
     t.captured_path = cached->second;
     t.from_disk = true;
     t.pace = pace_;
     decisions_[key] = t;
-    ASYNCTP_LOG_DEBUG("{}: {} eager, {} captured (from {})", key, path_name(t.path),
-                      path_name(t.captured_path), cache_path_);
+    ASYNCTP_LOG_DEBUG("{}: {} eager, {} captured (from {})", key, route_name(t.path),
+                      route_name(t.captured_path), cache_path_);
     // A capture runs the captured path, which this process has not run (nothing was measured):
     // what it allocates on first use (cuBLASLt plans and workspaces, float8 staging) cannot be
     // allocated during capture. One eager run of it now (on every rank: they all read the same
@@ -268,7 +291,7 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
     t.path = t.captured_path = candidates[0];
     t.pace = pace_;
     decisions_[key] = t;
-    ASYNCTP_LOG_INFO("{}: {}, the only path every rank can run", key, path_name(t.path));
+    ASYNCTP_LOG_INFO("{}: {}, the only path every rank can run", key, route_name(t.path));
     return t.path;
   }
   // 2. Measure: warm-up, then rounds on every rank, each run started from a device barrier (as
@@ -281,8 +304,8 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   const auto tuning_start = std::chrono::steady_clock::now();
   const size_t n = candidates.size();
   const std::vector<std::vector<size_t>> orders = balanced_orders(n);
-  for (Path p : candidates)
-    run(p);
+  for (Route r : candidates)
+    run(r);
   Stream& s = ctx_.stream();
   // At pace 0: rounds back to back until every rank has run them for kSustainedWarmupMs.
   double warmup_ms = 0.0;
@@ -291,8 +314,8 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
     warm_up_for(
         ctx_,
         [&] {
-          for (Path p : candidates)
-            run(p);
+          for (Route r : candidates)
+            run(r);
         },
         kSustainedWarmupMs, warm_start);
     warmup_ms =
@@ -304,16 +327,16 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   // count them twice): each run starts behind a spin of twice the longest enqueueing of a run
   // (after the first, which holds one-time work), the same on every rank (a rank that started
   // earlier would wait for its peers' data), as `asynctp bench --hide-launch` hides the launch.
-  // Runs candidate path p; the host's µs to enqueue it.
-  auto enqueued_us = [&](Path p) {
+  // Runs candidate route r; the host's µs to enqueue it.
+  auto enqueued_us = [&](Route r) {
     const auto enqueue = std::chrono::steady_clock::now();
-    run(p);
+    run(r);
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - enqueue)
         .count();
   };
   double enqueue_us = 0.0;
-  for (Path p : candidates)
-    enqueue_us = std::max(enqueue_us, enqueued_us(p));
+  for (Route r : candidates)
+    enqueue_us = std::max(enqueue_us, enqueued_us(r));
   for (const std::vector<double>& theirs : over_ranks({enqueue_us}))
     enqueue_us = std::max(enqueue_us, theirs[0]);
   const auto hide_cycles =
@@ -401,10 +424,10 @@ Path Dispatcher::pick(const std::string& key, std::span<const Path> offered,
   std::string times_text;
   for (size_t c = 0; c < n; ++c)
     times_text += fmt::format("{}{} {:.1f} us + host {:.1f} us", c == 0 ? "" : ", ",
-                              path_name(candidates[c]), worst[c], worst[n + c]);
+                              route_name(candidates[c]), worst[c], worst[n + c]);
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - tuning_start;
   ASYNCTP_LOG_INFO("{}: {} eager, {} captured ({}, slowest of {} ranks; {} rounds {} in {:.2f} s)",
-                   key, path_name(t.path), path_name(t.captured_path), times_text, ws, round,
+                   key, route_name(t.path), route_name(t.captured_path), times_text, ws, round,
                    pace_ > 0 ? fmt::format("at pace {:g}", pace_)
                              : fmt::format("back to back after {:.0f} ms of warm-up", warmup_ms),
                    took.count());

@@ -1,6 +1,9 @@
 // Which path a fused op takes under PathChoice::kAuto: the split pipeline (Path::kSplit), the
 // native async-input GEMM (Path::kNative) or the unfused fallback (NCCL + one GEMM,
-// Path::kFallback), chosen per problem from measurements, never from size thresholds.
+// Path::kFallback), chosen per problem from measurements, never from size thresholds. The native
+// matmul_reduce_scatter runs two ways, both measured where both can run (ContextOptions::
+// kernel_push auto): copy streams push the peers' rows, or the GEMM pushes them itself. Each way
+// of running a problem is a Route.
 //
 // The first call of a problem (op, shape, dtypes, B layout, variant, world size, GPU) in a
 // process, given the paths that can run it on each rank (the candidates: those every rank can
@@ -34,15 +37,19 @@
 // native where it can run, else split, else the fallback.
 //
 // The cache: $ASYNCTP_CACHE_DIR/dispatch.json, else $XDG_CACHE_HOME/asynctp/dispatch.json, else
-// ~/.cache/asynctp/dispatch.json; ContextOptions::dispatch_cache overrides it ("off": none).
+// ~/.cache/asynctp/dispatch.json; ContextOptions::dispatch_cache overrides it ("off": none). An
+// entry names its eager and captured routes ("path", "captured_path": route_name) and holds each
+// measured route's "<route>_us" and "<route>_host_us".
 // ASYNCTP_PATH=native|split|fallback (or an op's options.path) bypasses the choice altogether.
 #pragma once
 
 #include <functional>
 #include <map>
 #include <optional>
+#include <ostream>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <asynctp/context.h>
@@ -51,31 +58,54 @@ namespace asynctp {
 
 class OpContext;
 
+// A way to run a problem: its path, and for the native matmul_reduce_scatter whether its GEMM
+// pushes the peers' rows itself (ContextOptions::kernel_push) rather than copy streams.
+struct Route {
+  Path path = Path::kNative;
+  bool kernel_push = false;  // (native only)
+
+  constexpr Route() = default;
+  constexpr Route(Path p, bool gemm_pushes = false)  // NOLINT(google-explicit-constructor)
+      : path(p), kernel_push(gemm_pushes) {}
+  friend constexpr bool operator==(const Route&, const Route&) = default;
+};
+
+// "native", "split", "fallback", or "native_push" (the native GEMM's own pushes): the routes'
+// names in the dispatch cache and the logs.
+std::string_view route_name(Route r);
+std::ostream& operator<<(std::ostream& os, Route r);
+
 struct DispatchTiming {
-  Path path = Path::kNative;           // eager calls' path: the least device + host time
-  Path captured_path = Path::kNative;  // captured calls' path: the least device time
-  double split_us = 0;                 // device time, the slowest rank's median (0: not measured)
+  Route path = Path::kNative;           // eager calls' route: the least device + host time
+  Route captured_path = Path::kNative;  // captured calls' route: the least device time
+  double split_us = 0;                  // device time, the slowest rank's median (0: not measured)
   double native_us = 0;
+  double native_push_us = 0;
   double fallback_us = 0;
   double split_host_us = 0;  // host time to enqueue a run, the slowest rank's median
   double native_host_us = 0;
+  double native_push_host_us = 0;
   double fallback_host_us = 0;
   bool from_disk = false;
   double pace = 1.0;       // the tuning's pace (Dispatcher::pace())
   double warmup_ms = 0.0;  // how long its back-to-back warm-up took on this rank (pace 0)
 
-  double& us(Path p) {
-    return p == Path::kSplit ? split_us : p == Path::kNative ? native_us : fallback_us;
+  double& us(Route r) { return of(r, split_us, native_us, native_push_us, fallback_us); }
+  double us(Route r) const { return const_cast<DispatchTiming*>(this)->us(r); }
+  double& host_us(Route r) {
+    return of(r, split_host_us, native_host_us, native_push_host_us, fallback_host_us);
   }
-  double us(Path p) const { return const_cast<DispatchTiming*>(this)->us(p); }
-  double& host_us(Path p) {
-    return p == Path::kSplit    ? split_host_us
-           : p == Path::kNative ? native_host_us
-                                : fallback_host_us;
+  double host_us(Route r) const { return const_cast<DispatchTiming*>(this)->host_us(r); }
+  // The route for a call that is (`captured`) or is not being captured into a CUDA graph.
+  Route path_for(bool captured) const { return captured ? captured_path : path; }
+
+ private:
+  // Route r's one of these.
+  static double& of(Route r, double& split, double& native, double& native_push, double& fallback) {
+    if (r.path == Path::kSplit) return split;
+    if (r.path == Path::kNative) return r.kernel_push ? native_push : native;
+    return fallback;
   }
-  double host_us(Path p) const { return const_cast<DispatchTiming*>(this)->host_us(p); }
-  // The path for a call that is (`captured`) or is not being captured into a CUDA graph.
-  Path path_for(bool captured) const { return captured ? captured_path : path; }
 };
 
 class Dispatcher {
@@ -83,7 +113,7 @@ class Dispatcher {
   // The disk cache's format and the paths its choices were measured on. Bumped whenever a change
   // to the paths can change which of them is faster, or to the file's layout, so that choices
   // measured before are measured again.
-  static constexpr int kCacheVersion = 5;
+  static constexpr int kCacheVersion = 6;
   // Rounds of the first measurement: at least kTuneRuns, whole blocks of the balanced orders
   // (core/balanced_orders.h) for that many candidates (16 for two, 18 for three).
   static constexpr int kTuneRuns = 15;
@@ -108,13 +138,13 @@ class Dispatcher {
 
   Dispatcher(OpContext& ctx, std::string cache_path);
 
-  // The path for `key`, one of `offered` (the paths this rank can run: not empty, no path twice;
+  // The route for `key`, one of `offered` (the routes this rank can run: not empty, none twice;
   // ties go to the earlier) that every rank offered, for an eager call or, where the context's
-  // stream is capturing, a captured one; `run(path)` runs the op on that path (used for
-  // measuring; the caller runs the chosen path itself afterwards). A single path offered is
-  // taken as it is, unmeasured and unrecorded, without talking to the other ranks.
-  Path pick(const std::string& key, std::span<const Path> offered,
-            const std::function<void(Path)>& run);
+  // stream is capturing, a captured one; `run(route)` runs the op that way (used for measuring;
+  // the caller runs the chosen route itself afterwards). A single route offered is taken as it
+  // is, unmeasured and unrecorded, without talking to the other ranks.
+  Route pick(const std::string& key, std::span<const Route> offered,
+             const std::function<void(Route)>& run);
   // What was decided for `key` in this process, if anything.
   std::optional<DispatchTiming> decision(const std::string& key) const;
   const std::string& cache_path() const { return cache_path_; }
@@ -122,8 +152,8 @@ class Dispatcher {
   static std::string default_cache_path();
 
  private:
-  // The cached (eager, captured) paths of `key`, if any.
-  std::optional<std::pair<Path, Path>> disk_lookup(const std::string& key);
+  // The cached (eager, captured) routes of `key`, if any.
+  std::optional<std::pair<Route, Route>> disk_lookup(const std::string& key);
   void disk_store(const std::string& key, const DispatchTiming& timing);
   // Every rank's `values`, by rank (through the store; blocks, bounded by the timeout).
   std::vector<std::vector<double>> over_ranks(const std::vector<double>& values);

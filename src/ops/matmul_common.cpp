@@ -45,10 +45,16 @@ PathDecision choose_path(OpContext& ctx, std::optional<PathChoice> requested, si
   const std::string split_why = symm_problem(symm_bytes);
   std::string native_why = paths.native_unsupported;
   if (native_why.empty()) native_why = symm_problem(paths.native_symm_bytes);
+  // The native path's first route (where nothing is measured or it is forced).
+  const bool first_pushes = !paths.native_copies && paths.native_kernel_pushes;
+  if (native_why.empty()) {
+    ASYNCTP_CHECK(paths.native_copies || paths.native_kernel_pushes,
+                  "{}: the native path can run, but by no route", op);
+  }
   if (choice == PathChoice::kNative) {
     ASYNCTP_PATH_CHECK(native_why.empty(), "{}: the native path was requested but cannot run: {}",
                        op, native_why);
-    return {Path::kNative, "", true};
+    return {Path::kNative, "", true, false, true, first_pushes};
   }
   if (choice == PathChoice::kSplit) {
     ASYNCTP_PATH_CHECK(split_why.empty(), "{}: the split path was requested but {}", op, split_why);
@@ -56,17 +62,21 @@ PathDecision choose_path(OpContext& ctx, std::optional<PathChoice> requested, si
   }
   // In order of preference where nothing is measured (and for ties); no allocation: every auto
   // call passes here.
-  std::array<Path, 3> candidates{};
+  std::array<Route, 4> candidates{};
   size_t count = 0;
-  if (native_why.empty()) candidates[count++] = Path::kNative;
+  if (native_why.empty()) {
+    if (paths.native_copies) candidates[count++] = Route(Path::kNative, false);
+    if (paths.native_kernel_pushes) candidates[count++] = Route(Path::kNative, true);
+  }
   if (split_why.empty()) candidates[count++] = Path::kSplit;
   if (count == 0) return {Path::kFallback, split_why};
-  if (!ctx.backend().times_paths()) return {candidates[0], ""};
+  if (!ctx.backend().times_paths())
+    return {candidates[0].path, "", false, false, true, candidates[0].kernel_push};
   candidates[count++] = Path::kFallback;
-  const Path path =
-      ctx.dispatcher().pick(paths.key, std::span<const Path>(candidates.data(), count), paths.run);
-  return {path, path == Path::kFallback ? "measured fastest" : "", false, true,
-          ctx.dispatcher().decision(paths.key).has_value()};
+  const Route route =
+      ctx.dispatcher().pick(paths.key, std::span<const Route>(candidates.data(), count), paths.run);
+  return {route.path, route.path == Path::kFallback ? "measured fastest" : "", false,
+          true,       ctx.dispatcher().decision(paths.key).has_value(),        route.kernel_push};
 }
 
 PossiblePaths possible_paths(OpContext& ctx, std::optional<PathChoice> requested,

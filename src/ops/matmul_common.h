@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "ops/context.h"
+#include "ops/dispatch.h"
 
 namespace asynctp::detail {
 
@@ -27,6 +28,8 @@ struct PathDecision {
   // Whether every later call of the same problem takes the same path (ops/call_memo.h): not a
   // capture's provisional pick of an unmeasured problem.
   bool settled = true;
+  // The native matmul_reduce_scatter's GEMM pushes the peers' rows itself (Route::kernel_push).
+  bool kernel_push = false;
   // Whether a fallback is worth a warning: neither asked for nor chosen for its speed.
   bool warns() const { return path == Path::kFallback && !requested && !measured; }
 };
@@ -35,8 +38,13 @@ struct PathDecision {
 struct CallPaths {
   std::string native_unsupported;  // why the native path cannot run this call ("" when it can)
   size_t native_symm_bytes = 0;    // symmetric workspace the native path needs per rank
+  // The native path's routes, where it can run: with copy streams pushing (the native
+  // matmul_reduce_scatter) or as the op's only way (the others), and with the GEMM pushing
+  // (ContextOptions::kernel_push). The first of them is taken where nothing is measured.
+  bool native_copies = true;
+  bool native_kernel_pushes = false;
   std::string key;                 // the problem, for the dispatcher
-  std::function<void(Path)> run;   // runs the op on any path (the dispatcher measures with it)
+  std::function<void(Route)> run;  // runs the op any way (the dispatcher measures with it)
 };
 
 // The colour of an op's NVTX range on `path` (device/nvtx.h).
@@ -48,9 +56,10 @@ std::string shapes_text(std::span<const Tensor> ts);
 std::string_view scales_text(bool scaled, bool rowwise);
 
 // The caller's choice where possible. Under kAuto, on a backend that times paths
-// (Backend::times_paths), the dispatcher's pick among the paths that can run (native, split,
-// fallback: the fallback always can); elsewhere native where it can run, else split, else the
-// fallback with the reason. Throws if the caller insisted on a path that cannot run, saying why.
+// (Backend::times_paths), the dispatcher's pick among the routes that can run (native by each of
+// its routes, split, fallback: the fallback always can); elsewhere native (its first route) where
+// it can run, else split, else the fallback with the reason. Throws if the caller insisted on a
+// path that cannot run, saying why.
 PathDecision choose_path(OpContext& ctx, std::optional<PathChoice> requested, size_t symm_bytes,
                          const char* op, const CallPaths& paths);
 

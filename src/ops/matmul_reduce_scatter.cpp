@@ -328,10 +328,11 @@ std::string problem_key(OpContext& ctx, const MmRsCall& c, ReduceOp reduce_op) {
   if (detail::off_16_bytes(c.as) || detail::off_16_bytes(c.bs) || detail::off_16_bytes(c.out) ||
       detail::off_16_bytes(c.a_scale) || detail::off_16_bytes(c.b_scale))
     variant.push_back("operands off 16-byte alignment");
-  // Fast accumulation changes the GEMMs' times, so the paths' too; so does who pushes the native
-  // path's rows.
+  // Fast accumulation changes the GEMMs' times, so the paths' too; so does who may push the
+  // native path's rows (auto: both routes measured, no variant).
   if (c.scaled && c.fast_accum) variant.push_back("fast accum");
-  if (kernel_pushes(ctx, c.n())) variant.push_back("kernel push");
+  if (ctx.options().kernel_push == KernelPush::kOn) variant.push_back("kernel push");
+  if (ctx.options().kernel_push == KernelPush::kOff) variant.push_back("copy pushes");
   return detail::problem_key(ctx, c.op, m, c.n(), k, c.a().dtype(), c.out.dtype(), c.bs[0],
                              fmt::format("{}", fmt::join(variant, ", ")));
 }
@@ -396,12 +397,13 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   ctx.host_profile().stamp("operands");
   const Tensor a0 = writer.a0();
   std::optional<NativeRsPlan> plan;
-  auto run_path = [&](Path p) {
+  auto run_path = [&](Route r) {
+    const Path p = r.path;
     const nvtx::Range range(detail::path_color(p),
                             [&] { return range_text(ctx, c, options.reduce_op, p); });
     switch (p) {
       case Path::kNative:
-        run_native(ctx, c, a0, writer.a_scale(), *plan, options);
+        run_native(ctx, c, a0, writer.a_scale(), *plan, r.kernel_push, options);
         break;
       case Path::kSplit:
         run_split(ctx, c, writer, options);
@@ -415,13 +417,29 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
     if (memo->has_plan) plan = NativeRsPlan{memo->plan[0], memo->plan[1], memo->plan[2]};
     ctx.usage().record(c.op, memo->decision.path, memo->decision.reason, memo->decision.warns());
     ctx.host_profile().set_path(c.op, memo->decision.path);
-    run_path(memo->decision.path);
+    run_path({memo->decision.path, memo->decision.kernel_push});
     return;
   }
   const size_t symm_bytes = slots_symm_bytes(ctx.world_size(), chunk_bytes(c.out));
   detail::CallPaths paths;
-  plan = native_rs_check(ctx, c, a0, options.reduce_op, &paths.native_unsupported);
-  if (plan) paths.native_symm_bytes = symm_bytes;
+  // The native path's routes (ContextOptions::kernel_push): copy streams pushing, the GEMM
+  // pushing, or both (auto, where both can run: the dispatcher measures them).
+  const bool copies = copy_push_allowed(ctx, c.n());
+  std::string kernel_push_why;
+  if (copies)
+    plan = native_rs_check(ctx, c, a0, options.reduce_op, false, &paths.native_unsupported);
+  paths.native_copies = plan.has_value();
+  if (kernel_push_allowed(ctx, c.n())) {
+    std::optional<NativeRsPlan> pushed =
+        native_rs_check(ctx, c, a0, options.reduce_op, true, &kernel_push_why);
+    paths.native_kernel_pushes = pushed.has_value();
+    if (!plan) plan = pushed;
+    if (!copies) paths.native_unsupported = kernel_push_why;
+  }
+  if (plan) {
+    paths.native_unsupported.clear();
+    paths.native_symm_bytes = symm_bytes;
+  }
   paths.key = problem_key(ctx, c, options.reduce_op);
   paths.run = run_path;
   const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, paths);
@@ -435,7 +453,7 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   }
   ctx.host_profile().set_path(c.op, decision.path);
   ctx.host_profile().stamp("checks");
-  run_path(decision.path);
+  run_path({decision.path, decision.kernel_push});
 }
 
 }  // namespace
@@ -543,9 +561,11 @@ void reserve_matmul_reduce_scatter(OpContext& ctx, std::span<const Tensor> as,
     std::string why;
     if (paths.native &&
         native_rs_check(ctx, call, detail::shape_only_contiguous(a.dtype(), a.shape(), a.device()),
-                        options.reduce_op, &why)) {
-      // (The GEMM's C holds the peers' products only where copy streams push them.)
-      if (!kernel_pushes(ctx, n)) ctx.reserve_scratch(Scratch::kPartial, product.product() * esize);
+                        options.reduce_op, !copy_push_allowed(ctx, n), &why)) {
+      // (The GEMM's C holds the peers' products only where copy streams push them: under auto
+      // the choice is not made yet, and the tuning runs both.)
+      if (copy_push_allowed(ctx, n))
+        ctx.reserve_scratch(Scratch::kPartial, product.product() * esize);
       ctx.flags(native_done_flags(ws, detail::native_rs_pieces(n, chunk_size)));
     }
   }

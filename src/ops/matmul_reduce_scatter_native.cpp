@@ -20,7 +20,8 @@ namespace asynctp::detail::mmrs {
 //   so that the push stream's next copy does not wait for them; a stream's last piece, which
 //   no copy follows, has them on the push stream itself)
 //
-// With ContextOptions::kernel_push the GEMM pushes itself, and the op is one launch:
+// Where the GEMM pushes itself (ContextOptions::kernel_push 1, or measured faster under auto), the
+// op is one launch:
 //
 //   compute: (captured: reset landed, barrier) | native GEMM: chunks r+1, ..., r-1, each tile
 //            TMA-stored straight into its slot on the chunk's owner (over NVLink); the CTA whose
@@ -29,11 +30,12 @@ namespace asynctp::detail::mmrs {
 //
 // with the same pieces, flags and buffers as the copy streams' schedules that follow, so that
 // the owner's side is the same whoever pushed (ranks may even differ), and the peers' rows never
-// pass through this GPU's memory (the copy streams read them back from here first). Not the
-// default: every peer chunk's bytes then cross the link while its tiles are computed (at ws 2,
-// the first half of the GEMM), the copy streams' over the whole GEMM (docs/DECISIONS.md D32).
+// pass through this GPU's memory (the copy streams read them back from here first). It loses on
+// large products: every peer chunk's bytes then cross the link while its tiles are computed (at
+// ws 2, the first half of the GEMM), the copy streams' over the whole GEMM (docs/DECISIONS.md
+// D32); it wins on small ones, and on the host.
 //
-// By default copy streams push, as drawn above, the schedule "beside": up to kMaxPushPieces
+// Otherwise copy streams push, as drawn above, the schedule "beside": up to kMaxPushPieces
 // pieces a chunk, so that each piece's copy
 // follows the one before at once, in CUDA graphs (where host calls cost nothing) and in eager
 // calls whose K is below ContextOptions::push_inline_min_k. Every other eager call (all of them
@@ -103,8 +105,9 @@ std::optional<NativeRsPlan> native_rs_plan(const MmRsCall& c, std::string* why) 
   return plan;
 }
 
-// The kernel's own pushes (kernel_pushes): chunk d's tiles go to slot_of(d) on owner d ([chunk
-// rows, n]: slot `rank` there), and piece q's flag is flags_of(d)[q * ws], raised to `value`.
+// The kernel's own pushes (kernel_push_allowed): chunk d's tiles go to slot_of(d) on owner d
+// ([chunk rows, n]: slot `rank` there), and piece q's flag is flags_of(d)[q * ws], raised to
+// `value`.
 template <typename SlotOf, typename FlagsOf>
 void set_kernel_pushes(ChunkedGemmArgs& args, int64_t n, int rank, int ws, const SlotOf& slot_of,
                        const FlagsOf& flags_of, uint32_t value) {
@@ -139,7 +142,8 @@ ChunkedGemmArgs native_rs_args(OpContext& ctx, const MmRsCall& c, const Tensor& 
 }
 
 void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Tensor& a_scale,
-                const NativeRsPlan& plan, const MatmulReduceScatterOptions& options) {
+                const NativeRsPlan& plan, bool kernel_push,
+                const MatmulReduceScatterOptions& options) {
   Backend& be = ctx.backend();
   Stream& compute = ctx.stream();
   const int ws = ctx.world_size();
@@ -164,7 +168,6 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Tensor
   // The GEMM's C: the peers' products stored here for the copy streams; with the kernel's own
   // pushes nothing is stored into C (its rows go to the peers, the own chunk to out), so none is
   // allocated (a shape at an address nothing maps).
-  const bool kernel_push = kernel_pushes(ctx, plan.n);
   const Tensor product =
       kernel_push ? detail::shape_only_matrix(c.out.dtype(), plan.m, plan.n, c.out.device())
                   : ctx.scratch(Scratch::kPartial, {plan.m, plan.n}, c.out.dtype());
@@ -297,7 +300,8 @@ void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Tensor
 
 // The native path's plan where it can run the call (a0: As[0], contiguous), else nullopt and why.
 std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, const Tensor& a0,
-                                            ReduceOp reduce_op, std::string* why) {
+                                            ReduceOp reduce_op, bool kernel_push,
+                                            std::string* why) {
   std::optional<NativeRsPlan> plan = native_rs_plan(c, why);
   if (!plan) return plan;
   const int ws = ctx.world_size();
@@ -323,7 +327,7 @@ std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, c
                                   detail::native_rs_pieces(plan->n, chunk_bytes(c.out)),
                                   parts.view({ws, rows, plan->n}), c.out.view({rows, plan->n}),
                                   flags, flags, 1, 0, reduce_op == ReduceOp::kAvg);
-  if (kernel_pushes(ctx, plan->n)) {
+  if (kernel_push) {
     // The slots (aligned symmetric buffers) at the parts' aligned dummy address.
     set_kernel_pushes(
         args, plan->n, ctx.rank(), ws, [&](int) { return parts.data(); },

@@ -80,24 +80,30 @@ struct Slots : OpBuffer {
 };
 
 // The native path (matmul_reduce_scatter_native.cpp).
-// Whether its GEMM pushes the peers' rows of a product with n columns itself
-// (ContextOptions::kernel_push; up to kMaxPushChunks ranks, and rows TMA can store into the
-// slots: n % 8 == 0), rather than copy streams.
-inline bool kernel_pushes(const OpContext& ctx, int64_t n) {
-  return ctx.options().kernel_push &&
+// Whether its GEMM may push the peers' rows of a product with n columns itself, as
+// ContextOptions::kernel_push allows (not 0) and the kernel can (up to kMaxPushChunks ranks, and
+// rows TMA can store into the slots: n % 8 == 0).
+inline bool kernel_push_allowed(const OpContext& ctx, int64_t n) {
+  return ctx.options().kernel_push != KernelPush::kOff &&
          ctx.world_size() <= kernels::NativeGemmParams::kMaxPushChunks && n % 8 == 0;
+}
+// Whether copy streams may push them: unless the GEMM must (kernel_push 1) and can.
+inline bool copy_push_allowed(const OpContext& ctx, int64_t n) {
+  return ctx.options().kernel_push != KernelPush::kOn || !kernel_push_allowed(ctx, n);
 }
 
 struct NativeRsPlan {
   int64_t m = 0, k = 0, n = 0;
 };
 
-// The native plan where the native GEMM can run the call (a0: As[0], contiguous), else nullopt
-// and why.
+// The native plan where the native GEMM can run the call (a0: As[0], contiguous), pushing the
+// peers' rows itself where `kernel_push`, else nullopt and why.
 std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, const Tensor& a0,
-                                            ReduceOp reduce_op, std::string* why);
+                                            ReduceOp reduce_op, bool kernel_push, std::string* why);
 // a: As[0], contiguous; a_scale: the call's A scale, contiguous where row-wise (scaled calls).
+// kernel_push: the GEMM pushes the peers' rows (native_rs_check passed with it), else copy streams.
 void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Tensor& a_scale,
-                const NativeRsPlan& plan, const MatmulReduceScatterOptions& options);
+                const NativeRsPlan& plan, bool kernel_push,
+                const MatmulReduceScatterOptions& options);
 
 }  // namespace asynctp::detail::mmrs

@@ -1,5 +1,7 @@
 #include <asynctp/context.h>
 
+#include <string>
+
 #include "core/error.h"
 #include "core/log.h"
 
@@ -35,6 +37,29 @@ std::string_view path_choice_name(PathChoice choice) {
       return "fallback";
     case PathChoice::kNative:
       return "native";
+  }
+  return "?";
+}
+
+KernelPush parse_kernel_push(std::string_view text) {
+  std::string lower(text);
+  for (char& ch : lower)
+    ch = static_cast<char>(ch >= 'A' && ch <= 'Z' ? ch - 'A' + 'a' : ch);
+  if (lower == "auto") return KernelPush::kAuto;
+  if (lower == "0" || lower == "off" || lower == "false" || lower == "no") return KernelPush::kOff;
+  if (lower == "1" || lower == "on" || lower == "true" || lower == "yes") return KernelPush::kOn;
+  ASYNCTP_FAIL("kernel_push must be auto, 0 (copy streams push) or 1 (the GEMM pushes), got '{}'",
+               text);
+}
+
+std::string_view kernel_push_name(KernelPush push) {
+  switch (push) {
+    case KernelPush::kAuto:
+      return "auto";
+    case KernelPush::kOff:
+      return "0";
+    case KernelPush::kOn:
+      return "1";
   }
   return "?";
 }

@@ -150,7 +150,7 @@ std::vector<EdgeCase> float8_cases(std::vector<EdgeCase> cases, std::vector<Op> 
 ContextOptions context_of(const EdgeCase& c) {
   ContextOptions options;
   options.push_inline_min_k = c.inline_pushes ? 0 : std::numeric_limits<int64_t>::max();
-  options.kernel_push = c.kernel_push;
+  options.kernel_push = c.kernel_push ? KernelPush::kOn : KernelPush::kOff;
   return options;
 }
 

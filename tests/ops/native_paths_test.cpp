@@ -319,7 +319,9 @@ TEST_P(NativePathsTest, MatmulReduceScatterFollowsTheContractBitForBit) {
         [&](const RendezvousInfo& info) {
           ContextOptions context = options.context;
           context.kernel_push =
-              pushes == "the GEMM" || (pushes != "copy streams" && info.rank % 2 == 1);
+              pushes == "the GEMM" || (pushes != "copy streams" && info.rank % 2 == 1)
+                  ? KernelPush::kOn
+                  : KernelPush::kOff;
           auto ctx = OpContext::create(Group::create(info, rank_group_options(options, info.rank)),
                                        context);
           for (size_t i = 0; i < cases.size(); ++i)

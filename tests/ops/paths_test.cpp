@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "device/cpu_backend.h"
 #include "ops/matmul_common.h"
 #include "ops/op_testing.h"
 #include "support/env_testing.h"
@@ -246,8 +247,8 @@ TEST_P(PathsTest, NativeRequestedWhereItCannotRunSaysWhy) {
 INSTANTIATE_TEST_SUITE_P(WorldSizes, PathsTest, ::testing::ValuesIn(kWorldSizes), world_size_name);
 
 // The overlapped paths, in the ops' order of preference.
-constexpr Path kOverlapped[] = {Path::kNative, Path::kSplit};
-constexpr Path kAllPaths[] = {Path::kNative, Path::kSplit, Path::kFallback};
+constexpr Route kOverlapped[] = {Path::kNative, Path::kSplit};
+constexpr Route kAllPaths[] = {Path::kNative, Path::kSplit, Path::kFallback};
 
 // Runs `body` on `ranks` ranks without a dispatch cache; the test fails where a rank fails.
 void on_ranks_without_cache(int ranks, const std::function<void(OpContext&)>& body) {
@@ -287,9 +288,10 @@ void device_run(OpContext& ctx, std::chrono::duration<double, std::milli> length
 
 // A run for Dispatcher::pick that counts its calls per path in `runs` and takes the path's
 // milliseconds on the device (device_run).
-std::function<void(Path)> counting_runner(OpContext& ctx, std::map<Path, int>& runs, int native_ms,
-                                          int split_ms, int fallback_ms) {
-  return [&ctx, &runs, native_ms, split_ms, fallback_ms](Path p) {
+std::function<void(Route)> counting_runner(OpContext& ctx, std::map<Path, int>& runs, int native_ms,
+                                           int split_ms, int fallback_ms) {
+  return [&ctx, &runs, native_ms, split_ms, fallback_ms](Route r) {
+    const Path p = r.path;
     ++runs[p];
     const int ms = p == Path::kNative ? native_ms : p == Path::kSplit ? split_ms : fallback_ms;
     device_run(ctx, std::chrono::milliseconds(ms));
@@ -318,9 +320,9 @@ TEST(DispatcherTest, ChoosesByTheSlowestRank) {
     const double native_ms = ctx.rank() == 0 ? 1.0 : 30.0;  // mean 15.5, slowest 30
     const double split_ms = 20.0;
     int runs = 0;
-    const Path path = ctx.dispatcher().pick("test|slowest", kOverlapped, [&](Path p) {
+    const Route path = ctx.dispatcher().pick("test|slowest", kOverlapped, [&](Route r) {
       ++runs;
-      device_run(ctx, Ms(p == Path::kNative ? native_ms : split_ms));
+      device_run(ctx, Ms(r == Path::kNative ? native_ms : split_ms));
     });
     EXPECT_EQ(path, Path::kSplit);
     EXPECT_EQ(runs, 4 + 2 * Dispatcher::tuning_rounds(2));  // two warm-ups each; no close call
@@ -344,9 +346,9 @@ TEST(DispatcherTest, CacheOfAnotherVersionIsMeasuredAgain) {
   const HarnessOptions options = with_cache(file);
   // Native much slower than split: the stale entry said native.
   auto pick = [](OpContext& ctx, int* runs) {
-    return ctx.dispatcher().pick("test|stale", kOverlapped, [&](Path p) {
+    return ctx.dispatcher().pick("test|stale", kOverlapped, [&](Route r) {
       ++*runs;
-      device_run(ctx, std::chrono::milliseconds(p == Path::kNative ? 12 : 1));
+      device_run(ctx, std::chrono::milliseconds(r == Path::kNative ? 12 : 1));
     });
   };
   // Every rank picks; `measured`: the choice was measured (else taken from the file).
@@ -390,11 +392,11 @@ TEST(DispatcherTest, MeasuresTheFallbackBesideTheOverlappedPaths) {
       [](OpContext& ctx) {
         std::map<Path, int> runs;
         // Margins of 10 ms and more (see ChoosesByTheSlowestRank).
-        const Path path =
+        const Route path =
             ctx.dispatcher().pick("test|three", kAllPaths, counting_runner(ctx, runs, 15, 30, 2));
         EXPECT_EQ(path, Path::kFallback);
-        for (Path p : kAllPaths)
-          EXPECT_EQ(runs[p], 2 + Dispatcher::tuning_rounds(3)) << path_name(p);
+        for (Route r : kAllPaths)
+          EXPECT_EQ(runs[r.path], 2 + Dispatcher::tuning_rounds(3)) << route_name(r);
         const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|three");
         ASSERT_TRUE(t.has_value());
         EXPECT_GE(t->fallback_us, 2000.0);
@@ -426,9 +428,9 @@ TEST(DispatcherTest, EagerCallsCountTheHostTimeCapturedCallsDoNot) {
       2,
       [](OpContext& ctx) {
         using Ms = std::chrono::milliseconds;
-        const Path path = ctx.dispatcher().pick("test|host", kOverlapped, [&](Path p) {
-          if (p == Path::kSplit) std::this_thread::sleep_for(Ms(25));
-          device_run(ctx, Ms(p == Path::kSplit ? 3 : 15));
+        const Route path = ctx.dispatcher().pick("test|host", kOverlapped, [&](Route r) {
+          if (r == Path::kSplit) std::this_thread::sleep_for(Ms(25));
+          device_run(ctx, Ms(r == Path::kSplit ? 3 : 15));
         });
         EXPECT_EQ(path, Path::kNative);
         const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|host");
@@ -455,11 +457,11 @@ TEST(DispatcherTest, EagerCallsCountTheHostTimeCapturedCallsDoNot) {
   statuses = run_ranks(
       2,
       [](OpContext& ctx) {
-        std::vector<Path> runs;
+        std::vector<Route> runs;
         EXPECT_EQ(
-            ctx.dispatcher().pick("test|host", kOverlapped, [&](Path p) { runs.push_back(p); }),
+            ctx.dispatcher().pick("test|host", kOverlapped, [&](Route r) { runs.push_back(r); }),
             Path::kNative);
-        EXPECT_EQ(runs, std::vector<Path>{Path::kSplit});
+        EXPECT_EQ(runs, std::vector<Route>{Path::kSplit});
         const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|host");
         ASSERT_TRUE(t.has_value());
         EXPECT_TRUE(t->from_disk);
@@ -555,7 +557,7 @@ TEST(DispatcherTest, RanksAtDifferentPacesAreANamedError) {
     Dispatcher dispatcher(ctx, "off");
     ::unsetenv("ASYNCTP_TUNE_PACE");
     int runs = 0;
-    EXPECT_THAT([&] { dispatcher.pick("test|paces", kOverlapped, [&](Path) { ++runs; }); },
+    EXPECT_THAT([&] { dispatcher.pick("test|paces", kOverlapped, [&](Route) { ++runs; }); },
                 ThrowsMessage<Error>(HasSubstr("dispatcher: test|paces: rank 1 tunes at "
                                                "ASYNCTP_TUNE_PACE=0, rank 0 at 1; set the same "
                                                "value on every rank")));
@@ -576,12 +578,12 @@ TEST(DispatcherTest, CachedPathThatCannotRunIsMeasuredAgain) {
   auto statuses = run_ranks(
       2,
       [](OpContext& ctx) {
-        const Path candidates[] = {Path::kSplit, Path::kFallback};
+        const Route candidates[] = {Path::kSplit, Path::kFallback};
         int runs = 0;
-        const Path path = ctx.dispatcher().pick("test|gone", candidates, [&](Path p) {
+        const Route path = ctx.dispatcher().pick("test|gone", candidates, [&](Route r) {
           ++runs;
-          EXPECT_NE(p, Path::kNative);
-          device_run(ctx, std::chrono::milliseconds(p == Path::kSplit ? 1 : 12));
+          EXPECT_NE(r.path, Path::kNative);
+          device_run(ctx, std::chrono::milliseconds(r == Path::kSplit ? 1 : 12));
         });
         EXPECT_EQ(path, Path::kSplit);
         EXPECT_GT(runs, 0);
@@ -613,7 +615,7 @@ TEST(DispatcherTest, MalformedCacheEntryIsANamedError) {
     auto statuses = run_ranks(
         1,
         [&](OpContext& ctx) {
-          EXPECT_THAT([&] { ctx.dispatcher().pick("test|bad", kOverlapped, [](Path) {}); },
+          EXPECT_THAT([&] { ctx.dispatcher().pick("test|bad", kOverlapped, [](Route) {}); },
                       ThrowsMessage<Error>(HasSubstr(prefix + message)))
               << entry.dump();
         },
@@ -627,9 +629,9 @@ TEST(DispatcherTest, MalformedCacheEntryIsANamedError) {
 // rank whose only candidate is the fallback must not wait in an exchange the others skip).
 TEST(DispatcherTest, SingleCandidateIsTakenUnmeasured) {
   on_ranks_without_cache(2, [](OpContext& ctx) {
-    const Path only[] = {Path::kFallback};
+    const Route only[] = {Path::kFallback};
     int runs = 0;
-    EXPECT_EQ(ctx.dispatcher().pick("test|one", only, [&](Path) { ++runs; }), Path::kFallback);
+    EXPECT_EQ(ctx.dispatcher().pick("test|one", only, [&](Route) { ++runs; }), Path::kFallback);
     EXPECT_EQ(runs, 0);
     EXPECT_FALSE(ctx.dispatcher().decision("test|one").has_value());
   });
@@ -642,21 +644,21 @@ TEST(DispatcherTest, ChoosesAmongThePathsEveryRankCanRun) {
   const testing::ScopedSetEnv paced("ASYNCTP_TUNE_PACE", "1");
   on_ranks_without_cache(2, [](OpContext& ctx) {
     // Rank 1 cannot run the native path (which would be fastest).
-    const std::vector<Path> offered =
-        ctx.rank() == 0 ? std::vector<Path>{Path::kNative, Path::kSplit, Path::kFallback}
-                        : std::vector<Path>{Path::kSplit, Path::kFallback};
+    const std::vector<Route> offered =
+        ctx.rank() == 0 ? std::vector<Route>{Path::kNative, Path::kSplit, Path::kFallback}
+                        : std::vector<Route>{Path::kSplit, Path::kFallback};
     std::map<Path, int> runs;
-    const Path path =
+    const Route path =
         ctx.dispatcher().pick("test|some", offered, counting_runner(ctx, runs, 1, 20, 5));
     EXPECT_EQ(path, Path::kFallback);
     EXPECT_EQ(runs[Path::kNative], 0);
     EXPECT_EQ(runs[Path::kSplit], 2 + Dispatcher::tuning_rounds(2));
     // Here only the fallback is common: nothing runs, and the choice is remembered.
-    const std::vector<Path> one = ctx.rank() == 0
-                                      ? std::vector<Path>{Path::kNative, Path::kFallback}
-                                      : std::vector<Path>{Path::kSplit, Path::kFallback};
+    const std::vector<Route> one = ctx.rank() == 0
+                                       ? std::vector<Route>{Path::kNative, Path::kFallback}
+                                       : std::vector<Route>{Path::kSplit, Path::kFallback};
     int later = 0;
-    EXPECT_EQ(ctx.dispatcher().pick("test|one common", one, [&](Path) { ++later; }),
+    EXPECT_EQ(ctx.dispatcher().pick("test|one common", one, [&](Route) { ++later; }),
               Path::kFallback);
     EXPECT_EQ(later, 0);
     ASSERT_TRUE(ctx.dispatcher().decision("test|one common").has_value());
@@ -666,10 +668,10 @@ TEST(DispatcherTest, ChoosesAmongThePathsEveryRankCanRun) {
 
 TEST(DispatcherTest, RejectsNoCandidateOrOneTwice) {
   on_ranks_without_cache(1, [](OpContext& ctx) {
-    auto run = [](Path) { FAIL() << "nothing may run"; };
+    auto run = [](Route) { FAIL() << "nothing may run"; };
     EXPECT_THAT([&] { ctx.dispatcher().pick("test|none", {}, run); },
                 ThrowsMessage<Error>(HasSubstr("no path can run test|none")));
-    const Path twice[] = {Path::kSplit, Path::kNative, Path::kSplit};
+    const Route twice[] = {Path::kSplit, Path::kNative, Path::kSplit};
     EXPECT_THAT([&] { ctx.dispatcher().pick("test|twice", twice, run); },
                 ThrowsMessage<Error>(HasSubstr("path split named twice for test|twice")));
   });
@@ -677,6 +679,167 @@ TEST(DispatcherTest, RejectsNoCandidateOrOneTwice) {
 
 // A fallback is warned about only where nobody chose it: not asked for by the caller, not
 // measured fastest by the dispatcher.
+// The native matmul_reduce_scatter's two routes are told apart: measured beside each other, the
+// faster one is taken, kept in the cache under its own name and read back from it.
+TEST(DispatcherTest, ChoosesBetweenTheNativeRoutesAndCachesTheChoice) {
+  const testing::ScopedSetEnv paced("ASYNCTP_TUNE_PACE", "1");
+  const std::filesystem::path file = cache_file("native_routes");
+  const HarnessOptions options = with_cache(file);
+  const Route pushed(Path::kNative, true);
+  const Route offered[] = {Path::kNative, pushed, Path::kSplit, Path::kFallback};
+  auto statuses = run_ranks(
+      2,
+      [&](OpContext& ctx) {
+        std::map<int, int> runs;  // by route: 0 native, 1 native_push, 2 split, 3 fallback
+        // Margins of 10 ms and more (see ChoosesByTheSlowestRank).
+        const Route route = ctx.dispatcher().pick("test|routes", offered, [&](Route r) {
+          ++runs[r == pushed ? 1 : r == Path::kNative ? 0 : r == Path::kSplit ? 2 : 3];
+          device_run(ctx, std::chrono::milliseconds(r == pushed ? 2 : 15));
+        });
+        EXPECT_EQ(route, pushed);
+        for (int r = 0; r < 4; ++r)
+          EXPECT_EQ(runs[r], 2 + Dispatcher::tuning_rounds(4)) << "route " << r;
+        const std::optional<DispatchTiming> t = ctx.dispatcher().decision("test|routes");
+        ASSERT_TRUE(t.has_value());
+        EXPECT_EQ(t->captured_path, pushed);
+        EXPECT_GE(t->native_us, 15000.0);
+        EXPECT_LT(t->native_push_us, t->native_us);
+        EXPECT_GT(t->native_push_host_us, 0.0);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+  {
+    std::ifstream in(file);
+    const nlohmann::json entry = nlohmann::json::parse(in)["entries"]["test|routes"];
+    EXPECT_EQ(entry.value("path", ""), "native_push");
+    EXPECT_EQ(entry.value("captured_path", ""), "native_push");
+    EXPECT_GT(entry.value("native_push_us", 0.0), 0.0);
+    EXPECT_GE(entry.value("native_us", 0.0), 15000.0);
+  }
+  // A later process takes the route from the file; one that cannot take it measures again.
+  statuses = run_ranks(
+      2,
+      [&](OpContext& ctx) {
+        int runs = 0;
+        EXPECT_EQ(ctx.dispatcher().pick("test|routes", offered, [&](Route) { ++runs; }), pushed);
+        EXPECT_EQ(runs, 0);
+        EXPECT_TRUE(ctx.dispatcher().decision("test|routes")->from_disk);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+  statuses = run_ranks(
+      2,
+      [&](OpContext& ctx) {
+        // Rank 1 cannot have the GEMM push (ContextOptions::kernel_push 0 there, say).
+        const std::vector<Route> mine =
+            ctx.rank() == 0 ? std::vector<Route>(std::begin(offered), std::end(offered))
+                            : std::vector<Route>{Path::kNative, Path::kSplit, Path::kFallback};
+        int pushes = 0;
+        const Route route = ctx.dispatcher().pick("test|routes", mine, [&](Route r) {
+          pushes += r == pushed ? 1 : 0;
+          device_run(ctx, std::chrono::milliseconds(r == Path::kNative ? 2 : 15));
+        });
+        EXPECT_EQ(route, Path::kNative);
+        EXPECT_EQ(pushes, 0);
+        EXPECT_FALSE(ctx.dispatcher().decision("test|routes")->from_disk);
+      },
+      options);
+  EXPECT_RANKS_OK(statuses);
+  std::filesystem::remove(file);
+}
+
+TEST(RouteTest, NamesEachRoute) {
+  EXPECT_EQ(route_name(Path::kNative), "native");
+  EXPECT_EQ(route_name(Route(Path::kNative, true)), "native_push");
+  EXPECT_EQ(route_name(Path::kSplit), "split");
+  EXPECT_EQ(route_name(Path::kFallback), "fallback");
+  EXPECT_NE(Route(Path::kNative, true), Route(Path::kNative));
+}
+
+TEST(KernelPushTest, ParsesEverySpellingAndNamesABadOne) {
+  EXPECT_EQ(parse_kernel_push("auto"), KernelPush::kAuto);
+  EXPECT_EQ(parse_kernel_push("AUTO"), KernelPush::kAuto);
+  for (const char* off : {"0", "off", "false", "No"})
+    EXPECT_EQ(parse_kernel_push(off), KernelPush::kOff) << off;
+  for (const char* on : {"1", "on", "TRUE", "yes"})
+    EXPECT_EQ(parse_kernel_push(on), KernelPush::kOn) << on;
+  for (const KernelPush push : {KernelPush::kAuto, KernelPush::kOff, KernelPush::kOn})
+    EXPECT_EQ(parse_kernel_push(kernel_push_name(push)), push);
+  EXPECT_THAT([] { parse_kernel_push("gemm"); },
+              ThrowsMessage<Error>(HasSubstr("kernel_push must be auto, 0 (copy streams push) or "
+                                             "1 (the GEMM pushes), got 'gemm'")));
+  {
+    const testing::ScopedSetEnv unset("ASYNCTP_KERNEL_PUSH", "");
+    EXPECT_EQ(ContextOptions::default_kernel_push(), KernelPush::kAuto);
+  }
+  const testing::ScopedSetEnv on("ASYNCTP_KERNEL_PUSH", "1");
+  EXPECT_EQ(ContextOptions::default_kernel_push(), KernelPush::kOn);
+}
+
+// Under auto, on a backend whose timings tell the paths apart (the CPU backend made to say so:
+// cpu::testing::time_paths), the native matmul_reduce_scatter is measured both ways, its copy
+// streams pushing the peers' rows ("native") and its GEMM pushing them ("native_push"), beside
+// split and the fallback; ContextOptions::kernel_push 0 or 1 leaves one of the two, under a key
+// of its own. Whichever route a call takes, its result is right (small integers: every path's
+// sum is exact).
+TEST(DispatcherTest, MeasuresBothWaysTheNativeReduceScatterPushes) {
+  const testing::ScopedSetEnv paced("ASYNCTP_TUNE_PACE", "1");
+  const std::filesystem::path file = cache_file("rs_routes");
+  cpu::testing::time_paths(true);  // (the forked ranks inherit it)
+  for (const KernelPush push : {KernelPush::kAuto, KernelPush::kOff, KernelPush::kOn}) {
+    SCOPED_TRACE(fmt::format("kernel_push {}", kernel_push_name(push)));
+    HarnessOptions options = with_cache(file);
+    options.context.kernel_push = push;
+    auto statuses = run_ranks(
+        2,
+        [](OpContext& ctx) {
+          const int ws = ctx.world_size(), rank = ctx.rank();
+          const int64_t rows = 128, k = 8, n = 16;
+          const OwnedTensor b = seeded({k, n}, DType::kBF16, {331}, Values::kSmallInts);
+          OwnedTensor a;
+          OwnedTensor expected = empty_host({rows, n}, DType::kF32);
+          fill_value(expected, 0.0f);
+          for (int r = 0; r < ws; ++r) {
+            OwnedTensor ar =
+                seeded({rows * ws, k}, DType::kBF16, {330, uint64_t(r)}, Values::kSmallInts);
+            OwnedTensor product = empty_host({rows * ws, n}, DType::kF32);
+            reference_gemm(ctx.backend(), ar, b, product);
+            for (int64_t i = 0; i < rows * n; ++i)
+              set(expected, i, get(expected, i) + get(product, rank * rows * n + i));
+            if (r == rank) a = std::move(ar);
+          }
+          for (int call = 0; call < 3; ++call) {
+            OwnedTensor out = empty_host({rows, n}, DType::kBF16);
+            fill_value(out, kSentinel);
+            matmul_reduce_scatter(ctx, a, b, out, {});
+            ctx.stream().synchronize();
+            for (int64_t i = 0; i < rows * n; ++i)
+              ASSERT_EQ(get(out, i), get(expected, i)) << "call " << call << ", element " << i;
+          }
+        },
+        options);
+    EXPECT_RANKS_OK(statuses);
+  }
+  cpu::testing::time_paths(false);
+  std::ifstream in(file);
+  const nlohmann::json entries = nlohmann::json::parse(in)["entries"];
+  std::map<std::string, int> seen;  // by kernel_push
+  for (const auto& [key, entry] : entries.items()) {
+    if (!key.starts_with("matmul_reduce_scatter|")) continue;
+    SCOPED_TRACE(key);
+    const bool on = key.ends_with("|kernel push"), off = key.ends_with("|copy pushes");
+    ++seen[on ? "1" : off ? "0" : "auto"];
+    EXPECT_EQ(entry.contains("native_us"), !on);
+    EXPECT_EQ(entry.contains("native_push_us"), !off);
+    EXPECT_TRUE(entry.contains("split_us"));
+    EXPECT_TRUE(entry.contains("fallback_us"));
+    EXPECT_THAT(entry.value("path", ""),
+                ::testing::AnyOf("native", "native_push", "split", "fallback"));
+  }
+  EXPECT_EQ(seen, (std::map<std::string, int>{{"0", 1}, {"1", 1}, {"auto", 1}}));
+  std::filesystem::remove(file);
+}
+
 TEST(PathDecisionTest, WarnsOnlyOfAFallbackNobodyChose) {
   EXPECT_TRUE((detail::PathDecision{Path::kFallback, "the limit is 0"}).warns());
   EXPECT_FALSE(

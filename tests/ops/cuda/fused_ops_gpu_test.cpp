@@ -663,9 +663,10 @@ TEST(FusedOpsGpu, CapturedInACudaGraphAndReplayedWithNewInputs) {
 
 // ---- dispatch -------------------------------------------------------------------------------
 
-// The first auto call of a problem measures every path (native, fused, fallback) on every rank
-// and agrees on the fastest; later calls reuse it; a new process finds it in the disk cache. At
-// world sizes 1 and 2, as far as there are GPUs.
+// The first auto call of a problem measures every path (native, fused, fallback; the native
+// matmul_reduce_scatter both ways it pushes) on every rank and agrees on the fastest; later calls
+// reuse it; a new process finds it in the disk cache. At world sizes 1 and 2, as far as there are
+// GPUs.
 TEST(FusedOpsGpu, DispatcherMeasuresOnceAndCachesOnDisk) {
   SKIP_UNLESS_GPUS(1);
   for (const int ws : {1, 2}) {
@@ -711,6 +712,25 @@ TEST(FusedOpsGpu, DispatcherMeasuresOnceAndCachesOnDisk) {
             } else {
               EXPECT_TRUE(decision->from_disk)
                   << "the second process did not find the cached choice";
+            }
+            // The native matmul_reduce_scatter's two routes (ContextOptions::kernel_push auto):
+            // copy streams pushing and the GEMM pushing, both measured.
+            OwnedTensor scattered = device_empty(ctx, {512 / ws, 768}, DType::kBF16);
+            for (int i = 0; i < 3; ++i)
+              matmul_reduce_scatter(ctx, *a, *b, scattered);
+            const auto rs_last = ctx.usage().last("matmul_reduce_scatter");
+            ASSERT_TRUE(rs_last.has_value());
+            EXPECT_EQ(ctx.usage().count("matmul_reduce_scatter", rs_last->path), 3);
+            const auto rs = ctx.dispatcher().decision(
+                fmt::format("matmul_reduce_scatter|512x768x512|bf16->bf16|B row|ws{}|", ws) +
+                ctx.backend().hardware());
+            ASSERT_TRUE(rs.has_value());
+            EXPECT_EQ(rs->path.path, rs_last->path);
+            if (round == 0) {
+              EXPECT_GT(rs->native_us, 0);
+              EXPECT_GT(rs->native_push_us, 0);
+            } else {
+              EXPECT_TRUE(rs->from_disk);
             }
           },
           options);
@@ -1046,7 +1066,7 @@ TEST(FusedOpsGpu, NativeReduceScatterPushesOnSeveralStreams) {
     for (const int streams : {1, 2, 3, 0, -1}) {
       SCOPED_TRACE(fmt::format("world size {}, push_streams {}", ws, streams));
       HarnessOptions options = gpu_options();
-      options.context.kernel_push = streams == -1;
+      options.context.kernel_push = streams == -1 ? KernelPush::kOn : KernelPush::kOff;
       options.context.push_streams = std::max(streams, 1);
       options.context.push_inline_min_k = streams == 0 ? 0 : std::numeric_limits<int64_t>::max();
       auto statuses = run_ranks(
@@ -1273,7 +1293,7 @@ TEST(FusedOpsGpu, CaptureAfterAFlagStreamLeftUnjoined) {
   SKIP_UNLESS_GPUS(2);
   HarnessOptions options = gpu_options();
   options.context.push_streams = 2;
-  options.context.kernel_push = false;
+  options.context.kernel_push = KernelPush::kOff;
   auto statuses = run_ranks(
       2,
       [&](OpContext& ctx) {
