@@ -122,8 +122,10 @@ struct ContextOptions {
   // kAuto (the default): under PathChoice::kAuto the dispatcher measures both beside the other
   // paths and takes the faster per problem (dispatch.h); otherwise, and where nothing is
   // measured (the CPU backend), the copy streams. Both raise the same flags into the same
-  // slots, so ranks may differ. The GEMM pushes for up to 8 ranks and N % 8 == 0 (else the copy
-  // streams push). At ws 2 its pushes saved 13-20 us of host time a call and 20-30% on products
+  // slots, so ranks may differ (but under auto a rank set to 0 or 1 offers one route, and the
+  // ranks measure only the routes they all offer: set it alike everywhere). The GEMM pushes
+  // for 2 to 8 ranks, N % 8 == 0, and operands its TMA stores can take (else the copy streams
+  // push). At ws 2 its pushes saved 13-20 us of host time a call and 20-30% on products
   // of 1024^3 and 2048^3, and cost 5-13% on the large scatter anchors (bf16; float8 up to 33%),
   // where every byte must cross the link in the first half of the GEMM rather than over all of
   // it (docs/DECISIONS.md D32). ASYNCTP_KERNEL_PUSH sets it.

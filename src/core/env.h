@@ -78,7 +78,8 @@ inline constexpr std::string_view kPathChoices[] = {"auto", "native", "split", "
 inline constexpr std::string_view kLogLevelChoices[] = {"trace", "debug",    "info", "warn",
                                                         "error", "critical", "off"};
 inline constexpr std::string_view kSkipAsanChoices[] = {"0", "1"};
-inline constexpr std::string_view kKernelPushChoices[] = {"auto", "0", "1"};
+inline constexpr std::string_view kKernelPushChoices[] = {"auto",  "0",    "1",  "off", "on",
+                                                          "false", "true", "no", "yes"};
 
 inline constexpr EnvVar kTimeout{
     .name = "ASYNCTP_TIMEOUT",

@@ -105,9 +105,9 @@ std::unique_ptr<Event> make_cpu_event();
 // counted from 0 since the last reset, and the one numbered `drop` (if any) does not wait; instead
 // the recorded work it stood for is held back: the `hold` part of it waits until the blocked
 // stream reaches the point of the dropped wait (a marker item there; at most kHoldLimit), then
-// `stall` more (kFaultStall unless told), of the streams' running time (a stall that the next
-// reset's gate, below, interrupts starts again when it opens): the schedule in which a missing
-// wait shows. A longer stall shows a race whose other side is a slow item (a GEMM under a
+// `stall` more (kFaultStall unless told; 0 to kHoldLimit), of the streams' running time (a stall
+// that the next reset's gate, below, interrupts starts again when it opens): the schedule in which
+// a missing wait shows. A longer stall shows a race whose other side is a slow item (a GEMM under a
 // sanitizer, on a loaded machine) that the blocked stream runs after the wait. So that this
 // work has not run already (the host enqueues an op slower than the workers run it, where a GPU's
 // host runs ahead), no stream starts an item enqueued after a reset with a wait to drop until the

@@ -55,7 +55,7 @@ nlohmann::json read_cache(const std::string& path, bool& warned) {
   return nlohmann::json::object();
 }
 
-// Every route, in the order the cache's fields are written.
+// Every route (the cache's names: route_name).
 constexpr Route kRoutes[] = {Path::kNative, Route(Path::kNative, true), Path::kSplit,
                              Path::kFallback};
 

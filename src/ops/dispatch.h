@@ -115,7 +115,7 @@ class Dispatcher {
   // measured before are measured again.
   static constexpr int kCacheVersion = 6;
   // Rounds of the first measurement: at least kTuneRuns, whole blocks of the balanced orders
-  // (core/balanced_orders.h) for that many candidates (16 for two, 18 for three).
+  // (core/balanced_orders.h) for that many candidates (16 for two, 18 for three, 16 for four).
   static constexpr int kTuneRuns = 15;
   static int tuning_rounds(size_t candidates);
   // The two fastest paths, if their times differ by less than this fraction, get kCloseCallRuns

@@ -51,6 +51,7 @@
 // [channel][s] = slot s has landed.
 #include <fmt/ranges.h>
 
+#include "core/log.h"
 #include "device/nvtx.h"
 #include "ops/call_memo.h"
 #include "ops/collectives.h"
@@ -331,8 +332,10 @@ std::string problem_key(OpContext& ctx, const MmRsCall& c, ReduceOp reduce_op) {
   // Fast accumulation changes the GEMMs' times, so the paths' too; so does who may push the
   // native path's rows (auto: both routes measured, no variant).
   if (c.scaled && c.fast_accum) variant.push_back("fast accum");
-  if (ctx.options().kernel_push == KernelPush::kOn) variant.push_back("kernel push");
-  if (ctx.options().kernel_push == KernelPush::kOff) variant.push_back("copy pushes");
+  if (kernel_push_possible(ctx, c.n())) {
+    if (ctx.options().kernel_push == KernelPush::kOn) variant.push_back("kernel push");
+    if (ctx.options().kernel_push == KernelPush::kOff) variant.push_back("copy pushes");
+  }
   return detail::problem_key(ctx, c.op, m, c.n(), k, c.a().dtype(), c.out.dtype(), c.bs[0],
                              fmt::format("{}", fmt::join(variant, ", ")));
 }
@@ -422,20 +425,20 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   }
   const size_t symm_bytes = slots_symm_bytes(ctx.world_size(), chunk_bytes(c.out));
   detail::CallPaths paths;
-  // The native path's routes (ContextOptions::kernel_push): copy streams pushing, the GEMM
-  // pushing, or both (auto, where both can run: the dispatcher measures them).
-  const bool copies = copy_push_allowed(ctx, c.n());
-  std::string kernel_push_why;
-  if (copies)
+  // The native path's routes (ContextOptions::kernel_push): the GEMM pushing where allowed and
+  // it can, copy streams pushing unless the GEMM must and can; both under auto (the dispatcher
+  // measures them).
+  std::optional<NativeRsPlan> pushed;
+  if (kernel_push_allowed(ctx, c.n())) {
+    std::string why;
+    pushed = native_rs_check(ctx, c, a0, options.reduce_op, true, &why);
+    if (!pushed) ASYNCTP_LOG_DEBUG("{}: the native GEMM cannot push itself: {}", c.op, why);
+  }
+  paths.native_kernel_pushes = pushed.has_value();
+  if (ctx.options().kernel_push != KernelPush::kOn || !pushed)
     plan = native_rs_check(ctx, c, a0, options.reduce_op, false, &paths.native_unsupported);
   paths.native_copies = plan.has_value();
-  if (kernel_push_allowed(ctx, c.n())) {
-    std::optional<NativeRsPlan> pushed =
-        native_rs_check(ctx, c, a0, options.reduce_op, true, &kernel_push_why);
-    paths.native_kernel_pushes = pushed.has_value();
-    if (!plan) plan = pushed;
-    if (!copies) paths.native_unsupported = kernel_push_why;
-  }
+  if (!plan) plan = pushed;
   if (plan) {
     paths.native_unsupported.clear();
     paths.native_symm_bytes = symm_bytes;
@@ -559,13 +562,15 @@ void reserve_matmul_reduce_scatter(OpContext& ctx, std::span<const Tensor> as,
                   is_float8(a.dtype())};
     call.fast_accum = options.fast_accum;
     std::string why;
+    const Tensor shaped_a = detail::shape_only_contiguous(a.dtype(), a.shape(), a.device());
+    // The GEMM's C holds the peers' products only where copy streams push them: not where the
+    // GEMM must push and can; under auto the choice is not made yet, and the tuning runs both.
+    const bool pushes = paths.native && ctx.options().kernel_push == KernelPush::kOn &&
+                        kernel_push_possible(ctx, n) &&
+                        native_rs_check(ctx, call, shaped_a, options.reduce_op, true, &why);
     if (paths.native &&
-        native_rs_check(ctx, call, detail::shape_only_contiguous(a.dtype(), a.shape(), a.device()),
-                        options.reduce_op, !copy_push_allowed(ctx, n), &why)) {
-      // (The GEMM's C holds the peers' products only where copy streams push them: under auto
-      // the choice is not made yet, and the tuning runs both.)
-      if (copy_push_allowed(ctx, n))
-        ctx.reserve_scratch(Scratch::kPartial, product.product() * esize);
+        (pushes || native_rs_check(ctx, call, shaped_a, options.reduce_op, false, &why))) {
+      if (!pushes) ctx.reserve_scratch(Scratch::kPartial, product.product() * esize);
       ctx.flags(native_done_flags(ws, detail::native_rs_pieces(n, chunk_size)));
     }
   }

@@ -80,16 +80,15 @@ struct Slots : OpBuffer {
 };
 
 // The native path (matmul_reduce_scatter_native.cpp).
-// Whether its GEMM may push the peers' rows of a product with n columns itself, as
-// ContextOptions::kernel_push allows (not 0) and the kernel can (up to kMaxPushChunks ranks, and
-// rows TMA can store into the slots: n % 8 == 0).
-inline bool kernel_push_allowed(const OpContext& ctx, int64_t n) {
-  return ctx.options().kernel_push != KernelPush::kOff &&
-         ctx.world_size() <= kernels::NativeGemmParams::kMaxPushChunks && n % 8 == 0;
+// Whether its GEMM can push the peers' rows of a product with n columns itself: there are peers,
+// up to kMaxPushChunks ranks, and rows TMA can store into the slots (n % 8 == 0).
+inline bool kernel_push_possible(const OpContext& ctx, int64_t n) {
+  const int ws = ctx.world_size();
+  return ws > 1 && ws <= kernels::NativeGemmParams::kMaxPushChunks && n % 8 == 0;
 }
-// Whether copy streams may push them: unless the GEMM must (kernel_push 1) and can.
-inline bool copy_push_allowed(const OpContext& ctx, int64_t n) {
-  return ctx.options().kernel_push != KernelPush::kOn || !kernel_push_allowed(ctx, n);
+// Whether it may, as ContextOptions::kernel_push allows (not 0).
+inline bool kernel_push_allowed(const OpContext& ctx, int64_t n) {
+  return ctx.options().kernel_push != KernelPush::kOff && kernel_push_possible(ctx, n);
 }
 
 struct NativeRsPlan {

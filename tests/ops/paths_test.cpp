@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "device/cpu_backend.h"
+#include "device/cpu_streams.h"
 #include "ops/matmul_common.h"
 #include "ops/op_testing.h"
 #include "support/env_testing.h"
@@ -677,8 +678,6 @@ TEST(DispatcherTest, RejectsNoCandidateOrOneTwice) {
   });
 }
 
-// A fallback is warned about only where nobody chose it: not asked for by the caller, not
-// measured fastest by the dispatcher.
 // The native matmul_reduce_scatter's two routes are told apart: measured beside each other, the
 // faster one is taken, kept in the cache under its own name and read back from it.
 TEST(DispatcherTest, ChoosesBetweenTheNativeRoutesAndCachesTheChoice) {
@@ -772,8 +771,14 @@ TEST(KernelPushTest, ParsesEverySpellingAndNamesABadOne) {
     const testing::ScopedSetEnv unset("ASYNCTP_KERNEL_PUSH", "");
     EXPECT_EQ(ContextOptions::default_kernel_push(), KernelPush::kAuto);
   }
-  const testing::ScopedSetEnv on("ASYNCTP_KERNEL_PUSH", "1");
-  EXPECT_EQ(ContextOptions::default_kernel_push(), KernelPush::kOn);
+  for (const char* on : {"1", "on", "True", "yes"}) {
+    const testing::ScopedSetEnv set("ASYNCTP_KERNEL_PUSH", on);
+    EXPECT_EQ(ContextOptions::default_kernel_push(), KernelPush::kOn) << on;
+  }
+  for (const char* off : {"0", "OFF", "false", "no"}) {
+    const testing::ScopedSetEnv set("ASYNCTP_KERNEL_PUSH", off);
+    EXPECT_EQ(ContextOptions::default_kernel_push(), KernelPush::kOff) << off;
+  }
 }
 
 // Under auto, on a backend whose timings tell the paths apart (the CPU backend made to say so:
@@ -781,11 +786,15 @@ TEST(KernelPushTest, ParsesEverySpellingAndNamesABadOne) {
 // streams pushing the peers' rows ("native") and its GEMM pushing them ("native_push"), beside
 // split and the fallback; ContextOptions::kernel_push 0 or 1 leaves one of the two, under a key
 // of its own. Whichever route a call takes, its result is right (small integers: every path's
-// sum is exact).
+// sum is exact), and a later call takes the remembered route; so does a call forced onto the
+// native path, whose route is the GEMM's pushes only where kernel_push is 1.
 TEST(DispatcherTest, MeasuresBothWaysTheNativeReduceScatterPushes) {
   const testing::ScopedSetEnv paced("ASYNCTP_TUNE_PACE", "1");
   const std::filesystem::path file = cache_file("rs_routes");
-  cpu::testing::time_paths(true);  // (the forked ranks inherit it)
+  struct TimePaths {  // (the forked ranks inherit it)
+    TimePaths() { cpu::testing::time_paths(true); }
+    ~TimePaths() { cpu::testing::time_paths(false); }
+  } time_paths;
   for (const KernelPush push : {KernelPush::kAuto, KernelPush::kOff, KernelPush::kOn}) {
     SCOPED_TRACE(fmt::format("kernel_push {}", kernel_push_name(push)));
     HarnessOptions options = with_cache(file);
@@ -811,16 +820,43 @@ TEST(DispatcherTest, MeasuresBothWaysTheNativeReduceScatterPushes) {
           for (int call = 0; call < 3; ++call) {
             OwnedTensor out = empty_host({rows, n}, DType::kBF16);
             fill_value(out, kSentinel);
+            cpu::testing::reset_event_waits();
             matmul_reduce_scatter(ctx, a, b, out, {});
             ctx.stream().synchronize();
             for (int64_t i = 0; i < rows * n; ++i)
               ASSERT_EQ(get(out, i), get(expected, i)) << "call " << call << ", element " << i;
+            // The later calls take the remembered route: the GEMM's pushes wait for no event,
+            // the copy streams for some.
+            const std::string variant =
+                ctx.options().kernel_push == KernelPush::kOn    ? "|kernel push"
+                : ctx.options().kernel_push == KernelPush::kOff ? "|copy pushes"
+                                                                : "";
+            const auto decision = ctx.dispatcher().decision(
+                fmt::format("matmul_reduce_scatter|{}x{}x{}|bf16->bf16|B row|ws{}|{}{}", rows * ws,
+                            n, k, ws, ctx.backend().hardware(), variant));
+            ASSERT_TRUE(decision.has_value()) << variant;
+            if (call > 0 && decision->path.path == Path::kNative)
+              EXPECT_EQ(cpu::testing::event_waits() == 0, decision->path.kernel_push)
+                  << "call " << call << ": " << cpu::testing::event_waits()
+                  << " event waits, route " << decision->path;
+          }
+          // Forced onto the native path, the first route: the GEMM's pushes where it must push,
+          // else the copy streams, remembered for the later calls.
+          for (int call = 0; call < 3; ++call) {
+            OwnedTensor out = empty_host({rows, n}, DType::kBF16);
+            cpu::testing::reset_event_waits();
+            matmul_reduce_scatter(ctx, a, b, out, {.path = PathChoice::kNative});
+            ctx.stream().synchronize();
+            for (int64_t i = 0; i < rows * n; ++i)
+              ASSERT_EQ(get(out, i), get(expected, i)) << "call " << call << ", element " << i;
+            EXPECT_EQ(cpu::testing::event_waits() == 0,
+                      ctx.options().kernel_push == KernelPush::kOn)
+                << "call " << call << ": " << cpu::testing::event_waits() << " event waits";
           }
         },
         options);
     EXPECT_RANKS_OK(statuses);
   }
-  cpu::testing::time_paths(false);
   std::ifstream in(file);
   const nlohmann::json entries = nlohmann::json::parse(in)["entries"];
   std::map<std::string, int> seen;  // by kernel_push
@@ -840,6 +876,8 @@ TEST(DispatcherTest, MeasuresBothWaysTheNativeReduceScatterPushes) {
   std::filesystem::remove(file);
 }
 
+// A fallback is warned about only where nobody chose it: not asked for by the caller, not
+// measured fastest by the dispatcher.
 TEST(PathDecisionTest, WarnsOnlyOfAFallbackNobodyChose) {
   EXPECT_TRUE((detail::PathDecision{Path::kFallback, "the limit is 0"}).warns());
   EXPECT_FALSE(

@@ -728,7 +728,8 @@ TEST(FusedOpsGpu, DispatcherMeasuresOnceAndCachesOnDisk) {
             EXPECT_EQ(rs->path.path, rs_last->path);
             if (round == 0) {
               EXPECT_GT(rs->native_us, 0);
-              EXPECT_GT(rs->native_push_us, 0);
+              // (One rank has no peers' rows to push: one route.)
+              EXPECT_EQ(rs->native_push_us > 0, ws > 1);
             } else {
               EXPECT_TRUE(rs->from_disk);
             }
