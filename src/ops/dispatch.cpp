@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <utility>
@@ -59,19 +60,15 @@ nlohmann::json read_cache(const std::string& path, bool& warned) {
 constexpr Route kRoutes[] = {Path::kNative, Route(Path::kNative, true), Path::kSplit,
                              Path::kFallback};
 
-// A route as a number for the ranks' exchange through the store (0: none), below kCodes.
+// A route as a number for the ranks' exchange through the store: 1 + its place in kRoutes (0:
+// none), below kCodes.
 constexpr int kCodes = 8;
+static_assert(std::size(kRoutes) < kCodes);
 int route_code(std::optional<Route> r) {
   if (!r) return 0;
-  switch (r->path) {
-    case Path::kSplit:
-      return 1;
-    case Path::kNative:
-      return r->kernel_push ? 4 : 2;
-    case Path::kFallback:
-      break;
-  }
-  return 3;
+  return static_cast<int>(std::find(std::begin(kRoutes), std::end(kRoutes), *r) -
+                          std::begin(kRoutes)) +
+         1;
 }
 
 // `rounds` rounded up to whole blocks of `rows` rounds (the balanced orders' rows).

@@ -51,7 +51,6 @@
 // [channel][s] = slot s has landed.
 #include <fmt/ranges.h>
 
-#include "core/log.h"
 #include "device/nvtx.h"
 #include "ops/call_memo.h"
 #include "ops/collectives.h"
@@ -425,24 +424,12 @@ void run(OpContext& ctx, MmRsCall c, const MatmulReduceScatterOptions& options) 
   }
   const size_t symm_bytes = slots_symm_bytes(ctx.world_size(), chunk_bytes(c.out));
   detail::CallPaths paths;
-  // The native path's routes (ContextOptions::kernel_push): the GEMM pushing where allowed and
-  // it can, copy streams pushing unless the GEMM must and can; both under auto (the dispatcher
-  // measures them).
-  std::optional<NativeRsPlan> pushed;
-  if (kernel_push_allowed(ctx, c.n())) {
-    std::string why;
-    pushed = native_rs_check(ctx, c, a0, options.reduce_op, true, &why);
-    if (!pushed) ASYNCTP_LOG_DEBUG("{}: the native GEMM cannot push itself: {}", c.op, why);
-  }
-  paths.native_kernel_pushes = pushed.has_value();
-  if (ctx.options().kernel_push != KernelPush::kOn || !pushed)
-    plan = native_rs_check(ctx, c, a0, options.reduce_op, false, &paths.native_unsupported);
-  paths.native_copies = plan.has_value();
-  if (!plan) plan = pushed;
-  if (plan) {
-    paths.native_unsupported.clear();
-    paths.native_symm_bytes = symm_bytes;
-  }
+  const NativeRsRoutes routes =
+      native_rs_routes(ctx, c, a0, options.reduce_op, &paths.native_unsupported);
+  plan = routes.plan;
+  paths.native_copies = routes.copies;
+  paths.native_kernel_pushes = routes.kernel_pushes;
+  if (plan) paths.native_symm_bytes = symm_bytes;
   paths.key = problem_key(ctx, c, options.reduce_op);
   paths.run = run_path;
   const auto decision = detail::choose_path(ctx, options.path, symm_bytes, c.op, paths);
@@ -562,15 +549,16 @@ void reserve_matmul_reduce_scatter(OpContext& ctx, std::span<const Tensor> as,
                   is_float8(a.dtype())};
     call.fast_accum = options.fast_accum;
     std::string why;
-    const Tensor shaped_a = detail::shape_only_contiguous(a.dtype(), a.shape(), a.device());
-    // The GEMM's C holds the peers' products only where copy streams push them: not where the
-    // GEMM must push and can; under auto the choice is not made yet, and the tuning runs both.
-    const bool pushes = paths.native && ctx.options().kernel_push == KernelPush::kOn &&
-                        kernel_push_possible(ctx, n) &&
-                        native_rs_check(ctx, call, shaped_a, options.reduce_op, true, &why);
-    if (paths.native &&
-        (pushes || native_rs_check(ctx, call, shaped_a, options.reduce_op, false, &why))) {
-      if (!pushes) ctx.reserve_scratch(Scratch::kPartial, product.product() * esize);
+    const NativeRsRoutes routes =
+        paths.native
+            ? native_rs_routes(ctx, call,
+                               detail::shape_only_contiguous(a.dtype(), a.shape(), a.device()),
+                               options.reduce_op, &why)
+            : NativeRsRoutes{};
+    if (routes.plan) {
+      // The GEMM's C holds the peers' products only where copy streams may push them (under
+      // auto the choice is not made yet, and the tuning runs both).
+      if (routes.copies) ctx.reserve_scratch(Scratch::kPartial, product.product() * esize);
       ctx.flags(native_done_flags(ws, detail::native_rs_pieces(n, chunk_size)));
     }
   }

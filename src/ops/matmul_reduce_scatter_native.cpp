@@ -2,6 +2,8 @@
 // it, and the own chunk's reduction in its epilogue (the protocol: matmul_reduce_scatter.cpp).
 #include "ops/matmul_reduce_scatter_paths.h"
 
+#include "core/log.h"
+
 namespace asynctp::detail::mmrs {
 
 // The native schedule on rank r of ws (one bf16/f16 product, scatter on a dim with no batch dims
@@ -336,6 +338,24 @@ std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, c
   *why = ctx.backend().native_gemm_unsupported(args);
   if (!why->empty()) return std::nullopt;
   return plan;
+}
+
+NativeRsRoutes native_rs_routes(OpContext& ctx, const MmRsCall& c, const Tensor& a0,
+                                ReduceOp reduce_op, std::string* why) {
+  std::optional<NativeRsPlan> pushed;
+  if (kernel_push_allowed(ctx, c.n())) {
+    std::string push_why;
+    pushed = native_rs_check(ctx, c, a0, reduce_op, true, &push_why);
+    if (!pushed) ASYNCTP_LOG_DEBUG("{}: the native GEMM cannot push itself: {}", c.op, push_why);
+  }
+  NativeRsRoutes routes;
+  routes.kernel_pushes = pushed.has_value();
+  if (ctx.options().kernel_push != KernelPush::kOn || !pushed)
+    routes.plan = native_rs_check(ctx, c, a0, reduce_op, false, why);
+  routes.copies = routes.plan.has_value();
+  if (!routes.plan) routes.plan = pushed;
+  if (routes.plan) why->clear();
+  return routes;
 }
 
 }  // namespace asynctp::detail::mmrs

@@ -99,6 +99,16 @@ struct NativeRsPlan {
 // peers' rows itself where `kernel_push`, else nullopt and why.
 std::optional<NativeRsPlan> native_rs_check(OpContext& ctx, const MmRsCall& c, const Tensor& a0,
                                             ReduceOp reduce_op, bool kernel_push, std::string* why);
+// The native path's routes for a call (ContextOptions::kernel_push): the GEMM pushing where
+// allowed and it can, copy streams pushing unless the GEMM must and can (both under auto, for
+// the dispatcher to measure). `plan` where either can run, else nullopt and *why.
+struct NativeRsRoutes {
+  std::optional<NativeRsPlan> plan;
+  bool copies = false;
+  bool kernel_pushes = false;
+};
+NativeRsRoutes native_rs_routes(OpContext& ctx, const MmRsCall& c, const Tensor& a0,
+                                ReduceOp reduce_op, std::string* why);
 // a: As[0], contiguous; a_scale: the call's A scale, contiguous where row-wise (scaled calls).
 // kernel_push: the GEMM pushes the peers' rows (native_rs_check passed with it), else copy streams.
 void run_native(OpContext& ctx, const MmRsCall& c, const Tensor& a, const Tensor& a_scale,
